@@ -1,0 +1,42 @@
+"""Test setup: Triton interpreter on CPU-only machines, seeded RNGs, the `gpu` marker.
+
+TRITON_INTERPRET must be set before triton decorates any kernel, i.e. before fastlm is
+imported, which is why it is set at the top of this module.
+"""
+
+import os
+import random
+
+import pytest
+
+try:
+    import torch
+
+    _HAS_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover - torch is a hard dependency
+    _HAS_CUDA = False
+
+if not _HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    if _HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    random.seed(0)
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture
+def device():
+    """The device the kernels are tested on: CUDA when present, else CPU through the interpreter."""
+    return torch.device("cuda" if _HAS_CUDA else "cpu")
