@@ -21,6 +21,7 @@ softmax gradient: about 3x the bytes (docs/cross_entropy.md).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -255,13 +256,8 @@ def _scale_rows_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def check_inputs(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> None:
-    """Validate shapes, dtypes and devices; on CPU also the target range (free there).
-
-    On CUDA the range check would cost a device-to-host sync per call, so the kernels instead
-    write NaN loss and gradient for a row whose target is outside [0, V) and not ignore_index:
-    never an out-of-bounds access, never a silently wrong loss.
-    """
+def check_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
+    """Validate shapes, dtypes and devices (the target range: check_target_range)."""
     if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
         raise TypeError("logits and targets must be torch.Tensors")
     if logits.dim() != 2:
@@ -276,14 +272,23 @@ def check_inputs(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int 
             f"got {tuple(targets.shape)}"
         )
     check_same_device(logits=logits, targets=targets)
-    vocab = logits.shape[1]
-    if vocab == 0:
+    if logits.shape[1] == 0:
         raise ValueError("logits must have at least one class (vocab dimension is 0)")
-    if targets.device.type == "cpu" and targets.numel() > 0:
-        bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
-        if bool(bad.any()):
-            value = int(targets[bad][0])
-            raise ValueError(f"targets must lie in [0, {vocab}) or equal ignore_index={ignore_index}, found {value}")
+
+
+def check_target_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
+    """On CPU, raise ValueError for a target outside [0, vocab) that is not ignore_index.
+
+    Runs inside the ops (so also under torch.compile). On CUDA it would cost a device-to-host
+    sync per call, so there the kernels write NaN loss and gradient for such a row instead:
+    never an out-of-bounds access, never a silently wrong loss.
+    """
+    if targets.device.type != "cpu" or targets.numel() == 0:
+        return
+    bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
+    if bool(bad.any()):
+        value = int(targets[bad][0])
+        raise ValueError(f"targets must lie in [0, {vocab}) or equal ignore_index={ignore_index}, found {value}")
 
 
 def _block_v(vocab: int) -> tuple[int, int]:
@@ -366,12 +371,14 @@ def _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss):
 
 
 def _reference_grad(logits, targets, grad_losses, ignore_index, label_smoothing, z_loss):
-    with torch.enable_grad():
-        x = logits.detach().float().requires_grad_(True)
-        losses = cross_entropy_ref(
-            x, targets, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing, z_loss=z_loss
-        )
-        (grad,) = torch.autograd.grad(losses, x, grad_losses.float())
+    """The module docstring's gradient formula in fp32 PyTorch (autograd is off inside ops)."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)
+    valid = targets != ignore_index
+    onehot = F.one_hot(torch.where(valid, targets, 0).long(), x.shape[1]).float()
+    grad = torch.exp(x - lse) * (1.0 + 2.0 * z_loss * lse) - (1.0 - label_smoothing) * onehot
+    grad = grad - label_smoothing / x.shape[1]
+    grad = torch.where(valid[:, None], grad * grad_losses.float()[:, None], 0.0)
     return grad.to(logits.dtype)
 
 
@@ -383,6 +390,7 @@ def _mean_row_scale(targets, ignore_index):
 
 def _fused(logits, targets, row_scale, grad, ignore_index, label_smoothing, z_loss):
     """Dispatch of the fused pass: Triton, or the reference path writing into ``grad``."""
+    check_target_range(targets, logits.shape[1], ignore_index)
     if runs_triton(logits):
         return _launch_fused(logits, targets, row_scale, grad, ignore_index, label_smoothing, z_loss)
     scale = torch.ones(logits.shape[0], device=logits.device) if row_scale is None else row_scale
@@ -401,6 +409,7 @@ def _forward_op(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, label_smoothing: float, z_loss: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(losses, lse), both (B,) fp32."""
+    check_target_range(targets, logits.shape[1], ignore_index)
     if runs_triton(logits):
         return _launch_forward(logits, targets, ignore_index, label_smoothing, z_loss)
     return _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss)
@@ -485,7 +494,6 @@ def _(grad, grad_losses):
 def _fused_setup_context(ctx, inputs, output):
     _, grad = output
     ctx.save_for_backward(grad)
-    ctx.mark_non_differentiable(grad)
 
 
 def _fused_backward(ctx, grad_losses, _grad_grad):
@@ -558,14 +566,16 @@ def cross_entropy(
         raise ValueError(f"z_loss must be >= 0, got {z_loss}")
     if inplace and not fused:
         raise ValueError("inplace=True needs fused=True: only the fused path writes the gradient in the forward")
-    check_inputs(logits, targets, ignore_index)
+    check_inputs(logits, targets)
     options = (int(ignore_index), float(label_smoothing), float(z_loss))
     mean = reduction == "mean"
 
     if fused and logits.requires_grad and torch.is_grad_enabled() and logits.shape[0] > 0:
         if inplace:
             if logits.is_leaf:
-                raise ValueError("inplace=True overwrites logits with their gradient, so logits must not be a leaf tensor")
+                raise ValueError(
+                    "inplace=True overwrites logits with their gradient, so logits must not be a leaf tensor"
+                )
             losses = CrossEntropyFusedInPlace.apply(logits, targets, *options, mean)
         else:
             losses, _ = _fused_op(logits, targets, *options, mean)
@@ -582,9 +592,7 @@ def cross_entropy(
 def cross_entropy_forward(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-row losses, (B, V) logits and (B,) int64 targets -> (B,) float32 (reduction='none')."""
     check_inputs(logits, targets)
-    if runs_triton(logits):
-        return _launch_forward(logits, targets, -100, 0.0, 0.0)[0]
-    return _reference_forward(logits, targets, -100, 0.0, 0.0)[0]
+    return _forward_op(logits, targets, -100, 0.0, 0.0)[0]
 
 
 def cross_entropy_backward(logits: torch.Tensor, targets: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
@@ -612,7 +620,7 @@ def cross_entropy_ref(
 ) -> torch.Tensor:
     """Plain-PyTorch reference with the semantics of ``cross_entropy``, in fp32 (fp64 stays fp64)."""
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    losses = torch.nn.functional.cross_entropy(
+    losses = F.cross_entropy(
         x, targets.long(), ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing
     )
     valid = targets != ignore_index

@@ -1,0 +1,17 @@
+# Two entry points that do all the set-up themselves (README): `make report` and `make test`.
+# PYTHON can point at any interpreter that already has (or may install) torch.
+PYTHON ?= python3
+
+.PHONY: report test gpu-test
+
+report:
+	$(PYTHON) -m pip install -q -e .
+	$(PYTHON) -m fastlm report
+
+test:
+	$(PYTHON) -m pip install -q -e ".[dev]"
+	$(PYTHON) -m pytest -q
+
+gpu-test:
+	$(PYTHON) -m pip install -q -e ".[dev]"
+	$(PYTHON) -m pytest -q -m gpu
