@@ -233,6 +233,15 @@ def test_inplace_overwrites_logits_and_guards_saved_uses(device):
         loss.backward()
 
 
+@pytest.mark.parametrize("inplace", [False, True])
+def test_fused_second_backward_is_a_clear_error(inplace, device):
+    logits = torch.randn(3, 20, device=device, requires_grad=True)
+    loss = fastlm.cross_entropy(logits * 1, torch.tensor([1, 2, 3], device=device), inplace=inplace)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="can run only once per forward"):
+        loss.backward()
+
+
 def test_module_passes_every_flag(device):
     logits, targets = make_inputs(6, 40, torch.float32, device)
     targets[targets == -100] = 2

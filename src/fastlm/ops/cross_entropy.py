@@ -492,12 +492,29 @@ def _(grad, grad_losses):
 
 
 def _fused_setup_context(ctx, inputs, output):
+    # The gradient is kept as an attribute, not saved: backward scales it in place, which would
+    # trip the saved-tensor version check. It is non-differentiable, so it has no grad_fn and
+    # holding it here makes no reference cycle.
     _, grad = output
-    ctx.save_for_backward(grad)
+    ctx.mark_non_differentiable(grad)
+    ctx.grad = grad
+
+
+def _take_fused_grad(ctx) -> torch.Tensor:
+    """The gradient computed in the forward; a second backward through the same graph would
+    see it already scaled, so it is handed out once."""
+    grad = ctx.grad
+    if grad is None:
+        raise RuntimeError(
+            "the fused cross-entropy's backward can run only once per forward (retain_graph=True "
+            "reuse is not supported); use fastlm.cross_entropy(..., fused=False) for that"
+        )
+    ctx.grad = None
+    return grad
 
 
 def _fused_backward(ctx, grad_losses, _grad_grad):
-    (grad,) = ctx.saved_tensors
+    grad = _take_fused_grad(ctx)
     _scale_rows_op(grad, grad_losses)
     return grad, None, None, None, None, None
 
@@ -522,8 +539,7 @@ class CrossEntropyFusedInPlace(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_losses):
-        grad = ctx.grad
-        del ctx.grad
+        grad = _take_fused_grad(ctx)
         _scale_rows_op(grad, grad_losses)
         return grad, None, None, None, None, None
 

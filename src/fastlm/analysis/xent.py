@@ -1,0 +1,97 @@
+"""Cost model of fused cross-entropy: bytes, FLOPs, intensity, bound, minimum time.
+
+The configuration the issue fixes: logits bf16 (2 B), targets int64 (8 B), losses fp32 (4 B),
+the saved logsumexp fp32 (4 B), upstream gradient fp32 (4 B), dlogits bf16 (2 B),
+reduction='none'; B rows, V classes.
+
+Forward (one pass, writes loss and lse):
+    loaded = 2BV + 8B            stored = 4B + 4B
+Backward (recomputes softmax from logits and the saved lse):
+    loaded = 2BV + 8B + 4B + 4B  stored = 2BV
+Fused training pass (loss and dlogits in one kernel, second read of each row from L2):
+    loaded = 2BV + 8B            stored = 2BV + 4B
+
+FLOPs per token, counting add, sub, mul, div, exp, log as 1 and max as 0:
+    forward  3V + 3: per class x - m, exp, + to the sum; then log s, + m, lse - x_t
+    backward 3V + 1: per class x - lse, exp, * upstream; then - 1 at the target
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastlm.analysis.roofline import Bound, elementwise_bound
+from fastlm.devices import DeviceSpec
+
+LOGIT_BYTES, TARGET_BYTES, LOSS_BYTES, LSE_BYTES, GRAD_OUTPUT_BYTES, GRAD_BYTES = 2, 8, 4, 4, 4, 2
+
+
+@dataclass(frozen=True)
+class CrossEntropyCost:
+    batch: int
+    vocab: int
+
+    @property
+    def fwd_bytes_loaded(self) -> int:
+        return LOGIT_BYTES * self.batch * self.vocab + TARGET_BYTES * self.batch
+
+    @property
+    def fwd_bytes_stored(self) -> int:
+        return (LOSS_BYTES + LSE_BYTES) * self.batch
+
+    @property
+    def bwd_bytes_loaded(self) -> int:
+        return LOGIT_BYTES * self.batch * self.vocab + (TARGET_BYTES + LSE_BYTES + GRAD_OUTPUT_BYTES) * self.batch
+
+    @property
+    def bwd_bytes_stored(self) -> int:
+        return GRAD_BYTES * self.batch * self.vocab
+
+    @property
+    def fused_bytes(self) -> int:
+        """Loaded + stored by the single-pass training kernel."""
+        return (LOGIT_BYTES + GRAD_BYTES) * self.batch * self.vocab + (TARGET_BYTES + LOSS_BYTES) * self.batch
+
+    @property
+    def fwd_bytes(self) -> int:
+        return self.fwd_bytes_loaded + self.fwd_bytes_stored
+
+    @property
+    def bwd_bytes(self) -> int:
+        return self.bwd_bytes_loaded + self.bwd_bytes_stored
+
+    @property
+    def fwd_flops_per_token(self) -> int:
+        return 3 * self.vocab + 3
+
+    @property
+    def bwd_flops_per_token(self) -> int:
+        return 3 * self.vocab + 1
+
+    @property
+    def fwd_flops(self) -> int:
+        return self.fwd_flops_per_token * self.batch
+
+    @property
+    def bwd_flops(self) -> int:
+        return self.bwd_flops_per_token * self.batch
+
+    def fwd_bound(self, spec: DeviceSpec) -> Bound:
+        return elementwise_bound(self.fwd_flops, self.fwd_bytes, spec)
+
+    def bwd_bound(self, spec: DeviceSpec) -> Bound:
+        return elementwise_bound(self.bwd_flops, self.bwd_bytes, spec)
+
+    def fused_bound(self, spec: DeviceSpec) -> Bound:
+        return elementwise_bound(self.fwd_flops + self.bwd_flops, self.fused_bytes, spec)
+
+
+FORMULAS = {
+    "fwd loaded": "2BV + 8B",
+    "fwd stored": "4B + 4B",
+    "bwd loaded": "2BV + 16B",
+    "bwd stored": "2BV",
+    "fused loaded+stored": "4BV + 12B",
+    "fwd FLOPs/token": "3V + 3",
+    "bwd FLOPs/token": "3V + 1",
+}

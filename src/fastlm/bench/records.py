@@ -1,0 +1,79 @@
+"""Benchmark records: one JSON object per measurement, appended to ``results/<name>.jsonl``.
+
+Every record carries the environment (GPU, versions, git sha, date) so numbers quoted anywhere
+can be traced to the run that produced them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import os
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from fastlm.devices import current_device_name
+
+
+@functools.cache
+def environment() -> dict:
+    """Where and with what a record was measured."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    now = dt.datetime.now(dt.timezone.utc)
+    return {
+        "run_id": f"{now:%Y%m%dT%H%M%S}-{os.getpid()}",  # one per process: never mix runs in a table
+        "gpu": current_device_name(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "git_sha": _git_sha(),
+        "date": now.isoformat(timespec="seconds"),
+    }
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=Path(__file__).parent,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def with_environment(record: dict) -> dict:
+    return {**record, **environment()}
+
+
+def append_records(path: Path, records: Iterable[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for record in records:
+            f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_records(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with path.open() as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def latest_run(records: list[dict]) -> list[dict]:
+    """The records of the run that wrote the last one, so a table never mixes timings of runs."""
+    if not records:
+        return []
+    run_id = records[-1]["run_id"]
+    return [r for r in records if r["run_id"] == run_id]

@@ -1,0 +1,64 @@
+"""Rendering of records: markdown tables and PNG plots (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def format_value(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "—"
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> str:
+    """``columns`` are (key, header) pairs; missing values print as an em dash."""
+    lines = ["| " + " | ".join(header for _, header in columns) + " |"]
+    lines.append("|" + "|".join(" --- " for _ in columns) + "|")
+    for row in rows:
+        lines.append("| " + " | ".join(format_value(row.get(key)) for key, _ in columns) + " |")
+    return "\n".join(lines)
+
+
+def grouped_bar_plot(
+    path: Path,
+    groups: Sequence[str],
+    series: dict[str, Sequence[float | None]],
+    *,
+    ylabel: str,
+    title: str,
+    reference_line: tuple[float, str] | None = None,
+) -> Path:
+    """One group of bars per entry of ``groups`` and one bar colour per series; None is a gap."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.8 * len(groups) + 2), 4.0))
+    width = 0.8 / max(1, len(series))
+    for i, (name, values) in enumerate(series.items()):
+        xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        heights = [0.0 if v is None else v for v in values]
+        bars = ax.bar(xs, heights, width, label=name)
+        ax.bar_label(bars, labels=["" if v is None else f"{v:.2g}" for v in values], fontsize=7, padding=1)
+    if reference_line is not None:
+        value, label = reference_line
+        ax.axhline(value, color="black", linestyle="--", linewidth=1)
+        ax.annotate(label, (len(groups) - 0.5, value), ha="right", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8, ncols=2)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,84 @@
+"""Timing of one callable: warm-up excluded, median with p20/p80.
+
+CUDA: ``triton.testing.do_bench`` (CUDA events, L2 flushed before every call, warm-up and
+repetition counts chosen from a time budget). CPU: wall clock between calls, which are
+synchronous there.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+
+
+def measure(
+    fn: Callable[[], object],
+    device: torch.device,
+    *,
+    warmup_ms: float = 100.0,
+    rep_ms: float = 400.0,
+    grad_to_none: Sequence[torch.Tensor] = (),
+) -> Timing:
+    """Time ``fn`` on ``device``; tensors in ``grad_to_none`` get ``.grad = None`` before each call
+    (outside the timed region) so that backward passes assign gradients instead of accumulating."""
+    fn()  # first call: compilation, autotuning, allocator growth
+    if device.type == "cuda":
+        import triton.testing
+
+        median, p20, p80 = triton.testing.do_bench(
+            fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=list(grad_to_none) or None, quantiles=[0.5, 0.2, 0.8]
+        )
+        return Timing(median, p20, p80)
+    return _measure_cpu(fn, rep_ms, grad_to_none)
+
+
+def _measure_cpu(fn, rep_ms, grad_to_none) -> Timing:
+    samples: list[float] = []
+    deadline = time.perf_counter() + rep_ms / 1e3
+    while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 1000):
+        for tensor in grad_to_none:
+            tensor.grad = None
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return _summarize(samples)
+
+
+def measure_after_setup(
+    setup: Callable[[], object], fn: Callable[[object], object], device: torch.device, *, reps: int = 40
+) -> Timing:
+    """Time ``fn(setup())`` excluding ``setup``: for stages that consume their input, such as a
+    backward pass that can run once per forward. CUDA events bracket ``fn`` only."""
+    for _ in range(3):
+        fn(setup())
+    samples = []
+    for _ in range(reps):
+        state = setup()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(state)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        else:
+            begin = time.perf_counter()
+            fn(state)
+            samples.append((time.perf_counter() - begin) * 1e3)
+    return _summarize(samples)
+
+
+def _summarize(samples: list[float]) -> Timing:
+    deciles = statistics.quantiles(samples, n=10)
+    return Timing(statistics.median(samples), deciles[1], deciles[7])

@@ -1,0 +1,240 @@
+"""`fastlm bench xent`: cross-entropy forward, backward and fwd+bwd for every implementation.
+
+Protocol (one run, one device, all baselines measured side by side):
+- inputs: logits (B, V) bf16 ~ N(0, 1) with requires_grad, targets uniform in [0, V);
+  reduction='none' and an upstream gradient of ones (what `losses.sum().backward()` gives);
+- fwd: the loss call as in training (grad enabled; the fused paths compute dlogits here);
+  bwd: `losses.backward(ones)` after an untimed forward (CUDA events around the backward only); fwd+bwd: both, as one training step would;
+- achieved GB/s use the cost model's bytes (fastlm.analysis.xent) for every implementation, so
+  they compare like effective bandwidths: fwd 2BV+16B, bwd 4BV+16B, fwd+bwd their sum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import fastlm
+from fastlm.analysis.xent import CrossEntropyCost
+from fastlm.bench.records import append_records, latest_run, read_records, with_environment
+from fastlm.bench.report import grouped_bar_plot, markdown_table
+from fastlm.bench.timing import Timing, measure, measure_after_setup
+
+RESULTS_FILE = "xent.jsonl"
+DEFAULT_BATCH = 4096
+DEFAULT_VOCABS = (32000, 50264, 128256)
+CPU_BATCH = 128  # reduced run on machines without a GPU
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    description: str
+    needs_gpu: bool
+    make: Callable[[], LossFn | str]  # the loss function, or why it is unavailable
+
+
+def _eager() -> LossFn:
+    return lambda logits, targets: F.cross_entropy(logits, targets, reduction="none")
+
+
+def _eager_fp32() -> LossFn:
+    return lambda logits, targets: F.cross_entropy(logits.float(), targets, reduction="none")
+
+
+def _compiled() -> LossFn:
+    return torch.compile(_eager())
+
+
+def _fastlm(fused: bool) -> Callable[[], LossFn]:
+    return lambda: lambda logits, targets: fastlm.cross_entropy(logits, targets, reduction="none", fused=fused)
+
+
+def _liger() -> LossFn | str:
+    try:
+        from liger_kernel.transformers.functional import liger_cross_entropy
+    except ImportError:
+        return "missing: liger-kernel is not installed"
+    return lambda logits, targets: liger_cross_entropy(logits, targets, reduction="none")
+
+
+IMPLEMENTATIONS = (
+    Implementation("eager", "F.cross_entropy on the bf16 logits", False, _eager),
+    Implementation("eager-fp32", "F.cross_entropy after an fp32 upcast", False, _eager_fp32),
+    Implementation("compile", "torch.compile(F.cross_entropy)", True, _compiled),
+    Implementation("fastlm", "fastlm, recompute path (fused=False)", False, _fastlm(False)),
+    Implementation("fastlm-fused", "fastlm, fused path (dlogits in the forward)", False, _fastlm(True)),
+    Implementation("liger", "Liger-Kernel cross-entropy", True, _liger),
+)
+
+
+def _time_stages(loss_fn: LossFn, logits: torch.Tensor, targets: torch.Tensor) -> dict[str, Timing]:
+    upstream = torch.ones(logits.shape[0], device=logits.device)
+
+    def forward_fresh_graph():
+        logits.grad = None
+        return loss_fn(logits, targets)
+
+    return {
+        "fwd": measure(lambda: loss_fn(logits, targets), logits.device),
+        "bwd": measure_after_setup(forward_fresh_graph, lambda losses: losses.backward(upstream), logits.device),
+        "fwd_bwd": measure(lambda: loss_fn(logits, targets).backward(upstream), logits.device, grad_to_none=[logits]),
+    }
+
+
+def run(
+    *,
+    batch: int,
+    vocabs: tuple[int, ...],
+    device: torch.device,
+    ceilings: dict,
+    results_dir: Path,
+    progress: Callable[[str], None] = lambda done: None,  # called after each measurement
+) -> list[dict]:
+    """Measure every implementation at every vocabulary size; append and return the records."""
+    records = []
+    for vocab in vocabs:
+        cost = CrossEntropyCost(batch, vocab)
+        stage_bytes = {"fwd": cost.fwd_bytes, "bwd": cost.bwd_bytes, "fwd_bwd": cost.fwd_bytes + cost.bwd_bytes}
+        for impl in IMPLEMENTATIONS:
+            record = {
+                "op": "xent",
+                "batch": batch,
+                "vocab": vocab,
+                "dtype": "bfloat16",
+                "reduction": "none",
+                "implementation": impl.name,
+                "description": impl.description,
+                "copy_gbps_measured": ceilings["copy_gbps"],
+            }
+            record.update(_measure_one(impl, batch, vocab, device, stage_bytes, ceilings))
+            records.append(with_environment(record))
+            progress(f"V={vocab} {impl.name}")
+    append_records(results_dir / RESULTS_FILE, records)
+    return records
+
+
+def _measure_one(impl, batch, vocab, device, stage_bytes, ceilings) -> dict:
+    if impl.needs_gpu and device.type != "cuda":
+        return {"status": "needs a GPU"}
+    loss_fn = impl.make()
+    if isinstance(loss_fn, str):
+        return {"status": loss_fn}
+    logits = torch.randn(batch, vocab, device=device, dtype=torch.bfloat16).requires_grad_(True)
+    targets = torch.randint(0, vocab, (batch,), device=device)
+    try:
+        stages = _time_stages(loss_fn, logits, targets)
+    except torch.cuda.OutOfMemoryError:
+        return {"status": "OOM"}
+    finally:
+        del logits, targets
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    result: dict = {"status": "ok"}
+    for stage, timing in stages.items():
+        gbps = stage_bytes[stage] / (timing.median_ms * 1e-3) / 1e9
+        result.update(
+            {
+                f"{stage}_ms": timing.median_ms,
+                f"{stage}_p20_ms": timing.p20_ms,
+                f"{stage}_p80_ms": timing.p80_ms,
+                f"{stage}_gbps": gbps,
+                f"{stage}_fraction_of_copy": gbps / ceilings["copy_gbps"],
+            }
+        )
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries, tables and plots
+# ---------------------------------------------------------------------------------------------
+
+
+def speedups(records: list[dict], baseline: str = "eager") -> dict[str, float]:
+    """Geometric-mean fwd+bwd speed-up over ``baseline`` across the vocabularies, per implementation."""
+    by_vocab = {r["vocab"]: r for r in records if r["implementation"] == baseline and r["status"] == "ok"}
+    ratios: dict[str, list[float]] = {}
+    for r in records:
+        base = by_vocab.get(r["vocab"])
+        if r["status"] == "ok" and base is not None:
+            ratios.setdefault(r["implementation"], []).append(base["fwd_bwd_ms"] / r["fwd_bwd_ms"])
+    return {name: math.exp(sum(map(math.log, values)) / len(values)) for name, values in ratios.items()}
+
+
+TABLE_COLUMNS = [
+    ("vocab", "V"),
+    ("implementation", "implementation"),
+    ("fwd_ms", "fwd ms"),
+    ("bwd_ms", "bwd ms"),
+    ("fwd_bwd_ms", "fwd+bwd ms"),
+    ("fwd_gbps", "fwd GB/s"),
+    ("fwd_percent_of_copy", "fwd % of copy"),
+    ("fwd_bwd_gbps", "fwd+bwd GB/s"),
+    ("speedup", "fwd+bwd speed-up vs eager"),
+    ("status", "status"),
+]
+
+
+def table_rows(records: list[dict]) -> list[dict]:
+    eager = {r["vocab"]: r for r in records if r["implementation"] == "eager" and r["status"] == "ok"}
+    rows = []
+    for r in records:
+        row = dict(r)
+        if r["status"] == "ok":
+            row["fwd_percent_of_copy"] = 100 * r["fwd_fraction_of_copy"]
+            if r["vocab"] in eager:
+                row["speedup"] = eager[r["vocab"]]["fwd_bwd_ms"] / r["fwd_bwd_ms"]
+        rows.append(row)
+    return rows
+
+
+def render(results_dir: Path, reports_dir: Path) -> str:
+    """Markdown section (tables + plot links) for the latest xent run; writes the PNG plots."""
+    records = latest_run(read_records(results_dir / RESULTS_FILE))
+    if not records:
+        return "No cross-entropy records yet: run `fastlm bench xent`.\n"
+    first = records[0]
+    vocabs = sorted({r["vocab"] for r in records})
+    names = [impl.name for impl in IMPLEMENTATIONS]
+    lookup = {(r["vocab"], r["implementation"]): r for r in records if r["status"] == "ok"}
+
+    def series(key):
+        return {n: [lookup.get((v, n), {}).get(key) for v in vocabs] for n in names if any((v, n) in lookup for v in vocabs)}
+
+    groups = [f"V={v}" for v in vocabs]
+    step_png = grouped_bar_plot(
+        reports_dir / "xent_fwd_bwd_ms.png",
+        groups,
+        series("fwd_bwd_ms"),
+        ylabel="fwd+bwd median ms (lower is better)",
+        title=f"Cross-entropy fwd+bwd, B={first['batch']}, bf16 ({first['gpu']})",
+    )
+    gbps_png = grouped_bar_plot(
+        reports_dir / "xent_fwd_gbps.png",
+        groups,
+        series("fwd_gbps"),
+        ylabel="forward GB/s (cost-model bytes)",
+        title=f"Cross-entropy forward bandwidth ({first['gpu']})",
+        reference_line=(first["copy_gbps_measured"], f"measured copy {first['copy_gbps_measured']:.0f} GB/s"),
+    )
+    geomean = speedups(records)
+    summary = [{"implementation": n, "geomean": geomean.get(n)} for n in names]
+    return "\n\n".join(
+        [
+            f"GPU: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
+            f"{first['date']} · B={first['batch']}, bf16 logits, reduction='none', upstream gradient of ones · "
+            f"measured copy bandwidth {first['copy_gbps_measured']:.0f} GB/s",
+            markdown_table(table_rows(records), TABLE_COLUMNS),
+            "Geometric-mean fwd+bwd speed-up over PyTorch eager across the vocabularies:",
+            markdown_table(summary, [("implementation", "implementation"), ("geomean", "speed-up")]),
+            f"![fwd+bwd time]({step_png.name})",
+            f"![forward bandwidth]({gbps_png.name})",
+        ]
+    )

@@ -1,0 +1,231 @@
+"""`fastlm <group> <command>`: benchmarks, cost models, inspection and the main report.
+
+User mistakes (bad flag values, unknown GPU, a GPU-only command without a GPU) end with one
+clear sentence and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from fastlm.devices import DEVICES, device_spec
+
+console = Console()
+
+
+class UserError(Exception):
+    """A mistake in how fastlm was called; printed as one sentence."""
+
+
+def _device():
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _progress():
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    return tuple(_positive_int(part) for part in text.split(","))
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_bench_ceilings(args) -> None:
+    from fastlm.bench.ceilings import record_ceilings
+
+    record = record_ceilings(args.out / "results", _device())
+    table = Table(title=f"Measured ceilings · {record['gpu']}")
+    for column in ("copy GB/s", "matmul TFLOP/s", "matmul", "% of datasheet (copy / matmul)"):
+        table.add_column(column)
+    datasheet = "—"
+    if "copy_fraction_of_datasheet" in record:
+        datasheet = f"{100 * record['copy_fraction_of_datasheet']:.0f}% / {100 * record['matmul_fraction_of_datasheet']:.0f}%"
+    shape = "x".join(map(str, record["matmul_shape"]))
+    table.add_row(
+        f"{record['copy_gbps']:.0f}", f"{record['matmul_tflops']:.1f}", f"{shape} {record['matmul_dtype']}", datasheet
+    )
+    console.print(table)
+
+
+def run_xent_benchmark(out: Path, batch: int | None, vocabs: tuple[int, ...] | None) -> Path:
+    """Ceilings, then the cross-entropy sweep, then its markdown report; returns the report path."""
+    from fastlm.bench import xent
+    from fastlm.bench.ceilings import record_ceilings
+
+    device = _device()
+    if batch is None:
+        batch = xent.DEFAULT_BATCH if device.type == "cuda" else xent.CPU_BATCH
+    vocabs = vocabs or xent.DEFAULT_VOCABS
+    results_dir, reports_dir = out / "results", out / "reports"
+    ceilings = record_ceilings(results_dir, device)
+    with _progress() as progress:
+        task = progress.add_task("cross-entropy", total=len(vocabs) * len(xent.IMPLEMENTATIONS))
+
+        def step(done: str) -> None:
+            progress.update(task, description=f"cross-entropy (done: {done})", advance=1)
+
+        xent.run(batch=batch, vocabs=vocabs, device=device, ceilings=ceilings, results_dir=results_dir, progress=step)
+    report = reports_dir / "xent.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("# Cross-entropy benchmark\n\n" + xent.render(results_dir, reports_dir) + "\n")
+    return report
+
+
+def cmd_bench_xent(args) -> None:
+    report = run_xent_benchmark(args.out, args.batch, args.vocab)
+    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"[bold]wrote[/] {report}")
+
+
+# ---------------------------------------------------------------------------------------------
+# analyze
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_analyze_xent(args) -> None:
+    from fastlm.analysis.xent import FORMULAS, CrossEntropyCost
+
+    spec = device_spec(args.gpu)
+    cost = CrossEntropyCost(args.batch, args.vocab)
+    fwd, bwd = cost.fwd_bound(spec), cost.bwd_bound(spec)
+    table = Table(title=f"Cross-entropy cost model · B={args.batch}, V={args.vocab} · {spec.name}")
+    table.add_column("quantity")
+    table.add_column("formula")
+    table.add_column("forward", justify="right")
+    table.add_column("backward", justify="right")
+    gb = lambda n: f"{n / 1e9:.4f} GB ({n:,} B)"
+    table.add_row("bytes loaded", f"{FORMULAS['fwd loaded']} | {FORMULAS['bwd loaded']}",
+                  gb(cost.fwd_bytes_loaded), gb(cost.bwd_bytes_loaded))  # fmt: skip
+    table.add_row("bytes stored", f"{FORMULAS['fwd stored']} | {FORMULAS['bwd stored']}",
+                  gb(cost.fwd_bytes_stored), gb(cost.bwd_bytes_stored))  # fmt: skip
+    table.add_row("FLOPs per token", f"{FORMULAS['fwd FLOPs/token']} | {FORMULAS['bwd FLOPs/token']}",
+                  f"{cost.fwd_flops_per_token:,}", f"{cost.bwd_flops_per_token:,}")  # fmt: skip
+    table.add_row("FLOPs", "B x per token", f"{cost.fwd_flops:,}", f"{cost.bwd_flops:,}")
+    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fwd.intensity:.3f} FLOP/B", f"{bwd.intensity:.3f} FLOP/B")
+    table.add_row("device ridge (CUDA cores fp32)", f"{spec.vector_fp32_tflops} TF / {spec.memory_gbps:.0f} GB/s",
+                  f"{fwd.ridge:.1f} FLOP/B", f"{bwd.ridge:.1f} FLOP/B")  # fmt: skip
+    table.add_row("device ridge (tensor cores)", f"{spec.matmul_tflops} TF {spec.matmul_dtype} / {spec.memory_gbps:.0f} GB/s",
+                  f"{spec.ridge_flops_per_byte:.0f} FLOP/B", f"{spec.ridge_flops_per_byte:.0f} FLOP/B")  # fmt: skip
+    table.add_row("verdict", "intensity vs ridge", fwd.verdict, bwd.verdict)
+    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", f"{fwd.min_time_s * 1e6:.1f} µs", f"{bwd.min_time_s * 1e6:.1f} µs")
+    console.print(table)
+    fused = cost.fused_bound(spec)
+    console.print(
+        f"Fused training pass (loss + dlogits in one kernel): {gb(cost.fused_bytes)}, "
+        f"minimum {fused.min_time_s * 1e6:.1f} µs vs {(fwd.min_time_s + bwd.min_time_s) * 1e6:.1f} µs for forward + backward."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# inspect, report
+# ---------------------------------------------------------------------------------------------
+
+
+def cmd_inspect_compiled_xent(args) -> None:
+    from fastlm.profile.compiled_code import write_compiled_cross_entropy
+
+    device = _device()
+    with console.status("compiling F.cross_entropy with torch.compile"):
+        path = write_compiled_cross_entropy(args.output, device)
+    kind = "Triton" if device.type == "cuda" else "C++ (CPU; run on a GPU machine for the Triton kernels)"
+    console.print(f"[bold]wrote[/] {kind} code generated for cross-entropy to {path}")
+
+
+def cmd_report(args) -> None:
+    device = _device()
+    xent_report = run_xent_benchmark(args.out, None, None)
+    lines = [
+        "# fastlm report",
+        "",
+        f"Device: {'GPU' if device.type == 'cuda' else 'CPU only'}.",
+    ]
+    if device.type != "cuda":
+        lines += [
+            "",
+            "This machine has no GPU, so this is the reduced run: small batch, the plain-PyTorch reference "
+            "paths instead of the Triton kernels, no torch.compile or Liger baselines. The Triton kernels, the "
+            "compile and Liger baselines and the full-size shapes need a CUDA GPU; the numbers below say "
+            "nothing about GPU performance.",
+        ]
+    lines += ["", xent_report.read_text().replace("# Cross-entropy benchmark", "## Cross-entropy")]
+    report = args.out / "reports" / "report.md"
+    report.write_text("\n".join(lines))
+    console.print(f"[bold]wrote[/] {report} (tables and plots under {report.parent})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastlm", description=__doc__.splitlines()[0])
+    groups = parser.add_subparsers(dest="group", required=True)
+
+    def add_out(p, default="fastlm-report"):
+        p.add_argument("--out", type=Path, default=Path(default), help="folder for results/ and reports/")
+
+    bench = groups.add_parser("bench", help="measure ops against their baselines").add_subparsers(
+        dest="command", required=True
+    )
+    p = bench.add_parser("ceilings", help="measured copy GB/s and bf16 matmul TFLOP/s of this device")
+    add_out(p)
+    p.set_defaults(func=cmd_bench_ceilings)
+    p = bench.add_parser("xent", help="cross-entropy fwd/bwd vs eager, compile, Liger")
+    p.add_argument("--batch", type=_positive_int, default=None, help="rows (default 4096 on GPU, 128 on CPU)")
+    p.add_argument("--vocab", type=_int_list, default=None, help="comma-separated vocab sizes (default 32000,50264,128256)")
+    add_out(p)
+    p.set_defaults(func=cmd_bench_xent)
+
+    analyze = groups.add_parser("analyze", help="napkin math: bytes, FLOPs, bound").add_subparsers(
+        dest="command", required=True
+    )
+    p = analyze.add_parser("xent", help="cost model of fused cross-entropy")
+    p.add_argument("--batch", type=_positive_int, default=4096)
+    p.add_argument("--vocab", type=_positive_int, default=128256)
+    p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="datasheet to compare against")
+    p.set_defaults(func=cmd_analyze_xent)
+
+    inspect = groups.add_parser("inspect", help="look at generated code").add_subparsers(dest="command", required=True)
+    p = inspect.add_parser("compiled-xent", help="write the code torch.compile generates for cross-entropy")
+    p.add_argument("--output", type=Path, default=Path("compiled_cross_entropy.py"))
+    p.set_defaults(func=cmd_inspect_compiled_xent)
+
+    p = groups.add_parser("report", help="the main job: ceilings + every benchmark, written as a markdown report")
+    add_out(p)
+    p.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except UserError as error:
+        console.print(f"[red]error:[/] {error}")
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

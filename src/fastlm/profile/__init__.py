@@ -1,0 +1,1 @@
+"""Profiling helpers: what the compiler generates, where time and memory go."""
