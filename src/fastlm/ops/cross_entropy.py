@@ -27,11 +27,11 @@ import triton.language as tl
 
 from fastlm.ops.common import check_dtype, check_same_device, runs_triton
 
-LOG2E: tl.constexpr = 1.4426950408889634
-LN2: tl.constexpr = 0.6931471805599453
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
 # Start value of the running max (in log2 units). Finite, so that exp2(m_old - m_new) is 0 and not
 # NaN when a whole block is -inf (e.g. masked-out vocabulary entries).
-RUNNING_MAX_START: tl.constexpr = -3.0e38
+RUNNING_MAX_START = tl.constexpr(-3.0e38)
 
 REDUCTIONS = ("none", "mean", "sum")
 LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)

@@ -28,18 +28,18 @@ def compiled_output_code(fn: Callable[[], object]) -> str:
     """Run ``fn`` (which calls a freshly compiled function) and return the code inductor wrote."""
     collector = _Collect()
     logger = logging.getLogger("torch._inductor")
-    logger.addHandler(collector)
     torch._logging.set_logs(output_code=True)
-    torch_logger = logging.getLogger("torch")
-    console_handlers = list(torch_logger.handlers)  # set_logs prints to stderr; keep it quiet
-    for handler in console_handlers:
-        torch_logger.removeHandler(handler)
+    # set_logs also prints the code to stderr: detach its handlers while we collect
+    console_handlers = [(lg, h) for lg in (logging.getLogger("torch"), logger) for h in lg.handlers]
+    for owner, handler in console_handlers:
+        owner.removeHandler(handler)
+    logger.addHandler(collector)
     try:
         fn()
     finally:
         logger.removeHandler(collector)
-        for handler in console_handlers:
-            torch_logger.addHandler(handler)
+        for owner, handler in console_handlers:
+            owner.addHandler(handler)
         torch._logging.set_logs()
     return "\n\n".join(m for m in collector.messages if "def " in m or "kernel" in m)
 
