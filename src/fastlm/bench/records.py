@@ -40,6 +40,9 @@ def environment() -> dict:
 
 
 def _git_sha() -> str | None:
+    """HEAD's short sha; FASTLM_GIT_SHA where the tree was copied without its .git folder."""
+    if os.environ.get("FASTLM_GIT_SHA"):
+        return os.environ["FASTLM_GIT_SHA"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],

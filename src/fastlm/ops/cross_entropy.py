@@ -20,6 +20,8 @@ softmax gradient: about 3x the bytes (docs/cross_entropy.md).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -120,12 +122,13 @@ def _cross_entropy_forward_kernel(
     label_smoothing,
     z_loss,
     BLOCK_V: tl.constexpr,
+    ROW_MULTIPLE: tl.constexpr,  # power of 2 dividing stride_row: lets loads be 16 bytes wide
     HAS_SMOOTHING: tl.constexpr,
     HAS_Z_LOSS: tl.constexpr,
 ):
     """One program per row; reads the row once (s*V bytes), writes 8 bytes."""
     row = tl.program_id(0).to(tl.int64)
-    row_ptr = logits_ptr + row * stride_row
+    row_ptr = logits_ptr + tl.multiple_of(row * stride_row, ROW_MULTIPLE)
     target = tl.load(targets_ptr + row * stride_target).to(tl.int64)
     lse, sum_x = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING)
     x_target, ignored, invalid = _target_logit(row_ptr, stride_col, target, ignore_index, V)
@@ -151,6 +154,7 @@ def _cross_entropy_backward_kernel(
     label_smoothing,
     z_loss,
     BLOCK_V: tl.constexpr,
+    ROW_MULTIPLE: tl.constexpr,  # power of 2 dividing stride_row and V
     HAS_SMOOTHING: tl.constexpr,
     HAS_Z_LOSS: tl.constexpr,
 ):
@@ -162,12 +166,14 @@ def _cross_entropy_backward_kernel(
     target = tl.load(targets_ptr + row * stride_target).to(tl.int64)
     lse = tl.load(lse_ptr + row)
     grad_loss = tl.load(grad_losses_ptr + row * stride_grad_losses).to(tl.float32)
-    x = tl.load(logits_ptr + row * stride_row + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
+    row_offset = tl.multiple_of(row * stride_row, ROW_MULTIPLE)
+    x = tl.load(logits_ptr + row_offset + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
     grad = grad_loss * _row_grad(x, cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
     ignored = target == ignore_index
     invalid = ~ignored & ((target < 0) | (target >= V))
     grad = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), grad))
-    tl.store(grad_logits_ptr + row * V + cols, grad.to(grad_logits_ptr.dtype.element_ty), mask=mask)
+    grad_row = grad_logits_ptr + tl.multiple_of(row * V, ROW_MULTIPLE)
+    tl.store(grad_row + cols, grad.to(grad_logits_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -183,47 +189,48 @@ def _cross_entropy_fused_kernel(
     grad_ptr,  # (B, V) out: row_scale * dloss/dx, logits' dtype; may be logits_ptr (in place)
     stride_grad_row,
     stride_grad_col,
+    B,
     V,
     ignore_index,
     label_smoothing,
     z_loss,
     BLOCK_V: tl.constexpr,
+    ROW_MULTIPLE: tl.constexpr,  # power of 2 dividing stride_row and stride_grad_row
     HAS_SMOOTHING: tl.constexpr,
     HAS_Z_LOSS: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr,
 ):
-    """One program per row: pass 1 computes lse and the loss, pass 2 writes the gradient.
+    """Persistent: program p handles rows p, p + P, ... (P programs). Per row, pass 1 computes
+    lse and the loss, pass 2 writes the gradient.
 
-    Pass 2 walks the row from its end, whose blocks pass 1 read last and L2 most likely still
-    holds, so DRAM sees close to one read and one write of the logits. Writing in place is safe:
-    each block is read before the same program overwrites it.
+    Pass 2 walks the row from its end, whose blocks pass 1 read last, and the launcher keeps
+    few rows in flight (P ~ a couple per SM) so that L2 still holds them: DRAM then sees close
+    to one read and one write of the logits. Writing in place is safe: each block is read before
+    the same program overwrites it.
     """
-    row = tl.program_id(0).to(tl.int64)
-    row_ptr = logits_ptr + row * stride_row
-    target = tl.load(targets_ptr + row * stride_target).to(tl.int64)
-    lse, sum_x = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING)
-    x_target, ignored, invalid = _target_logit(row_ptr, stride_col, target, ignore_index, V)
-    loss = _row_loss(lse, sum_x, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
-    scale = 1.0
-    if HAS_ROW_SCALE:
-        scale = tl.load(row_scale_ptr + row * stride_row_scale)
-    # ignored rows: 0 * scale, so a mean over zero valid rows is NaN as in torch
-    loss = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), loss)) * scale
-    tl.store(losses_ptr + row, loss)
-
     offs = tl.arange(0, BLOCK_V)
     num_blocks = tl.cdiv(V, BLOCK_V)
-    for i in range(0, num_blocks):
-        cols = (num_blocks - 1 - i) * BLOCK_V + offs
-        mask = cols < V
-        x = tl.load(row_ptr + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
-        grad = scale * _row_grad(x, cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
-        grad = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), grad))
-        tl.store(
-            grad_ptr + row * stride_grad_row + cols * stride_grad_col,
-            grad.to(grad_ptr.dtype.element_ty),
-            mask=mask,
-        )
+    for row32 in range(tl.program_id(0), B, tl.num_programs(0)):
+        row = tl.cast(row32, tl.int64)
+        row_ptr = logits_ptr + tl.multiple_of(row * stride_row, ROW_MULTIPLE)
+        grad_row_ptr = grad_ptr + tl.multiple_of(row * stride_grad_row, ROW_MULTIPLE)
+        target = tl.load(targets_ptr + row * stride_target).to(tl.int64)
+        lse, sum_x = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING)
+        x_target, ignored, invalid = _target_logit(row_ptr, stride_col, target, ignore_index, V)
+        loss = _row_loss(lse, sum_x, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
+        scale = 1.0
+        if HAS_ROW_SCALE:
+            scale = tl.load(row_scale_ptr + row * stride_row_scale)
+        # ignored rows: 0 * scale, so a mean over zero valid rows is NaN as in torch
+        loss = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), loss)) * scale
+        tl.store(losses_ptr + row, loss)
+        for i in range(0, num_blocks):
+            cols = (num_blocks - 1 - i) * BLOCK_V + offs
+            mask = cols < V
+            x = tl.load(row_ptr + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
+            grad = scale * _row_grad(x, cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
+            grad = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), grad))
+            tl.store(grad_row_ptr + cols * stride_grad_col, grad.to(grad_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -291,10 +298,30 @@ def check_target_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> 
         raise ValueError(f"targets must lie in [0, {vocab}) or equal ignore_index={ignore_index}, found {value}")
 
 
-def _block_v(vocab: int) -> tuple[int, int]:
-    """(BLOCK_V, num_warps) for the row-looping kernels: 16 KiB-32 KiB of logits per step."""
-    block = min(triton.next_power_of_2(vocab), 8192)
-    return block, 16 if block >= 8192 else max(1, min(16, block // 256))
+def _row_multiple(*strides: int) -> int:
+    """Largest power of two (<= 16) dividing every stride: the alignment hint of row starts."""
+    multiple = 16
+    while multiple > 1 and any(stride % multiple for stride in strides):
+        multiple //= 2
+    return multiple
+
+
+# Tile sizes from benchmarks/tune_xent.py on an H200 (B=4096, bf16, V in 32000, 50264, 128256).
+FORWARD_BLOCK, FORWARD_WARPS = 8192, 4  # 97% of copy bandwidth at V=128256
+BACKWARD_BLOCK, BACKWARD_WARPS = 4096, 4
+FUSED_BLOCK, FUSED_WARPS, FUSED_PROGRAMS_PER_SM = 8192, 8, 2
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _fused_programs(logits: torch.Tensor) -> int:
+    """Programs of the persistent fused kernel: few enough rows in flight for L2 to hold them."""
+    if not logits.is_cuda:
+        return logits.shape[0]
+    return min(logits.shape[0], FUSED_PROGRAMS_PER_SM * _multiprocessors(logits.device.index or 0))
 
 
 def _launch_forward(logits, targets, ignore_index, label_smoothing, z_loss):
@@ -303,11 +330,11 @@ def _launch_forward(logits, targets, ignore_index, label_smoothing, z_loss):
     lse = torch.empty(batch, device=logits.device, dtype=torch.float32)
     if batch == 0:
         return losses, lse
-    block, warps = _block_v(vocab)
     _cross_entropy_forward_kernel[(batch,)](
         logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), losses, lse,
         vocab, ignore_index, label_smoothing, z_loss,
-        BLOCK_V=block, HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, num_warps=warps,
+        BLOCK_V=min(triton.next_power_of_2(vocab), FORWARD_BLOCK), ROW_MULTIPLE=_row_multiple(logits.stride(0)),
+        HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, num_warps=FORWARD_WARPS,
     )  # fmt: skip
     return losses, lse
 
@@ -317,14 +344,14 @@ def _launch_backward(logits, targets, lse, grad_losses, ignore_index, label_smoo
     grad_logits = torch.empty((batch, vocab), device=logits.device, dtype=logits.dtype)
     if batch == 0:
         return grad_logits
-    block = min(triton.next_power_of_2(vocab), 4096)
+    block = min(triton.next_power_of_2(vocab), BACKWARD_BLOCK)
     grid = (batch, triton.cdiv(vocab, block))
     _cross_entropy_backward_kernel[grid](
         logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), lse,
         grad_losses, grad_losses.stride(0), grad_logits,
         vocab, ignore_index, label_smoothing, z_loss,
-        BLOCK_V=block, HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0,
-        num_warps=max(1, min(8, block // 256)),
+        BLOCK_V=block, ROW_MULTIPLE=_row_multiple(logits.stride(0), vocab),
+        HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, num_warps=BACKWARD_WARPS,
     )  # fmt: skip
     return grad_logits
 
@@ -335,14 +362,14 @@ def _launch_fused(logits, targets, row_scale, grad, ignore_index, label_smoothin
     losses = torch.empty(batch, device=logits.device, dtype=torch.float32)
     if batch == 0:
         return losses
-    block, warps = _block_v(vocab)
-    _cross_entropy_fused_kernel[(batch,)](
+    _cross_entropy_fused_kernel[(_fused_programs(logits),)](
         logits, logits.stride(0), logits.stride(1), targets, targets.stride(0),
         row_scale, 0 if row_scale is None else row_scale.stride(0),
         losses, grad, grad.stride(0), grad.stride(1),
-        vocab, ignore_index, label_smoothing, z_loss,
-        BLOCK_V=block, HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0,
-        HAS_ROW_SCALE=row_scale is not None, num_warps=warps,
+        batch, vocab, ignore_index, label_smoothing, z_loss,
+        BLOCK_V=min(triton.next_power_of_2(vocab), FUSED_BLOCK), ROW_MULTIPLE=_row_multiple(logits.stride(0), grad.stride(0)),
+        HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, HAS_ROW_SCALE=row_scale is not None,
+        num_warps=FUSED_WARPS,
     )  # fmt: skip
     return losses
 
@@ -351,11 +378,11 @@ def _launch_scale_rows(grad, grad_losses):
     batch, vocab = grad.shape
     if batch == 0:
         return
-    block = min(triton.next_power_of_2(vocab), 4096)
+    block = min(triton.next_power_of_2(vocab), BACKWARD_BLOCK)
     grid = (batch, triton.cdiv(vocab, block))
     _scale_rows_kernel[grid](
         grad, grad.stride(0), grad.stride(1), grad_losses, grad_losses.stride(0), vocab,
-        BLOCK_V=block, num_warps=max(1, min(8, block // 256)),
+        BLOCK_V=block, num_warps=BACKWARD_WARPS,
     )  # fmt: skip
 
 
@@ -380,6 +407,27 @@ def _reference_grad(logits, targets, grad_losses, ignore_index, label_smoothing,
     grad = grad - label_smoothing / x.shape[1]
     grad = torch.where(valid[:, None], grad * grad_losses.float()[:, None], 0.0)
     return grad.to(logits.dtype)
+
+
+def _forward(logits, targets, ignore_index, label_smoothing, z_loss):
+    """(losses, lse) through the kernels or the reference path."""
+    check_target_range(targets, logits.shape[1], ignore_index)
+    if runs_triton(logits):
+        return _launch_forward(logits, targets, ignore_index, label_smoothing, z_loss)
+    return _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss)
+
+
+def _backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss):
+    if runs_triton(logits):
+        return _launch_backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss)
+    return _reference_grad(logits, targets, grad_losses, ignore_index, label_smoothing, z_loss)
+
+
+def _scale_rows(grad, grad_losses):
+    if runs_triton(grad):
+        _launch_scale_rows(grad, grad_losses)
+    else:
+        grad.mul_(grad_losses.to(grad.dtype)[:, None])
 
 
 def _mean_row_scale(targets, ignore_index):
@@ -409,10 +457,7 @@ def _forward_op(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, label_smoothing: float, z_loss: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(losses, lse), both (B,) fp32."""
-    check_target_range(targets, logits.shape[1], ignore_index)
-    if runs_triton(logits):
-        return _launch_forward(logits, targets, ignore_index, label_smoothing, z_loss)
-    return _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss)
+    return _forward(logits, targets, ignore_index, label_smoothing, z_loss)
 
 
 @_forward_op.register_fake
@@ -432,9 +477,7 @@ def _backward_op(
     z_loss: float,
 ) -> torch.Tensor:
     """dlogits (B, V) in logits' dtype, recomputing softmax from the saved lse."""
-    if runs_triton(logits):
-        return _launch_backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss)
-    return _reference_grad(logits, targets, grad_losses, ignore_index, label_smoothing, z_loss)
+    return _backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss)
 
 
 @_backward_op.register_fake
@@ -480,10 +523,7 @@ def _(logits, targets, ignore_index, label_smoothing, z_loss, mean):
 @torch.library.custom_op("fastlm::cross_entropy_scale_rows_", mutates_args=("grad",))
 def _scale_rows_op(grad: torch.Tensor, grad_losses: torch.Tensor) -> None:
     """grad[i] *= grad_losses[i] in place; free when every factor is 1."""
-    if runs_triton(grad):
-        _launch_scale_rows(grad, grad_losses)
-    else:
-        grad.mul_(grad_losses.to(grad.dtype)[:, None])
+    _scale_rows(grad, grad_losses)
 
 
 @_scale_rows_op.register_fake
@@ -522,26 +562,50 @@ def _fused_backward(ctx, grad_losses, _grad_grad):
 torch.library.register_autograd(_fused_op, _fused_backward, setup_context=_fused_setup_context)
 
 
-class CrossEntropyFusedInPlace(torch.autograd.Function):
-    """Fused path that writes the gradient over the logits: no extra (B, V) buffer.
+# Eager autograd: the same launchers behind plain autograd.Functions. A torch.library op costs
+# tens of microseconds of Python per call, as much as the whole kernel at V=32000, so eager code
+# takes these and only torch.compile traces the ops above.
 
-    Eager only. The logits' version counter is bumped, so any op that saved the logits for its
-    own backward fails loudly at backward time instead of computing with overwritten values.
+
+class CrossEntropyFunction(torch.autograd.Function):
+    """Recompute path: forward saves (logits, targets, lse); backward recomputes softmax."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index, label_smoothing, z_loss):
+        losses, lse = _forward(logits, targets, ignore_index, label_smoothing, z_loss)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.options = (ignore_index, label_smoothing, z_loss)
+        return losses
+
+    @staticmethod
+    def backward(ctx, grad_losses):
+        logits, targets, lse = ctx.saved_tensors
+        return _backward(logits, targets, lse, grad_losses, *ctx.options), None, None, None, None
+
+
+class CrossEntropyFusedFunction(torch.autograd.Function):
+    """Fused path: the forward writes dlogits, the backward hands it out (scaled if needed).
+
+    With ``inplace`` the gradient overwrites the logits. Their version counter is bumped, so
+    any op that saved the logits for its own backward fails loudly at backward time instead of
+    computing with overwritten values.
     """
 
     @staticmethod
-    def forward(ctx, logits, targets, ignore_index, label_smoothing, z_loss, mean):
+    def forward(ctx, logits, targets, ignore_index, label_smoothing, z_loss, mean, inplace):
         row_scale = _mean_row_scale(targets, ignore_index) if mean else None
-        losses = _fused(logits, targets, row_scale, logits, ignore_index, label_smoothing, z_loss)
-        torch.autograd.graph.increment_version(logits)
-        ctx.grad = logits
+        grad = logits if inplace else torch.empty_like(logits, memory_format=torch.contiguous_format)
+        losses = _fused(logits, targets, row_scale, grad, ignore_index, label_smoothing, z_loss)
+        if inplace:
+            torch.autograd.graph.increment_version(logits)
+        ctx.grad = grad  # not saved_tensors: backward scales it in place
         return losses
 
     @staticmethod
     def backward(ctx, grad_losses):
         grad = _take_fused_grad(ctx)
-        _scale_rows_op(grad, grad_losses)
-        return grad, None, None, None, None, None
+        _scale_rows(grad, grad_losses)
+        return grad, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -585,19 +649,23 @@ def cross_entropy(
     check_inputs(logits, targets)
     options = (int(ignore_index), float(label_smoothing), float(z_loss))
     mean = reduction == "mean"
+    compiling = torch.compiler.is_compiling()
 
     if fused and logits.requires_grad and torch.is_grad_enabled() and logits.shape[0] > 0:
-        if inplace:
-            if logits.is_leaf:
-                raise ValueError(
-                    "inplace=True overwrites logits with their gradient, so logits must not be a leaf tensor"
-                )
-            losses = CrossEntropyFusedInPlace.apply(logits, targets, *options, mean)
-        else:
+        if inplace and logits.is_leaf:
+            raise ValueError("inplace=True overwrites logits with their gradient, so logits must not be a leaf tensor")
+        if inplace and compiling:
+            raise ValueError("inplace=True works in eager mode only; under torch.compile use inplace=False")
+        if compiling:
             losses, _ = _fused_op(logits, targets, *options, mean)
+        else:
+            losses = CrossEntropyFusedFunction.apply(logits, targets, *options, mean, inplace)
         return losses if reduction == "none" else losses.sum()
 
-    losses, _ = _forward_op(logits, targets, *options)
+    if compiling:
+        losses, _ = _forward_op(logits, targets, *options)
+    else:
+        losses = CrossEntropyFunction.apply(logits, targets, *options)
     if reduction == "none":
         return losses
     if reduction == "sum":
@@ -608,7 +676,7 @@ def cross_entropy(
 def cross_entropy_forward(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-row losses, (B, V) logits and (B,) int64 targets -> (B,) float32 (reduction='none')."""
     check_inputs(logits, targets)
-    return _forward_op(logits, targets, -100, 0.0, 0.0)[0]
+    return _forward(logits, targets, -100, 0.0, 0.0)[0]
 
 
 def cross_entropy_backward(logits: torch.Tensor, targets: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
