@@ -52,6 +52,7 @@ def _row_statistics(
     V,  # number of classes
     BLOCK_V: tl.constexpr,  # columns per step
     NEED_SUM: tl.constexpr,  # also return sum_j x_j (label smoothing needs it)
+    KEEP_IN_L2: tl.constexpr,  # the row is read again soon (fused kernel): ask L2 to keep it
 ):
     """One pass over a row: returns (lse, sum_x) in fp32; sum_x is 0.0 unless NEED_SUM.
 
@@ -65,13 +66,16 @@ def _row_statistics(
     for start in range(0, V, BLOCK_V):
         cols = start + offs
         mask = cols < V
-        x = tl.load(row_ptr + cols * stride_col, mask=mask, other=-float("inf")).to(tl.float32)
-        x2 = x * LOG2E
+        if KEEP_IN_L2:
+            x = tl.load(row_ptr + cols * stride_col, mask=mask, other=-float("inf"), eviction_policy="evict_last")
+        else:
+            x = tl.load(row_ptr + cols * stride_col, mask=mask, other=-float("inf"))
+        x2 = x.to(tl.float32) * LOG2E
         new_max = tl.maximum(running_max, tl.max(x2, axis=0))
         running_sum = running_sum * tl.exp2(running_max - new_max) + tl.sum(tl.exp2(x2 - new_max), axis=0)
         running_max = new_max
         if NEED_SUM:
-            sum_x += tl.sum(tl.where(mask, x, 0.0), axis=0)
+            sum_x += tl.sum(tl.where(mask, x.to(tl.float32), 0.0), axis=0)
     lse = (running_max + tl.log2(running_sum)) * LN2
     return lse, sum_x
 
@@ -122,15 +126,14 @@ def _cross_entropy_forward_kernel(
     label_smoothing,
     z_loss,
     BLOCK_V: tl.constexpr,
-    ROW_MULTIPLE: tl.constexpr,  # power of 2 dividing stride_row: lets loads be 16 bytes wide
     HAS_SMOOTHING: tl.constexpr,
     HAS_Z_LOSS: tl.constexpr,
 ):
     """One program per row; reads the row once (s*V bytes), writes 8 bytes."""
     row = tl.program_id(0).to(tl.int64)
-    row_ptr = logits_ptr + tl.multiple_of(row * stride_row, ROW_MULTIPLE)
+    row_ptr = logits_ptr + row * stride_row
     target = tl.load(targets_ptr + row * stride_target).to(tl.int64)
-    lse, sum_x = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING)
+    lse, sum_x = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING, False)
     x_target, ignored, invalid = _target_logit(row_ptr, stride_col, target, ignore_index, V)
     loss = _row_loss(lse, sum_x, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
     loss = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), loss))
@@ -154,7 +157,6 @@ def _cross_entropy_backward_kernel(
     label_smoothing,
     z_loss,
     BLOCK_V: tl.constexpr,
-    ROW_MULTIPLE: tl.constexpr,  # power of 2 dividing stride_row and V
     HAS_SMOOTHING: tl.constexpr,
     HAS_Z_LOSS: tl.constexpr,
 ):
@@ -166,14 +168,12 @@ def _cross_entropy_backward_kernel(
     target = tl.load(targets_ptr + row * stride_target).to(tl.int64)
     lse = tl.load(lse_ptr + row)
     grad_loss = tl.load(grad_losses_ptr + row * stride_grad_losses).to(tl.float32)
-    row_offset = tl.multiple_of(row * stride_row, ROW_MULTIPLE)
-    x = tl.load(logits_ptr + row_offset + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(logits_ptr + row * stride_row + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
     grad = grad_loss * _row_grad(x, cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
     ignored = target == ignore_index
     invalid = ~ignored & ((target < 0) | (target >= V))
     grad = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), grad))
-    grad_row = grad_logits_ptr + tl.multiple_of(row * V, ROW_MULTIPLE)
-    tl.store(grad_row + cols, grad.to(grad_logits_ptr.dtype.element_ty), mask=mask)
+    tl.store(grad_logits_ptr + row * V + cols, grad.to(grad_logits_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -195,7 +195,6 @@ def _cross_entropy_fused_kernel(
     label_smoothing,
     z_loss,
     BLOCK_V: tl.constexpr,
-    ROW_MULTIPLE: tl.constexpr,  # power of 2 dividing stride_row and stride_grad_row
     HAS_SMOOTHING: tl.constexpr,
     HAS_Z_LOSS: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr,
@@ -212,10 +211,10 @@ def _cross_entropy_fused_kernel(
     num_blocks = tl.cdiv(V, BLOCK_V)
     for row32 in range(tl.program_id(0), B, tl.num_programs(0)):
         row = tl.cast(row32, tl.int64)
-        row_ptr = logits_ptr + tl.multiple_of(row * stride_row, ROW_MULTIPLE)
-        grad_row_ptr = grad_ptr + tl.multiple_of(row * stride_grad_row, ROW_MULTIPLE)
+        row_ptr = logits_ptr + row * stride_row
+        grad_row_ptr = grad_ptr + row * stride_grad_row
         target = tl.load(targets_ptr + row * stride_target).to(tl.int64)
-        lse, sum_x = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING)
+        lse, sum_x = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING, True)
         x_target, ignored, invalid = _target_logit(row_ptr, stride_col, target, ignore_index, V)
         loss = _row_loss(lse, sum_x, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
         scale = 1.0
@@ -227,10 +226,15 @@ def _cross_entropy_fused_kernel(
         for i in range(0, num_blocks):
             cols = (num_blocks - 1 - i) * BLOCK_V + offs
             mask = cols < V
-            x = tl.load(row_ptr + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
-            grad = scale * _row_grad(x, cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
+            x = tl.load(row_ptr + cols * stride_col, mask=mask, other=0.0, eviction_policy="evict_first")
+            grad = scale * _row_grad(x.to(tl.float32), cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
             grad = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), grad))
-            tl.store(grad_row_ptr + cols * stride_grad_col, grad.to(grad_ptr.dtype.element_ty), mask=mask)
+            tl.store(
+                grad_row_ptr + cols * stride_grad_col,
+                grad.to(grad_ptr.dtype.element_ty),
+                mask=mask,
+                eviction_policy="evict_first",
+            )
 
 
 @triton.jit
@@ -298,14 +302,6 @@ def check_target_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> 
         raise ValueError(f"targets must lie in [0, {vocab}) or equal ignore_index={ignore_index}, found {value}")
 
 
-def _row_multiple(*strides: int) -> int:
-    """Largest power of two (<= 16) dividing every stride: the alignment hint of row starts."""
-    multiple = 16
-    while multiple > 1 and any(stride % multiple for stride in strides):
-        multiple //= 2
-    return multiple
-
-
 # Tile sizes from benchmarks/tune_xent.py on an H200 (B=4096, bf16, V in 32000, 50264, 128256).
 FORWARD_BLOCK, FORWARD_WARPS = 8192, 4  # 97% of copy bandwidth at V=128256
 BACKWARD_BLOCK, BACKWARD_WARPS = 4096, 4
@@ -333,7 +329,7 @@ def _launch_forward(logits, targets, ignore_index, label_smoothing, z_loss):
     _cross_entropy_forward_kernel[(batch,)](
         logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), losses, lse,
         vocab, ignore_index, label_smoothing, z_loss,
-        BLOCK_V=min(triton.next_power_of_2(vocab), FORWARD_BLOCK), ROW_MULTIPLE=_row_multiple(logits.stride(0)),
+        BLOCK_V=min(triton.next_power_of_2(vocab), FORWARD_BLOCK),
         HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, num_warps=FORWARD_WARPS,
     )  # fmt: skip
     return losses, lse
@@ -350,7 +346,7 @@ def _launch_backward(logits, targets, lse, grad_losses, ignore_index, label_smoo
         logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), lse,
         grad_losses, grad_losses.stride(0), grad_logits,
         vocab, ignore_index, label_smoothing, z_loss,
-        BLOCK_V=block, ROW_MULTIPLE=_row_multiple(logits.stride(0), vocab),
+        BLOCK_V=block,
         HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, num_warps=BACKWARD_WARPS,
     )  # fmt: skip
     return grad_logits
@@ -367,7 +363,7 @@ def _launch_fused(logits, targets, row_scale, grad, ignore_index, label_smoothin
         row_scale, 0 if row_scale is None else row_scale.stride(0),
         losses, grad, grad.stride(0), grad.stride(1),
         batch, vocab, ignore_index, label_smoothing, z_loss,
-        BLOCK_V=min(triton.next_power_of_2(vocab), FUSED_BLOCK), ROW_MULTIPLE=_row_multiple(logits.stride(0), grad.stride(0)),
+        BLOCK_V=min(triton.next_power_of_2(vocab), FUSED_BLOCK),
         HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, HAS_ROW_SCALE=row_scale is not None,
         num_warps=FUSED_WARPS,
     )  # fmt: skip
