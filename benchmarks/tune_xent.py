@@ -38,21 +38,55 @@ def main():
         flags = dict(HAS_SMOOTHING=False, HAS_Z_LOSS=False)
         for block, warps in itertools.product((4096, 8192, 16384), (4, 8)):
             config = dict(BLOCK_V=block, num_warps=warps, **flags)
-            report("forward", vocab, {"block": block, "warps": warps}, lambda: ce._cross_entropy_forward_kernel[(BATCH,)](
-                logits, vocab, 1, targets, 1, losses, lse, vocab, -100, 0.0, 0.0, **config), row_bytes)
+            report(
+                "forward",
+                vocab,
+                {"block": block, "warps": warps},
+                lambda: ce._cross_entropy_forward_kernel[(BATCH,)](
+                    logits, vocab, 1, targets, 1, losses, lse, vocab, -100, 0.0, 0.0, **config
+                ),
+                row_bytes,
+            )
         for block, warps in itertools.product((2048, 4096, 8192), (4, 8)):
             config = dict(BLOCK_V=block, num_warps=warps, **flags)
             grid = (BATCH, triton.cdiv(vocab, block))
-            report("backward", vocab, {"block": block, "warps": warps}, lambda: ce._cross_entropy_backward_kernel[grid](
-                logits, vocab, 1, targets, 1, lse, ones, 1, grad, vocab, -100, 0.0, 0.0, **config), 2 * row_bytes)
+            report(
+                "backward",
+                vocab,
+                {"block": block, "warps": warps},
+                lambda: ce._cross_entropy_backward_kernel[grid](
+                    logits, vocab, 1, targets, 1, lse, ones, 1, grad, vocab, -100, 0.0, 0.0, **config
+                ),
+                2 * row_bytes,
+            )
         for block, warps, per_sm in itertools.product((4096, 8192, 16384), (4, 8, 16), (1, 2, 4, 0)):
             config = dict(BLOCK_V=block, num_warps=warps, HAS_ROW_SCALE=False, **flags)
             programs = BATCH if per_sm == 0 else per_sm * sms
-            report("fused", vocab, {"block": block, "warps": warps, "programs": programs},
-                   lambda: ce._cross_entropy_fused_kernel[(programs,)](
-                       logits, vocab, 1, targets, 1, None, 0, losses, grad, vocab, 1,
-                       BATCH, vocab, -100, 0.0, 0.0, **config), 2 * row_bytes)
-        del logits, grad
+            report(
+                "fused",
+                vocab,
+                {"block": block, "warps": warps, "programs": programs},
+                lambda: ce._cross_entropy_fused_kernel[(programs,)](
+                    logits,
+                    vocab,
+                    1,
+                    targets,
+                    1,
+                    None,
+                    0,
+                    losses,
+                    grad,
+                    vocab,
+                    1,
+                    BATCH,
+                    vocab,
+                    -100,
+                    0.0,
+                    0.0,
+                    **config,
+                ),
+                2 * row_bytes,
+            )
 
 
 if __name__ == "__main__":

@@ -64,7 +64,9 @@ def cmd_bench_ceilings(args) -> None:
         table.add_column(column)
     datasheet = "—"
     if "copy_fraction_of_datasheet" in record:
-        datasheet = f"{100 * record['copy_fraction_of_datasheet']:.0f}% / {100 * record['matmul_fraction_of_datasheet']:.0f}%"
+        datasheet = (
+            f"{100 * record['copy_fraction_of_datasheet']:.0f}% / {100 * record['matmul_fraction_of_datasheet']:.0f}%"
+        )
     shape = "x".join(map(str, record["matmul_shape"]))
     table.add_row(
         f"{record['copy_gbps']:.0f}", f"{record['matmul_tflops']:.1f}", f"{shape} {record['matmul_dtype']}", datasheet
@@ -129,15 +131,19 @@ def cmd_analyze_xent(args) -> None:
     table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fwd.intensity:.3f} FLOP/B", f"{bwd.intensity:.3f} FLOP/B")
     table.add_row("device ridge (CUDA cores fp32)", f"{spec.vector_fp32_tflops} TF / {spec.memory_gbps:.0f} GB/s",
                   f"{fwd.ridge:.1f} FLOP/B", f"{bwd.ridge:.1f} FLOP/B")  # fmt: skip
-    table.add_row("device ridge (tensor cores)", f"{spec.matmul_tflops} TF {spec.matmul_dtype} / {spec.memory_gbps:.0f} GB/s",
+    tensor_rate = f"{spec.matmul_tflops} TF {spec.matmul_dtype} / {spec.memory_gbps:.0f} GB/s"
+    table.add_row("device ridge (tensor cores)", tensor_rate,
                   f"{spec.ridge_flops_per_byte:.0f} FLOP/B", f"{spec.ridge_flops_per_byte:.0f} FLOP/B")  # fmt: skip
     table.add_row("verdict", "intensity vs ridge", fwd.verdict, bwd.verdict)
-    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", f"{fwd.min_time_s * 1e6:.1f} µs", f"{bwd.min_time_s * 1e6:.1f} µs")
+    table.add_row(
+        "minimum time", "max(bytes/BW, FLOPs/rate)", f"{fwd.min_time_s * 1e6:.1f} µs", f"{bwd.min_time_s * 1e6:.1f} µs"
+    )
     console.print(table)
     fused = cost.fused_bound(spec)
     console.print(
         f"Fused training pass (loss + dlogits in one kernel): {gb(cost.fused_bytes)}, "
-        f"minimum {fused.min_time_s * 1e6:.1f} µs vs {(fwd.min_time_s + bwd.min_time_s) * 1e6:.1f} µs for forward + backward."
+        f"minimum {fused.min_time_s * 1e6:.1f} µs vs {(fwd.min_time_s + bwd.min_time_s) * 1e6:.1f} µs "
+        "for forward + backward."
     )
 
 
@@ -193,7 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench_ceilings)
     p = bench.add_parser("xent", help="cross-entropy fwd/bwd vs eager, compile, Liger")
     p.add_argument("--batch", type=_positive_int, default=None, help="rows (default 4096 on GPU, 128 on CPU)")
-    p.add_argument("--vocab", type=_int_list, default=None, help="comma-separated vocab sizes (default 32000,50264,128256)")
+    p.add_argument(
+        "--vocab", type=_int_list, default=None, help="comma-separated vocab sizes (default 32000,50264,128256)"
+    )
     add_out(p)
     p.set_defaults(func=cmd_bench_xent)
 

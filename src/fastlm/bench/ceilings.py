@@ -20,13 +20,16 @@ from fastlm.devices import current_device_name, spec_for_device_name
 RESULTS_FILE = "ceilings.jsonl"
 
 
+def _time_copy(nbytes: int, device: torch.device):
+    src = torch.randn(nbytes // 2, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    return measure(lambda: dst.copy_(src), device)
+
+
 def measure_ceilings(device: torch.device) -> dict:
     on_gpu = device.type == "cuda"
     copy_bytes = (1 << 30) if on_gpu else (64 << 20)
-    src = torch.randn(copy_bytes // 2, device=device, dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    copy = measure(lambda: dst.copy_(src), device)
-    del src, dst
+    copy = _time_copy(copy_bytes, device)
 
     n = 8192 if on_gpu else 1024
     dtype = torch.bfloat16 if on_gpu else torch.float32

@@ -4,7 +4,8 @@ Protocol (one run, one device, all baselines measured side by side):
 - inputs: logits (B, V) bf16 ~ N(0, 1) with requires_grad, targets uniform in [0, V);
   reduction='none' and an upstream gradient of ones (what `losses.sum().backward()` gives);
 - fwd: the loss call as in training (grad enabled; the fused paths compute dlogits here);
-  bwd: `losses.backward(ones)` after an untimed forward (CUDA events around the backward only); fwd+bwd: both, as one training step would;
+  bwd: `losses.backward(ones)` after an untimed forward (CUDA events around the backward only);
+  fwd+bwd: both, as one training step would;
 - achieved GB/s use the cost model's bytes (fastlm.analysis.xent) for every implementation, so
   they compare like effective bandwidths: fwd 2BV+16B, bwd 4BV+16B, fwd+bwd their sum.
 """
@@ -206,7 +207,9 @@ def render(results_dir: Path, reports_dir: Path) -> str:
     lookup = {(r["vocab"], r["implementation"]): r for r in records if r["status"] == "ok"}
 
     def series(key):
-        return {n: [lookup.get((v, n), {}).get(key) for v in vocabs] for n in names if any((v, n) in lookup for v in vocabs)}
+        return {
+            n: [lookup.get((v, n), {}).get(key) for v in vocabs] for n in names if any((v, n) in lookup for v in vocabs)
+        }
 
     groups = [f"V={v}" for v in vocabs]
     step_png = grouped_bar_plot(

@@ -227,7 +227,9 @@ def _cross_entropy_fused_kernel(
             cols = (num_blocks - 1 - i) * BLOCK_V + offs
             mask = cols < V
             x = tl.load(row_ptr + cols * stride_col, mask=mask, other=0.0, eviction_policy="evict_first")
-            grad = scale * _row_grad(x.to(tl.float32), cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
+            grad = scale * _row_grad(
+                x.to(tl.float32), cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS
+            )
             grad = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), grad))
             tl.store(
                 grad_row_ptr + cols * stride_grad_col,

@@ -1,0 +1,83 @@
+"""The benchmark harness and the CLI on CPU: records, summaries, tables, plots, errors."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from fastlm.bench import xent
+from fastlm.bench.records import append_records, latest_run, read_records
+from fastlm.bench.report import markdown_table
+from fastlm.bench.timing import measure, measure_after_setup
+from fastlm.cli import main
+
+
+def test_measure_returns_ordered_quantiles():
+    timing = measure(lambda: torch.randn(64, 64) @ torch.randn(64, 64), torch.device("cpu"), rep_ms=20)
+    assert 0 < timing.p20_ms <= timing.median_ms <= timing.p80_ms
+
+
+def test_measure_after_setup_excludes_setup():
+    import time
+
+    timing = measure_after_setup(lambda: time.sleep(0.01), lambda _: None, torch.device("cpu"), reps=5)
+    assert timing.median_ms < 5  # the 10 ms setup is not counted
+
+
+def test_records_round_trip_and_latest_run(tmp_path):
+    path = tmp_path / "r.jsonl"
+    append_records(path, [{"run_id": "a", "x": 1}, {"run_id": "a", "x": 2}])
+    append_records(path, [{"run_id": "b", "x": 3}])
+    assert [r["x"] for r in read_records(path)] == [1, 2, 3]
+    assert [r["x"] for r in latest_run(read_records(path))] == [3]
+
+
+def test_speedups_are_geometric_means():
+    records = [
+        {"vocab": 1, "implementation": "eager", "status": "ok", "fwd_bwd_ms": 4.0},
+        {"vocab": 2, "implementation": "eager", "status": "ok", "fwd_bwd_ms": 9.0},
+        {"vocab": 1, "implementation": "fast", "status": "ok", "fwd_bwd_ms": 1.0},
+        {"vocab": 2, "implementation": "fast", "status": "ok", "fwd_bwd_ms": 1.0},
+        {"vocab": 2, "implementation": "gone", "status": "missing: not installed"},
+    ]
+    result = xent.speedups(records)
+    assert result["fast"] == pytest.approx(math.sqrt(4 * 9))
+    assert result["eager"] == pytest.approx(1.0)
+    assert "gone" not in result
+
+
+def test_markdown_table_marks_missing_values():
+    table = markdown_table([{"a": 1.23456, "b": None}], [("a", "A"), ("b", "B")])
+    assert table.splitlines() == ["| A | B |", "| --- | --- |", "| 1.23 | — |"]
+
+
+def test_bench_xent_cli_writes_records_and_report(tmp_path, capsys):
+    assert main(["bench", "xent", "--batch", "4", "--vocab", "64,100", "--out", str(tmp_path)]) == 0
+    records = read_records(tmp_path / "results" / "xent.jsonl")
+    assert {(r["vocab"], r["implementation"]) for r in records} == {
+        (v, impl.name) for v in (64, 100) for impl in xent.IMPLEMENTATIONS
+    }
+    by_name = {r["implementation"]: r for r in records if r["vocab"] == 64}
+    assert by_name["compile"]["status"] == "needs a GPU"
+    assert by_name["fastlm"]["status"] == "ok" and by_name["fastlm"]["fwd_ms"] > 0
+    assert all(r["gpu"] == "cpu" and r["torch"] == torch.__version__ for r in records)
+    report = (tmp_path / "reports" / "xent.md").read_text()
+    assert "| 64 | fastlm |" in report
+    assert (tmp_path / "reports" / "xent_fwd_bwd_ms.png").stat().st_size > 0
+    ceilings = json.loads((tmp_path / "results" / "ceilings.jsonl").read_text().splitlines()[-1])
+    assert ceilings["copy_gbps"] > 0 and ceilings["matmul_tflops"] > 0
+
+
+def test_analyze_xent_prints_the_cost_model(capsys):
+    assert main(["analyze", "xent", "--batch", "4096", "--vocab", "128256", "--gpu", "h100"]) == 0
+    out = capsys.readouterr().out
+    assert "1,050,705,920" in out and "memory-bound" in out and "313.7 µs" in out
+
+
+@pytest.mark.parametrize("argv", [["analyze", "xent", "--gpu", "v100"], ["bench", "xent", "--batch", "0"]])
+def test_bad_flags_exit_with_one_clear_error(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "error: argument --" in capsys.readouterr().err
