@@ -231,7 +231,7 @@ def render(results_dir: Path, reports_dir: Path) -> str:
     summary = [{"implementation": n, "geomean": geomean.get(n)} for n in names]
     return "\n\n".join(
         [
-            f"GPU: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
+            f"Device: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
             f"{first['date']} · B={first['batch']}, bf16 logits, reduction='none', upstream gradient of ones · "
             f"measured copy bandwidth {first['copy_gbps_measured']:.0f} GB/s",
             markdown_table(table_rows(records), TABLE_COLUMNS),
