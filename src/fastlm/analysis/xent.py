@@ -8,7 +8,8 @@ Forward (one pass, writes loss and lse):
     loaded = 2BV + 8B            stored = 4B + 4B
 Backward (recomputes softmax from logits and the saved lse):
     loaded = 2BV + 8B + 4B + 4B  stored = 2BV
-Fused training pass (loss and dlogits in one kernel, second read of each row from L2):
+Fused training pass (loss and dlogits in one kernel, minimum if the second read of each row
+hits L2):
     loaded = 2BV + 8B            stored = 2BV + 4B
 
 FLOPs per token, counting add, sub, mul, div, exp, log as 1 and max as 0:
@@ -91,7 +92,6 @@ FORMULAS = {
     "fwd stored": "4B + 4B",
     "bwd loaded": "2BV + 16B",
     "bwd stored": "2BV",
-    "fused loaded+stored": "4BV + 12B",
     "fwd FLOPs/token": "3V + 3",
     "bwd FLOPs/token": "3V + 1",
 }

@@ -11,9 +11,9 @@ Rows whose target equals ``ignore_index`` have loss 0 and gradient 0 (torch sema
 Cost model (B rows, V classes, logits of ``s`` bytes; fastlm.analysis.xent has the full version):
     forward    reads s*B*V, writes 8*B (loss + lse)               -> one pass over the logits
     backward   reads s*B*V, writes s*B*V (recomputes p from lse) -> one read + one write
-    fused      reads s*B*V, writes s*B*V: loss and gradient in one kernel, so a training step
-               touches the logits twice in DRAM instead of three times (the second read of each
-               row is served from L2 when the row was read recently: we walk it backwards).
+    fused      loss and gradient in one kernel; reads each row twice (statistics, then gradient)
+               and writes s*B*V. The design aims for the second read to hit L2, but measured on
+               an H200 it mostly misses (docs/cross_entropy.md, journal item 5).
 PyTorch eager writes log-probabilities, then a zero-filled one-hot-sized gradient, then the
 softmax gradient: about 3x the bytes (docs/cross_entropy.md).
 """
@@ -202,10 +202,9 @@ def _cross_entropy_fused_kernel(
     """Persistent: program p handles rows p, p + P, ... (P programs). Per row, pass 1 computes
     lse and the loss, pass 2 writes the gradient.
 
-    Pass 2 walks the row from its end, whose blocks pass 1 read last, and the launcher keeps
-    few rows in flight (P ~ a couple per SM) so that L2 still holds them: DRAM then sees close
-    to one read and one write of the logits. Writing in place is safe: each block is read before
-    the same program overwrites it.
+    Pass 2 walks the row from its end, whose blocks pass 1 read last, with L2 eviction hints, so
+    that the re-read can hit L2; on an H200 it mostly does not (docs/cross_entropy.md, item 5).
+    Writing in place is safe: each block is read before the same program overwrites it.
     """
     offs = tl.arange(0, BLOCK_V)
     num_blocks = tl.cdiv(V, BLOCK_V)
