@@ -1,0 +1,793 @@
+"""FlashAttention-2: Triton forward and backward kernels, a tiled PyTorch twin, autograd, public API.
+
+Math, per head, with queries Q (M, D), keys K (N, D), values V (N, D) and scale c:
+
+    S = c * Q K^T            P = softmax(S) row-wise         O = P V        L = logsumexp(S) row-wise
+    dV = P^T dO              dP = dO V^T                     Dlt = rowsum(dO * O)
+    dS = P * (dP - Dlt)      dQ = c * dS K                   dK = c * dS^T Q
+
+FlashAttention-2 (Dao, 2023) never materializes S or P: the forward streams key tiles past a
+query tile held on chip, keeping a running max m, running sum l and an fp32 accumulator
+(online softmax), and saves only O and L. The backward recomputes P = exp(S - L) tile by tile.
+
+Causal masking: query i sees key j iff j <= i + (N - M), i.e. the mask is aligned bottom-right
+as in FlashAttention-2 (for M == N it is the usual j <= i). When M > N the first M - N query
+rows see no key; they return 0 and have L = -inf. Masked scores are -inf, never NaN.
+
+Cost model, one head (bytes of q/k/v elements ``s``):
+    forward   4*M*N*D FLOPs (two matmuls; half of it under a causal mask when M == N),
+              reads (M + 2N)*D*s, writes M*D*s + 4M             -> compute bound for N >> D
+    backward  dK/dV kernel: 4 matmuls per tile (S, dP, dV, dK); dQ kernel: 3 (S, dP, dQ).
+              That is 7 matmuls where an atomic-add backward needs 5: the price of gradients that
+              are bit-for-bit reproducible. Benchmarks count the conventional 2.5x forward FLOPs.
+
+Grouped-query attention: query head h reads key/value head h // (H // Hkv). The dK/dV kernel
+loops over the H // Hkv query heads of its group, so no two programs write the same gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from fastlm.ops.common import check_dtype, check_same_device, runs_triton
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+# Start value of the running max (log2 units): finite, so exp2(m_old - m_new) is 0, not NaN, while
+# every score seen so far is masked.
+RUNNING_MAX_START = tl.constexpr(-3.0e38)
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 256
+# Tile edge of the plain-PyTorch twin (FlashAttentionTorch).
+TORCH_TILE = 32
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_tile(
+    ptrs,  # (ROWS, BLOCK_D) pointers
+    rows,  # (ROWS,) row indices of the tile
+    n_rows,  # rows in the tensor; rows >= n_rows load as 0
+    CHECK_ROWS: tl.constexpr,  # the tile may run past n_rows
+    HEAD_DIM: tl.constexpr,  # real head dim
+    BLOCK_D: tl.constexpr,  # head dim padded to a power of two (>= 16 for tl.dot)
+):
+    """Load a (ROWS, BLOCK_D) tile, masking only what can be out of bounds."""
+    cols = tl.arange(0, BLOCK_D)
+    if CHECK_ROWS:
+        if BLOCK_D == HEAD_DIM:
+            tile = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM), other=0.0)
+    else:
+        if BLOCK_D == HEAD_DIM:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=cols[None, :] < HEAD_DIM, other=0.0)
+    return tile
+
+
+@triton.jit
+def _store_tile(ptrs, tile, rows, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    cols = tl.arange(0, BLOCK_D)
+    if BLOCK_D == HEAD_DIM:
+        tl.store(ptrs, tile, mask=rows[:, None] < n_rows)
+    else:
+        tl.store(ptrs, tile, mask=(rows[:, None] < n_rows) & (cols[None, :] < HEAD_DIM))
+
+
+@triton.jit
+def _key_range(start_m, M, N, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key tiles a query tile [start_m, start_m + BLOCK_M) visits: (full_end, end).
+
+    Keys in [0, full_end) are whole tiles every row of the tile sees (no mask needed); keys in
+    [full_end, end) need the causal and/or key-bounds mask; keys >= end are skipped (tiles above
+    the causal diagonal cost nothing). full_end is a multiple of BLOCK_N.
+    """
+    full_end = N // BLOCK_N * BLOCK_N
+    end = N
+    if CAUSAL:
+        diag = N - M
+        # The tile's first row sees keys <= start_m + diag, its last row keys <= start_m + BLOCK_M - 1 + diag.
+        end = tl.maximum(tl.minimum(N, start_m + BLOCK_M + diag), 0)
+        full_end = tl.minimum(full_end, tl.maximum(start_m + diag + 1, 0) // BLOCK_N * BLOCK_N)
+    return full_end, end
+
+
+@triton.jit
+def _forward_tiles(
+    acc, l_i, m_i,  # (BLOCK_M, BLOCK_D) fp32 output accumulator, (BLOCK_M,) running sum and max (log2)
+    q,  # (BLOCK_M, BLOCK_D) query tile
+    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m,  # (BLOCK_M,) query rows
+    start, stop,  # key range to visit, start a multiple of BLOCK_N
+    N, diag,  # number of keys; N - M (causal diagonal offset)
+    qk_scale,  # scale * log2(e): scores in log2 units
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_n in range(start, stop, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N, MASKED,
+                       HEAD_DIM, BLOCK_D)  # fmt: skip
+        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, MASKED,
+                       HEAD_DIM, BLOCK_D)  # fmt: skip
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32, unscaled
+        if MASKED:
+            visible = offs_n[None, :] < N
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])  # one FMA + one exp2 per score
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _flash_forward_kernel(
+    Q, K, V,  # (Z, H, M, D), (Z, Hkv, N, D), (Z, Hkv, N, D); any strides
+    O,  # (Z, H, M, D) output, strides as given
+    LSE,  # (Z, H, M) fp32 logsumexp of the scaled scores (natural log), contiguous
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_oz, stride_oh, stride_om, stride_od,
+    H,  # query heads
+    GROUP,  # H // Hkv: query heads per key/value head
+    M, N,  # query and key lengths
+    qk_scale,  # scale * log2(e)
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program per (query tile, batch x head); grid (cdiv(M, BLOCK_M), Z * H).
+
+    Query tiles run last-first: under a causal mask the last tiles see the most keys, and
+    starting the longest programs first keeps the GPU busy to the end of the grid.
+    """
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_zh = tl.program_id(1)
+    z = (pid_zh // H).to(tl.int64)
+    h = (pid_zh % H).to(tl.int64)
+    hkv = h // GROUP
+    q_base = Q + z * stride_qz + h * stride_qh
+    k_base = K + z * stride_kz + hkv * stride_kh
+    v_base = V + z * stride_vz + hkv * stride_vh
+
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, M, True,
+                   HEAD_DIM, BLOCK_D)  # fmt: skip
+
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), RUNNING_MAX_START, dtype=tl.float32)
+    diag = N - M
+    full_end, end = _key_range(start_m, M, N, CAUSAL, BLOCK_M, BLOCK_N)
+    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                                   offs_m, 0, full_end, N, diag, qk_scale,
+                                   False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip
+    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                                   offs_m, full_end, end, N, diag, qk_scale,
+                                   True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip
+
+    empty = l_i == 0.0  # rows that see no key (causal, M > N): output 0, L = -inf
+    l_safe = tl.where(empty, 1.0, l_i)
+    acc = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
+    o_base = O + z * stride_oz + h * stride_oh
+    _store_tile(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, acc.to(O.dtype.element_ty),
+                offs_m, M, HEAD_DIM, BLOCK_D)  # fmt: skip
+    tl.store(LSE + pid_zh.to(tl.int64) * M + offs_m, lse, mask=offs_m < M)
+
+
+@triton.jit
+def _flash_backward_delta_kernel(
+    O, DO,  # (Z, H, M, D) output and its gradient, any strides
+    DELTA,  # (Z, H, M) fp32 out: rowsum(dO * O), contiguous
+    stride_oz, stride_oh, stride_om, stride_od,
+    stride_dz, stride_dh, stride_dm, stride_dd,
+    H, M,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """Dlt = rowsum(dO * O) in fp32; grid (cdiv(M, BLOCK_M), Z * H). Reads 2*M*D elements."""
+    pid_zh = tl.program_id(1)
+    z = (pid_zh // H).to(tl.int64)
+    h = (pid_zh % H).to(tl.int64)
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o = _load_tile(O + z * stride_oz + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                   offs_m, M, True, HEAD_DIM, BLOCK_D)  # fmt: skip
+    do = _load_tile(DO + z * stride_dz + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+                    offs_m, M, True, HEAD_DIM, BLOCK_D)  # fmt: skip
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + pid_zh.to(tl.int64) * M + offs_m, delta, mask=offs_m < M)
+
+
+@triton.jit
+def _dkdv_tiles(
+    dk, dv,  # (BLOCK_N, BLOCK_D) fp32 accumulators
+    k, v,  # (BLOCK_N, BLOCK_D) key and value tile
+    q_base, do_base, lse_base, delta_base,  # this query head's Q, dO, L, Dlt
+    stride_qm, stride_qd, stride_dm, stride_dd,
+    offs_n,  # (BLOCK_N,) key rows
+    start, stop,  # query range to visit, start a multiple of BLOCK_M
+    M, diag, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Accumulate dK (unscaled) and dV of one key tile over query tiles; works on transposed scores
+    (keys x queries) so no tile is transposed in registers."""
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_m in range(start, stop, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, M, MASKED,
+                       HEAD_DIM, BLOCK_D)  # fmt: skip
+        do = _load_tile(do_base + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, M, MASKED,
+                        HEAD_DIM, BLOCK_D)  # fmt: skip
+        if MASKED:
+            lse = tl.load(lse_base + offs_m, mask=offs_m < M, other=0.0)
+            delta = tl.load(delta_base + offs_m, mask=offs_m < M, other=0.0)
+        else:
+            lse = tl.load(lse_base + offs_m)
+            delta = tl.load(delta_base + offs_m)
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M)
+        p_t = tl.math.exp2(s_t * qk_scale - (lse * LOG2E)[None, :])
+        if MASKED:
+            # where, not a multiply: rows with no visible key have L = -inf and p = inf there.
+            visible = offs_m[None, :] < M
+            if CAUSAL:
+                visible = visible & (offs_n[:, None] <= offs_m[None, :] + diag)
+            p_t = tl.where(visible, p_t, 0.0)
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=PRECISION)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def _flash_backward_dkdv_kernel(
+    Q, K, V, DO,  # as in the forward; DO like Q
+    LSE, DELTA,  # (Z, H, M) fp32, contiguous
+    DK, DV,  # (Z, Hkv, N, D) out, contiguous
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_dz, stride_dh, stride_dm, stride_dd,
+    HKV, GROUP, M, N,
+    qk_scale, sm_scale,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program per (key tile, batch x kv head); grid (cdiv(N, BLOCK_N), Z * Hkv).
+
+    Loops over the GROUP query heads sharing this key/value head and, for each, over the query
+    tiles that see the key tile: masked tiles along the causal diagonal, whole tiles below it,
+    then the partial last query tile. Writes dK and dV once, no atomics.
+    """
+    pid_n = tl.program_id(0)
+    pid_zk = tl.program_id(1)
+    z = (pid_zk // HKV).to(tl.int64)
+    hkv = (pid_zk % HKV).to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    k = _load_tile(K + z * stride_kz + hkv * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                   offs_n, N, True, HEAD_DIM, BLOCK_D)  # fmt: skip
+    v = _load_tile(V + z * stride_vz + hkv * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                   offs_n, N, True, HEAD_DIM, BLOCK_D)  # fmt: skip
+    dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+
+    diag = N - M
+    full_m = M // BLOCK_M * BLOCK_M  # query tiles below this are whole
+    start = 0
+    full_start = 0
+    if CAUSAL:
+        # Row i sees the tile's first key once i >= start_n - diag and all of it once
+        # i >= start_n + BLOCK_N - 1 - diag.
+        start = tl.maximum(start_n - diag, 0) // BLOCK_M * BLOCK_M
+        full_start = tl.minimum(tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - diag, 0), BLOCK_M) * BLOCK_M,
+                                tl.cdiv(M, BLOCK_M) * BLOCK_M)  # fmt: skip
+        full_start = tl.maximum(full_start, start)
+    tail_start = tl.maximum(full_start, full_m)
+
+    for g in range(0, GROUP):
+        h = hkv * GROUP + g
+        q_base = Q + z * stride_qz + h * stride_qh
+        do_base = DO + z * stride_dz + h * stride_dh
+        row_base = (z * HKV * GROUP + h) * M
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
+                             stride_qm, stride_qd, stride_dm, stride_dd, offs_n, start, full_start, M, diag, qk_scale,
+                             True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
+                             stride_qm, stride_qd, stride_dm, stride_dd, offs_n, full_start, full_m, M, diag, qk_scale,
+                             False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
+        dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
+                             stride_qm, stride_qd, stride_dm, stride_dd, offs_n, tail_start, M, M, diag, qk_scale,
+                             True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
+
+    out = pid_zk.to(tl.int64) * N * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    _store_tile(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), offs_n, N, HEAD_DIM, BLOCK_D)
+    _store_tile(DV + out, dv.to(DV.dtype.element_ty), offs_n, N, HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
+def _dq_tiles(
+    dq,  # (BLOCK_M, BLOCK_D) fp32 accumulator
+    q, do, lse2, delta,  # query tile, its dO tile, (BLOCK_M,) L in log2 units, (BLOCK_M,) Dlt
+    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, start, stop, N, diag, qk_scale,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    offs_d = tl.arange(0, BLOCK_D)
+    for start_n in range(start, stop, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N, MASKED,
+                       HEAD_DIM, BLOCK_D)  # fmt: skip
+        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, MASKED,
+                       HEAD_DIM, BLOCK_D)  # fmt: skip
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        if MASKED:
+            visible = offs_n[None, :] < N
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + diag)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    return dq
+
+
+@triton.jit
+def _flash_backward_dq_kernel(
+    Q, K, V, DO, LSE, DELTA,
+    DQ,  # (Z, H, M, D) out, contiguous
+    stride_qz, stride_qh, stride_qm, stride_qd,
+    stride_kz, stride_kh, stride_kn, stride_kd,
+    stride_vz, stride_vh, stride_vn, stride_vd,
+    stride_dz, stride_dh, stride_dm, stride_dd,
+    H, GROUP, M, N,
+    qk_scale, sm_scale,
+    CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One program per (query tile, batch x head), same key loop as the forward; grid
+    (cdiv(M, BLOCK_M), Z * H), longest programs first."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    pid_zh = tl.program_id(1)
+    z = (pid_zh // H).to(tl.int64)
+    h = (pid_zh % H).to(tl.int64)
+    hkv = h // GROUP
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = _load_tile(Q + z * stride_qz + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                   offs_m, M, True, HEAD_DIM, BLOCK_D)  # fmt: skip
+    do = _load_tile(DO + z * stride_dz + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
+                    offs_m, M, True, HEAD_DIM, BLOCK_D)  # fmt: skip
+    rows = pid_zh.to(tl.int64) * M + offs_m
+    lse2 = tl.load(LSE + rows, mask=offs_m < M, other=0.0) * LOG2E
+    delta = tl.load(DELTA + rows, mask=offs_m < M, other=0.0)
+    k_base = K + z * stride_kz + hkv * stride_kh
+    v_base = V + z * stride_vz + hkv * stride_vh
+
+    dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    diag = N - M
+    full_end, end = _key_range(start_m, M, N, CAUSAL, BLOCK_M, BLOCK_N)
+    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                   offs_m, 0, full_end, N, diag, qk_scale,
+                   False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip
+    dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                   offs_m, full_end, end, N, diag, qk_scale,
+                   True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip
+    out = rows[:, None] * HEAD_DIM + offs_d[None, :]
+    _store_tile(DQ + out, (dq * sm_scale).to(DQ.dtype.element_ty), offs_m, M, HEAD_DIM, BLOCK_D)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple[torch.dtype, ...] = DTYPES) -> None:
+    """One clear error for each way q, k, v can be wrong."""
+    if q.dim() not in (3, 4):
+        raise ValueError(f"q must be (B, N, D) or (B, H, N, D), got shape {tuple(q.shape)}")
+    if k.dim() != q.dim() or v.dim() != q.dim():
+        raise ValueError(
+            f"q, k and v must have the same number of dims, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head dim, got {q.shape[-1]} and {k.shape[-1]}")
+    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim must lie in [1, {MAX_HEAD_DIM}], got {q.shape[-1]}")
+    if q.dim() == 4 and q.shape[1] % k.shape[1] != 0:
+        raise ValueError(
+            f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]}) for grouped-query attention"
+        )
+    check_same_device(q=q, k=k, v=v)
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        check_dtype(name, tensor, dtypes)
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def default_scale(head_dim: int, scale: float | None) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not scale > 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+    return float(scale)
+
+
+# Tile sizes by (padded head dim, bytes per element): (BLOCK_M, BLOCK_N, warps, stages).
+# Forward and dQ tiles are query x key; the dK/dV kernel's are key x query (its BLOCK_N is the
+# key tile it owns). Tuned with benchmarks/tune_attention.py on an H200 (causal, bf16/fp32).
+FORWARD_TILES = {
+    (16, 2): (128, 64, 4, 3), (32, 2): (128, 64, 4, 3), (64, 2): (128, 64, 4, 3),
+    (128, 2): (128, 64, 8, 3), (256, 2): (64, 32, 4, 2),
+    (16, 4): (64, 32, 4, 2), (32, 4): (64, 32, 4, 2), (64, 4): (64, 32, 4, 2),
+    (128, 4): (64, 32, 4, 2), (256, 4): (32, 32, 4, 1),
+}  # fmt: skip
+BACKWARD_TILES = {
+    (16, 2): (64, 64, 4, 2), (32, 2): (64, 64, 4, 2), (64, 2): (64, 64, 4, 2),
+    (128, 2): (64, 64, 8, 2), (256, 2): (32, 32, 4, 1),
+    (16, 4): (32, 32, 4, 2), (32, 4): (32, 32, 4, 2), (64, 4): (32, 32, 4, 2),
+    (128, 4): (32, 32, 4, 2), (256, 4): (16, 16, 4, 1),
+}  # fmt: skip
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """fp32 inputs follow torch's matmul setting: TF32 only when the user allowed it."""
+    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def _strides4(t: torch.Tensor) -> tuple[int, int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+
+
+def _launch_forward(q, k, v, causal: bool, scale: float):
+    """q (Z, H, M, D), k/v (Z, Hkv, N, D) -> O (Z, H, M, D) in q's dtype, L (Z, H, M) fp32."""
+    Z, H, M, D = q.shape
+    Hkv, N = k.shape[1], k.shape[2]
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = torch.empty((Z, H, M), device=q.device, dtype=torch.float32)
+    if o.numel() == 0:
+        return o, lse.fill_(float("-inf"))
+    if N == 0:  # no keys at all: every row is empty
+        return o.zero_(), lse.fill_(float("-inf"))
+    block_d = _block_d(D)
+    block_m, block_n, warps, stages = FORWARD_TILES[(block_d, min(q.element_size(), 4))]
+    _flash_forward_kernel[(triton.cdiv(M, block_m), Z * H)](
+        q, k, v, o, lse, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o),
+        H, H // Hkv, M, N, scale * math.log2(math.e),
+        CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
+        PRECISION=_precision(q.dtype), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return o, lse
+
+
+def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float):
+    """Gradients (dq, dk, dv), contiguous, in the inputs' dtype."""
+    Z, H, M, D = q.shape
+    Hkv, N = k.shape[1], k.shape[2]
+    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+    dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
+    if M == 0 or N == 0 or Z == 0 or H == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    block_d = _block_d(D)
+    block_m, block_n, warps, stages = BACKWARD_TILES[(block_d, min(q.element_size(), 4))]
+    delta = torch.empty((Z, H, M), device=q.device, dtype=torch.float32)
+    lse = lse.contiguous()
+    _flash_backward_delta_kernel[(triton.cdiv(M, block_m), Z * H)](
+        o, grad_out, delta, *_strides4(o), *_strides4(grad_out), H, M,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m,
+    )  # fmt: skip
+    common = dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, PRECISION=_precision(q.dtype),
+                  num_warps=warps, num_stages=stages)  # fmt: skip
+    strides = (*_strides4(q), *_strides4(k), *_strides4(v), *_strides4(grad_out))
+    qk_scale = scale * math.log2(math.e)
+    # dK/dV: key tiles of block_m rows (the big edge), query tiles of block_n.
+    _flash_backward_dkdv_kernel[(triton.cdiv(N, block_m), Z * Hkv)](
+        q, k, v, grad_out, lse, delta, dk, dv, *strides, Hkv, H // Hkv, M, N, qk_scale, scale,
+        BLOCK_M=block_n, BLOCK_N=block_m, **common,
+    )  # fmt: skip
+    _flash_backward_dq_kernel[(triton.cdiv(M, block_m), Z * H)](
+        q, k, v, grad_out, lse, delta, dq, *strides, H, H // Hkv, M, N, qk_scale, scale,
+        BLOCK_M=block_m, BLOCK_N=block_n, **common,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
+# ----------------------------------------------------------------------------------------------
+# The algorithm in plain PyTorch (FlashAttentionTorch): same tiling and online softmax as the
+# kernels, fp32 accumulation, runs anywhere. Slow (Python loops over tiles); for reading,
+# debugging, and the CPU reference path.
+# ----------------------------------------------------------------------------------------------
+
+
+def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(Z, Hkv, N, D) -> (Z, H, N, D): key/value head h // (H // Hkv) for query head h."""
+    return t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _reduce_groups(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """(Z, H, N, D) per-query-head gradient -> (Z, Hkv, N, D) summed over each group."""
+    Z, H, N, D = grad.shape
+    return grad.view(Z, kv_heads, H // kv_heads, N, D).sum(2)
+
+
+def _visible(rows: torch.Tensor, cols: torch.Tensor, diag: int) -> torch.Tensor:
+    """(rows, cols) bool: query row i sees key j iff j <= i + diag (bottom-right aligned)."""
+    return cols[None, :] <= rows[:, None] + diag
+
+
+def _tiled_forward(q, k, v, causal: bool, scale: float, tile: int = TORCH_TILE):
+    Z, H, M, D = q.shape
+    N = k.shape[2]
+    k, v = _expand_kv(k, H).float(), _expand_kv(v, H).float()
+    o = torch.zeros((Z, H, M, D), device=q.device, dtype=torch.float32)
+    lse = torch.full((Z, H, M), float("-inf"), device=q.device, dtype=torch.float32)
+    diag = N - M
+    for m0 in range(0, M, tile):
+        rows = torch.arange(m0, min(m0 + tile, M), device=q.device)
+        qi = q[:, :, m0 : m0 + tile].float()
+        m_i = torch.full((Z, H, len(rows)), float("-inf"), device=q.device)
+        l_i = torch.zeros_like(m_i)
+        acc = torch.zeros_like(qi)
+        for n0 in range(0, N, tile):
+            if causal and n0 > int(rows[-1]) + diag:
+                break  # this and all later key tiles lie above the diagonal: skipped
+            cols = torch.arange(n0, min(n0 + tile, N), device=q.device)
+            s = qi @ k[:, :, n0 : n0 + tile].transpose(-1, -2) * scale
+            if causal:
+                s = s.masked_fill(~_visible(rows, cols, diag), float("-inf"))
+            m_new = torch.maximum(m_i, s.amax(-1))
+            m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # rows that saw no key yet
+            p = torch.exp(s - m_safe[..., None])
+            alpha = torch.exp(m_i - m_safe)
+            l_i = alpha * l_i + p.sum(-1)
+            acc = alpha[..., None] * acc + p @ v[:, :, n0 : n0 + tile]
+            m_i = m_new
+        empty = l_i == 0
+        o[:, :, m0 : m0 + tile] = acc / torch.where(empty, 1.0, l_i)[..., None]
+        lse[:, :, m0 : m0 + tile] = torch.where(empty, float("-inf"), m_i + torch.log(l_i))
+    return o.to(q.dtype), lse
+
+
+def _tiled_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, tile: int = TORCH_TILE):
+    Z, H, M, D = q.shape
+    Hkv, N = k.shape[1], k.shape[2]
+    qf, dof = q.float(), grad_out.float()
+    kf, vf = _expand_kv(k, H).float(), _expand_kv(v, H).float()
+    delta = (dof * o.float()).sum(-1)  # Dlt = rowsum(dO * O), (Z, H, M)
+    lse_safe = torch.where(torch.isinf(lse), 0.0, lse)  # empty rows: every score is masked
+    dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
+    diag = N - M
+    for m0 in range(0, M, tile):
+        rows = torch.arange(m0, min(m0 + tile, M), device=q.device)
+        qi, doi = qf[:, :, m0 : m0 + tile], dof[:, :, m0 : m0 + tile]
+        for n0 in range(0, N, tile):
+            if causal and n0 > int(rows[-1]) + diag:
+                break
+            cols = torch.arange(n0, min(n0 + tile, N), device=q.device)
+            kj, vj = kf[:, :, n0 : n0 + tile], vf[:, :, n0 : n0 + tile]
+            s = qi @ kj.transpose(-1, -2) * scale
+            if causal:
+                s = s.masked_fill(~_visible(rows, cols, diag), float("-inf"))
+            p = torch.exp(s - lse_safe[:, :, m0 : m0 + tile, None])
+            dv[:, :, n0 : n0 + tile] += p.transpose(-1, -2) @ doi
+            dp = doi @ vj.transpose(-1, -2)
+            ds = p * (dp - delta[:, :, m0 : m0 + tile, None])
+            dq[:, :, m0 : m0 + tile] += ds @ kj * scale
+            dk[:, :, n0 : n0 + tile] += ds.transpose(-1, -2) @ qi * scale
+    dk, dv = _reduce_groups(dk, Hkv), _reduce_groups(dv, Hkv)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dispatch, torch.library ops, autograd
+# ----------------------------------------------------------------------------------------------
+
+
+def _forward(q, k, v, causal: bool, scale: float):
+    """(O, L) on 4-D inputs through the kernels or, off the Triton path, the tiled twin."""
+    if runs_triton(q):
+        return _launch_forward(q, k, v, causal, scale)
+    return _tiled_forward(q, k, v, causal, scale)
+
+
+def _backward(grad_out, q, k, v, o, lse, causal: bool, scale: float):
+    if runs_triton(q):
+        return _launch_backward(grad_out, q, k, v, o, lse, causal, scale)
+    return _tiled_backward(grad_out, q, k, v, o, lse, causal, scale)
+
+
+@torch.library.custom_op("fastlm::flash_attention_forward", mutates_args=())
+def _forward_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, L) for 4-D q (Z, H, M, D), k/v (Z, Hkv, N, D)."""
+    return _forward(q, k, v, causal, scale)
+
+
+@_forward_op.register_fake
+def _(q, k, v, causal, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
+
+
+@torch.library.custom_op("fastlm::flash_attention_backward", mutates_args=())
+def _backward_op(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(grad_out, q, k, v, o, lse, causal, scale)
+
+
+@_backward_op.register_fake
+def _(grad_out, q, k, v, o, lse, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _op_setup_context(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    o, lse = output
+    ctx.save_for_backward(lse, q, k, v, o)
+    ctx.options = (causal, scale)
+
+
+def _op_backward(ctx, grad_out, _grad_lse):
+    lse, q, k, v, o = ctx.saved_tensors
+    dq, dk, dv = _backward_op(grad_out, q, k, v, o, lse, *ctx.options)
+    return dq, dk, dv, None, None
+
+
+torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_setup_context)
+
+
+def _as_4d(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """(B, N, D) -> (B, 1, N, D) views; 4-D tensors pass through."""
+    return [t.unsqueeze(1) if t.dim() == 3 else t for t in tensors]
+
+
+def _like_input(t: torch.Tensor, three_d: bool) -> torch.Tensor:
+    return t.squeeze(1) if three_d else t
+
+
+def _autograd_forward(ctx, forward_impl, q, k, v, is_causal, scale):
+    """Shared forward of the two autograd.Functions: 3-D or 4-D inputs; saves exactly
+    (L, Q, K, V, O), L of shape (B, Nq) or (B, H, Nq) in fp32."""
+    check_inputs(q, k, v)
+    scale = default_scale(q.shape[-1], scale)
+    three_d = q.dim() == 3
+    o, lse = forward_impl(*_as_4d(q, k, v), bool(is_causal), scale)
+    o, lse = _like_input(o, three_d), _like_input(lse, three_d)
+    ctx.save_for_backward(lse, q, k, v, o)
+    ctx.options = (bool(is_causal), scale, three_d)
+    return o
+
+
+def _autograd_backward(ctx, backward_impl, grad_out):
+    lse, q, k, v, o = ctx.saved_tensors
+    causal, scale, three_d = ctx.options
+    lse4 = lse.unsqueeze(1) if three_d else lse
+    grads = backward_impl(*_as_4d(grad_out, q, k, v, o), lse4, causal, scale)
+    dq, dk, dv = (_like_input(g, three_d) for g in grads)
+    return dq, dk, dv, None, None
+
+
+class FlashAttentionTorch(torch.autograd.Function):
+    """FlashAttention-2 tiled in plain PyTorch (tiles of TORCH_TILE, online softmax, backward from
+    L and Dlt = rowsum(dO * O)). Runs on any device; the readable version of the kernels.
+
+    ``apply(q, k, v, is_causal=False, scale=None)``; q, k, v as in ``flash_attention``.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False, scale=None):
+        return _autograd_forward(ctx, _tiled_forward, q, k, v, is_causal, scale)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return _autograd_backward(ctx, _tiled_backward, grad_out)
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """FlashAttention-2 in Triton: the fast path. CUDA tensors, or CPU under TRITON_INTERPRET=1.
+
+    ``apply(q, k, v, is_causal=False, scale=None)``; q, k, v as in ``flash_attention``.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False, scale=None):
+        if not runs_triton(q):
+            raise ValueError(
+                f"FlashAttentionTriton needs CUDA tensors (or TRITON_INTERPRET=1 for CPU), got {q.device}"
+            )
+        return _autograd_forward(ctx, _launch_forward, q, k, v, is_causal, scale)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return _autograd_backward(ctx, _launch_backward, grad_out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None
+) -> torch.Tensor:
+    """softmax(scale * q k^T [+ causal mask]) v without materializing the scores.
+
+    Args:
+        q: (B, Nq, D) or (B, H, Nq, D).
+        k, v: (B, Nk, D) or (B, Hkv, Nk, D); H must be a multiple of Hkv (grouped-query attention).
+        causal: query i sees key j iff j <= i + (Nk - Nq) (bottom-right aligned when Nq != Nk);
+            query rows that see no key return 0.
+        scale: multiplies the scores; defaults to 1 / sqrt(D).
+
+    Returns the output with q's shape and dtype. fp32 inputs use TF32 matmuls only when
+    ``torch.backends.cuda.matmul.allow_tf32`` is set, as torch's own matmuls do.
+    """
+    check_inputs(q, k, v)
+    scale = default_scale(q.shape[-1], scale)
+    if torch.compiler.is_compiling():
+        three_d = q.dim() == 3
+        o, _ = _forward_op(*_as_4d(q, k, v), bool(causal), scale)
+        return _like_input(o, three_d)
+    function = FlashAttentionTriton if runs_triton(q) else FlashAttentionTorch
+    return function.apply(q, k, v, causal, scale)
+
+
+def flash_attention_ref(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None
+) -> torch.Tensor:
+    """Materialized-scores reference with the semantics of ``flash_attention``, in fp32 (fp64 stays
+    fp64); returns q's dtype promoted to at least fp32. Costs Nq x Nk memory."""
+    check_inputs(q, k, v, dtypes=(*DTYPES, torch.float64))
+    scale = default_scale(q.shape[-1], scale)
+    compute = torch.promote_types(q.dtype, torch.float32)
+    q4, k4, v4 = (t.to(compute) for t in _as_4d(q, k, v))
+    k4, v4 = _expand_kv(k4, q4.shape[1]), _expand_kv(v4, q4.shape[1])
+    s = q4 @ k4.transpose(-1, -2) * scale
+    M, N = q4.shape[2], k4.shape[2]
+    if causal:
+        rows = torch.arange(M, device=q.device)
+        s = s.masked_fill(~_visible(rows, torch.arange(N, device=q.device), N - M), float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key: all -inf -> 0
+    return _like_input(p @ v4, q.dim() == 3)
