@@ -4,6 +4,7 @@ The public functional API lives here; ``fastlm.nn`` has thin module wrappers.
 """
 
 from fastlm.ops.cross_entropy import cross_entropy
+from fastlm.ops.flash_attention import flash_attention
 
-__all__ = ["cross_entropy"]
+__all__ = ["cross_entropy", "flash_attention"]
 __version__ = "0.1.0"

@@ -1,0 +1,241 @@
+"""fastlm.flash_attention and its two autograd.Functions against a float64 reference.
+
+Output and every gradient are compared on fresh random inputs. On CPU the Triton kernels run
+through the interpreter on small shapes; the `gpu` tests repeat the checks at a few thousand
+tokens with tight tolerances, and check bit-for-bit reproducible gradients.
+"""
+
+import math
+
+import pytest
+import torch
+
+import fastlm
+from fastlm.ops.flash_attention import FORWARD_TILES, FlashAttentionTorch, FlashAttentionTriton, flash_attention_ref
+
+# (batch, heads, kv heads, Nq, Nk, head dim). Tiles are 64-128 rows (FORWARD_TILES), so 131 and
+# 200 run a whole tile, a masked diagonal tile and a partial last tile; 37 is a prime inside one
+# tile; 1 is the degenerate length. Nq > Nk (causal) leaves the first Nq - Nk rows with no key.
+CASES = [
+    pytest.param(1, 1, 1, 1, 1, 16, id="len1"),
+    pytest.param(1, 2, 1, 37, 37, 16, id="prime-gqa2"),
+    pytest.param(2, 2, 2, 131, 131, 32, id="just-above-tile"),
+    pytest.param(1, 4, 2, 200, 150, 64, id="nq>nk-gqa2"),
+    pytest.param(1, 1, 1, 150, 200, 96, id="nq<nk-d96"),
+    pytest.param(1, 2, 1, 70, 300, 128, id="many-key-tiles-d128"),
+]
+
+# Error measured as max |actual - expected| / max(max |expected|, 0.1): relative, with a floor for
+# gradients that are exactly 0 (one key: softmax has no gradient). fp32 kernels use IEEE fp32 matmuls;
+# fp16/bf16 inputs are rounded once more for P and dS before their matmuls (as in FlashAttention).
+TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 4e-2}
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    actual, expected = actual.detach().double(), expected.detach().double()
+    return float((actual - expected).abs().max() / expected.abs().max().clamp_min(0.1))
+
+
+def make_qkv(batch, heads, kv_heads, nq, nk, dim, dtype, device, requires_grad=True):
+    q = torch.randn(batch, heads, nq, dim, device=device, dtype=dtype)
+    k = torch.randn(batch, kv_heads, nk, dim, device=device, dtype=dtype)
+    v = torch.randn(batch, kv_heads, nk, dim, device=device, dtype=dtype)
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)]
+
+
+def reference(q, k, v, grad_out, causal, scale=None):
+    """Output and (dq, dk, dv) from the materialized float64 reference."""
+    leaves = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    out = flash_attention_ref(*leaves, causal=causal, scale=scale)
+    grads = torch.autograd.grad(out, leaves, grad_out.double())
+    return out.detach(), grads
+
+
+def check_against_reference(run, q, k, v, causal, dtype, scale=None):
+    grad_out = torch.randn(q.shape, device=q.device, dtype=dtype)
+    out = run(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref_out, ref_grads = reference(q, k, v, grad_out, causal, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    for name, actual, expected in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref_out, *ref_grads)):
+        assert torch.isfinite(actual).all(), name
+        assert relative_error(actual, expected) < TOL[dtype], (name, relative_error(actual, expected))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("batch,heads,kv_heads,nq,nk,dim", CASES)
+def test_triton_matches_reference_fp32(batch, heads, kv_heads, nq, nk, dim, causal, device):
+    q, k, v = make_qkv(batch, heads, kv_heads, nq, nk, dim, torch.float32, device)
+    check_against_reference(lambda *a: FlashAttentionTriton.apply(*a, causal), q, k, v, causal, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("batch,heads,kv_heads,nq,nk,dim", [CASES[1], CASES[3], CASES[4]])
+def test_triton_half_precision(batch, heads, kv_heads, nq, nk, dim, dtype, device):
+    q, k, v = make_qkv(batch, heads, kv_heads, nq, nk, dim, dtype, device)
+    check_against_reference(lambda *a: FlashAttentionTriton.apply(*a, True), q, k, v, True, dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("batch,heads,kv_heads,nq,nk,dim", CASES)
+def test_torch_twin_matches_reference(batch, heads, kv_heads, nq, nk, dim, causal):
+    q, k, v = make_qkv(batch, heads, kv_heads, nq, nk, dim, torch.float32, "cpu")
+    check_against_reference(lambda *a: FlashAttentionTorch.apply(*a, causal), q, k, v, causal, torch.float32)
+
+
+@pytest.mark.parametrize("function", [FlashAttentionTorch, FlashAttentionTriton])
+def test_saves_exactly_l_q_k_v_o_on_3d_inputs(function, device):
+    """The 3-D interface: saved tensors are (L, Q, K, V, O), L of shape (B, Nq) in fp32 and equal
+    to the logsumexp of the scaled scores."""
+    if function is FlashAttentionTorch:
+        device = torch.device("cpu")
+    q, k, v = (torch.randn(2, 45, 32, device=device, requires_grad=True) for _ in range(3))
+    out = function.apply(q, k, v, True)
+    lse, *qkvo = out.grad_fn.saved_tensors
+    assert all(a is b for a, b in zip(qkvo, (q, k, v))) and torch.equal(qkvo[3], out)
+    assert lse.shape == (2, 45) and lse.dtype == torch.float32
+    scores = (q.double() @ k.double().transpose(1, 2)) / math.sqrt(32)
+    scores = scores.masked_fill(torch.ones(45, 45, dtype=torch.bool, device=device).triu(1), float("-inf"))
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), atol=1e-5, rtol=1e-5)
+
+
+def test_rows_without_visible_keys_return_zero(device):
+    """Causal with Nq > Nk: the first Nq - Nk queries see no key; output 0, finite gradients."""
+    q, k, v = make_qkv(1, 1, 1, 20, 5, 16, torch.float32, device)
+    out = fastlm.flash_attention(q, k, v, causal=True)
+    assert torch.equal(out[0, 0, :15], torch.zeros(15, 16, device=device))
+    lse = out.grad_fn.saved_tensors[0]
+    assert torch.isneginf(lse[0, 0, :15]).all() and torch.isfinite(lse[0, 0, 15:]).all()
+    out.sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_functional_3d_4d_scale_and_noncontiguous(device):
+    """(B, N, H, D) memory viewed as (B, H, N, D): kernels follow strides; explicit scale honoured."""
+    q, k, v = (torch.randn(2, 50, 3, 32, device=device).transpose(1, 2).requires_grad_(True) for _ in range(3))
+    assert not q.is_contiguous()
+    check_against_reference(
+        lambda *a: fastlm.flash_attention(*a, causal=True, scale=0.3), q, k, v, True, torch.float32, scale=0.3
+    )
+    q3, k3, v3 = (torch.randn(3, 40, 16, device=device, requires_grad=True) for _ in range(3))
+    check_against_reference(lambda *a: fastlm.flash_attention(*a), q3, k3, v3, False, torch.float32)
+
+
+def test_head_dim_256_and_odd_dims(device):
+    for dim in (8, 200, 256):
+        q, k, v = make_qkv(1, 1, 1, 33, 33, dim, torch.float32, device)
+        check_against_reference(lambda *a: fastlm.flash_attention(*a, causal=True), q, k, v, True, torch.float32)
+
+
+def test_backward_is_deterministic(device):
+    q, k, v = make_qkv(1, 4, 2, 150, 150, 64, torch.float32, device)
+    grad_out = torch.randn(q.shape, device=device)
+    first = torch.autograd.grad(fastlm.flash_attention(q, k, v, causal=True), (q, k, v), grad_out)
+    second = torch.autograd.grad(fastlm.flash_attention(q, k, v, causal=True), (q, k, v), grad_out)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_outputs_are_fully_written(device):
+    """Outputs come from torch.empty; poison the caching allocator's blocks with NaN first so any
+    element a kernel fails to write shows up."""
+    for _ in range(4):
+        torch.full((1, 3, 77, 64), float("nan"), device=device)
+    q, k, v = make_qkv(1, 3, 3, 77, 77, 64, torch.float32, device)
+    out = fastlm.flash_attention(q, k, v, causal=True)
+    out.backward(torch.randn_like(out))
+    assert all(torch.isfinite(t).all() for t in (out, q.grad, k.grad, v.grad))
+
+
+@pytest.mark.parametrize(
+    "shapes,message",
+    [
+        (((4, 8), (4, 8), (4, 8)), "must be \\(B, N, D\\) or"),
+        (((2, 4, 8, 16), (2, 8, 16), (2, 8, 16)), "same number of dims"),
+        (((2, 8, 16), (2, 8, 16), (2, 9, 16)), "k and v must have the same shape"),
+        (((2, 8, 16), (3, 8, 16), (3, 8, 16)), "same batch size"),
+        (((2, 8, 16), (2, 8, 32), (2, 8, 32)), "same head dim"),
+        (((2, 8, 512), (2, 8, 512), (2, 8, 512)), "head dim must lie in"),
+        (((2, 6, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16)), "multiple of key/value heads"),
+    ],
+)
+def test_bad_shapes_raise_clear_errors(shapes, message):
+    q, k, v = (torch.randn(s) for s in shapes)
+    with pytest.raises(ValueError, match=message):
+        fastlm.flash_attention(q, k, v)
+
+
+def test_bad_dtype_device_and_scale_raise_clear_errors():
+    q = torch.randn(1, 8, 16)
+    with pytest.raises(TypeError, match="q must have dtype"):
+        fastlm.flash_attention(q.double(), q, q)
+    with pytest.raises(TypeError, match="share a dtype"):
+        fastlm.flash_attention(q, q.half(), q.half())
+    with pytest.raises(ValueError, match="scale must be positive"):
+        fastlm.flash_attention(q, q, q, scale=0.0)
+    with pytest.raises(ValueError, match="one device"):
+        fastlm.flash_attention(q, q, q.to("meta"))
+
+
+def test_registered_ops_pass_opcheck(device):
+    q, k, v = make_qkv(1, 2, 1, 40, 40, 32, torch.float32, device)
+    torch.library.opcheck(torch.ops.fastlm.flash_attention_forward, (q, k, v, True, 0.2))
+
+
+class TinyAttention(torch.nn.Module):
+    """A module with projections around the kernel, as a model would use it."""
+
+    def __init__(self, dim=32, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        batch, length, dim = x.shape
+        q, k, v = self.qkv(x).view(batch, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
+        return fastlm.flash_attention(q, k, v, causal=True).sum()
+
+
+def test_torch_compile_fullgraph(device):
+    model = TinyAttention().to(device)
+    x = torch.randn(2, 24, 32, device=device)
+    expected = model(x)
+    expected.backward()
+    expected_grad = model.qkv.weight.grad.clone()
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True)
+    actual = compiled(x)
+    actual.backward()
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(model.qkv.weight.grad, expected_grad, atol=1e-5, rtol=1e-5)
+
+
+# --- GPU: realistic lengths, tight tolerances --------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dim", [16, 32, 64, 96, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_matches_reference(dim, dtype, causal):
+    q, k, v = make_qkv(2, 4, 2, 1031, 1031, dim, dtype, "cuda")
+    check_against_reference(lambda *a: fastlm.flash_attention(*a, causal=causal), q, k, v, causal, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nq,nk", [(2048, 2048), (4096, 4096), (1, 3000), (3000, 1), (777, 2500), (2500, 777)])
+def test_gpu_lengths(nq, nk):
+    q, k, v = make_qkv(1, 2, 1, nq, nk, 128, torch.bfloat16, "cuda")
+    check_against_reference(lambda *a: fastlm.flash_attention(*a, causal=True), q, k, v, True, torch.bfloat16)
+
+
+@pytest.mark.gpu
+def test_gpu_backward_bit_identical():
+    q, k, v = make_qkv(2, 8, 2, 4096, 4096, 128, torch.bfloat16, "cuda")
+    grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    runs = [torch.autograd.grad(fastlm.flash_attention(q, k, v, causal=True), (q, k, v), grad_out) for _ in range(3)]
+    assert all(torch.equal(a, b) for later in runs[1:] for a, b in zip(runs[0], later))
+
+
+@pytest.mark.gpu
+def test_gpu_tile_table_covers_every_head_dim():
+    assert {d for d, _ in FORWARD_TILES} == {16, 32, 64, 128, 256}
