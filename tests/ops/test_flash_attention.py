@@ -57,7 +57,7 @@ def check_against_reference(run, q, k, v, causal, dtype, scale=None):
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
     ref_out, ref_grads = reference(q, k, v, grad_out, causal, scale)
     assert out.dtype == dtype and out.shape == q.shape
-    for name, actual, expected in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref_out, *ref_grads)):
+    for name, actual, expected in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref_out, *ref_grads), strict=True):
         assert torch.isfinite(actual).all(), name
         assert relative_error(actual, expected) < TOL[dtype], (name, relative_error(actual, expected))
 
@@ -92,7 +92,7 @@ def test_saves_exactly_l_q_k_v_o_on_3d_inputs(function, device):
     q, k, v = (torch.randn(2, 45, 32, device=device, requires_grad=True) for _ in range(3))
     out = function.apply(q, k, v, True)
     lse, *qkvo = out.grad_fn.saved_tensors
-    assert all(a is b for a, b in zip(qkvo, (q, k, v))) and torch.equal(qkvo[3], out)
+    assert all(a is b for a, b in zip(qkvo, (q, k, v), strict=False)) and torch.equal(qkvo[3], out)
     assert lse.shape == (2, 45) and lse.dtype == torch.float32
     scores = (q.double() @ k.double().transpose(1, 2)) / math.sqrt(32)
     scores = scores.masked_fill(torch.ones(45, 45, dtype=torch.bool, device=device).triu(1), float("-inf"))
@@ -132,7 +132,7 @@ def test_backward_is_deterministic(device):
     grad_out = torch.randn(q.shape, device=device)
     first = torch.autograd.grad(fastlm.flash_attention(q, k, v, causal=True), (q, k, v), grad_out)
     second = torch.autograd.grad(fastlm.flash_attention(q, k, v, causal=True), (q, k, v), grad_out)
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
 def test_outputs_are_fully_written(device):
@@ -233,7 +233,7 @@ def test_gpu_backward_bit_identical():
     q, k, v = make_qkv(2, 8, 2, 4096, 4096, 128, torch.bfloat16, "cuda")
     grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
     runs = [torch.autograd.grad(fastlm.flash_attention(q, k, v, causal=True), (q, k, v), grad_out) for _ in range(3)]
-    assert all(torch.equal(a, b) for later in runs[1:] for a, b in zip(runs[0], later))
+    assert all(torch.equal(a, b) for later in runs[1:] for a, b in zip(runs[0], later, strict=True))
 
 
 @pytest.mark.gpu

@@ -140,7 +140,7 @@ def _forward_tiles(
 @triton.jit
 def _flash_forward_kernel(
     Q, K, V,  # (Z, H, M, D), (Z, Hkv, N, D), (Z, Hkv, N, D); any strides
-    O,  # (Z, H, M, D) output, strides as given
+    Out,  # (Z, H, M, D) output, strides as given
     LSE,  # (Z, H, M) fp32 logsumexp of the scaled scores (natural log), contiguous
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
@@ -189,15 +189,15 @@ def _flash_forward_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     acc = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
-    o_base = O + z * stride_oz + h * stride_oh
-    _store_tile(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, acc.to(O.dtype.element_ty),
+    o_base = Out + z * stride_oz + h * stride_oh
+    _store_tile(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, acc.to(Out.dtype.element_ty),
                 offs_m, M, HEAD_DIM, BLOCK_D)  # fmt: skip
     tl.store(LSE + pid_zh.to(tl.int64) * M + offs_m, lse, mask=offs_m < M)
 
 
 @triton.jit
 def _flash_backward_delta_kernel(
-    O, DO,  # (Z, H, M, D) output and its gradient, any strides
+    Out, DO,  # (Z, H, M, D) output and its gradient, any strides
     DELTA,  # (Z, H, M) fp32 out: rowsum(dO * O), contiguous
     stride_oz, stride_oh, stride_om, stride_od,
     stride_dz, stride_dh, stride_dm, stride_dd,
@@ -210,7 +210,7 @@ def _flash_backward_delta_kernel(
     h = (pid_zh % H).to(tl.int64)
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o = _load_tile(O + z * stride_oz + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+    o = _load_tile(Out + z * stride_oz + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
                    offs_m, M, True, HEAD_DIM, BLOCK_D)  # fmt: skip
     do = _load_tile(DO + z * stride_dz + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
                     offs_m, M, True, HEAD_DIM, BLOCK_D)  # fmt: skip
@@ -425,7 +425,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tupl
         raise ValueError(f"head dim must lie in [1, {MAX_HEAD_DIM}], got {q.shape[-1]}")
     if q.dim() == 4 and q.shape[1] % k.shape[1] != 0:
         raise ValueError(
-            f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]}) for grouped-query attention"
+            f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]}) "
+            "for grouped-query attention"
         )
     check_same_device(q=q, k=k, v=v)
     for name, tensor in (("q", q), ("k", k), ("v", v)):
@@ -442,21 +443,22 @@ def default_scale(head_dim: int, scale: float | None) -> float:
     return float(scale)
 
 
-# Tile sizes by (padded head dim, bytes per element): (BLOCK_M, BLOCK_N, warps, stages).
-# Forward and dQ tiles are query x key; the dK/dV kernel's are key x query (its BLOCK_N is the
-# key tile it owns). Tuned with benchmarks/tune_attention.py on an H200 (causal, bf16/fp32).
+# Tile sizes by (padded head dim, bytes per element), as (BLOCK_M, BLOCK_N, warps, stages) with
+# BLOCK_M query rows and BLOCK_N key rows per tile. The dK/dV kernel owns a key tile of BLOCK_N
+# rows and loops over query tiles of BLOCK_M. Tuned with benchmarks/tune_attention.py on an H200.
 FORWARD_TILES = {
     (16, 2): (128, 64, 4, 3), (32, 2): (128, 64, 4, 3), (64, 2): (128, 64, 4, 3),
     (128, 2): (128, 64, 8, 3), (256, 2): (64, 32, 4, 2),
     (16, 4): (64, 32, 4, 2), (32, 4): (64, 32, 4, 2), (64, 4): (64, 32, 4, 2),
     (128, 4): (64, 32, 4, 2), (256, 4): (32, 32, 4, 1),
 }  # fmt: skip
-BACKWARD_TILES = {
+DKDV_TILES = {
     (16, 2): (64, 64, 4, 2), (32, 2): (64, 64, 4, 2), (64, 2): (64, 64, 4, 2),
     (128, 2): (64, 64, 8, 2), (256, 2): (32, 32, 4, 1),
     (16, 4): (32, 32, 4, 2), (32, 4): (32, 32, 4, 2), (64, 4): (32, 32, 4, 2),
     (128, 4): (32, 32, 4, 2), (256, 4): (16, 16, 4, 1),
 }  # fmt: skip
+DQ_TILES = dict(DKDV_TILES)
 
 
 def _block_d(head_dim: int) -> int:
@@ -503,25 +505,25 @@ def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float):
     if M == 0 or N == 0 or Z == 0 or H == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     block_d = _block_d(D)
-    block_m, block_n, warps, stages = BACKWARD_TILES[(block_d, min(q.element_size(), 4))]
+    key = (block_d, min(q.element_size(), 4))
     delta = torch.empty((Z, H, M), device=q.device, dtype=torch.float32)
     lse = lse.contiguous()
-    _flash_backward_delta_kernel[(triton.cdiv(M, block_m), Z * H)](
+    _flash_backward_delta_kernel[(triton.cdiv(M, 64), Z * H)](
         o, grad_out, delta, *_strides4(o), *_strides4(grad_out), H, M,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m,
+        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=64,
     )  # fmt: skip
-    common = dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, PRECISION=_precision(q.dtype),
-                  num_warps=warps, num_stages=stages)  # fmt: skip
+    common = dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, PRECISION=_precision(q.dtype))
     strides = (*_strides4(q), *_strides4(k), *_strides4(v), *_strides4(grad_out))
     qk_scale = scale * math.log2(math.e)
-    # dK/dV: key tiles of block_m rows (the big edge), query tiles of block_n.
-    _flash_backward_dkdv_kernel[(triton.cdiv(N, block_m), Z * Hkv)](
+    block_m, block_n, warps, stages = DKDV_TILES[key]
+    _flash_backward_dkdv_kernel[(triton.cdiv(N, block_n), Z * Hkv)](
         q, k, v, grad_out, lse, delta, dk, dv, *strides, Hkv, H // Hkv, M, N, qk_scale, scale,
-        BLOCK_M=block_n, BLOCK_N=block_m, **common,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, **common,
     )  # fmt: skip
+    block_m, block_n, warps, stages = DQ_TILES[key]
     _flash_backward_dq_kernel[(triton.cdiv(M, block_m), Z * H)](
         q, k, v, grad_out, lse, delta, dq, *strides, H, H // Hkv, M, N, qk_scale, scale,
-        BLOCK_M=block_m, BLOCK_N=block_n, **common,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, **common,
     )  # fmt: skip
     return dq, dk, dv
 
@@ -734,9 +736,7 @@ class FlashAttentionTriton(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, is_causal=False, scale=None):
         if not runs_triton(q):
-            raise ValueError(
-                f"FlashAttentionTriton needs CUDA tensors (or TRITON_INTERPRET=1 for CPU), got {q.device}"
-            )
+            raise ValueError(f"FlashAttentionTriton needs CUDA tensors (or TRITON_INTERPRET=1 for CPU), got {q.device}")
         return _autograd_forward(ctx, _launch_forward, q, k, v, is_causal, scale)
 
     @staticmethod
