@@ -104,6 +104,41 @@ def cmd_bench_xent(args) -> None:
     console.print(f"[bold]wrote[/] {report}")
 
 
+def _sweep_list(text: str) -> tuple[str, ...]:
+    from fastlm.bench.attention import SWEEPS
+
+    sweeps = tuple(part.strip() for part in text.split(","))
+    unknown = [s for s in sweeps if s not in SWEEPS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown sweep {unknown[0]!r}; choose from {', '.join(SWEEPS)}")
+    return sweeps
+
+
+def run_attention_benchmark(out: Path, sweeps: tuple[str, ...]) -> Path:
+    """The attention sweeps, then their markdown report; returns the report path."""
+    from fastlm.bench import attention
+
+    device = _device()
+    results_dir, reports_dir = out / "results", out / "reports"
+    with _progress() as progress:
+        task = progress.add_task("attention", total=attention.total_measurements(sweeps, device))
+
+        def step(done: str) -> None:
+            progress.update(task, description=f"attention (done: {done})", advance=1)
+
+        attention.run(sweeps, device, results_dir, progress=step)
+    report = reports_dir / "attention.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("# Attention benchmark\n\n" + attention.render(results_dir, reports_dir) + "\n")
+    return report
+
+
+def cmd_bench_attention(args) -> None:
+    report = run_attention_benchmark(args.out, args.sweep)
+    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"[bold]wrote[/] {report}")
+
+
 # ---------------------------------------------------------------------------------------------
 # analyze
 # ---------------------------------------------------------------------------------------------
@@ -165,6 +200,7 @@ def cmd_inspect_compiled_xent(args) -> None:
 def cmd_report(args) -> None:
     device = _device()
     xent_report = run_xent_benchmark(args.out, None, None)
+    attention_report = run_attention_benchmark(args.out, ("model",))
     lines = [
         "# fastlm report",
         "",
@@ -179,6 +215,10 @@ def cmd_report(args) -> None:
             "nothing about GPU performance.",
         ]
     lines += ["", xent_report.read_text().replace("# Cross-entropy benchmark", "## Cross-entropy")]
+    lines += [
+        "",
+        attention_report.read_text().replace("# Attention benchmark", "## Attention").replace("\n## ", "\n### "),
+    ]
     report = args.out / "reports" / "report.md"
     report.write_text("\n".join(lines))
     console.print(f"[bold]wrote[/] {report} (tables and plots under {report.parent})")
@@ -204,6 +244,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_out(p)
     p.set_defaults(func=cmd_bench_xent)
+    p = bench.add_parser("attention", help="attention: naive vs torch.compile vs fastlm vs SDPA flash/cuDNN")
+    p.add_argument(
+        "--sweep",
+        type=_sweep_list,
+        default=("model",),
+        help="comma-separated sweeps among naive, compile, flash, model (default model)",
+    )
+    add_out(p)
+    p.set_defaults(func=cmd_bench_attention)
 
     analyze = groups.add_parser("analyze", help="napkin math: bytes, FLOPs, bound").add_subparsers(
         dest="command", required=True

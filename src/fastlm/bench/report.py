@@ -62,3 +62,41 @@ def grouped_bar_plot(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def line_plot(
+    path: Path,
+    panels: Sequence[tuple[str, dict[str, Sequence[tuple[float, float]]]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str,
+    logx: bool = False,
+) -> Path:
+    """Side-by-side panels, each (panel title, {series name: [(x, y), ...]}), one line per series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = min(len(panels), 4)
+    rows = math.ceil(len(panels) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), squeeze=False)
+    for ax, (panel_title, series) in zip(axes.flat, panels, strict=False):
+        for name, points in series.items():
+            ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3, label=name)
+        if logx:
+            ax.set_xscale("log", base=2)
+        ax.set_title(panel_title, fontsize=9)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,420 @@
+"""`fastlm bench attention --sweep {naive,compile,flash,model}`: attention timings and memory.
+
+Sweeps (one run, one device, every implementation side by side):
+- naive / compile: plain PyTorch attention (materialized scores, causal mask) eager or under
+  torch.compile; batch 8, one head ((B, N, D) inputs), fp32, head dims x lengths; 100 forward
+  and 100 backward passes after warm-up, synchronized after each (mean ms); memory allocated
+  just before backward; out-of-memory is recorded as OOM.
+- flash: batch 1, one head ((1, 1, N, D): SDPA's fused backends need 4-D), causal, lengths
+  128..65536, head dims 16..128, bf16 and fp32; forward, backward and forward+backward by do_bench for fastlm, naive PyTorch (where it fits),
+  SDPA with the flash backend and with the cuDNN backend; peak memory of forward+backward.
+- model: 32k tokens per batch, 16 heads, head dims 64 and 128, lengths 1k/4k/16k, causal, bf16;
+  TFLOP/s by the conventional FLOP count (fastlm.analysis.attention) and peak memory.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import timeit
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import fastlm
+from fastlm.analysis.attention import BACKWARD_FLOPS_RATIO, attention_forward_flops
+from fastlm.bench.records import append_records, read_records, with_environment
+from fastlm.bench.report import line_plot, markdown_table
+from fastlm.bench.timing import measure, measure_after_setup
+
+RESULTS_FILE = "attention.jsonl"
+SWEEPS = ("naive", "compile", "flash", "model")
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D) + mask) v with every intermediate materialized, as textbooks write it."""
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[-2]
+        mask = torch.ones(n, n, device=q.device, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    description: str
+    make: Callable[[torch.device, torch.dtype], AttentionFn | str]  # the function, or why unavailable
+
+
+def _naive(device, dtype):
+    return naive_attention
+
+
+def _compiled(device, dtype):
+    torch._dynamo.reset()  # one fresh compilation per shape: never fall back to eager on cache limits
+    return torch.compile(naive_attention, dynamic=False)
+
+
+def _fastlm(device, dtype):
+    return lambda q, k, v: fastlm.flash_attention(q, k, v, causal=True)
+
+
+def _sdpa(backend_name: str):
+    def make(device, dtype):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if device.type != "cuda":
+            return "needs a GPU"
+        if dtype == torch.float32:
+            return "unsupported: fp32"
+        backend = getattr(SDPBackend, backend_name)
+
+        def attend(q, k, v):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        return attend
+
+    return make
+
+
+IMPLEMENTATIONS = {
+    "naive": Implementation("naive", "PyTorch eager, materialized scores", _naive),
+    "compile": Implementation("compile", "torch.compile of the naive attention", _compiled),
+    "fastlm": Implementation("fastlm", "fastlm.flash_attention (Triton)", _fastlm),
+    "sdpa-flash": Implementation("sdpa-flash", "SDPA, FlashAttention-2 backend", _sdpa("FLASH_ATTENTION")),
+    "sdpa-cudnn": Implementation("sdpa-cudnn", "SDPA, cuDNN backend", _sdpa("CUDNN_ATTENTION")),
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    heads: int  # 0: 3-D (B, N, D) inputs without a head dim
+    seq: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def make_inputs(self, device: torch.device) -> list[torch.Tensor]:
+        dims = (
+            (self.batch, self.seq, self.head_dim)
+            if self.heads == 0
+            else (self.batch, self.heads, self.seq, self.head_dim)
+        )
+        return [torch.randn(dims, device=device, dtype=self.dtype, requires_grad=True) for _ in range(3)]
+
+    def record(self) -> dict:
+        return {
+            "batch": self.batch,
+            "heads": max(self.heads, 1),
+            "seq": self.seq,
+            "head_dim": self.head_dim,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "causal": True,
+        }
+
+    @property
+    def forward_flops(self) -> float:
+        return attention_forward_flops(self.batch, max(self.heads, 1), self.seq, self.seq, self.head_dim, True)
+
+
+def sweep_shapes(sweep: str, device: torch.device) -> list[Shape]:
+    """The configurations of a sweep; machines without a GPU get a short version."""
+    gpu = device.type == "cuda"
+    if sweep in ("naive", "compile"):
+        seqs = (256, 1024, 4096, 8192, 16384) if gpu else (64, 256)
+        return [Shape(8, 0, n, d, torch.float32) for d in (16, 32, 64, 128) for n in seqs]
+    if sweep == "flash":
+        seqs = [2**p for p in range(7, 17)] if gpu else [128, 256]
+        return [Shape(1, 1, n, d, t) for t in (torch.bfloat16, torch.float32) for d in (16, 32, 64, 128) for n in seqs]
+    if sweep == "model":
+        tokens, heads = (32768, 16) if gpu else (512, 2)
+        seqs = (1024, 4096, 16384) if gpu else (128, 256)
+        return [Shape(tokens // n, heads, n, d, torch.bfloat16) for d in (64, 128) for n in seqs]
+    raise ValueError(f"unknown sweep {sweep!r}; choose from {', '.join(SWEEPS)}")
+
+
+def sweep_implementations(sweep: str) -> list[str]:
+    return {
+        "naive": ["naive"],
+        "compile": ["compile"],
+        "flash": ["fastlm", "naive", "sdpa-flash", "sdpa-cudnn"],
+        "model": ["fastlm", "sdpa-flash", "sdpa-cudnn"],
+    }[sweep]
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurement
+# ---------------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _loop_timings(fn: AttentionFn, q, k, v, device, steps: int, warmup: int) -> dict:
+    """The naive/compile protocol: ``steps`` forwards, then ``steps`` backwards (each after an
+    untimed forward), timed one by one with a synchronize after each; memory before backward."""
+    grad_out = torch.randn_like(q)
+    for _ in range(warmup):
+        fn(q, k, v).backward(grad_out)
+    forward_ms = []
+    for _ in range(steps):
+        start = timeit.default_timer()
+        fn(q, k, v)
+        _sync(device)
+        forward_ms.append((timeit.default_timer() - start) * 1e3)
+    backward_ms = []
+    memory_before_backward = None  # CUDA only
+    for _ in range(steps):
+        q.grad = k.grad = v.grad = None
+        out = fn(q, k, v)
+        _sync(device)
+        if device.type == "cuda":
+            memory_before_backward = torch.cuda.memory_allocated()
+        start = timeit.default_timer()
+        out.backward(grad_out)
+        _sync(device)
+        backward_ms.append((timeit.default_timer() - start) * 1e3)
+    return {
+        "fwd_ms": statistics.mean(forward_ms),
+        "fwd_std_ms": statistics.stdev(forward_ms),
+        "bwd_ms": statistics.mean(backward_ms),
+        "bwd_std_ms": statistics.stdev(backward_ms),
+        "memory_before_backward_mb": None if memory_before_backward is None else memory_before_backward / 2**20,
+    }
+
+
+def _bench_timings(fn: AttentionFn, q, k, v, device, shape: Shape) -> dict:
+    """do_bench forward, backward (CUDA events around the backward only) and forward+backward;
+    peak memory of one forward+backward; TFLOP/s by the conventional count."""
+    grad_out = torch.randn_like(q)
+    fwd = measure(lambda: fn(q, k, v), device, warmup_ms=25, rep_ms=100)
+    bwd = measure_after_setup(lambda: fn(q, k, v), lambda out: out.backward(grad_out), device, reps=10)
+    step = measure(lambda: fn(q, k, v).backward(grad_out), device, warmup_ms=25, rep_ms=100, grad_to_none=[q, k, v])
+    peak_mb = None  # CUDA only
+    if device.type == "cuda":
+        q.grad = k.grad = v.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        fn(q, k, v).backward(grad_out)
+        torch.cuda.synchronize()
+        peak_mb = torch.cuda.max_memory_allocated() / 2**20
+    flops = shape.forward_flops
+    return {
+        "fwd_ms": fwd.median_ms,
+        "bwd_ms": bwd.median_ms,
+        "fwd_bwd_ms": step.median_ms,
+        "fwd_tflops": flops / fwd.median_ms / 1e9,
+        "bwd_tflops": BACKWARD_FLOPS_RATIO * flops / bwd.median_ms / 1e9,
+        "fwd_bwd_tflops": (1 + BACKWARD_FLOPS_RATIO) * flops / step.median_ms / 1e9,
+        "peak_memory_mb": peak_mb,
+    }
+
+
+def _measure_one(sweep: str, impl: Implementation, shape: Shape, device: torch.device) -> dict:
+    fn = impl.make(device, shape.dtype)
+    if isinstance(fn, str):
+        return {"status": fn}
+    tensors: list[torch.Tensor] = []
+    try:
+        tensors = shape.make_inputs(device)
+        if sweep in ("naive", "compile"):
+            return {"status": "ok", **_loop_timings(fn, *tensors, device, steps=100 if device.type == "cuda" else 3,
+                                                    warmup=3 if device.type == "cuda" else 1)}  # fmt: skip
+        return {"status": "ok", **_bench_timings(fn, *tensors, device, shape)}
+    except torch.cuda.OutOfMemoryError:
+        return {"status": "OOM"}
+    except RuntimeError as error:  # e.g. an SDPA backend that rejects this shape or dtype
+        if "out of memory" in str(error):
+            return {"status": "OOM"}
+        return {"status": f"error: {str(error).splitlines()[0][:120]}"}
+    finally:
+        del tensors
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def run(
+    sweeps: Iterable[str],
+    device: torch.device,
+    results_dir: Path,
+    progress: Callable[[str], None] = lambda done: None,
+) -> list[dict]:
+    """Measure the sweeps; append and return the records (one run id for all of them)."""
+    records = []
+    for sweep in sweeps:
+        for shape in sweep_shapes(sweep, device):
+            for name in sweep_implementations(sweep):
+                impl = IMPLEMENTATIONS[name]
+                record = {"op": "attention", "sweep": sweep, "implementation": name, **shape.record()}
+                record.update(_measure_one(sweep, impl, shape, device))
+                records.append(with_environment(record))
+                progress(f"{sweep} {name} N={shape.seq} D={shape.head_dim} {record['dtype']}")
+    append_records(results_dir / RESULTS_FILE, records)
+    return records
+
+
+def total_measurements(sweeps: Iterable[str], device: torch.device) -> int:
+    return sum(len(sweep_shapes(s, device)) * len(sweep_implementations(s)) for s in sweeps)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables and plots
+# ---------------------------------------------------------------------------------------------
+
+
+def latest_sweep(records: list[dict], sweep: str) -> list[dict]:
+    """Records of the last run that measured ``sweep``."""
+    mine = [r for r in records if r.get("sweep") == sweep]
+    if not mine:
+        return []
+    run_id = mine[-1]["run_id"]
+    return [r for r in mine if r["run_id"] == run_id]
+
+
+LOOP_COLUMNS = [
+    ("head_dim", "D"),
+    ("seq", "N"),
+    ("implementation", "implementation"),
+    ("fwd_ms", "fwd ms (mean of 100)"),
+    ("bwd_ms", "bwd ms (mean of 100)"),
+    ("memory_before_backward_mb", "memory before bwd MiB"),
+    ("status", "status"),
+]
+BENCH_COLUMNS = [
+    ("dtype", "dtype"),
+    ("head_dim", "D"),
+    ("seq", "N"),
+    ("batch", "B"),
+    ("implementation", "implementation"),
+    ("fwd_ms", "fwd ms"),
+    ("bwd_ms", "bwd ms"),
+    ("fwd_bwd_ms", "fwd+bwd ms"),
+    ("fwd_tflops", "fwd TFLOP/s"),
+    ("fwd_bwd_tflops", "fwd+bwd TFLOP/s"),
+    ("peak_memory_mb", "peak MiB"),
+    ("status", "status"),
+]
+
+
+def _side_by_side(naive: list[dict], compiled: list[dict]) -> list[dict]:
+    """One row per (D, N) with the naive and compiled timings next to each other."""
+    rows = {}
+    for prefix, records in (("naive", naive), ("compile", compiled)):
+        for r in records:
+            row = rows.setdefault((r["head_dim"], r["seq"]), {"head_dim": r["head_dim"], "seq": r["seq"]})
+            ok = r["status"] == "ok"
+            row[f"{prefix}_fwd_ms"] = r.get("fwd_ms") if ok else r["status"]
+            row[f"{prefix}_bwd_ms"] = r.get("bwd_ms") if ok else r["status"]
+            row[f"{prefix}_memory_mb"] = r.get("memory_before_backward_mb") if ok else r["status"]
+    return [rows[key] for key in sorted(rows)]
+
+
+SIDE_BY_SIDE_COLUMNS = [
+    ("head_dim", "D"),
+    ("seq", "N"),
+    ("naive_fwd_ms", "naive fwd ms"),
+    ("compile_fwd_ms", "compile fwd ms"),
+    ("naive_bwd_ms", "naive bwd ms"),
+    ("compile_bwd_ms", "compile bwd ms"),
+    ("naive_memory_mb", "naive MiB before bwd"),
+    ("compile_memory_mb", "compile MiB before bwd"),
+]
+
+
+def model_ratios(records: list[dict]) -> list[dict]:
+    """fastlm's TFLOP/s over each SDPA backend's, per model shape."""
+    by_key = {(r["head_dim"], r["seq"], r["implementation"]): r for r in records if r["status"] == "ok"}
+    rows = []
+    for (dim, seq, name), r in sorted(by_key.items()):
+        if name != "fastlm":
+            continue
+        row = {"head_dim": dim, "seq": seq}
+        for base in ("sdpa-flash", "sdpa-cudnn"):
+            other = by_key.get((dim, seq, base))
+            for stage in ("fwd", "fwd_bwd"):
+                if other is not None:
+                    row[f"{stage}_vs_{base}"] = r[f"{stage}_tflops"] / other[f"{stage}_tflops"]
+        rows.append(row)
+    return rows
+
+
+RATIO_COLUMNS = [
+    ("head_dim", "D"),
+    ("seq", "N"),
+    ("fwd_vs_sdpa-flash", "fwd vs SDPA-flash"),
+    ("fwd_bwd_vs_sdpa-flash", "fwd+bwd vs SDPA-flash"),
+    ("fwd_vs_sdpa-cudnn", "fwd vs SDPA-cuDNN"),
+    ("fwd_bwd_vs_sdpa-cudnn", "fwd+bwd vs SDPA-cuDNN"),
+]
+
+
+def _tflops_plot(records: list[dict], reports_dir: Path, name: str, title: str) -> Path | None:
+    """TFLOP/s against sequence length: one panel per (head dim, stage), one line per implementation."""
+    ok = [r for r in records if r["status"] == "ok"]
+    if not ok:
+        return None
+    dims = sorted({r["head_dim"] for r in ok})
+    panels = []
+    for dim in dims:
+        for stage, label in (("fwd", "forward"), ("fwd_bwd", "forward+backward")):
+            lines = {}
+            for r in sorted(ok, key=lambda r: r["seq"]):
+                if r["head_dim"] == dim:
+                    lines.setdefault(r["implementation"], []).append((r["seq"], r[f"{stage}_tflops"]))
+            panels.append((f"D={dim}, {label}", lines))
+    return line_plot(reports_dir / name, panels, xlabel="sequence length", ylabel="TFLOP/s", title=title, logx=True)
+
+
+def render(results_dir: Path, reports_dir: Path) -> str:
+    """Markdown for the latest run of each sweep; writes the PNG plots."""
+    records = read_records(results_dir / RESULTS_FILE)
+    sections = []
+    model = latest_sweep(records, "model")
+    if model:
+        first = model[0]
+        plot = _tflops_plot(model, reports_dir, "attention_model_tflops.png",
+                            f"Causal attention, 32k tokens/batch, 16 heads, bf16 ({first['gpu']})")  # fmt: skip
+        sections += [
+            "## Model shapes (`--sweep model`)",
+            _environment_line(first) + " · tokens per batch fixed, so B = tokens / N · causal, bf16",
+            markdown_table(model, BENCH_COLUMNS),
+            "fastlm's TFLOP/s relative to each SDPA backend:",
+            markdown_table(model_ratios(model), RATIO_COLUMNS),
+        ]
+        if plot is not None:
+            sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
+    flash = latest_sweep(records, "flash")
+    if flash:
+        plot = _tflops_plot([r for r in flash if r["dtype"] == "bfloat16"], reports_dir, "attention_flash_tflops.png",
+                            f"Causal attention, batch 1, one head, bf16 ({flash[0]['gpu']})")  # fmt: skip
+        sections += ["## Lengths and head dims (`--sweep flash`)", _environment_line(flash[0]),
+                     markdown_table(flash, BENCH_COLUMNS)]  # fmt: skip
+        if plot is not None:
+            sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
+    naive, compiled = latest_sweep(records, "naive"), latest_sweep(records, "compile")
+    if naive or compiled:
+        first = (naive or compiled)[0]
+        sections += [
+            "## Naive PyTorch attention, eager and compiled (`--sweep naive`, `--sweep compile`)",
+            _environment_line(first) + " · batch 8, one head, fp32, causal mask",
+            markdown_table(_side_by_side(naive, compiled), SIDE_BY_SIDE_COLUMNS),
+        ]
+    if not sections:
+        return "No attention records yet: run `fastlm bench attention`.\n"
+    return "\n\n".join(sections)
+
+
+def _environment_line(record: dict) -> str:
+    return (
+        f"Device: {record['gpu']} · torch {record['torch']} · triton {record['triton']} · "
+        f"git {record['git_sha']} · {record['date']}"
+    )
