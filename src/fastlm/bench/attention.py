@@ -6,8 +6,9 @@ Sweeps (one run, one device, every implementation side by side):
   and 100 backward passes after warm-up, synchronized after each (mean ms); memory allocated
   just before backward; out-of-memory is recorded as OOM.
 - flash: batch 1, one head ((1, 1, N, D): SDPA's fused backends need 4-D), causal, lengths
-  128..65536, head dims 16..128, bf16 and fp32; forward, backward and forward+backward by do_bench for fastlm, naive PyTorch (where it fits),
-  SDPA with the flash backend and with the cuDNN backend; peak memory of forward+backward.
+  128..65536, head dims 16..128, bf16 and fp32; forward, backward and forward+backward by
+  do_bench for fastlm, naive PyTorch (where it fits), SDPA with the flash backend and with the
+  cuDNN backend; peak memory of forward+backward.
 - model: 32k tokens per batch, 16 heads, head dims 64 and 128, lengths 1k/4k/16k, causal, bf16;
   TFLOP/s by the conventional FLOP count (fastlm.analysis.attention) and peak memory.
 """
