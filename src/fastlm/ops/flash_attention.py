@@ -114,10 +114,9 @@ def _forward_tiles(
     qk_scale,  # scale * log2(e): scores in log2 units
     MASKED: tl.constexpr, CAUSAL: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    WARP_SPECIALIZE: tl.constexpr,
 ):  # fmt: skip
     offs_d = tl.arange(0, BLOCK_D)
-    for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N, MASKED,
                        HEAD_DIM, BLOCK_D)  # fmt: skip
@@ -152,7 +151,7 @@ def _flash_forward_kernel(
     M, N,  # query and key lengths
     qk_scale,  # scale * log2(e)
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, batch x head); grid (cdiv(M, BLOCK_M), Z * H).
 
@@ -181,10 +180,10 @@ def _flash_forward_kernel(
     full_end, end = _key_range(start_m, M, N, CAUSAL, BLOCK_M, BLOCK_N)
     acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                                    offs_m, 0, full_end, N, diag, qk_scale,
-                                   False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, WARP_SPECIALIZE)  # fmt: skip
+                                   False, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip
     acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                                    offs_m, full_end, end, N, diag, qk_scale,
-                                   True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, False)  # fmt: skip
+                                   True, CAUSAL, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip
 
     empty = l_i == 0.0  # rows that see no key (causal, M > N): output 0, L = -inf
     l_safe = tl.where(empty, 1.0, l_i)
@@ -470,9 +469,6 @@ DQ_TILES = {
 }  # fmt: skip
 
 
-FORWARD_WARP_SPECIALIZE = False
-
-
 def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
@@ -502,8 +498,7 @@ def _launch_forward(q, k, v, causal: bool, scale: float):
         q, k, v, o, lse, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o),
         H, H // Hkv, M, N, scale * math.log2(math.e),
         CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
-        PRECISION=_precision(q.dtype), WARP_SPECIALIZE=FORWARD_WARP_SPECIALIZE and q.is_cuda,
-        num_warps=warps, num_stages=stages,
+        PRECISION=_precision(q.dtype), num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return o, lse
 
