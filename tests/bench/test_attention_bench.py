@@ -1,0 +1,62 @@
+"""`fastlm bench attention` on CPU: the baselines' semantics, sweep shapes, ratios, one real run."""
+
+import pytest
+import torch
+
+from fastlm.analysis.attention import attention_forward_flops, scores_bytes
+from fastlm.bench import attention
+from fastlm.cli import main
+from fastlm.ops.flash_attention import flash_attention_ref
+
+
+def test_naive_attention_matches_reference():
+    q, k, v = (torch.randn(2, 3, 50, 16, dtype=torch.float64) for _ in range(3))
+    torch.testing.assert_close(attention.naive_attention(q, k, v), flash_attention_ref(q, k, v, causal=True))
+
+
+def test_flop_count_and_score_bytes():
+    # 4 B H N^2 D, halved under the causal mask: the count SDPA and FlashAttention benchmarks use.
+    assert attention_forward_flops(2, 16, 4096, 4096, 128, causal=True) == 2 * 2 * 16 * 4096**2 * 128
+    assert attention_forward_flops(1, 1, 10, 20, 8, causal=False) == 4 * 10 * 20 * 8
+    assert scores_bytes(8, 1, 16384, 16384, 4) == 8 * 2**30
+
+
+def test_model_sweep_keeps_tokens_per_batch():
+    shapes = attention.sweep_shapes("model", torch.device("cuda"))
+    assert {s.batch * s.seq for s in shapes} == {32768}
+    assert {(s.seq, s.head_dim) for s in shapes} == {(n, d) for n in (1024, 4096, 16384) for d in (64, 128)}
+    with pytest.raises(ValueError, match="unknown sweep"):
+        attention.sweep_shapes("bogus", torch.device("cpu"))
+
+
+def test_model_ratios_divide_tflops():
+    records = [
+        {"head_dim": 128, "seq": 4096, "implementation": "fastlm", "status": "ok", "fwd_tflops": 400.0,
+         "fwd_bwd_tflops": 300.0},
+        {"head_dim": 128, "seq": 4096, "implementation": "sdpa-flash", "status": "ok", "fwd_tflops": 200.0,
+         "fwd_bwd_tflops": 250.0},
+        {"head_dim": 128, "seq": 4096, "implementation": "sdpa-cudnn", "status": "OOM"},
+    ]  # fmt: skip
+    (row,) = attention.model_ratios(records)
+    assert row["fwd_vs_sdpa-flash"] == 2.0 and row["fwd_bwd_vs_sdpa-flash"] == 1.2
+    assert "fwd_vs_sdpa-cudnn" not in row
+
+
+def test_cpu_model_sweep_runs_and_renders(tmp_path, monkeypatch):
+    # One small shape: on CPU the kernels run through the (slow) interpreter.
+    tiny = [attention.Shape(2, 2, 64, 32, torch.bfloat16)]
+    monkeypatch.setattr(attention, "sweep_shapes", lambda sweep, device: tiny)
+    records = attention.run(["model"], torch.device("cpu"), tmp_path / "results")
+    statuses = {r["implementation"]: r["status"] for r in records}
+    assert statuses == {"fastlm": "ok", "sdpa-flash": "needs a GPU", "sdpa-cudnn": "needs a GPU"}
+    assert all(r["fwd_tflops"] > 0 for r in records if r["status"] == "ok")
+    markdown = attention.render(tmp_path / "results", tmp_path / "reports")
+    assert "| bfloat16 | 32 | 64 | 2 | fastlm |" in markdown
+    assert (tmp_path / "reports" / "attention_model_tflops.png").stat().st_size > 0
+
+
+def test_unknown_sweep_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "attention", "--sweep", "model,bogus"])
+    assert exit_info.value.code == 2
+    assert "unknown sweep 'bogus'" in capsys.readouterr().err
