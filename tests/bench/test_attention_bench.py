@@ -60,3 +60,12 @@ def test_unknown_sweep_is_a_usage_error(capsys):
         main(["bench", "attention", "--sweep", "model,bogus"])
     assert exit_info.value.code == 2
     assert "unknown sweep 'bogus'" in capsys.readouterr().err
+
+
+def test_out_of_memory_is_recorded_not_raised():
+    def exhausts_memory(q, k, v):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB")
+
+    impl = attention.Implementation("oom", "always out of memory", lambda device, dtype: exhausts_memory)
+    shape = attention.Shape(1, 0, 16, 8, torch.float32)
+    assert attention._measure_one("naive", impl, shape, torch.device("cpu")) == {"status": "OOM"}
