@@ -772,9 +772,9 @@ def flash_attention(
     Returns the output with q's shape and dtype. fp32 inputs use TF32 matmuls only when
     ``torch.backends.cuda.matmul.allow_tf32`` is set, as torch's own matmuls do.
     """
-    check_inputs(q, k, v)
-    scale = default_scale(q.shape[-1], scale)
     if torch.compiler.is_compiling():
+        check_inputs(q, k, v)  # eager calls check inside the autograd.Function
+        scale = default_scale(q.shape[-1], scale)
         three_d = q.dim() == 3
         o, _ = _forward_op(*_as_4d(q, k, v), bool(causal), scale)
         return _like_input(o, three_d)
