@@ -1,0 +1,95 @@
+"""`ModelConfig`: the dimensions of the language model and which kernels it runs, plus presets.
+
+Presets follow the GPT-2 family sizes (small .. xl) and two larger ones, all with vocabulary 10000
+and context 512 unless overridden:
+
+    >>> config = ModelConfig.preset("small", attention="fastlm", loss="fastlm")
+    >>> config.num_parameters()
+    128625408
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+ATTENTION_KERNELS = ("naive", "sdpa", "fastlm")  # materialized softmax | torch SDPA | fastlm.flash_attention
+NORM_KERNELS = ("torch", "fastlm")
+LOSS_KERNELS = ("torch", "fastlm")  # F.cross_entropy | fastlm.cross_entropy
+
+# name -> (d_model, d_ff, num_layers, num_heads)
+PRESET_DIMENSIONS = {
+    "tiny": (64, 128, 2, 4),  # CPU tests
+    "small": (768, 3072, 12, 12),
+    "medium": (1024, 4096, 24, 16),
+    "large": (1280, 5120, 36, 20),
+    "xl": (1600, 6400, 48, 25),
+    "2.7b": (2560, 10240, 32, 32),
+    "10b": (4608, 12288, 50, 36),
+}
+PRESETS = tuple(PRESET_DIMENSIONS)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int = 10000
+    context_length: int = 512
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    attention: str = "sdpa"
+    norm: str = "torch"
+    loss: str = "torch"
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim = d_model / num_heads must be even for RoPE, got {self.head_dim}")
+        for name, choices in (("attention", ATTENTION_KERNELS), ("norm", NORM_KERNELS), ("loss", LOSS_KERNELS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> ModelConfig:
+        """The named preset (tiny, small, medium, large, xl, 2.7b, 10b) with any field overridden."""
+        try:
+            d_model, d_ff, num_layers, num_heads = PRESET_DIMENSIONS[name]
+        except KeyError:
+            raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}") from None
+        dimensions = {"d_model": d_model, "d_ff": d_ff, "num_layers": num_layers, "num_heads": num_heads}
+        return cls(**{**dimensions, **overrides})
+
+    def with_kernels(self, kernels: str) -> ModelConfig:
+        """All three switches at once: 'torch' (PyTorch SDPA, norm, loss) or 'fastlm' (fused kernels)."""
+        if kernels == "torch":
+            return dataclasses.replace(self, attention="sdpa", norm="torch", loss="torch")
+        if kernels == "fastlm":
+            return dataclasses.replace(self, attention="fastlm", norm="fastlm", loss="fastlm")
+        raise ValueError(f"kernels must be 'torch' or 'fastlm', got {kernels!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def num_parameters(self, *, embedding: bool = True) -> int:
+        """Parameters of the model, counted from the dimensions (nothing is allocated).
+
+        Per block: q, k, v, o projections 4*d^2; SwiGLU w1, w3 (d -> d_ff) and w2 (d_ff -> d) 3*d*d_ff;
+        two RMSNorm weights 2*d. Plus the final norm d, the LM head d*V and the embedding V*d.
+        """
+        d, block = self.d_model, 4 * self.d_model**2 + 3 * self.d_model * self.d_ff + 2 * self.d_model
+        total = self.num_layers * block + d + d * self.vocab_size
+        return total + (self.vocab_size * d if embedding else 0)
+
+    def num_matmul_parameters(self) -> int:
+        """Weights that take part in a matrix multiply (every projection and the LM head): the N of
+        the 6*N*tokens training-FLOPs rule. Excludes the embedding (a lookup) and norm weights."""
+        return self.num_layers * (4 * self.d_model**2 + 3 * self.d_model * self.d_ff) + self.d_model * self.vocab_size

@@ -1,0 +1,195 @@
+"""The fastlm language model: a pre-norm decoder-only Transformer in one file.
+
+    tokens (B, N) -> embedding (B, N, d)
+      -> num_layers x [ x + attention(rms_norm(x)),  x + swiglu(rms_norm(x)) ]
+      -> rms_norm -> LM head (B, N, V)
+
+Attention is causal multi-head self-attention with separate q/k/v/output projections and RoPE on
+q and k; the feed-forward is SwiGLU, w2(silu(w1 x) * w3 x); no biases anywhere; the LM head is not
+tied to the embedding. Three switches in `ModelConfig` pick the kernels:
+
+    attention  naive  | sdpa  | fastlm   (materialized softmax | torch SDPA | fastlm.flash_attention)
+    norm       torch  | fastlm
+    loss       torch  | fastlm           (F.cross_entropy | fastlm.cross_entropy)
+
+Ranges named "attention/scores|mask|softmax|output" inside the naive path, and "forward" around
+the model, show up in profiles when `fastlm.profile.ranges.annotations()` is on.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fastlm.model.config import ModelConfig
+from fastlm.ops.cross_entropy import cross_entropy
+from fastlm.ops.flash_attention import flash_attention
+from fastlm.profile.ranges import annotate
+
+
+def trunc_normal_(weight: torch.Tensor, std: float) -> torch.Tensor:
+    """Normal(0, std) clipped at 3 standard deviations, in place."""
+    return nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+
+
+class Linear(nn.Module):
+    """y = x W^T without bias; W (d_out, d_in) ~ truncated normal, std sqrt(2 / (d_in + d_out))."""
+
+    def __init__(self, d_in: int, d_out: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_out, d_in))
+        trunc_normal_(self.weight, math.sqrt(2.0 / (d_in + d_out)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"d_in={self.weight.shape[1]}, d_out={self.weight.shape[0]}"
+
+
+class Embedding(nn.Module):
+    """Token ids (B, N) -> vectors (B, N, d); table (V, d) ~ truncated normal with std 1."""
+
+    def __init__(self, vocab_size: int, d_model: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+        trunc_normal_(self.weight, 1.0)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.weight[tokens]
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim, computed in fp32, returned in x's dtype."""
+
+    def __init__(self, d_model: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
+        return (normed * self.weight).to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """RoPE: rotate each pair (x_i, x_{i+Dh/2}) of a head vector at position p by p * theta^(-2i/Dh).
+
+    This is the "rotate half" pairing (GPT-NeoX, Llama in Hugging Face); it equals the interleaved
+    pairing of the paper up to a fixed permutation of the q/k projection rows. cos/sin tables
+    (context, Dh/2) are fp32 buffers, not parameters.
+    """
+
+    def __init__(self, head_dim: int, context_length: int, theta: float) -> None:
+        super().__init__()
+        inverse_frequency = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inverse_frequency)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, H, N, Dh) -> same shape and dtype, position p = index along N."""
+        n = x.shape[-2]
+        cos, sin = self.cos[:n], self.sin[:n]
+        x1, x2 = x.float().chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
+
+
+def naive_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(Dh) + causal mask) v with the (B, H, N, N) scores materialized; each
+    stage is a named range so profiles can set softmax time against matmul time."""
+    n = q.shape[-2]
+    with annotate("attention/scores"):
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    with annotate("attention/mask"):
+        future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    with annotate("attention/softmax"):
+        probs = torch.softmax(scores, dim=-1)
+    with annotate("attention/output"):
+        return probs.to(v.dtype) @ v
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        d = config.d_model
+        self.num_heads, self.head_dim, self.kernel = config.num_heads, config.head_dim, config.attention
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = Linear(d, d), Linear(d, d), Linear(d, d), Linear(d, d)
+        self.rope = rope
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # (B, N, d) -> (B, H, N, Dh)
+            return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        q, k = self.rope(q), self.rope(k)
+        if self.kernel == "naive":
+            out = naive_causal_attention(q, k, v)
+        elif self.kernel == "sdpa":
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = flash_attention(q, k, v, causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, d))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.w1, self.w3, self.w2 = Linear(d_model, d_ff), Linear(d_model, d_ff), Linear(d_ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attention = CausalSelfAttention(config, rope)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.ffn = SwiGLU(config.d_model, config.d_ff)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.norm == "fastlm":
+            warnings.warn("norm='fastlm': the fused RMSNorm kernel is not available yet; using PyTorch's", stacklevel=2)
+        self.config = config
+        self.embedding = Embedding(config.vocab_size, config.d_model)
+        rope = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta)
+        self.blocks = nn.ModuleList(Block(config, rope) for _ in range(config.num_layers))
+        self.final_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = Linear(config.d_model, config.vocab_size)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, N) int -> logits (B, N, V); with targets (B, N), the mean next-token loss."""
+        if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"tokens must be a (batch, length) integer tensor, got {tuple(tokens.shape)} {tokens.dtype}")
+        if tokens.shape[1] > self.config.context_length:
+            raise ValueError(f"sequence length {tokens.shape[1]} exceeds context_length {self.config.context_length}")
+        with annotate("forward"):
+            x = self.embedding(tokens)
+            for block in self.blocks:
+                x = block(x)
+            logits = self.lm_head(self.final_norm(x))
+            if targets is None:
+                return logits
+            if targets.shape != tokens.shape:
+                raise ValueError(f"targets shape {tuple(targets.shape)} must equal tokens shape {tuple(tokens.shape)}")
+            flat_logits, flat_targets = logits.flatten(0, 1), targets.flatten()
+            if self.config.loss == "fastlm":
+                return cross_entropy(flat_logits, flat_targets)
+            return F.cross_entropy(flat_logits, flat_targets)

@@ -1,0 +1,170 @@
+"""The language model: shapes, parameter counts, causality, RoPE, kernel switches, training."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from fastlm.analysis.model import flops_per_token
+from fastlm.model import PRESETS, ModelConfig, TransformerLM
+from fastlm.model.transformer import Linear, RotaryEmbedding
+
+TINY = ModelConfig.preset("tiny", vocab_size=97, context_length=32)
+KERNEL_COMBINATIONS = [
+    (attention, loss) for attention in ("naive", "sdpa", "fastlm") for loss in ("torch", "fastlm")
+]
+
+
+def tokens(batch=2, length=24, vocab=TINY.vocab_size):
+    return torch.randint(0, vocab, (batch, length))
+
+
+def test_logits_shape_and_dtype():
+    model = TransformerLM(TINY)
+    logits = model(tokens(3, 17))
+    assert logits.shape == (3, 17, TINY.vocab_size)
+    assert logits.dtype == torch.float32
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_parameter_count_matches_the_modules(name):
+    config = ModelConfig.preset(name)
+    with torch.device("meta"):  # counts shapes without allocating 10B parameters
+        model = TransformerLM(config)
+    assert sum(p.numel() for p in model.parameters()) == config.num_parameters()
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, Linear))
+    assert matmul == config.num_matmul_parameters()
+
+
+def test_small_preset_parameter_count_by_hand():
+    # 12 blocks x (4*768^2 attention + 3*768*3072 SwiGLU + 2*768 norms) + 768 + 768*10000 head + embedding
+    assert ModelConfig.preset("small").num_parameters() == 12 * (4 * 768**2 + 3 * 768 * 3072 + 1536) + 768 + 2 * 7_680_000
+
+
+def test_initialization_statistics():
+    model = TransformerLM(ModelConfig.preset("tiny", d_model=256, d_ff=512, vocab_size=1000))
+    w = model.blocks[0].ffn.w1.weight  # (512, 256): std sqrt(2 / 768)
+    std = math.sqrt(2 / (256 + 512))
+    assert w.std().item() == pytest.approx(std * 0.986, rel=0.03)  # truncation at 3 std shrinks std by 1.4%
+    assert w.abs().max().item() <= 3 * std
+    assert model.embedding.weight.std().item() == pytest.approx(0.986, rel=0.03)
+    assert model.embedding.weight.abs().max().item() <= 3.0
+    assert not any("bias" in name for name, _ in model.named_parameters())
+
+
+@pytest.mark.parametrize("attention", ["naive", "sdpa", "fastlm"])
+def test_changing_a_future_token_leaves_earlier_logits_unchanged(attention):
+    model = TransformerLM(dataclasses.replace(TINY, attention=attention))
+    x = tokens(1, 20)
+    changed = x.clone()
+    changed[0, 12] = (x[0, 12] + 1) % TINY.vocab_size
+    before, after = model(x), model(changed)
+    torch.testing.assert_close(before[:, :12], after[:, :12], rtol=0, atol=1e-6)
+    assert not torch.allclose(before[:, 12:], after[:, 12:])
+
+
+def test_rope_preserves_norms_and_depends_only_on_relative_position():
+    rope = RotaryEmbedding(head_dim=16, context_length=64, theta=10000.0)
+    q, k = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
+
+    def at(vector, position):  # rotate `vector` as if it sat at `position`
+        x = torch.zeros(1, 1, 64, 16)
+        x[0, 0, position] = vector.float()
+        return rope(x)[0, 0, position].double()
+
+    torch.testing.assert_close(at(q, 0), q, rtol=1e-6, atol=1e-6)  # position 0: identity
+    torch.testing.assert_close(at(q, 37).norm(), q.norm(), rtol=1e-6, atol=0)
+    dots = [at(q, m) @ at(k, m - 5) for m in (5, 20, 63)]
+    torch.testing.assert_close(torch.stack(dots), dots[0].expand(3), rtol=1e-5, atol=1e-5)
+
+
+def test_rope_keeps_dtype():
+    rope = RotaryEmbedding(head_dim=8, context_length=16, theta=10000.0)
+    assert rope(torch.randn(1, 2, 16, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize(("attention", "loss"), KERNEL_COMBINATIONS)
+def test_kernel_switches_give_the_same_loss_and_gradients(attention, loss):
+    reference = TransformerLM(TINY)
+    model = TransformerLM(dataclasses.replace(TINY, attention=attention, loss=loss))
+    model.load_state_dict(reference.state_dict())
+    x, y = tokens(), tokens()
+    expected, actual = reference(x, y), model(x, y)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    expected.backward()
+    actual.backward()
+    for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_fastlm_norm_falls_back_and_says_so():
+    with pytest.warns(UserWarning, match="RMSNorm kernel is not available yet"):
+        TransformerLM(TINY.with_kernels("fastlm"))
+
+
+def test_a_few_training_steps_reduce_the_loss():
+    model = TransformerLM(TINY)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    x = tokens(4, 32)
+    y = torch.roll(x, -1, dims=1)
+    losses = []
+    for _ in range(15):
+        loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"d_model": 65}, "divisible by num_heads"),
+        ({"d_model": 12, "num_heads": 4}, "must be even for RoPE"),
+        ({"attention": "flash"}, "attention must be one of naive, sdpa, fastlm"),
+        ({"norm": "apex"}, "norm must be one of"),
+        ({"vocab_size": 0}, "vocab_size must be a positive integer"),
+    ],
+)
+def test_bad_configs_raise_one_clear_error(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(TINY, **overrides)
+
+
+def test_bad_inputs_raise_clear_errors():
+    model = TransformerLM(TINY)
+    with pytest.raises(ValueError, match="unknown preset 'huge'"):
+        ModelConfig.preset("huge")
+    with pytest.raises(ValueError, match="exceeds context_length 32"):
+        model(tokens(1, 33))
+    with pytest.raises(ValueError, match="integer tensor"):
+        model(torch.randn(2, 8))
+    with pytest.raises(ValueError, match="targets shape"):
+        model(tokens(2, 8), tokens(2, 7))
+
+
+def test_flops_per_token_by_hand():
+    config = ModelConfig.preset("small")
+    n = config.num_matmul_parameters()
+    assert flops_per_token(config, "fwd") == 2 * n + 2 * 12 * 512 * 768
+    assert flops_per_token(config, "train") == 3 * flops_per_token(config, "fwd")
+    assert flops_per_token(config, "fwd+bwd", seq_len=128) == 6 * n + 6 * 12 * 128 * 768
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["sdpa", "fastlm"])
+def test_bf16_loss_parity_with_fastlm_kernels_on_gpu(attention):
+    config = ModelConfig.preset("tiny", d_model=256, d_ff=704, num_heads=4, vocab_size=5000, context_length=256)
+    reference = TransformerLM(config).cuda()
+    model = TransformerLM(dataclasses.replace(config, attention=attention, loss="fastlm")).cuda()
+    model.load_state_dict(reference.state_dict())
+    x, y = tokens(4, 256, 5000).cuda(), tokens(4, 256, 5000).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        expected, actual = reference(x, y), model(x, y)
+    torch.testing.assert_close(actual, expected, rtol=2e-3, atol=2e-3)
+    expected.backward()
+    actual.backward()
+    for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=5e-3, msg=name)
