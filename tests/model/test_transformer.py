@@ -11,9 +11,7 @@ from fastlm.model import PRESETS, ModelConfig, TransformerLM
 from fastlm.model.transformer import Linear, RotaryEmbedding
 
 TINY = ModelConfig.preset("tiny", vocab_size=97, context_length=32)
-KERNEL_COMBINATIONS = [
-    (attention, loss) for attention in ("naive", "sdpa", "fastlm") for loss in ("torch", "fastlm")
-]
+KERNEL_COMBINATIONS = [(attention, loss) for attention in ("naive", "sdpa", "fastlm") for loss in ("torch", "fastlm")]
 
 
 def tokens(batch=2, length=24, vocab=TINY.vocab_size):
@@ -39,7 +37,8 @@ def test_parameter_count_matches_the_modules(name):
 
 def test_small_preset_parameter_count_by_hand():
     # 12 blocks x (4*768^2 attention + 3*768*3072 SwiGLU + 2*768 norms) + 768 + 768*10000 head + embedding
-    assert ModelConfig.preset("small").num_parameters() == 12 * (4 * 768**2 + 3 * 768 * 3072 + 1536) + 768 + 2 * 7_680_000
+    expected = 12 * (4 * 768**2 + 3 * 768 * 3072 + 1536) + 768 + 2 * 7_680_000
+    assert ModelConfig.preset("small").num_parameters() == expected == 128_625_408
 
 
 def test_initialization_statistics():

@@ -177,7 +177,8 @@ class TransformerLM(nn.Module):
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B, N) int -> logits (B, N, V); with targets (B, N), the mean next-token loss."""
         if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"tokens must be a (batch, length) integer tensor, got {tuple(tokens.shape)} {tokens.dtype}")
+            shape = tuple(tokens.shape)
+            raise ValueError(f"tokens must be a (batch, length) integer tensor, got {shape} {tokens.dtype}")
         if tokens.shape[1] > self.config.context_length:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds context_length {self.config.context_length}")
         with annotate("forward"):
