@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from fastlm.devices import DEVICES, device_spec
+from fastlm.model.config import ATTENTION_KERNELS, LOSS_KERNELS, NORM_KERNELS, PRESETS, ModelConfig
 
 console = Console()
 
@@ -44,6 +46,12 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def _non_negative_int(text: str) -> int:
+    if text.strip() == "0":
+        return 0
+    return _positive_int(text)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -139,6 +147,92 @@ def cmd_bench_attention(args) -> None:
     console.print(f"[bold]wrote[/] {report}")
 
 
+def _choice_list(choices: Sequence[str]):
+    """argparse type: a comma-separated subset of ``choices``."""
+
+    def parse(text: str) -> tuple[str, ...]:
+        values = tuple(part.strip() for part in text.split(","))
+        unknown = [v for v in values if v not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown value {unknown[0]!r}; choose from {', '.join(choices)}")
+        return values
+
+    return parse
+
+
+def model_configs(args) -> list[tuple[str, ModelConfig]]:
+    """(name, config) for every preset x kernel set named on the command line; explicit
+    --d-model/--d-ff/--layers/--heads build one "custom" config instead of presets."""
+    import dataclasses
+
+    common = {"vocab_size": args.vocab, "context_length": args.context}
+    dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.layers, "num_heads": args.heads}
+    if any(v is not None for v in dims.values()):
+        missing = [f"--{k.replace('num_', '').replace('_', '-')}" for k, v in dims.items() if v is None]
+        if missing:
+            raise UserError(
+                f"a custom model needs --d-model, --d-ff, --layers and --heads; missing {', '.join(missing)}"
+            )
+        bases = [("custom", lambda: ModelConfig(**dims, **common))]
+    else:
+        presets = args.preset or (("small",) if _device().type == "cuda" else ("tiny",))
+        bases = [(name, lambda name=name: ModelConfig.preset(name, **common)) for name in presets]
+    overrides = {k: getattr(args, k) for k in ("attention", "norm", "loss") if getattr(args, k) is not None}
+    configs = []
+    for name, make in bases:
+        for kernels in args.kernels:
+            try:
+                configs.append((name, dataclasses.replace(make().with_kernels(kernels), **overrides)))
+            except ValueError as error:
+                raise UserError(str(error)) from None
+    return configs
+
+
+def run_model_benchmark(out: Path, configs, rows, *, batch: int, warmup: int, steps: int, hf: bool) -> Path:
+    """Measure the model rows, then write their markdown report; returns the report path."""
+    from fastlm.bench import model as model_bench
+
+    device = _device()
+    implementations = ("fastlm", "hf-llama") if hf else ("fastlm",)
+    if hf:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            raise UserError("--hf needs the transformers package: pip install transformers") from None
+    results_dir, reports_dir = out / "results", out / "reports"
+    with _progress() as progress:
+        task = progress.add_task("model", total=len(configs) * len(implementations) * len(rows))
+
+        def step(done: str) -> None:
+            progress.update(task, description=f"model (done: {done})", advance=1)
+
+        model_bench.run(configs, rows, batch=batch, warmup=warmup, steps=steps, device=device,
+                        results_dir=results_dir, implementations=implementations, progress=step)  # fmt: skip
+    report = reports_dir / "model.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("# Model benchmark\n\n" + model_bench.render(results_dir, reports_dir) + "\n")
+    return report
+
+
+def cmd_bench_model(args) -> None:
+    from fastlm.analysis.model import MODES
+    from fastlm.bench.model import COMPILE_MODES, PRECISIONS, rows
+    from fastlm.model.config import PRESETS
+
+    if args.sweep:
+        args.preset = args.preset or tuple(p for p in PRESETS if p != "tiny")
+        args.mode, args.precision, args.compile = (
+            args.mode or MODES,
+            args.precision or PRECISIONS,
+            args.compile or COMPILE_MODES,
+        )
+    row_list = rows(args.mode or ("train",), args.precision or ("bf16",), args.compile or ("eager",))
+    report = run_model_benchmark(args.out, model_configs(args), row_list, batch=args.batch, warmup=args.warmup,
+                                 steps=args.steps, hf=args.hf)  # fmt: skip
+    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"[bold]wrote[/] {report}")
+
+
 # ---------------------------------------------------------------------------------------------
 # analyze
 # ---------------------------------------------------------------------------------------------
@@ -224,6 +318,24 @@ def cmd_report(args) -> None:
     console.print(f"[bold]wrote[/] {report} (tables and plots under {report.parent})")
 
 
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Which model: presets (or explicit dims), vocabulary, context, batch and kernel switches."""
+    p.add_argument("--preset", type=_choice_list(PRESETS), default=None,
+                   help=f"comma list of {', '.join(PRESETS)} (default small on a GPU, tiny on CPU)")  # fmt: skip
+    p.add_argument("--d-model", type=_positive_int, default=None, help="custom model instead of a preset")
+    p.add_argument("--d-ff", type=_positive_int, default=None)
+    p.add_argument("--layers", type=_positive_int, default=None)
+    p.add_argument("--heads", type=_positive_int, default=None)
+    p.add_argument("--vocab", type=_positive_int, default=10000, help="vocabulary size (default 10000)")
+    p.add_argument("--context", type=_positive_int, default=512, help="sequence length (default 512)")
+    p.add_argument("--batch", type=_positive_int, default=4, help="sequences per step (default 4)")
+    p.add_argument("--kernels", type=_choice_list(("torch", "fastlm")), default=("torch",),
+                   help="comma list: torch (SDPA, PyTorch norm and loss) and/or fastlm (fused kernels)")  # fmt: skip
+    p.add_argument("--attention", choices=ATTENTION_KERNELS, default=None, help="override the attention kernel")
+    p.add_argument("--norm", choices=NORM_KERNELS, default=None, help="override the norm kernel")
+    p.add_argument("--loss", choices=LOSS_KERNELS, default=None, help="override the loss kernel")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fastlm", description=__doc__.splitlines()[0])
     groups = parser.add_subparsers(dest="group", required=True)
@@ -253,6 +365,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_out(p)
     p.set_defaults(func=cmd_bench_attention)
+
+    p = bench.add_parser("model", help="LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)")
+    add_model_arguments(p)
+    p.add_argument("--mode", type=_choice_list(("fwd", "fwd+bwd", "train")), default=None,
+                   help="comma list of fwd, fwd+bwd, train (default train)")  # fmt: skip
+    p.add_argument("--precision", type=_choice_list(("fp32", "bf16")), default=None,
+                   help="comma list of fp32, bf16 (autocast) (default bf16)")  # fmt: skip
+    p.add_argument("--compile", type=_choice_list(("eager", "compile")), default=None,
+                   help="comma list of eager, compile (torch.compile) (default eager)")  # fmt: skip
+    p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed steps first (default 5)")
+    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps (default 10)")
+    p.add_argument("--sweep", action="store_true",
+                   help="every preset but tiny x fwd, fwd+bwd, train x fp32, bf16 x eager, compile")  # fmt: skip
+    p.add_argument("--hf", action="store_true", help="also measure transformers' LlamaForCausalLM of the same dims")
+    add_out(p)
+    p.set_defaults(func=cmd_bench_model)
 
     analyze = groups.add_parser("analyze", help="napkin math: bytes, FLOPs, bound").add_subparsers(
         dest="command", required=True

@@ -28,7 +28,7 @@ import fastlm
 from fastlm.analysis.attention import BACKWARD_FLOPS_RATIO, attention_forward_flops
 from fastlm.bench.records import append_records, read_records, with_environment
 from fastlm.bench.report import line_plot, markdown_table
-from fastlm.bench.timing import measure, measure_after_setup
+from fastlm.bench.timing import is_out_of_memory, measure, measure_after_setup
 
 RESULTS_FILE = "attention.jsonl"
 SWEEPS = ("naive", "compile", "flash", "model")
@@ -231,10 +231,8 @@ def _measure_one(sweep: str, impl: Implementation, shape: Shape, device: torch.d
             return {"status": "ok", **_loop_timings(fn, *tensors, device, steps=100 if device.type == "cuda" else 3,
                                                     warmup=3 if device.type == "cuda" else 1)}  # fmt: skip
         return {"status": "ok", **_bench_timings(fn, *tensors, device, shape)}
-    except torch.cuda.OutOfMemoryError:
-        return {"status": "OOM"}
-    except RuntimeError as error:  # e.g. an SDPA backend that rejects this shape or dtype
-        if "out of memory" in str(error):
+    except RuntimeError as error:  # out of memory, or an SDPA backend that rejects this shape or dtype
+        if is_out_of_memory(error):
             return {"status": "OOM"}
         return {"status": f"error: {str(error).splitlines()[0][:120]}"}
     finally:

@@ -82,3 +82,11 @@ def measure_after_setup(
 def _summarize(samples: list[float]) -> Timing:
     deciles = statistics.quantiles(samples, n=10)
     return Timing(statistics.median(samples), deciles[1], deciles[7])
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for the allocator's OutOfMemoryError and for library calls (cuBLAS workspaces, NCCL
+    buffers) that report running out of device memory as a plain RuntimeError."""
+    return isinstance(error, torch.cuda.OutOfMemoryError) or (
+        isinstance(error, RuntimeError) and "out of memory" in str(error)
+    )
