@@ -234,6 +234,41 @@ def cmd_bench_model(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# profile
+# ---------------------------------------------------------------------------------------------
+
+
+def _single_model_config(args) -> tuple[str, ModelConfig]:
+    configs = model_configs(args)
+    if len(configs) != 1:
+        raise UserError(f"{args.group} {args.command} takes one model; got {len(configs)} (presets x kernels)")
+    return configs[0]
+
+
+def run_model_profile(out: Path, preset: str, config: ModelConfig, *, batch, precision, warmup, steps) -> Path:
+    """Profile inference and a training step; write the markdown summary; returns its path."""
+    from fastlm.profile import model as model_profile
+
+    with console.status(f"profiling {preset} (inference, then a training step)"):
+        profiles, records = model_profile.run(config, preset, batch=batch, precision=precision, warmup=warmup,
+                                              steps=steps, device=_device(), out=out)  # fmt: skip
+    report = out / "reports" / "profile_model.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("# Model profile\n\n" + model_profile.render(profiles, records) + "\n")
+    return report
+
+
+def cmd_profile_model(args) -> None:
+    if args.attention is None:
+        args.attention = "naive"  # the path with per-stage ranges inside attention
+    preset, config = _single_model_config(args)
+    report = run_model_profile(args.out, preset, config, batch=args.batch, precision=args.precision,
+                               warmup=args.warmup, steps=args.steps)  # fmt: skip
+    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"[bold]wrote[/] {report}")
+
+
+# ---------------------------------------------------------------------------------------------
 # analyze
 # ---------------------------------------------------------------------------------------------
 
@@ -381,6 +416,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf", action="store_true", help="also measure transformers' LlamaForCausalLM of the same dims")
     add_out(p)
     p.set_defaults(func=cmd_bench_model)
+
+    profile = groups.add_parser("profile", help="where time and memory go").add_subparsers(
+        dest="command", required=True
+    )
+    p = profile.add_parser("model", help="kernel summary per range (forward, backward, optimizer, attention stages)")
+    add_model_arguments(p)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="default bf16 (autocast)")
+    p.add_argument("--warmup", type=_non_negative_int, default=3, help="untraced steps first (default 3)")
+    p.add_argument("--steps", type=_positive_int, default=3, help="profiled steps per phase (default 3)")
+    add_out(p)
+    p.set_defaults(func=cmd_profile_model, attention=None)
 
     analyze = groups.add_parser("analyze", help="napkin math: bytes, FLOPs, bound").add_subparsers(
         dest="command", required=True

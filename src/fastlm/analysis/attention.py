@@ -22,3 +22,18 @@ def attention_forward_flops(batch: int, heads: int, nq: int, nk: int, head_dim: 
 def scores_bytes(batch: int, heads: int, nq: int, nk: int, element_size: int) -> int:
     """Bytes of one materialized (B, H, Nq, Nk) score-sized tensor (scores, probabilities, grads)."""
     return batch * heads * nq * nk * element_size
+
+
+SOFTMAX_FLOPS_PER_ELEMENT = 5  # max, subtract, exp, sum, divide
+
+
+def naive_attention_stage_flops(batch: int, heads: int, n: int, head_dim: int) -> dict[str, float]:
+    """FLOPs of each stage of materialized causal attention over (B, H, N, D) q/k/v: the full N x N
+    scores are computed (the mask only overwrites the upper triangle afterwards)."""
+    elements = batch * heads * n * n
+    return {
+        "scores": 2.0 * elements * head_dim,  # q k^T, then the 1/sqrt(D) scale (not counted)
+        "mask": float(elements),  # one select per score
+        "softmax": float(SOFTMAX_FLOPS_PER_ELEMENT * elements),
+        "output": 2.0 * elements * head_dim,  # P v
+    }
