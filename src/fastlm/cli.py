@@ -175,7 +175,7 @@ def model_configs(args) -> list[tuple[str, ModelConfig]]:
             )
         bases = [("custom", lambda: ModelConfig(**dims, **common))]
     else:
-        presets = args.preset or (("small",) if _device().type == "cuda" else ("tiny",))
+        presets = args.preset or ((args.gpu_preset,) if _device().type == "cuda" else ("tiny",))
         bases = [(name, lambda name=name: ModelConfig.preset(name, **common)) for name in presets]
     overrides = {k: getattr(args, k) for k in ("attention", "norm", "loss") if getattr(args, k) is not None}
     configs = []
@@ -268,6 +268,34 @@ def cmd_profile_model(args) -> None:
     console.print(f"[bold]wrote[/] {report}")
 
 
+def cmd_profile_memory(args) -> None:
+    from fastlm.profile import memory
+
+    preset, config = _single_model_config(args)
+    device = _device()
+    with _progress() as progress:
+        task = progress.add_task("memory", total=len(args.mode) * len(args.precision) * len(args.contexts))
+
+        def step(done: str) -> None:
+            progress.update(task, description=f"memory (done: {done})", advance=1)
+
+        records, timelines = memory.run(config, preset, contexts=args.contexts, modes=args.mode,
+                                        precisions=args.precision, batch=args.batch, device=device, out=args.out,
+                                        progress=step)  # fmt: skip
+    reports = args.out / "reports"
+    plot = memory.timeline_plot(reports / f"memory_{preset}.png", timelines,
+                                f"Active memory over one step · {preset} · batch {args.batch}")  # fmt: skip
+    report = reports / f"memory_{preset}.md"
+    report.write_text(f"# Memory of {preset}\n\n" + memory.render(records, plot) + "\n")
+    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    where = (
+        "snapshots (pytorch.org/memory_viz) under " + str(args.out / "snapshots")
+        if device.type == "cuda"
+        else ("no allocator snapshot without a GPU")
+    )
+    console.print(f"[bold]wrote[/] {report}, {plot}, HTML timelines under {reports}; {where}")
+
+
 # ---------------------------------------------------------------------------------------------
 # analyze
 # ---------------------------------------------------------------------------------------------
@@ -309,6 +337,27 @@ def cmd_analyze_xent(args) -> None:
         f"minimum {fused.min_time_s * 1e6:.1f} µs vs {(fwd.min_time_s + bwd.min_time_s) * 1e6:.1f} µs "
         "for forward + backward."
     )
+
+
+def cmd_analyze_memory(args) -> None:
+    from fastlm.analysis.model import TrainingMemory
+
+    preset, config = _single_model_config(args)
+    gib = lambda n: f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+    memory = TrainingMemory(config, args.batch, max(args.contexts))
+    table = Table(title=f"Training memory · {preset} · {config.num_parameters():,} parameters · batch {args.batch}")
+    table.add_column("what")
+    table.add_column("formula")
+    table.add_column("bytes", justify="right")
+    table.add_row("parameters (fp32)", "4 x N", gib(memory.parameters))
+    table.add_row("gradients (fp32)", "4 x N", gib(memory.gradients))
+    table.add_row("AdamW state (fp32 m and v)", "8 x N", gib(memory.adamw_state))
+    table.add_row("total before activations", "16 x N", gib(memory.static))
+    for context in args.contexts:
+        one = TrainingMemory(config, args.batch, context)
+        table.add_row(f"one residual-stream activation, context {context}", "batch x context x d_model x bytes",
+                      f"{gib(one.residual_activation(4))} fp32 / {gib(one.residual_activation(2))} bf16")  # fmt: skip
+    console.print(table)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,10 +402,13 @@ def cmd_report(args) -> None:
     console.print(f"[bold]wrote[/] {report} (tables and plots under {report.parent})")
 
 
-def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """Which model: presets (or explicit dims), vocabulary, context, batch and kernel switches."""
+def add_model_arguments(p: argparse.ArgumentParser, gpu_preset: str = "small") -> None:
+    """Which model: presets (or explicit dims), vocabulary, context, batch and kernel switches;
+    ``gpu_preset`` is the default preset on a GPU machine (tiny without one)."""
+    p.set_defaults(gpu_preset=gpu_preset)
     p.add_argument("--preset", type=_choice_list(PRESETS), default=None,
-                   help=f"comma list of {', '.join(PRESETS)} (default small on a GPU, tiny on CPU)")  # fmt: skip
+                   help=f"comma list of {', '.join(PRESETS)} (default on a GPU: {gpu_preset}; "
+                   "without one: tiny)")  # fmt: skip
     p.add_argument("--d-model", type=_positive_int, default=None, help="custom model instead of a preset")
     p.add_argument("--d-ff", type=_positive_int, default=None)
     p.add_argument("--layers", type=_positive_int, default=None)
@@ -428,6 +480,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_out(p)
     p.set_defaults(func=cmd_profile_model, attention=None)
 
+    p = profile.add_parser("memory", help="allocator history, timelines and peak memory per context length")
+    add_model_arguments(p, gpu_preset="2.7b")
+    p.add_argument("--contexts", type=_int_list, default=(128, 256, 512), help="default 128,256,512")
+    p.add_argument("--mode", type=_choice_list(("fwd", "train")), default=("fwd", "train"),
+                   help="comma list of fwd (forward pass), train (full step with AdamW)")  # fmt: skip
+    p.add_argument("--precision", type=_choice_list(("fp32", "bf16")), default=("fp32", "bf16"))
+    add_out(p)
+    p.set_defaults(func=cmd_profile_memory)
+
     analyze = groups.add_parser("analyze", help="napkin math: bytes, FLOPs, bound").add_subparsers(
         dest="command", required=True
     )
@@ -436,6 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=_positive_int, default=128256)
     p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="datasheet to compare against")
     p.set_defaults(func=cmd_analyze_xent)
+
+    p = analyze.add_parser("memory", help="parameters, gradients, AdamW state and activation sizes of a model")
+    add_model_arguments(p)
+    p.add_argument("--contexts", type=_int_list, default=(128, 256, 512), help="default 128,256,512")
+    p.set_defaults(func=cmd_analyze_memory, preset=("2.7b",))
 
     inspect = groups.add_parser("inspect", help="look at generated code").add_subparsers(dest="command", required=True)
     p = inspect.add_parser("compiled-xent", help="write the code torch.compile generates for cross-entropy")
