@@ -201,7 +201,8 @@ def run_model_benchmark(out: Path, configs, rows, *, batch: int, warmup: int, st
             raise UserError("--hf needs the transformers package: pip install transformers") from None
     results_dir, reports_dir = out / "results", out / "reports"
     with _progress() as progress:
-        task = progress.add_task("model", total=len(configs) * len(implementations) * len(rows))
+        hf_shapes = {(c.d_model, c.d_ff, c.num_layers, c.num_heads) for _, c in configs} if hf else set()
+        task = progress.add_task("model", total=(len(configs) + len(hf_shapes)) * len(rows))
 
         def step(done: str) -> None:
             progress.update(task, description=f"model (done: {done})", advance=1)

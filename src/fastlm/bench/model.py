@@ -8,7 +8,7 @@ first step separately (it pays for compilation, autotuning and allocator growth:
 of the timed steps, tokens/s from the median, MFU (`fastlm.analysis.model`) and peak memory.
 
 Modes: `fwd` is the training forward (autograd records the graph, loss included), `fwd+bwd` adds
-the backward, `train` adds AdamW's step (and zero_grad). Precision `bf16` is
+the backward, `train` adds AdamW's step (fused AdamW on CUDA, for every model). Precision `bf16` is
 `torch.autocast(bfloat16)` over the forward with fp32 parameters; `fp32` runs under a null
 context. `compile` wraps the model in `torch.compile`. Out-of-memory ends that row with the
 status "out of memory"; the sweep goes on.
@@ -64,6 +64,13 @@ def precision_context(precision: str, device: torch.device) -> contextlib.Abstra
     if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW for every model measured here: the fused single-kernel implementation on CUDA, so the
+    optimizer costs the same for every model and as little as PyTorch allows."""
+    on_cuda = next(model.parameters()).is_cuda
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_cuda)
 
 
 def make_step(
@@ -202,7 +209,7 @@ def measure_config(
             torch._dynamo.reset()  # a fresh cache per model: never fall back to eager on cache limits
             compiled = torch.compile(model)
         module = compiled if row.compile == "compile" else model
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if row.mode == "train" else None
+        optimizer = make_optimizer(model) if row.mode == "train" else None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         try:
@@ -242,8 +249,14 @@ def run(
     """Measure every (configuration, implementation, row); records are appended as each
     configuration finishes, so an interrupted sweep keeps what it measured."""
     records = []
+    hf_measured = set()  # the kernel switches do not apply to the HF model: one measurement per shape
     for preset, config in configs:
         for implementation in implementations:
+            shape = (config.d_model, config.d_ff, config.num_layers, config.num_heads)
+            if implementation == "hf-llama" and shape in hf_measured:
+                continue
+            if implementation == "hf-llama":
+                hf_measured.add(shape)
             measured = measure_config(config, preset, row_list, batch=batch, warmup=warmup, steps=steps,
                                       device=device, implementation=implementation, progress=progress)  # fmt: skip
             append_records(results_dir / RESULTS_FILE, measured)

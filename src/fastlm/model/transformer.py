@@ -60,7 +60,9 @@ class Embedding(nn.Module):
         trunc_normal_(self.weight, 1.0)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.weight[tokens]
+        # F.embedding, not weight[tokens]: its backward is the dedicated embedding kernel, not a
+        # general index_put with accumulation
+        return F.embedding(tokens, self.weight)
 
 
 class RMSNorm(nn.Module):

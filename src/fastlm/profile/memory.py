@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from fastlm.bench.model import Row, make_step
+from fastlm.bench.model import Row, make_optimizer, make_step
 from fastlm.bench.records import append_records, with_environment
 from fastlm.bench.report import markdown_table
 from fastlm.model import ModelConfig, TransformerLM
@@ -137,7 +137,7 @@ def run(
     records, timelines = [], {}
     for mode in modes:
         for precision in precisions:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4) if mode == "train" else None
+            optimizer = make_optimizer(model) if mode == "train" else None
             for context in sorted(contexts):
                 tokens = torch.randint(0, config.vocab_size, (batch, context), device=device)
                 targets = torch.randint(0, config.vocab_size, (batch, context), device=device)

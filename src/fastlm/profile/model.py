@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from fastlm.analysis.attention import naive_attention_stage_flops
-from fastlm.bench.model import precision_context, time_steps
+from fastlm.bench.model import make_optimizer, precision_context, time_steps
 from fastlm.bench.records import append_records, with_environment
 from fastlm.bench.report import markdown_table
 from fastlm.model import ModelConfig, TransformerLM
@@ -36,7 +36,7 @@ TOP_RANGES = ("forward", "backward", "optimizer")
 ATTENTION_STAGES = ("scores", "mask", "softmax", "output")
 RANGES = TOP_RANGES + tuple(f"attention/{stage}" for stage in ATTENTION_STAGES)
 TOP_KERNELS = 8
-OVERHEAD_STEPS = 10  # steps per median when measuring the tool's own cost
+OVERHEAD_STEPS, OVERHEAD_ROUNDS = 10, 3  # steps x rounds per median when measuring the tool's own cost
 
 
 def make_phase_step(model: TransformerLM, phase: str, precision: str, batch: int) -> Callable[[], None]:
@@ -50,7 +50,7 @@ def make_phase_step(model: TransformerLM, phase: str, precision: str, batch: int
                 model(tokens)
 
         return step
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    optimizer = make_optimizer(model)
 
     def step() -> None:
         with precision_context(precision, device):
@@ -93,15 +93,19 @@ def profile_phase(
     device = next(model.parameters()).device
     step = make_phase_step(model, phase, precision, batch)
     time_steps(step, warmup, 0, device)
-    plain_ms = _median_ms(step, OVERHEAD_STEPS, device)
+    plain, annotated = [], []
+    for _ in range(OVERHEAD_ROUNDS):  # interleaved, so drift in clocks or host load hits both alike
+        plain += time_steps(step, 0, OVERHEAD_STEPS, device)
+        with annotations():
+            annotated += time_steps(step, 0, OVERHEAD_STEPS, device)
+    plain_ms, annotated_ms = statistics.median(plain), statistics.median(annotated)
     with annotations():
-        annotated_ms = _median_ms(step, OVERHEAD_STEPS, device)
         activities = [torch.profiler.ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         with torch.profiler.profile(activities=activities) as profiler:
             time_steps(step, 0, steps, device)
-    after_ms = _median_ms(step, OVERHEAD_STEPS, device)
+    after_ms = _median_ms(step, OVERHEAD_ROUNDS * OVERHEAD_STEPS, device)
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace = trace_dir / f"profile_model_{phase}.trace.json"
     profiler.export_chrome_trace(str(trace))
