@@ -376,6 +376,13 @@ def cmd_inspect_compiled_xent(args) -> None:
     console.print(f"[bold]wrote[/] {kind} code generated for cross-entropy to {path}")
 
 
+def cmd_inspect_autocast(args) -> None:
+    from fastlm.profile.autocast import autocast_report
+
+    console.print(autocast_report(_device(), args.terms), markup=False, highlight=False, soft_wrap=True)
+    console.print("Why these dtypes, and why the sums drift: docs/mixed_precision.md")
+
+
 def cmd_report(args) -> None:
     device = _device()
     xent_report = run_xent_benchmark(args.out, None, None)
@@ -508,6 +515,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = inspect.add_parser("compiled-xent", help="write the code torch.compile generates for cross-entropy")
     p.add_argument("--output", type=Path, default=Path("compiled_cross_entropy.py"))
     p.set_defaults(func=cmd_inspect_compiled_xent)
+
+    p = inspect.add_parser("autocast", help="dtypes of a small model under fp16/bf16 autocast; fp16 vs fp32 sums")
+    p.add_argument("--terms", type=_positive_int, default=1000, help="terms of 0.01 in the accumulation demo")
+    p.set_defaults(func=cmd_inspect_autocast)
 
     p = groups.add_parser("report", help="the main job: ceilings + every benchmark, written as a markdown report")
     add_out(p)

@@ -57,7 +57,7 @@ class Row:
 def rows(modes: Sequence[str], precisions: Sequence[str], compile_modes: Sequence[str]) -> list[Row]:
     """Eager rows first, then compiled ones (one compilation per precision); train last in each
     group, so the AdamW state it allocates never inflates another row's peak memory."""
-    return [Row(m, p, c) for c in compile_modes for p in precisions for m in MODES if m in modes]
+    return [Row(m, p, c) for c in COMPILE_MODES if c in compile_modes for p in precisions for m in MODES if m in modes]
 
 
 def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
