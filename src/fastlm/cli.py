@@ -387,6 +387,18 @@ def cmd_report(args) -> None:
     device = _device()
     xent_report = run_xent_benchmark(args.out, None, None)
     attention_report = run_attention_benchmark(args.out, ("model",))
+    from fastlm.bench.model import rows
+
+    preset = "small" if device.type == "cuda" else "tiny"
+    model_report = run_model_benchmark(
+        args.out,
+        [(preset, ModelConfig.preset(preset))],
+        rows(("fwd", "fwd+bwd", "train"), ("bf16",), ("eager", "compile") if device.type == "cuda" else ("eager",)),
+        batch=4,
+        warmup=5,
+        steps=10,
+        hf=False,
+    )
     lines = [
         "# fastlm report",
         "",
@@ -395,7 +407,8 @@ def cmd_report(args) -> None:
     if device.type != "cuda":
         lines += [
             "",
-            "This machine has no GPU, so this is the reduced run: small batch, the plain-PyTorch reference "
+            "This machine has no GPU, so this is the reduced run: small batch, the tiny model preset, the "
+            "plain-PyTorch reference "
             "paths instead of the Triton kernels, no torch.compile or Liger baselines. The Triton kernels, the "
             "compile and Liger baselines and the full-size shapes need a CUDA GPU; the numbers below say "
             "nothing about GPU performance.",
@@ -405,6 +418,7 @@ def cmd_report(args) -> None:
         "",
         attention_report.read_text().replace("# Attention benchmark", "## Attention").replace("\n## ", "\n### "),
     ]
+    lines += ["", model_report.read_text().replace("# Model benchmark", f"## Language model ({preset} preset)")]
     report = args.out / "reports" / "report.md"
     report.write_text("\n".join(lines))
     console.print(f"[bold]wrote[/] {report} (tables and plots under {report.parent})")
