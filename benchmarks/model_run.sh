@@ -4,7 +4,8 @@
 #   PART=sweep    PRESETS=a,b  the bench sweep (all modes, precisions, eager/compile) for those presets
 #   PART=targets  xl and 2.7b training steps: bf16 + compile, torch vs fastlm kernels vs HF Llama,
 #                 at BATCH (default 4)
-#   PART=profile  the committed profile of small, and the memory table of 2.7b
+#   PART=profile  the committed profile of small, the memory table of 2.7b, 2.7b at batch 16, then
+#                 10b (bf16, compiled) for at most LAST_S seconds
 # Records, reports and plots are packed into $OUT/model_out.tar.gz (bulky traces and snapshots
 # stay on the machine; their sizes are listed).
 set -uo pipefail
@@ -14,6 +15,7 @@ mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -1
+pack() { tar -czf "$OUT/model_out.tar.gz" -C "$WORK" results reports; }
 case "${PART:-check}" in
 check)
   python3 -m pytest -q tests/model 2>&1 | tail -5
@@ -31,8 +33,16 @@ targets)
   ;;
 profile)
   fastlm profile model --preset small --out "$WORK" 2>&1 | tail -12
+  pack
   fastlm profile memory --out "$WORK" 2>&1 | tail -22
+  pack
+  # MFU at a larger batch: the optimizer step's fixed cost spread over 4x the tokens
+  fastlm bench model --preset 2.7b --batch 16 --mode fwd+bwd,train --precision bf16 --compile compile \
+    --warmup 3 --out "$WORK" 2>&1 | grep "| fastlm"
+  pack
+  timeout "${LAST_S:-200}" fastlm bench model --preset 10b --mode fwd,fwd+bwd,train --precision bf16 \
+    --compile compile --warmup 3 --out "$WORK" 2>&1 | grep "| fastlm"
   ;;
 esac
 ls -la "$WORK"/traces "$WORK"/snapshots 2>/dev/null
-tar -czf "$OUT/model_out.tar.gz" -C "$WORK" results reports
+pack
