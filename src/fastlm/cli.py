@@ -246,13 +246,16 @@ def _single_model_config(args) -> tuple[str, ModelConfig]:
     return configs[0]
 
 
-def run_model_profile(out: Path, preset: str, config: ModelConfig, *, batch, precision, warmup, steps) -> Path:
+def run_model_profile(
+    out: Path, preset: str, config: ModelConfig, *, batch, precision, warmup, steps, timing_steps
+) -> Path:
     """Profile inference and a training step; write the markdown summary; returns its path."""
     from fastlm.profile import model as model_profile
 
     with console.status(f"profiling {preset} (inference, then a training step)"):
         profiles, records = model_profile.run(config, preset, batch=batch, precision=precision, warmup=warmup,
-                                              steps=steps, device=_device(), out=out)  # fmt: skip
+                                              steps=steps, device=_device(), out=out,
+                                              timing_steps=timing_steps)  # fmt: skip
     report = out / "reports" / "profile_model.md"
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text("# Model profile\n\n" + model_profile.render(profiles, records) + "\n")
@@ -264,7 +267,7 @@ def cmd_profile_model(args) -> None:
         args.attention = "naive"  # the path with per-stage ranges inside attention
     preset, config = _single_model_config(args)
     report = run_model_profile(args.out, preset, config, batch=args.batch, precision=args.precision,
-                               warmup=args.warmup, steps=args.steps)  # fmt: skip
+                               warmup=args.warmup, steps=args.steps, timing_steps=args.timing_steps)  # fmt: skip
     console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
     console.print(f"[bold]wrote[/] {report}")
 
@@ -499,6 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="default bf16 (autocast)")
     p.add_argument("--warmup", type=_non_negative_int, default=3, help="untraced steps first (default 3)")
     p.add_argument("--steps", type=_positive_int, default=3, help="profiled steps per phase (default 3)")
+    p.add_argument("--timing-steps", type=_positive_int, default=10,
+                   help="steps per round (3 rounds) when timing the tool's own cost (default 10)")  # fmt: skip
     add_out(p)
     p.set_defaults(func=cmd_profile_model, attention=None)
 

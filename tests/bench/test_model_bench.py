@@ -61,7 +61,7 @@ def test_other_errors_are_not_hidden(monkeypatch):
 
 
 def test_bench_model_command_writes_records_and_report(tmp_path):
-    args = ["bench", "model", "--preset", "tiny", "--context", "32", "--batch", "2", "--mode", "fwd,train",
+    args = ["bench", "model", "--preset", "tiny", "--context", "16", "--batch", "1", "--mode", "fwd,train",
             "--precision", "fp32,bf16", "--kernels", "torch,fastlm", "--warmup", "0", "--steps", "2",
             "--out", str(tmp_path)]  # fmt: skip
     assert main(args) == 0

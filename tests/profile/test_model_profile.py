@@ -67,7 +67,7 @@ def test_snapshot_timeline_counts_allocations_made_before_recording():
 
 def test_profile_model_command(tmp_path):
     assert main(["profile", "model", "--context", "32", "--batch", "2", "--warmup", "1", "--steps", "1",
-                 "--precision", "fp32", "--out", str(tmp_path)]) == 0  # fmt: skip
+                 "--precision", "fp32", "--timing-steps", "1", "--out", str(tmp_path)]) == 0  # fmt: skip
     records = [json.loads(line) for line in (tmp_path / "results" / "profile_model.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in records] == ["inference", "train"]
     train = records[1]

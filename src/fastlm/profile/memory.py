@@ -6,7 +6,8 @@ the snapshot is dumped as a pickle for pytorch.org/memory_viz and turned into
 - the active-memory timeline (bytes allocated after every alloc / free of the step), drawn as PNG
   and as a self-contained HTML page (inline SVG, no network) that also lists the largest
   allocations alive at the peak with the line of code that made each;
-- the peak of the step (`torch.cuda.max_memory_allocated`).
+- the peak of the step (`torch.cuda.max_memory_allocated`);
+- the median step time before and after recording, showing that the tool leaves no cost behind.
 Without a GPU, the timeline comes from torch.profiler's memory profile of the CPU tensors instead
 (same plots, no allocator snapshot), so the command runs end to end anywhere.
 """
@@ -17,13 +18,14 @@ import dataclasses
 import html
 import io
 import pickle
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fastlm.bench.model import Row, make_optimizer, make_step
+from fastlm.bench.model import Row, make_optimizer, make_step, time_steps
 from fastlm.bench.records import append_records, with_environment
 from fastlm.bench.report import markdown_table
 from fastlm.model import ModelConfig, TransformerLM
@@ -31,6 +33,7 @@ from fastlm.model import ModelConfig, TransformerLM
 RESULTS_FILE = "profile_memory.jsonl"
 MEMORY_MODES = ("fwd", "train")
 LARGEST_AT_PEAK = 12  # allocations listed in the HTML page
+COST_STEPS = 5  # steps timed before and after recording, to show the tool leaves no cost behind
 
 
 @dataclass
@@ -146,7 +149,9 @@ def run(
                 name = f"memory_{preset}_{mode}_{precision}_ctx{context}"
                 keep = context == max(contexts)
                 snapshot = out / "snapshots" / f"{name}.pickle" if keep and device.type == "cuda" else None
+                before_ms = statistics.median(time_steps(step, 1, COST_STEPS, device))
                 timeline, peak = record_step(step, device, snapshot)
+                after_ms = statistics.median(time_steps(step, 0, COST_STEPS, device))
                 model.zero_grad(set_to_none=True)
                 timelines[(mode, precision, context)] = timeline
                 if keep:
@@ -155,7 +160,8 @@ def run(
                 records.append(with_environment({
                     "op": "profile_memory", "preset": preset, **dataclasses.asdict(config), "batch": batch,
                     "context": context, "mode": mode, "precision": precision, "peak_gib": peak / 2**30,
-                    "snapshot": None if snapshot is None else snapshot.name,
+                    "snapshot": None if snapshot is None else snapshot.name, "step_ms": before_ms,
+                    "after_recording_overhead_percent": 100 * (after_ms / before_ms - 1),
                 }))  # fmt: skip
                 progress(f"{mode} {precision} context {context}")
             del optimizer
@@ -225,7 +231,14 @@ def write_html(path: Path, timeline: Timeline, title: str) -> Path:
 def render(records: list[dict], plot: Path) -> str:
     first = records[0]
     table = [
-        {"context": r["context"], "mode": r["mode"], "precision": r["precision"], "peak": r["peak_gib"]}
+        {
+            "context": r["context"],
+            "mode": r["mode"],
+            "precision": r["precision"],
+            "peak": r["peak_gib"],
+            "step": r["step_ms"],
+            "after": r["after_recording_overhead_percent"],
+        }
         for r in records
     ]
     return "\n".join([
@@ -233,7 +246,8 @@ def render(records: list[dict], plot: Path) -> str:
         f"batch {first['batch']} · peak of one step after a warm-up step",
         "",
         markdown_table(table, [("context", "context"), ("mode", "mode"), ("precision", "precision"),
-                               ("peak", "peak GiB")]),  # fmt: skip
+                               ("peak", "peak GiB"), ("step", "step ms"),
+                               ("after", "step after recording, % slower")]),  # fmt: skip
         "",
         f"![active memory over one step]({plot.name})",
     ])  # fmt: skip

@@ -16,6 +16,7 @@ The tool's own cost outside the traced window is measured too: steps with the ra
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +37,7 @@ TOP_RANGES = ("forward", "backward", "optimizer")
 ATTENTION_STAGES = ("scores", "mask", "softmax", "output")
 RANGES = TOP_RANGES + tuple(f"attention/{stage}" for stage in ATTENTION_STAGES)
 TOP_KERNELS = 8
-OVERHEAD_STEPS, OVERHEAD_ROUNDS = 10, 3  # steps x rounds per median when measuring the tool's own cost
+OVERHEAD_ROUNDS = 3  # interleaved rounds of plain and annotated steps when measuring the tool's own cost
 
 
 def make_phase_step(model: TransformerLM, phase: str, precision: str, batch: int) -> Callable[[], None]:
@@ -87,30 +88,30 @@ class PhaseProfile:
         return merge(*self.summary.values())
 
 
-def profile_phase(
-    model: TransformerLM, phase: str, *, precision: str, batch: int, warmup: int, steps: int, trace_dir: Path
-) -> PhaseProfile:
-    device = next(model.parameters()).device
-    step = make_phase_step(model, phase, precision, batch)
-    time_steps(step, warmup, 0, device)
+def overhead_timings(step: Callable[[], None], device: torch.device, steps: int) -> tuple[float, float]:
+    """Median ms of plain steps and of steps with the named ranges on (no profiler), interleaved so
+    that drift in clocks or host load hits both alike."""
     plain, annotated = [], []
-    for _ in range(OVERHEAD_ROUNDS):  # interleaved, so drift in clocks or host load hits both alike
-        plain += time_steps(step, 0, OVERHEAD_STEPS, device)
+    for _ in range(OVERHEAD_ROUNDS):
+        plain += time_steps(step, 0, steps, device)
         with annotations():
-            annotated += time_steps(step, 0, OVERHEAD_STEPS, device)
-    plain_ms, annotated_ms = statistics.median(plain), statistics.median(annotated)
-    with annotations():
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities) as profiler:
-            time_steps(step, 0, steps, device)
-    after_ms = _median_ms(step, OVERHEAD_ROUNDS * OVERHEAD_STEPS, device)
+            annotated += time_steps(step, 0, steps, device)
+    return statistics.median(plain), statistics.median(annotated)
+
+
+def profile_steps(step: Callable[[], None], phase: str, steps: int, device: torch.device, trace_dir: Path):
+    """``steps`` steps under torch.profiler with the ranges on; writes the Chrome trace and
+    returns (range -> kernel stats, whether they are GPU kernels, trace path)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with annotations(), torch.profiler.profile(activities=activities) as profiler:
+        time_steps(step, 0, steps, device)
     trace_dir.mkdir(parents=True, exist_ok=True)
     trace = trace_dir / f"profile_model_{phase}.trace.json"
     profiler.export_chrome_trace(str(trace))
     summary, on_gpu = summarize_kernels(profiler.events(), set(RANGES))
-    return PhaseProfile(phase, steps, on_gpu, summary, trace, plain_ms, annotated_ms, after_ms)
+    return summary, on_gpu, trace
 
 
 def attention_stages(profile: PhaseProfile, config: ModelConfig, batch: int) -> list[dict]:
@@ -167,14 +168,23 @@ def run(
     steps: int,
     device: torch.device,
     out: Path,
+    timing_steps: int = 10,
 ) -> tuple[list[PhaseProfile], list[dict]]:
+    """Profile both phases of one model; ``timing_steps`` x 3 steps per median of the tool's cost."""
     model = TransformerLM(config).to(device)
-    profiles = [
-        profile_phase(
-            model, phase, precision=precision, batch=batch, warmup=warmup, steps=steps, trace_dir=out / "traces"
-        )  # fmt: skip
-        for phase in PHASES
-    ]
+    step_of = {phase: make_phase_step(model, phase, precision, batch) for phase in PHASES}
+    timings = {}
+    for phase, step in step_of.items():  # every baseline before the first profiler starts
+        time_steps(step, warmup, 0, device)
+        timings[phase] = overhead_timings(step, device, timing_steps)
+    # Without teardown, CUPTI stays attached after profiling and slows every later kernel launch.
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
+    traced = {phase: profile_steps(step, phase, steps, device, out / "traces") for phase, step in step_of.items()}
+    profiles = []
+    for phase, step in step_of.items():
+        after_ms = _median_ms(step, OVERHEAD_ROUNDS * timing_steps, device)
+        profiles.append(PhaseProfile(phase, steps, traced[phase][1], traced[phase][0], traced[phase][2],
+                                     *timings[phase], after_ms))  # fmt: skip
     records = [record(p, config, preset, batch, precision) for p in profiles]
     append_records(out / "results" / RESULTS_FILE, records)
     return profiles, records
