@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from fastlm.analysis.model import MODES, mfu
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
+from fastlm.bench.records import append_records, read_records, with_environment
 from fastlm.bench.report import grouped_bar_plot, markdown_table
 from fastlm.bench.timing import is_out_of_memory
 from fastlm.devices import current_device_name, spec_for_device_name
@@ -304,8 +304,10 @@ def _mfu_plot(records: list[dict], reports_dir: Path) -> Path | None:
     presets = list(dict.fromkeys(r["preset"] for r in records))
 
     def series_name(r: dict) -> str:
-        kernels = "hf" if r["implementation"] == "hf-llama" else r["attention"]
-        return f"{kernels} {r['precision']} {r['compile']}"
+        if r["implementation"] == "hf-llama":
+            return f"HF Llama {r['precision']} {r['compile']} batch {r['batch']}"
+        kernels = "fastlm kernels" if r["attention"] == "fastlm" else f"{r['attention']} attention"
+        return f"{kernels} {r['precision']} {r['compile']} batch {r['batch']}"
 
     series: dict[str, list[float | None]] = {}
     for r in train:
@@ -315,19 +317,32 @@ def _mfu_plot(records: list[dict], reports_dir: Path) -> Path | None:
                             title="Training step MFU by preset (batch x context tokens per step)")  # fmt: skip
 
 
-def render(results_dir: Path, reports_dir: Path) -> str:
-    records = latest_run(read_records(results_dir / RESULTS_FILE))
-    if not records:
+def _runs(records: list[dict], count: int) -> list[list[dict]]:
+    """The last ``count`` runs, oldest first, each as its own list of records."""
+    by_run: dict[str, list[dict]] = {}
+    for record in records:
+        by_run.setdefault(record["run_id"], []).append(record)
+    return list(by_run.values())[-count:]
+
+
+def render(results_dir: Path, reports_dir: Path, runs: int = 1) -> str:
+    """One table per run (the last ``runs`` runs: never mixing timings of runs in a table) and a
+    plot of the training-step MFU of all of them."""
+    selected = _runs(read_records(results_dir / RESULTS_FILE), runs)
+    if not selected:
         return "No model records yet: run `fastlm bench model`.\n"
-    first = records[0]
-    lines = [
-        f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · {first['date']} · "
-        f"batch {first['batch']} x context {first['context_length']}, vocab {first['vocab_size']}, "
-        f"{first['warmup']} warm-up + {first['steps']} timed steps per row",
-        "",
-        markdown_table([_display(r) for r in records], COLUMNS),
-    ]
-    plot = _mfu_plot(records, reports_dir)
+    lines = []
+    for records in selected:
+        first = records[0]
+        lines += [
+            f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · {first['date']} · "
+            f"batch {first['batch']} x context {first['context_length']}, vocab {first['vocab_size']}, "
+            f"{first['warmup']} warm-up + {first['steps']} timed steps per row",
+            "",
+            markdown_table([_display(r) for r in records], COLUMNS),
+            "",
+        ]
+    plot = _mfu_plot([r for records in selected for r in records], reports_dir)
     if plot is not None:
-        lines += ["", f"![training-step MFU]({plot.name})"]
+        lines.append(f"![training-step MFU]({plot.name})")
     return "\n".join(lines)
