@@ -4,6 +4,7 @@
 #   PART=sweep    PRESETS=a,b  the bench sweep (all modes, precisions, eager/compile) for those presets
 #   PART=targets  xl and 2.7b training steps: bf16 + compile, torch vs fastlm kernels vs HF Llama,
 #                 at BATCH (default 4)
+#   PART=big      the 10b preset (eager rows, then compiled rows for at most LAST_S seconds)
 #   PART=profile  the committed profile of small, the memory table of 2.7b, 2.7b at batch 16, then
 #                 10b (bf16, compiled) for at most LAST_S seconds
 # Records, reports and plots are packed into $OUT/model_out.tar.gz (bulky traces and snapshots
@@ -30,6 +31,14 @@ sweep)
 targets)
   fastlm bench model --preset "${PRESETS:-xl,2.7b}" --batch "${BATCH:-4}" --mode train --precision bf16 \
     --compile compile --kernels torch,fastlm --hf --out "$WORK" 2>&1 | tail -20
+  ;;
+big)
+  # the 10b preset in two invocations (records are appended per invocation): eager, then compiled
+  fastlm bench model --preset 10b --mode fwd,fwd+bwd,train --precision fp32,bf16 --compile eager \
+    --warmup 2 --steps 5 --out "$WORK" 2>&1 | grep "| fastlm"
+  pack
+  timeout "${LAST_S:-400}" fastlm bench model --preset 10b --mode fwd,fwd+bwd,train --precision bf16,fp32 \
+    --compile compile --warmup 2 --steps 5 --out "$WORK" 2>&1 | grep "| fastlm"
   ;;
 profile)
   fastlm profile model --preset small --out "$WORK" 2>&1 | tail -12
