@@ -113,13 +113,9 @@ def cmd_bench_xent(args) -> None:
 
 
 def _sweep_list(text: str) -> tuple[str, ...]:
-    from fastlm.bench.attention import SWEEPS
+    from fastlm.bench.attention import SWEEPS  # imported on use: it loads torch and the kernels
 
-    sweeps = tuple(part.strip() for part in text.split(","))
-    unknown = [s for s in sweeps if s not in SWEEPS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown sweep {unknown[0]!r}; choose from {', '.join(SWEEPS)}")
-    return sweeps
+    return _choice_list(SWEEPS, "sweep")(text)
 
 
 def run_attention_benchmark(out: Path, sweeps: tuple[str, ...]) -> Path:
@@ -147,14 +143,14 @@ def cmd_bench_attention(args) -> None:
     console.print(f"[bold]wrote[/] {report}")
 
 
-def _choice_list(choices: Sequence[str]):
+def _choice_list(choices: Sequence[str], what: str = "value"):
     """argparse type: a comma-separated subset of ``choices``."""
 
     def parse(text: str) -> tuple[str, ...]:
         values = tuple(part.strip() for part in text.split(","))
         unknown = [v for v in values if v not in choices]
         if unknown:
-            raise argparse.ArgumentTypeError(f"unknown value {unknown[0]!r}; choose from {', '.join(choices)}")
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown[0]!r}; choose from {', '.join(choices)}")
         return values
 
     return parse

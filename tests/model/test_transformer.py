@@ -18,6 +18,11 @@ def tokens(batch=2, length=24, vocab=TINY.vocab_size):
     return torch.randint(0, vocab, (batch, length))
 
 
+def assert_same_gradients(model, reference, rtol, atol):
+    for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=rtol, atol=atol, msg=name)
+
+
 def test_logits_shape_and_dtype():
     model = TransformerLM(TINY)
     logits = model(tokens(3, 17))
@@ -93,8 +98,7 @@ def test_kernel_switches_give_the_same_loss_and_gradients(attention, loss):
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
     expected.backward()
     actual.backward()
-    for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert_same_gradients(model, reference, rtol=1e-4, atol=1e-5)
 
 
 def test_fastlm_norm_falls_back_and_says_so():
@@ -165,5 +169,4 @@ def test_bf16_loss_parity_with_fastlm_kernels_on_gpu(attention):
     torch.testing.assert_close(actual, expected, rtol=2e-3, atol=2e-3)
     expected.backward()
     actual.backward()
-    for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
-        torch.testing.assert_close(q.grad, p.grad, rtol=5e-2, atol=5e-3, msg=name)
+    assert_same_gradients(model, reference, rtol=5e-2, atol=5e-3)
