@@ -361,6 +361,74 @@ def cmd_analyze_memory(args) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# train, ar
+# ---------------------------------------------------------------------------------------------
+
+
+def _recall_config(args):
+    from fastlm.tasks.associative_recall import RecallConfig
+
+    try:
+        return RecallConfig(num_keys=args.keys, num_values=args.values, num_pairs=args.pairs,
+                            num_train=args.train, num_test=args.test, seed=args.seed)  # fmt: skip
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
+def cmd_train_ar(args) -> None:
+    from fastlm.bench.records import append_records, with_environment
+    from fastlm.tasks.associative_recall import make_splits
+    from fastlm.tasks.recall_training import TARGET_ACCURACY, TrainSettings, accuracy_plot, minimum_layers, train_depth
+
+    task = _recall_config(args)
+    settings = TrainSettings(d_model=args.d_model, num_heads=args.heads, epochs=args.epochs, batch=args.batch,
+                             lr=args.lr, seed=args.seed)  # fmt: skip
+    if settings.d_model % settings.num_heads:
+        raise UserError(f"--d-model ({settings.d_model}) must be divisible by --heads ({settings.num_heads})")
+    splits = make_splits(task)
+    rows = []
+    with _progress() as progress:
+        for layers in args.layers:
+            bar = progress.add_task(f"{layers} layer(s)", total=settings.epochs)
+
+            def step(row: dict, bar=bar, layers=layers) -> None:
+                progress.update(bar, advance=1, description=f"{layers} layer(s): test accuracy "
+                                f"{100 * row['test_accuracy']:.1f}% (loss {row['train_loss']:.3f})")  # fmt: skip
+
+            rows += train_depth(task, splits, layers, settings, on_epoch=step)
+    records = [with_environment({"task": "associative_recall", **task.__dict__, **settings.__dict__, **row})
+               for row in rows]  # fmt: skip
+    append_records(args.out / "results" / "associative_recall.jsonl", records)
+    plot = accuracy_plot(args.out / "reports" / "associative_recall.png", rows,
+                         f"Associative recall: {task.num_pairs} pairs, {task.num_keys} keys, {task.num_values} values, "
+                         f"{task.num_train} training sequences")  # fmt: skip
+    table = Table(title="Test accuracy by depth")
+    for column in ("layers", "best", "epoch of best", "first epoch >= 90%", "final"):
+        table.add_column(column)
+    for layers in args.layers:
+        mine = [r for r in rows if r["layers"] == layers]
+        best = max(mine, key=lambda r: r["test_accuracy"])
+        first = next((r["epoch"] for r in mine if r["test_accuracy"] >= TARGET_ACCURACY), None)
+        table.add_row(str(layers), f"{100 * best['test_accuracy']:.1f}%", str(best["epoch"]),
+                      "—" if first is None else str(first), f"{100 * mine[-1]['test_accuracy']:.1f}%")  # fmt: skip
+    console.print(table)
+    fewest = minimum_layers(rows)
+    answer = "none of these depths" if fewest is None else f"{fewest} layer(s)"
+    console.print(f"Fewest layers reaching {100 * TARGET_ACCURACY:.0f}% test accuracy: {answer}. [bold]wrote[/] {plot}")
+
+
+def cmd_ar_handcrafted(args) -> None:
+    from fastlm.tasks.associative_recall import accuracy, handcrafted_model, make_splits
+
+    task = _recall_config(args)
+    train, test = make_splits(task)
+    model = handcrafted_model(task)
+    test_accuracy, train_accuracy = accuracy(model, test), accuracy(model, train)
+    console.print(f"Hand-built two-layer attention model (no training): test accuracy {100 * test_accuracy:.1f}% "
+                  f"on {len(test)} sequences, train {100 * train_accuracy:.1f}%")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
 # inspect, report
 # ---------------------------------------------------------------------------------------------
 
@@ -525,6 +593,33 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(p)
     p.add_argument("--contexts", type=_int_list, default=(128, 256, 512), help="default 128,256,512")
     p.set_defaults(func=cmd_analyze_memory, preset=("2.7b",))
+
+    def add_recall_arguments(p):
+        p.add_argument("--keys", type=_positive_int, default=16, help="key vocabulary (default 16)")
+        p.add_argument("--values", type=_positive_int, default=16, help="value vocabulary (default 16)")
+        p.add_argument("--pairs", type=_positive_int, default=8, help="key-value pairs per sequence (default 8)")
+        p.add_argument("--train", type=_positive_int, default=8000, help="training sequences (default 8000)")
+        p.add_argument("--test", type=_positive_int, default=1000, help="test sequences (default 1000)")
+        p.add_argument("--seed", type=int, default=0)
+
+    train = groups.add_parser("train", help="train the model on a task").add_subparsers(dest="command", required=True)
+    p = train.add_parser("ar", help="associative recall: test accuracy per epoch, sweep over depth")
+    add_recall_arguments(p)
+    p.add_argument("--layers", type=_int_list, default=(2,), help="comma list of depths, e.g. 1,2,3,4 (default 2)")
+    p.add_argument("--epochs", type=_positive_int, default=50)
+    p.add_argument("--d-model", type=_positive_int, default=64)
+    p.add_argument("--heads", type=_positive_int, default=4)
+    p.add_argument("--batch", type=_positive_int, default=64)
+    p.add_argument("--lr", type=float, default=1e-3)
+    add_out(p)
+    p.set_defaults(func=cmd_train_ar)
+
+    ar = groups.add_parser("ar", help="associative recall without training").add_subparsers(
+        dest="command", required=True
+    )
+    p = ar.add_parser("handcrafted", help="score the hand-built two-layer attention model")
+    add_recall_arguments(p)
+    p.set_defaults(func=cmd_ar_handcrafted)
 
     inspect = groups.add_parser("inspect", help="look at generated code").add_subparsers(dest="command", required=True)
     p = inspect.add_parser("compiled-xent", help="write the code torch.compile generates for cross-entropy")

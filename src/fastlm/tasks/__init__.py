@@ -1,0 +1,1 @@
+"""Synthetic and text datasets, with the training loops that study them."""
