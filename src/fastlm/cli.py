@@ -428,6 +428,40 @@ def cmd_ar_handcrafted(args) -> None:
                   f"on {len(test)} sequences, train {100 * train_accuracy:.1f}%")  # fmt: skip
 
 
+DTYPE_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
+
+
+def cmd_analyze_layer(args) -> None:
+    """`analyze attention|mha|mlp`: the per-stage cost table of one piece of a Transformer layer."""
+    from fastlm.analysis import transformer as cost
+
+    spec, n_bytes = device_spec(args.gpu), DTYPE_BYTES[args.dtype]
+    b, n, d, h = args.batch, args.seq, args.d_model, args.heads
+    try:
+        if args.command == "attention":
+            stages = [*cost.attention_stages(b, n, d, h, n_bytes), cost.sdpa_total(b, n, d, h, n_bytes)]
+        elif args.command == "mha":
+            stages = [*cost.mha_stages(b, n, d, h, n_bytes), cost.mha_total(b, n, d, h, n_bytes)]
+        else:
+            stages = [*cost.mlp_stages(b, n, d, n_bytes), cost.mlp_total(b, n, d, n_bytes)]
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    heads = f", H={h} (head dim {d // h})" if args.command != "mlp" else ""
+    table = Table(title=f"{args.command} · B={b}, N={n}, D={d}{heads}, {args.dtype} · {spec.name} "
+                        f"(ridge {spec.ridge_flops_per_byte:.0f} FLOP/B tensor cores, "
+                        f"{spec.vector_ridge_flops_per_byte:.1f} CUDA cores)")  # fmt: skip
+    for _, header in cost.STAGE_COLUMNS:
+        table.add_column(header, justify="left" if header in ("stage", "bound", "scales as") else "right")
+    for row in cost.render_stages(stages, spec):
+        table.add_row(row["stage"], f"{row['flops']:.4g}", f"{row['bytes']:.4g}", f"{row['intensity']:.3g}",
+                      row["verdict"], f"{row['min_time_us']:,.1f}", row["scaling"])  # fmt: skip
+    console.print(table)
+    console.print(
+        "Every stage unfused: each reads its inputs from memory and writes its output once (module "
+        "fastlm.analysis.transformer has the formulas). 'scales as' is how FLOPs and bytes grow with N."
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # inspect, report
 # ---------------------------------------------------------------------------------------------
@@ -620,6 +654,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = ar.add_parser("handcrafted", help="score the hand-built two-layer attention model")
     add_recall_arguments(p)
     p.set_defaults(func=cmd_ar_handcrafted)
+
+    for name, description in (("attention", "scaled-dot-product attention, stage by stage"),
+                              ("mha", "multi-head attention: projections, attention, output"),
+                              ("mlp", "two-layer MLP D -> 4D -> D")):  # fmt: skip
+        p = analyze.add_parser(name, help=f"cost model of {description}")
+        p.add_argument("--batch", type=_positive_int, default=16)
+        p.add_argument("--seq", type=_positive_int, default=16384, help="sequence length N")
+        p.add_argument("--d-model", type=_positive_int, default=4096, help="model width D")
+        p.add_argument("--heads", type=_positive_int, default=32)
+        p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="fp16", help="element type (bytes per element)")
+        p.add_argument("--gpu", default="a100", choices=sorted(DEVICES), help="datasheet to compare against")
+        p.set_defaults(func=cmd_analyze_layer)
 
     inspect = groups.add_parser("inspect", help="look at generated code").add_subparsers(dest="command", required=True)
     p = inspect.add_parser("compiled-xent", help="write the code torch.compile generates for cross-entropy")
