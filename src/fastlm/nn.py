@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from fastlm.ops.cross_entropy import cross_entropy
+from fastlm.ops.layer_norm import layer_norm, rms_norm
 
 
 class CrossEntropyLoss(torch.nn.Module):
@@ -45,3 +46,34 @@ class CrossEntropyLoss(torch.nn.Module):
             f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
             f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, fused={self.fused}, inplace={self.inplace}"
         )
+
+
+class LayerNorm(torch.nn.Module):
+    """Module form of :func:`fastlm.layer_norm` over the last dim of size ``d`` (weight 1, bias 0)."""
+
+    def __init__(self, d: int, *, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(d)) if elementwise_affine else None
+        self.bias = torch.nn.Parameter(torch.zeros(d)) if elementwise_affine and bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.eps}, weight={self.weight is not None}, bias={self.bias is not None}"
+
+
+class RMSNorm(torch.nn.Module):
+    """Module form of :func:`fastlm.rms_norm` over the last dim of size ``d`` (weight 1)."""
+
+    def __init__(self, d: int, *, eps: float = 1e-5, elementwise_affine: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(d)) if elementwise_affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.eps}, weight={self.weight is not None}"

@@ -11,7 +11,12 @@ from fastlm.model import PRESETS, ModelConfig, TransformerLM
 from fastlm.model.transformer import Linear, RotaryEmbedding
 
 TINY = ModelConfig.preset("tiny", vocab_size=97, context_length=32)
-KERNEL_COMBINATIONS = [(attention, loss) for attention in ("naive", "sdpa", "fastlm") for loss in ("torch", "fastlm")]
+KERNEL_COMBINATIONS = [
+    (attention, norm, loss)
+    for attention in ("naive", "sdpa", "fastlm")
+    for norm in ("torch", "fastlm")
+    for loss in ("torch", "fastlm")
+]
 
 
 def tokens(batch=2, length=24, vocab=TINY.vocab_size):
@@ -88,10 +93,10 @@ def test_rope_keeps_dtype():
     assert rope(torch.randn(1, 2, 16, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize(("attention", "loss"), KERNEL_COMBINATIONS)
-def test_kernel_switches_give_the_same_loss_and_gradients(attention, loss):
+@pytest.mark.parametrize(("attention", "norm", "loss"), KERNEL_COMBINATIONS)
+def test_kernel_switches_give_the_same_loss_and_gradients(attention, norm, loss):
     reference = TransformerLM(TINY)
-    model = TransformerLM(dataclasses.replace(TINY, attention=attention, loss=loss))
+    model = TransformerLM(dataclasses.replace(TINY, attention=attention, norm=norm, loss=loss))
     model.load_state_dict(reference.state_dict())
     x, y = tokens(), tokens()
     expected, actual = reference(x, y), model(x, y)
@@ -99,11 +104,6 @@ def test_kernel_switches_give_the_same_loss_and_gradients(attention, loss):
     expected.backward()
     actual.backward()
     assert_same_gradients(model, reference, rtol=1e-4, atol=1e-5)
-
-
-def test_fastlm_norm_falls_back_and_says_so():
-    with pytest.warns(UserWarning, match="RMSNorm kernel is not available yet"):
-        TransformerLM(TINY.with_kernels("fastlm"))
 
 
 def test_a_few_training_steps_reduce_the_loss():
@@ -161,7 +161,7 @@ def test_flops_per_token_by_hand():
 def test_bf16_loss_parity_with_fastlm_kernels_on_gpu(attention):
     config = ModelConfig.preset("tiny", d_model=256, d_ff=704, num_heads=4, vocab_size=5000, context_length=256)
     reference = TransformerLM(config).cuda()
-    model = TransformerLM(dataclasses.replace(config, attention=attention, loss="fastlm")).cuda()
+    model = TransformerLM(dataclasses.replace(config, attention=attention, norm="fastlm", loss="fastlm")).cuda()
     model.load_state_dict(reference.state_dict())
     x, y = tokens(4, 256, 5000).cuda(), tokens(4, 256, 5000).cuda()
     with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -9,7 +9,7 @@ q and k; the feed-forward is SwiGLU, w2(silu(w1 x) * w3 x); no biases anywhere; 
 tied to the embedding. Three switches in `ModelConfig` pick the kernels:
 
     attention  naive  | sdpa  | fastlm   (materialized softmax | torch SDPA | fastlm.flash_attention)
-    norm       torch  | fastlm
+    norm       torch  | fastlm           (fp32 PyTorch ops | fastlm.rms_norm)
     loss       torch  | fastlm           (F.cross_entropy | fastlm.cross_entropy)
 
 Ranges named "attention/scores|mask|softmax|output" inside the naive path, and "forward" around
@@ -19,7 +19,6 @@ the model, show up in profiles when `fastlm.profile.ranges.annotations()` is on.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +27,7 @@ from torch import nn
 from fastlm.model.config import ModelConfig
 from fastlm.ops.cross_entropy import cross_entropy
 from fastlm.ops.flash_attention import flash_attention
+from fastlm.ops.layer_norm import rms_norm
 from fastlm.profile.ranges import annotate
 
 
@@ -66,14 +66,17 @@ class Embedding(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight over the last dim, computed in fp32, returned in x's dtype."""
+    """x / sqrt(mean(x^2) + eps) * weight over the last dim, computed in fp32, returned in x's dtype;
+    ``kernel`` "fastlm" runs the fused kernel (`fastlm.rms_norm`), "torch" plain PyTorch ops."""
 
-    def __init__(self, d_model: int, eps: float) -> None:
+    def __init__(self, d_model: int, eps: float, kernel: str = "torch") -> None:
         super().__init__()
-        self.eps = eps
+        self.eps, self.kernel = eps, kernel
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "fastlm":
+            return rms_norm(x, self.weight, self.eps)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
         return (normed * self.weight).to(x.dtype)
@@ -154,9 +157,9 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: ModelConfig, rope: RotaryEmbedding) -> None:
         super().__init__()
-        self.attention_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attention_norm = RMSNorm(config.d_model, config.norm_eps, config.norm)
         self.attention = CausalSelfAttention(config, rope)
-        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps, config.norm)
         self.ffn = SwiGLU(config.d_model, config.d_ff)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -167,13 +170,11 @@ class Block(nn.Module):
 class TransformerLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        if config.norm == "fastlm":
-            warnings.warn("norm='fastlm': the fused RMSNorm kernel is not available yet; using PyTorch's", stacklevel=2)
         self.config = config
         self.embedding = Embedding(config.vocab_size, config.d_model)
         rope = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta)
         self.blocks = nn.ModuleList(Block(config, rope) for _ in range(config.num_layers))
-        self.final_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.final_norm = RMSNorm(config.d_model, config.norm_eps, config.norm)
         self.lm_head = Linear(config.d_model, config.vocab_size)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:

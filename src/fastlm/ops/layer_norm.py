@@ -1,0 +1,443 @@
+"""LayerNorm and RMSNorm over the last dimension: fused Triton forward and backward.
+
+    layer_norm: y = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(mean((x - mean)^2) + eps)
+    rms_norm:   y = x * rstd * w,               rstd = 1 / sqrt(mean(x^2) + eps)
+
+Input (..., D) of any rank is viewed as rows (M, D). One kernel family serves both norms
+(`RMS` drops the centering). Statistics (mean, rstd: (M,) fp32) are saved for the backward:
+
+    x_hat = (x - mean) * rstd,  g = dy * w
+    dx = rstd * (g - x_hat * mean(g * x_hat) - mean(g))       (RMSNorm: without the mean(g) term)
+    dw = sum_rows dy * x_hat,   db = sum_rows dy
+
+Both row reductions of dx come from one pass over the row. dw and db are reduced without
+atomics: each backward program owns a contiguous block of rows and writes its partial sums to
+its own row of a (programs, D) fp32 buffer, which one deterministic `sum(dim=0)` then reduces;
+they are skipped when the weight / bias do not require grad.
+
+Rows up to BLOCK_MAX wide are held in registers (one read of x in the forward, one of x and dy in
+the backward); wider rows (up to 65536 and beyond) loop over column chunks, re-reading the row
+once per pass (forward: statistics, then output; backward: sums, then dx).
+
+Bytes (bf16 x, fp32 statistics, ignoring the small weight): forward 2MD read + 2MD written;
+backward 4MD read (x, dy) + 2MD written (dx).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from fastlm.ops.common import check_dtype, check_same_device, runs_triton
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK_MAX = 8192  # widest row held in registers; wider rows loop over chunks of this size
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _norm_forward_kernel(
+    X,  # (M, D) input rows, row stride stride_x
+    W,  # (D,) weight, or a dummy when HAS_WEIGHT is False
+    B,  # (D,) bias, or a dummy when HAS_BIAS is False
+    Y,  # (M, D) output, row stride stride_y
+    MEAN,  # (M,) fp32 mean (written for LayerNorm only)
+    RSTD,  # (M,) fp32 1 / sqrt(var + eps)
+    stride_x,
+    stride_y,
+    D,
+    eps,
+    RMS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,  # BLOCK_D >= D: the row stays in registers
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row, y_row = X + row * stride_x, Y + row * stride_y
+    cols = tl.arange(0, BLOCK_D)
+    if SINGLE_PASS:
+        mask = cols < D
+        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        if RMS:
+            centered = x
+        else:
+            mean = tl.sum(x, axis=0) / D
+            centered = tl.where(mask, x - mean, 0.0)
+            tl.store(MEAN + row, mean)
+        rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / D + eps)
+        tl.store(RSTD + row, rstd)
+        y = centered * rstd
+        if HAS_WEIGHT:
+            y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=mask)
+    else:
+        mean = 0.0
+        if not RMS:
+            total = tl.zeros((BLOCK_D,), dtype=tl.float32)
+            for start in range(0, D, BLOCK_D):
+                x = tl.load(x_row + start + cols, mask=start + cols < D, other=0.0).to(tl.float32)
+                total += x
+            mean = tl.sum(total, axis=0) / D
+            tl.store(MEAN + row, mean)
+        squares = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for start in range(0, D, BLOCK_D):  # second pass: variance around the exact mean
+            mask = start + cols < D
+            x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+            centered = tl.where(mask, x - mean, 0.0)
+            squares += centered * centered
+        rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / D + eps)
+        tl.store(RSTD + row, rstd)
+        for start in range(0, D, BLOCK_D):
+            mask = start + cols < D
+            x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+            y = (x - mean) * rstd
+            if HAS_WEIGHT:
+                y = y * tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_BIAS:
+                y = y + tl.load(B + start + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(y_row + start + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _norm_backward_kernel(
+    X,  # (M, D) input rows of the forward
+    W,  # (D,) weight, or a dummy when HAS_WEIGHT is False
+    DY,  # (M, D) upstream gradient
+    DX,  # (M, D) input gradient (output)
+    MEAN,  # (M,) fp32 (LayerNorm only)
+    RSTD,  # (M,) fp32
+    DW_PARTIAL,  # (programs, D) fp32: this program's sum of dy * x_hat over its rows
+    DB_PARTIAL,  # (programs, D) fp32: this program's sum of dy over its rows
+    stride_x,
+    stride_dy,
+    stride_dx,
+    M,
+    D,
+    rows_per_program,
+    RMS: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    first = pid * rows_per_program
+    last = tl.minimum(first + rows_per_program, M)
+    partial_row = pid.to(tl.int64) * D
+    if SINGLE_PASS:
+        mask = cols < D
+        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
+        dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        db = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for row in range(first, last):
+            row64 = tl.cast(row, tl.int64)
+            x = tl.load(X + row64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + row64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + row64)
+            mean = 0.0 if RMS else tl.load(MEAN + row64)
+            x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
+            g = dy * w
+            dx = g - x_hat * (tl.sum(g * x_hat, axis=0) / D)
+            if not RMS:
+                dx = dx - tl.sum(g, axis=0) / D
+            tl.store(DX + row64 * stride_dx + cols, (dx * rstd).to(DX.dtype.element_ty), mask=mask)
+            if WEIGHT_GRAD:
+                dw += dy * x_hat
+            if BIAS_GRAD:
+                db += dy
+        if WEIGHT_GRAD:
+            tl.store(DW_PARTIAL + partial_row + cols, dw, mask=mask)
+        if BIAS_GRAD:
+            tl.store(DB_PARTIAL + partial_row + cols, db, mask=mask)
+    else:
+        for row in range(first, last):
+            row64 = tl.cast(row, tl.int64)
+            rstd = tl.load(RSTD + row64)
+            mean = 0.0 if RMS else tl.load(MEAN + row64)
+            gx = tl.zeros((BLOCK_D,), dtype=tl.float32)
+            gs = tl.zeros((BLOCK_D,), dtype=tl.float32)
+            for start in range(0, D, BLOCK_D):  # pass 1: both row reductions
+                mask = start + cols < D
+                x = tl.load(X + row64 * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + row64 * stride_dy + start + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
+                g = dy * w
+                gx += g * tl.where(mask, (x - mean) * rstd, 0.0)
+                gs += g
+            mean_gx = tl.sum(gx, axis=0) / D
+            mean_g = 0.0 if RMS else tl.sum(gs, axis=0) / D
+            for start in range(0, D, BLOCK_D):  # pass 2: dx, and this program's dw / db partials
+                mask = start + cols < D
+                x = tl.load(X + row64 * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + row64 * stride_dy + start + cols, mask=mask, other=0.0).to(tl.float32)
+                w = tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
+                x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
+                dx = (dy * w - x_hat * mean_gx - mean_g) * rstd
+                tl.store(DX + row64 * stride_dx + start + cols, dx.to(DX.dtype.element_ty), mask=mask)
+                # the partial row is this program's alone: read-modify-write without atomics
+                if WEIGHT_GRAD:
+                    offsets = DW_PARTIAL + partial_row + start + cols
+                    tl.store(offsets, tl.load(offsets, mask=mask, other=0.0) + dy * x_hat, mask=mask)
+                if BIAS_GRAD:
+                    offsets = DB_PARTIAL + partial_row + start + cols
+                    tl.store(offsets, tl.load(offsets, mask=mask, other=0.0) + dy, mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+
+def _block(d: int) -> tuple[int, bool]:
+    block = triton.next_power_of_2(d)
+    return (block, True) if block <= BLOCK_MAX else (BLOCK_MAX, False)
+
+
+def _warps(block: int) -> int:
+    return max(1, min(16, block // 512))
+
+
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _backward_programs(rows: int, device: torch.device) -> int:
+    """Enough programs to fill the GPU a few times over, each owning a contiguous block of rows."""
+    if device.type != "cuda":
+        return min(rows, 4)
+    return min(rows, 4 * _multiprocessors(device.index or 0))
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., D) -> (M, D) with unit column stride (a view when possible)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _forward(x, weight, bias, eps: float, rms: bool):
+    """(y like x, mean (M,) fp32 or None, rstd (M,) fp32)."""
+    rows = _rows(x)
+    m, d = rows.shape
+    y = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    mean = None if rms else torch.empty(m, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(m, dtype=torch.float32, device=x.device)
+    if m == 0:
+        return y.view(x.shape), mean, rstd
+    if not runs_triton(x):
+        return _reference_forward(rows, weight, bias, eps, rms, y, mean, rstd, x.shape)
+    block, single = _block(d)
+    _norm_forward_kernel[(m,)](
+        rows, weight if weight is not None else rows, bias if bias is not None else rows, y,
+        mean if mean is not None else rstd, rstd, rows.stride(0), y.stride(0), d, eps,
+        RMS=rms, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_D=block, SINGLE_PASS=single,
+        num_warps=_warps(block),
+    )  # fmt: skip
+    return y.view(x.shape), mean, rstd
+
+
+def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad: bool):
+    """(dx like x, dw (D,) or None, db (D,) or None)."""
+    rows, dy_rows = _rows(x), _rows(dy)
+    m, d = rows.shape
+    dx = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    if m == 0 or not runs_triton(x):
+        return _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bias_grad, dx, x.shape)
+    programs = _backward_programs(m, x.device)
+    block, single = _block(d)
+    # the looped kernel accumulates into its partial row, so that one must start at zero
+    alloc = torch.empty if single else torch.zeros
+    dw_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if weight_grad else rstd
+    db_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if bias_grad else rstd
+    _norm_backward_kernel[(programs,)](
+        rows, weight if weight is not None else rows, dy_rows, dx, mean if mean is not None else rstd, rstd,
+        dw_partial, db_partial, rows.stride(0), dy_rows.stride(0), dx.stride(0), m, d, triton.cdiv(m, programs),
+        RMS=rms, HAS_WEIGHT=weight is not None, WEIGHT_GRAD=weight_grad, BIAS_GRAD=bias_grad, BLOCK_D=block,
+        SINGLE_PASS=single, num_warps=_warps(block),
+    )  # fmt: skip
+    dw = dw_partial.sum(dim=0).to(weight.dtype) if weight_grad else None
+    db = db_partial.sum(dim=0).to(weight.dtype if weight is not None else x.dtype) if bias_grad else None
+    return dx.view(x.shape), dw, db
+
+
+def _reference_forward(rows, weight, bias, eps, rms, y, mean, rstd, shape):
+    x = rows.float()
+    centered = x if rms else x - x.mean(dim=-1, keepdim=True)
+    if mean is not None:
+        mean.copy_(x.mean(dim=-1))
+    rstd.copy_(torch.rsqrt(centered.square().mean(dim=-1) + eps))
+    out = centered * rstd[:, None]
+    if weight is not None:
+        out = out * weight.float()
+    if bias is not None:
+        out = out + bias.float()
+    y.copy_(out)
+    return y.view(shape), mean, rstd
+
+
+def _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bias_grad, dx, shape):
+    x, dy = rows.float(), dy_rows.float()
+    x_hat = (x if rms else x - mean[:, None]) * rstd[:, None]
+    g = dy * weight.float() if weight is not None else dy
+    out = g - x_hat * (g * x_hat).mean(dim=-1, keepdim=True)
+    if not rms:
+        out = out - g.mean(dim=-1, keepdim=True)
+    dx.copy_(out * rstd[:, None])
+    dw = (dy * x_hat).sum(dim=0).to(weight.dtype) if weight_grad else None
+    db = dy.sum(dim=0).to(weight.dtype if weight is not None else dx.dtype) if bias_grad else None
+    return dx.view(shape), dw, db
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.library ops (what torch.compile traces) and autograd
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("fastlm::norm_forward", mutates_args=())
+def _forward_op(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, rms: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, mean, rstd); mean is an empty tensor for RMSNorm (ops cannot return None)."""
+    y, mean, rstd = _forward(x, weight, bias, eps, rms)
+    return y, (rstd.new_empty(0) if mean is None else mean), rstd
+
+
+@_forward_op.register_fake
+def _(x, weight, bias, eps, rms):
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    stats = x.new_empty(rows, dtype=torch.float32)
+    return (
+        torch.empty_like(x, memory_format=torch.contiguous_format),
+        x.new_empty(0 if rms else rows, dtype=torch.float32),
+        stats,
+    )
+
+
+@torch.library.custom_op("fastlm::norm_backward", mutates_args=())
+def _backward_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    rms: bool,
+    weight_grad: bool,
+    bias_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, db); dw / db are empty tensors when not requested."""
+    dx, dw, db = _backward(dy, x, weight, None if rms else mean, rstd, rms, weight_grad, bias_grad)
+    empty = rstd.new_empty(0)
+    return dx, (empty if dw is None else dw), (empty if db is None else db)
+
+
+@_backward_op.register_fake
+def _(dy, x, weight, mean, rstd, rms, weight_grad, bias_grad):
+    d = x.shape[-1]
+    param_dtype = weight.dtype if weight is not None else x.dtype
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(d if weight_grad else 0, dtype=param_dtype),
+            x.new_empty(d if bias_grad else 0, dtype=param_dtype))  # fmt: skip
+
+
+def _op_setup_context(ctx, inputs, output):
+    x, weight, bias, eps, rms = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.rms = rms
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _op_backward(ctx, dy, _dmean, _drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    weight_grad, bias_grad = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+    dx, dw, db = _backward_op(dy, x, weight, mean, rstd, ctx.rms, weight_grad, bias_grad)
+    return dx, (dw if weight_grad else None), (db if bias_grad else None), None, None
+
+
+torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_setup_context)
+
+
+# Eager: the same launchers behind a plain autograd.Function (a torch.library call costs tens of
+# microseconds of Python, as much as the kernel on small rows).
+
+
+class NormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, rms):
+        y, mean, rstd = _forward(x, weight, bias, eps, rms)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.rms = rms
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        weight_grad, bias_grad = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        dx, dw, db = _backward(dy, x, weight, mean, rstd, ctx.rms, weight_grad, bias_grad)
+        return dx, dw, db, None, None
+
+
+def _apply(x, weight, bias, eps: float, rms: bool) -> torch.Tensor:
+    if torch.compiler.is_compiling():
+        return _forward_op(x, weight, bias, eps, rms)[0]
+    return NormFunction.apply(x, weight, bias, eps, rms)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+
+def check_inputs(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (the normalized one)")
+    check_dtype("x", x, DTYPES)
+    for name, param in (("weight", weight), ("bias", bias)):
+        if param is None:
+            continue
+        if param.shape != x.shape[-1:]:
+            raise ValueError(f"{name} must have shape ({x.shape[-1]},) to match x {tuple(x.shape)}, "
+                             f"got {tuple(param.shape)}")  # fmt: skip
+        check_dtype(name, param, DTYPES)
+        check_same_device(x=x, **{name: param})
+
+
+def layer_norm(
+    x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, eps: float = 1e-5
+) -> torch.Tensor:
+    """LayerNorm over the last dim of ``x`` (any rank); output in x's dtype, statistics in fp32.
+    Same values as ``torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)``."""
+    check_inputs(x, weight, bias)
+    return _apply(x, weight, bias, eps, False)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight, computed in fp32, returned in
+    x's dtype. Same values as ``torch.nn.functional.rms_norm(x, x.shape[-1:], weight, eps)``."""
+    check_inputs(x, weight, None)
+    return _apply(x, weight, None, eps, True)
+
+
+def layer_norm_ref(x, weight=None, bias=None, eps=1e-5):
+    """Plain PyTorch, fp32 math: the reference the kernels are tested against."""
+    out = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], None, None, eps)
+    out = out * weight.float() if weight is not None else out
+    return (out + bias.float() if bias is not None else out).to(x.dtype)
+
+
+def rms_norm_ref(x, weight=None, eps=1e-5):
+    x32 = x.float()
+    out = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + eps)
+    return (out * weight.float() if weight is not None else out).to(x.dtype)
