@@ -1,0 +1,195 @@
+"""Gradient averaging for data parallelism: after-backward all-reduce, and two overlapping wrappers.
+
+Every rank holds a full replica and sees a different shard of the batch; after backward each
+gradient is averaged over the ranks, so the replicas take identical optimizer steps.
+
+- `allreduce_gradients(model, flat)`: after backward, one all-reduce per parameter (n calls, each
+  paying the per-call latency o) or one of all gradients flattened together (1 call, plus a copy in
+  and out of the flat buffer). No overlap with the backward.
+- `DDP(module)`: an async all-reduce starts for each parameter as soon as its gradient is
+  accumulated (a post-accumulate-grad hook), so communication overlaps the rest of the backward.
+- `BucketedDDP(module, bucket_size_mb)`: the same with gradients grouped into buckets of at most
+  `bucket_size_mb` (filled in reverse parameter order, the order backward produces them), one async
+  all-reduce per bucket once every gradient in it is ready: fewer calls than DDP, still overlapped.
+
+Both wrappers broadcast parameters and buffers from rank 0 at construction, after checking that
+every rank built the same model (a mismatch would otherwise hang in a collective); handle frozen
+and tied parameters (`parameters()` lists a shared tensor once, and its hook fires once per backward
+after all its uses have accumulated); offer `no_sync()` for gradient accumulation; and need
+`finish_gradient_synchronization()` after backward, which waits for the all-reduces and divides by
+the world size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+
+def _world() -> int:
+    return dist.get_world_size()
+
+
+def allreduce_gradients(model: nn.Module, flat: bool = False) -> None:
+    """Average every existing gradient of ``model`` over all ranks, in place, after backward."""
+    grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    if not grads:
+        return
+    if flat:
+        buffer = _flatten_dense_tensors(grads)
+        dist.all_reduce(buffer)
+        buffer /= _world()
+        for grad, averaged in zip(grads, _unflatten_dense_tensors(buffer, grads), strict=True):
+            grad.copy_(averaged)
+        return
+    for grad in grads:
+        dist.all_reduce(grad)
+        grad /= _world()
+
+
+def _check_same_model(module: nn.Module) -> None:
+    """Raise ValueError on every rank if the ranks' models differ in parameter names, shapes or dtypes."""
+    signature = [(name, tuple(p.shape), str(p.dtype)) for name, p in module.named_parameters()]
+    signature += [(name, tuple(b.shape), str(b.dtype)) for name, b in module.named_buffers()]
+    gathered: list = [None] * _world()
+    dist.all_gather_object(gathered, signature)
+    for rank, other in enumerate(gathered):
+        if other != gathered[0]:
+            first = next((a, b) for a, b in zip(gathered[0] + [None], other + [None], strict=False) if a != b)
+            raise ValueError(
+                f"rank {rank}'s model differs from rank 0's ({len(other)} vs {len(gathered[0])} parameters and "
+                f"buffers; first difference: rank 0 has {first[0]}, rank {rank} has {first[1]})"
+            )
+
+
+def _broadcast_state(module: nn.Module) -> None:
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor, src=0)
+
+
+class _DataParallel(nn.Module):
+    """What both wrappers share: construction checks, broadcast, forward, no_sync."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group first")
+        self.module = module
+        _check_same_model(module)
+        _broadcast_state(module)
+        self._sync = True
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._on_gradient) for p in module.parameters() if p.requires_grad
+        ]
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside accumulate gradients locally; the first one after syncs the sum."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+class DDP(_DataParallel):
+    """One async all-reduce per parameter, started when its gradient is ready."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self._pending: list[tuple[dist.Work, torch.Tensor]] = []
+        super().__init__(module)
+
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        if self._sync:
+            self._pending.append((dist.all_reduce(param.grad, async_op=True), param.grad))
+
+    def finish_gradient_synchronization(self) -> None:
+        """Wait for the all-reduces started during backward and average."""
+        for work, grad in self._pending:
+            work.wait()
+            grad /= _world()
+        self._pending.clear()
+
+
+class _Bucket:
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.params = params
+        self.ready = 0
+        self.buffer: torch.Tensor | None = None
+        self.work: dist.Work | None = None
+
+    def launch(self) -> None:
+        """Flatten the bucket's gradients (zeros for any that backward did not produce) and start
+        their all-reduce."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        self.buffer = _flatten_dense_tensors(grads)
+        self.work = dist.all_reduce(self.buffer, async_op=True)
+
+    def finish(self) -> None:
+        self.work.wait()
+        self.buffer /= _world()
+        for param, averaged in zip(self.params, _unflatten_dense_tensors(self.buffer, self.params), strict=True):
+            if param.grad is None:
+                param.grad = averaged.clone()
+            else:
+                param.grad.copy_(averaged)
+        self.ready, self.buffer, self.work = 0, None, None
+
+
+class BucketedDDP(_DataParallel):
+    """Gradients grouped into buckets of at most ``bucket_size_mb`` MB (1e6 bytes), assigned in
+    reverse parameter order; one async all-reduce per bucket once all of its gradients are ready.
+    A parameter larger than the bucket size gets a bucket of its own."""
+
+    def __init__(self, module: nn.Module, bucket_size_mb: float) -> None:
+        if bucket_size_mb <= 0:
+            raise ValueError(f"bucket_size_mb must be positive, got {bucket_size_mb}")
+        limit = bucket_size_mb * 1e6
+        self.buckets: list[_Bucket] = []
+        self._bucket_of: dict[int, _Bucket] = {}
+        current: list[nn.Parameter] = []
+        size = 0
+        for param in reversed([p for p in module.parameters() if p.requires_grad]):
+            nbytes = param.numel() * param.element_size()
+            if current and size + nbytes > limit:
+                self._add_bucket(current)
+                current, size = [], 0
+            current.append(param)
+            size += nbytes
+        if current:
+            self._add_bucket(current)
+        super().__init__(module)
+
+    def _add_bucket(self, params: list[nn.Parameter]) -> None:
+        bucket = _Bucket(params)
+        self.buckets.append(bucket)
+        for param in params:
+            self._bucket_of[id(param)] = bucket
+
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        if not self._sync:
+            return
+        bucket = self._bucket_of[id(param)]
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params):
+            bucket.launch()
+
+    def finish_gradient_synchronization(self) -> None:
+        """Launch any bucket some of whose parameters got no gradient, wait for all, average."""
+        for bucket in self.buckets:
+            if bucket.work is None:
+                bucket.launch()
+        for bucket in self.buckets:
+            bucket.finish()

@@ -1,0 +1,143 @@
+"""Data-parallel wrappers on 2 gloo ranks (CPU): replicas stay equal to single-process training."""
+
+import copy
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from fastlm.distributed import DDP, BucketedDDP, allreduce_gradients
+
+WORLD = 2
+VARIANTS = ["naive", "flat", "ddp", "bucketed-tiny", "bucketed-large"]
+
+
+class TiedModel(nn.Module):
+    """Embedding tied to the output layer, one frozen layer, one parameter unused by forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(11, 8)
+        self.hidden = nn.Linear(8, 8)
+        self.frozen = nn.Linear(8, 8)
+        self.frozen.requires_grad_(False)
+        self.unused = nn.Parameter(torch.zeros(3))
+        self.register_buffer("scale", torch.tensor(1.0))
+
+    def forward(self, tokens):
+        x = self.frozen(torch.relu(self.hidden(self.embed(tokens)))) * self.scale
+        return x @ self.embed.weight.T  # tied output projection
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(rank: int, port: int, body, *args) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        body(rank, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(body, *args) -> None:
+    mp.spawn(_run, args=(_free_port(), body, *args), nprocs=WORLD, join=True)
+
+
+def _wrap(variant: str, model: nn.Module):
+    if variant == "ddp":
+        return DDP(model)
+    if variant.startswith("bucketed"):
+        return BucketedDDP(model, bucket_size_mb=0.0001 if variant == "bucketed-tiny" else 100)
+    return model
+
+
+def _sync(variant: str, wrapped) -> None:
+    if variant in ("naive", "flat"):
+        allreduce_gradients(wrapped, flat=variant == "flat")
+    else:
+        wrapped.finish_gradient_synchronization()
+
+
+def _train_matches_single_process(rank: int, variant: str, accumulate: bool) -> None:
+    torch.manual_seed(rank)  # different initial weights per rank: the wrapper must broadcast rank 0's
+    model = TiedModel()
+    if variant in ("naive", "flat"):
+        torch.manual_seed(0)
+        model = TiedModel()  # these variants do not broadcast: start equal
+    wrapped = _wrap(variant, model)
+    torch.manual_seed(0)
+    reference = TiedModel()
+    if variant not in ("naive", "flat"):
+        reference.load_state_dict(model.state_dict())  # rank 0's weights, broadcast
+    data = torch.randint(0, 11, (3, 2 * WORLD, 5), generator=torch.Generator().manual_seed(1))
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    reference_optimizer = torch.optim.SGD([p for p in reference.parameters() if p.requires_grad], lr=0.1)
+    for step in range(3):
+        batch = data[step]  # (2 * WORLD, 5): each rank takes its half
+        mine = batch[2 * rank : 2 * rank + 2]
+        if accumulate and variant not in ("naive", "flat"):
+            with wrapped.no_sync():
+                wrapped(mine[:1]).square().mean().mul(0.5).backward()
+            wrapped(mine[1:]).square().mean().mul(0.5).backward()
+        else:
+            wrapped(mine).square().mean().backward()
+        _sync(variant, wrapped)
+        optimizer.step()
+        optimizer.zero_grad()
+        reference(batch).square().mean().backward()
+        reference_optimizer.step()
+        reference_optimizer.zero_grad()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=f"rank {rank}: {name}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_training_matches_single_process(variant):
+    _spawn(_train_matches_single_process, variant, False)
+
+
+@pytest.mark.parametrize("variant", ["ddp", "bucketed-tiny"])
+def test_no_sync_accumulates_then_syncs(variant):
+    _spawn(_train_matches_single_process, variant, True)
+
+
+def _mismatch(rank: int, cls_name: str) -> None:
+    model = nn.Linear(4, 4 + rank)  # rank 1 has other shapes
+    cls = DDP if cls_name == "DDP" else (lambda m: BucketedDDP(m, 1))
+    with pytest.raises(ValueError, match="rank 1's model differs from rank 0's"):
+        cls(model)
+
+
+@pytest.mark.parametrize("cls_name", ["DDP", "BucketedDDP"])
+def test_models_that_differ_across_ranks_are_rejected(cls_name):
+    _spawn(_mismatch, cls_name)
+
+
+def _buckets(rank: int) -> None:
+    model = nn.Sequential(nn.Linear(100, 100), nn.Linear(100, 100), nn.Linear(100, 10))
+    wrapped = BucketedDDP(model, bucket_size_mb=0.05)  # 50 kB
+    sizes = [[tuple(p.shape) for p in bucket.params] for bucket in wrapped.buckets]
+    # reverse order, the last layer first: 40 + 4000 + 400 + 40000 + 400 bytes fit in 50 kB, the first
+    # layer's 40 kB weight does not
+    assert sizes == [[(10,), (10, 100), (100,), (100, 100), (100,)], [(100, 100)]]
+    assert all(sum(p.numel() * 4 for p in b.params) <= 50_000 or len(b.params) == 1 for b in wrapped.buckets)
+    assert wrapped.module is model
+    copy.deepcopy(model)  # the wrapper leaves the module an ordinary module
+
+
+def test_buckets_follow_reverse_parameter_order():
+    _spawn(_buckets)
+
+
+def test_needs_an_initialized_process_group():
+    with pytest.raises(RuntimeError, match="not initialized"):
+        DDP(nn.Linear(2, 2))
