@@ -230,6 +230,46 @@ def cmd_bench_model(args) -> None:
     console.print(f"[bold]wrote[/] {report}")
 
 
+def cmd_bench_allreduce(args) -> None:
+    import torch
+
+    from fastlm.distributed import allreduce_bench
+
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and torch.cuda.device_count() < min(args.procs):
+        raise UserError(f"NCCL needs one GPU per process; this machine has {torch.cuda.device_count()}")
+    worlds = [n for n in args.procs if backend == "gloo" or n <= torch.cuda.device_count()]
+    skipped = sorted(set(args.procs) - set(worlds))
+    if skipped:
+        console.print(f"skipping {', '.join(map(str, skipped))} processes: only {torch.cuda.device_count()} GPUs")
+    results_dir, reports_dir = args.out / "results", args.out / "reports"
+    with _progress() as progress:
+        task = progress.add_task(f"all-reduce ({backend})", total=len(worlds))
+
+        def step(done: str) -> None:
+            progress.update(task, advance=1, description=f"all-reduce ({backend}, done: {done})")
+
+        allreduce_bench.run(backend, worlds, args.sizes_mb, results_dir, warmup=args.warmup, iters=args.iters,
+                            progress=step)  # fmt: skip
+    report = reports_dir / "allreduce.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("# All-reduce benchmark\n\n" + allreduce_bench.render(results_dir, reports_dir) + "\n")
+    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"[bold]wrote[/] {report}")
+
+
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive sizes, got {text!r}")
+    return values
+
+
 # ---------------------------------------------------------------------------------------------
 # profile
 # ---------------------------------------------------------------------------------------------
@@ -591,6 +631,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf", action="store_true", help="also measure transformers' LlamaForCausalLM of the same dims")
     add_out(p)
     p.set_defaults(func=cmd_bench_model)
+
+    p = bench.add_parser("allreduce", help="all-reduce time, algbw and busbw vs size and number of processes")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: NCCL with one GPU per process when there are GPUs, else gloo on CPU")  # fmt: skip
+    p.add_argument("--procs", type=_int_list, default=(2, 4, 6), help="comma list of process counts (default 2,4,6)")
+    p.add_argument("--sizes-mb", type=_float_list, default=(1, 10, 100, 1000),
+                   help="comma list of float32 tensor sizes in MB (default 1,10,100,1000)")  # fmt: skip
+    p.add_argument("--warmup", type=_non_negative_int, default=5)
+    p.add_argument("--iters", type=_positive_int, default=10)
+    add_out(p)
+    p.set_defaults(func=cmd_bench_allreduce)
 
     profile = groups.add_parser("profile", help="where time and memory go").add_subparsers(
         dest="command", required=True

@@ -1,0 +1,124 @@
+"""`fastlm bench allreduce`: all-reduce time and bandwidth vs tensor size and number of processes.
+
+One process per rank (torch.multiprocessing, localhost rendezvous), gloo on CPU tensors or NCCL with
+one GPU per rank. For each float32 tensor size: `warmup` untimed all-reduces, then `iters` timed
+ones, each between a barrier and a synchronize, timed on every rank; an iteration's time is the
+slowest rank's (all-reduce MAX of the per-rank times), the row reports the median over iterations.
+
+    algbw = bytes / time
+    busbw = algbw * 2 (n - 1) / n     (the traffic each link carries in a ring all-reduce, so
+                                       busbw is comparable across n and against link bandwidth)
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fastlm.bench.records import append_records, read_records, with_environment
+from fastlm.bench.report import line_plot, markdown_table
+
+RESULTS_FILE = "allreduce.jsonl"
+DEFAULT_SIZES_MB = (1, 10, 100, 1000)
+
+
+def bus_bandwidth(algbw: float, world: int) -> float:
+    return algbw * 2 * (world - 1) / world
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    rows = []
+    try:
+        for size_mb in sizes_mb:
+            data = torch.ones(int(size_mb * 1e6) // 4, dtype=torch.float32, device=device)
+            times = []
+            for i in range(warmup + iters):
+                dist.barrier()
+                sync()
+                start = time.perf_counter()
+                dist.all_reduce(data)
+                sync()
+                elapsed = torch.tensor([time.perf_counter() - start], device=device)
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                if i >= warmup:
+                    times.append(elapsed.item())
+            median = statistics.median(times)
+            algbw = data.numel() * 4 / median / 1e9
+            rows.append({"backend": backend, "world": world, "size_mb": size_mb, "iters": iters,
+                         "median_ms": median * 1e3, "algbw_gbps": algbw,
+                         "busbw_gbps": bus_bandwidth(algbw, world)})  # fmt: skip
+            del data
+        if rank == 0:
+            Path(out).write_text(repr(rows))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(backend: str, world: int, sizes_mb, *, warmup: int = 5, iters: int = 10) -> list[dict]:
+    """All sizes for one (backend, world size); returns the records (rank 0's view)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows")
+        mp.spawn(_worker, args=(world, backend, tuple(sizes_mb), warmup, iters, _free_port(), out), nprocs=world)
+        return [with_environment({"op": "allreduce", **row}) for row in ast.literal_eval(Path(out).read_text())]
+
+
+def run(backend: str, worlds, sizes_mb, results_dir: Path, *, warmup: int = 5, iters: int = 10, progress=None):
+    records = []
+    for world in worlds:
+        measured = measure(backend, world, sizes_mb, warmup=warmup, iters=iters)
+        append_records(results_dir / RESULTS_FILE, measured)
+        records += measured
+        if progress is not None:
+            progress(f"{world} processes")
+    return records
+
+
+COLUMNS = [("backend", "backend"), ("world", "processes"), ("size_mb", "MB"), ("median_ms", "median ms"),
+           ("algbw_gbps", "algbw GB/s"), ("busbw_gbps", "busbw GB/s")]  # fmt: skip
+
+
+def render(results_dir: Path, reports_dir: Path, runs: int = 1) -> str:
+    records = read_records(results_dir / RESULTS_FILE)
+    run_ids = list(dict.fromkeys(r["run_id"] for r in records))[-runs:]
+    records = [r for r in records if r["run_id"] in run_ids]
+    if not records:
+        return "No all-reduce records yet: run `fastlm bench allreduce`.\n"
+    series: dict[str, list[tuple[float, float]]] = {}
+    for r in records:
+        series.setdefault(f"{r['backend']} x{r['world']}", []).append((r["size_mb"], r["busbw_gbps"]))
+    plot = line_plot(reports_dir / "allreduce_busbw.png", [("bus bandwidth", series)], xlabel="tensor size (MB)",
+                     ylabel="busbw (GB/s)", title=f"All-reduce, float32 · {records[0]['gpu']}", logx=True)  # fmt: skip
+    first = records[0]
+    return "\n".join([
+        f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · {first['date']} · "
+        f"median of {first['iters']} timed all-reduces (slowest rank each)",
+        "",
+        markdown_table(records, COLUMNS),
+        "",
+        f"![all-reduce bus bandwidth]({plot.name})",
+    ])  # fmt: skip

@@ -1,0 +1,34 @@
+"""`fastlm bench allreduce` on CPU (gloo): the bandwidth formulas and a small real run."""
+
+import json
+
+import pytest
+
+from fastlm.cli import main
+from fastlm.distributed.allreduce_bench import bus_bandwidth
+
+
+def test_bus_bandwidth_is_the_ring_traffic_per_link():
+    assert bus_bandwidth(10.0, 2) == 10.0  # 2 ranks: every byte crosses the one link once each way
+    assert bus_bandwidth(10.0, 4) == pytest.approx(15.0)  # 2 (n-1) / n = 1.5
+    assert bus_bandwidth(8.0, 8) == pytest.approx(14.0)
+
+
+def test_command_measures_every_size_and_process_count(tmp_path):
+    assert main(["bench", "allreduce", "--backend", "gloo", "--procs", "2,3", "--sizes-mb", "0.01,0.1",
+                 "--iters", "2", "--warmup", "1", "--out", str(tmp_path)]) == 0  # fmt: skip
+    lines = (tmp_path / "results" / "allreduce.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert [(r["world"], r["size_mb"]) for r in records] == [(2, 0.01), (2, 0.1), (3, 0.01), (3, 0.1)]
+    for r in records:
+        assert r["median_ms"] > 0
+        assert r["algbw_gbps"] == pytest.approx(r["size_mb"] * 1e6 / (r["median_ms"] / 1e3) / 1e9, rel=1e-3)
+    assert (tmp_path / "reports" / "allreduce_busbw.png").stat().st_size > 0
+
+
+def test_nccl_without_gpus_is_a_clear_error(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert main(["bench", "allreduce", "--backend", "nccl", "--procs", "2"]) == 2
+    assert "one GPU per process" in capsys.readouterr().out
