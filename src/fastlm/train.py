@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -51,6 +52,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="a collective that waits longer (a rank died or hangs) fails instead of hanging")  # fmt: skip
     args = p.parse_args(argv)
     if args.parallel == "fsdp" and args.shard_optimizer:
         p.error("--shard-optimizer does not combine with --parallel fsdp (FSDP already shards the optimizer state)")
@@ -68,7 +71,7 @@ def _setup(args) -> tuple[int, int, torch.device]:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timedelta(seconds=args.timeout_s))
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     return dist.get_rank(), dist.get_world_size(), device
 

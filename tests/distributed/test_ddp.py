@@ -1,6 +1,7 @@
 """Data-parallel wrappers on 2 gloo ranks (CPU): replicas stay equal to single-process training."""
 
 import copy
+import datetime
 import os
 import socket
 
@@ -41,7 +42,7 @@ def _free_port() -> int:
 
 def _run(rank: int, port: int, body, *args) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     try:
         body(rank, *args)
     finally:
@@ -141,3 +142,14 @@ def test_buckets_follow_reverse_parameter_order():
 def test_needs_an_initialized_process_group():
     with pytest.raises(RuntimeError, match="not initialized"):
         DDP(nn.Linear(2, 2))
+
+
+def _dies(rank: int) -> None:
+    if rank == 1:
+        os._exit(0)  # a rank that disappears without a word
+    with pytest.raises(RuntimeError):
+        dist.all_reduce(torch.ones(4))
+
+
+def test_a_dead_rank_makes_the_others_fail_not_hang():
+    _spawn(_dies)
