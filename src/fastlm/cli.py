@@ -189,7 +189,7 @@ def run_model_benchmark(out: Path, configs, rows, *, batch: int, warmup: int, st
     from fastlm.bench import model as model_bench
 
     device = _device()
-    implementations = ("fastlm", "hf-llama") if hf else ("fastlm",)
+    implementations = model_bench.IMPLEMENTATIONS if hf else ("fastlm",)
     if hf:
         try:
             import transformers  # noqa: F401

@@ -28,7 +28,6 @@ from fastlm.bench.records import append_records, read_records, with_environment
 from fastlm.bench.report import line_plot, markdown_table
 
 RESULTS_FILE = "allreduce.jsonl"
-DEFAULT_SIZES_MB = (1, 10, 100, 1000)
 
 
 def bus_bandwidth(algbw: float, world: int) -> float:

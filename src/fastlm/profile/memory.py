@@ -31,7 +31,6 @@ from fastlm.bench.report import markdown_table
 from fastlm.model import ModelConfig, TransformerLM
 
 RESULTS_FILE = "profile_memory.jsonl"
-MEMORY_MODES = ("fwd", "train")
 LARGEST_AT_PEAK = 12  # allocations listed in the HTML page
 COST_STEPS = 5  # steps timed before and after recording, to show the tool leaves no cost behind
 
