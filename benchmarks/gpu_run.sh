@@ -13,4 +13,5 @@ python3 -m pytest -q tests 2>&1 | tail -25
 [ "${TUNE:-1}" = 1 ] && python3 benchmarks/tune_attention.py > "$OUT/tune_attention.jsonl"
 fastlm bench xent --out "$OUT/bench"
 fastlm bench attention --sweep model,flash,naive,compile --out "$OUT/bench"
+fastlm bench norms --out "$OUT/bench"
 fastlm inspect compiled-xent --output "$OUT/compiled_xent.py"

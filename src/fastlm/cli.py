@@ -112,6 +112,27 @@ def cmd_bench_xent(args) -> None:
     console.print(f"[bold]wrote[/] {report}")
 
 
+def cmd_bench_norms(args) -> None:
+    from fastlm.bench import norms
+    from fastlm.bench.ceilings import record_ceilings
+
+    device = _device()
+    results_dir, reports_dir = args.out / "results", args.out / "reports"
+    ceilings = record_ceilings(results_dir, device)
+    with _progress() as progress:
+        task = progress.add_task("norms", total=len(norms.cases(device)) * len(norms.IMPLEMENTATIONS))
+
+        def step(done: str) -> None:
+            progress.update(task, description=f"norms (done: {done})", advance=1)
+
+        norms.run(device, ceilings, results_dir, progress=step)
+    report = reports_dir / "norms.md"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("# LayerNorm / RMSNorm benchmark\n\n" + norms.render(results_dir, reports_dir) + "\n")
+    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"[bold]wrote[/] {report}")
+
+
 def _sweep_list(text: str) -> tuple[str, ...]:
     from fastlm.bench.attention import SWEEPS  # imported on use: it loads torch and the kernels
 
@@ -616,6 +637,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_out(p)
     p.set_defaults(func=cmd_bench_attention)
 
+    p = bench.add_parser("norms", help="LayerNorm / RMSNorm fwd, bwd, fwd+bwd vs eager, compile, Liger")
+    add_out(p)
+    p.set_defaults(func=cmd_bench_norms)
     p = bench.add_parser("model", help="LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)")
     add_model_arguments(p)
     p.add_argument("--mode", type=_choice_list(("fwd", "fwd+bwd", "train")), default=None,

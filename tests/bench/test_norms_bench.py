@@ -1,0 +1,28 @@
+"""`fastlm bench norms` on CPU: the byte model and a real (reduced) run."""
+
+import json
+
+from fastlm.bench.norms import norm_bytes
+from fastlm.cli import main
+
+
+def test_byte_model_by_hand():
+    # LayerNorm, 4096 x 16384 bf16: forward reads x and (w, b), writes y and (mean, rstd)
+    m, d = 4096, 16384
+    assert norm_bytes(m, d, 2, "layer", "fwd") == 2 * m * d * 2 + 2 * d * 2 + 2 * 4 * m
+    # backward reads x, dy, w and the stats, writes dx, dw, db
+    assert norm_bytes(m, d, 2, "layer", "bwd") == 3 * m * d * 2 + 3 * d * 2 + 2 * 4 * m
+    assert norm_bytes(m, d, 4, "rms", "fwd_bwd") == (2 * m * d * 4 + d * 4 + 4 * m) + (
+        3 * m * d * 4 + 2 * d * 4 + 4 * m
+    )
+
+
+def test_command_runs_on_cpu(tmp_path):
+    assert main(["bench", "norms", "--out", str(tmp_path)]) == 0
+    records = [json.loads(line) for line in (tmp_path / "results" / "norms.jsonl").read_text().splitlines()]
+    ok = [r for r in records if r["status"] == "ok"]
+    assert {(r["kind"], r["implementation"]) for r in ok} == {
+        (k, i) for k in ("layer", "rms") for i in ("eager", "fastlm")
+    }
+    assert all(r["fwd_bwd_gbps"] > 0 for r in ok)
+    assert (tmp_path / "reports" / "norms_fwd_bwd_gbps.png").stat().st_size > 0
