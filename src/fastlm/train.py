@@ -174,6 +174,8 @@ def train(args) -> dict:
                 save_checkpoint(args.checkpoint, step, model, optimizer, args, rank)
         if args.checkpoint is not None:
             save_checkpoint(args.checkpoint, step, model, optimizer, args, rank)
+        if dist.is_initialized():
+            dist.barrier()  # no rank tears down while another still has collectives in flight
         return {"step": step, "losses": losses}
     finally:
         if dist.is_initialized():

@@ -45,6 +45,7 @@ def _run(rank: int, port: int, body, *args) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     try:
         body(rank, *args)
+        dist.barrier()  # no rank tears down while another still has collectives in flight
     finally:
         dist.destroy_process_group()
 
@@ -149,6 +150,7 @@ def _dies(rank: int) -> None:
         os._exit(0)  # a rank that disappears without a word
     with pytest.raises(RuntimeError):
         dist.all_reduce(torch.ones(4))
+    os._exit(0)  # the check passed; there is no peer left to tear down with
 
 
 def test_a_dead_rank_makes_the_others_fail_not_hang():
