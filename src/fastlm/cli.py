@@ -38,6 +38,19 @@ def _progress():
     )
 
 
+def _write_report(path: Path, title: str, body: str) -> Path:
+    """A markdown report: ``# title``, then ``body``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# {title}\n\n{body}\n")
+    return path
+
+
+def _show_report(report: Path) -> None:
+    """Print a written report and where it is."""
+    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"[bold]wrote[/] {report}")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -100,16 +113,13 @@ def run_xent_benchmark(out: Path, batch: int | None, vocabs: tuple[int, ...] | N
             progress.update(task, description=f"cross-entropy (done: {done})", advance=1)
 
         xent.run(batch=batch, vocabs=vocabs, device=device, ceilings=ceilings, results_dir=results_dir, progress=step)
-    report = reports_dir / "xent.md"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text("# Cross-entropy benchmark\n\n" + xent.render(results_dir, reports_dir) + "\n")
+    report = _write_report(reports_dir / "xent.md", "Cross-entropy benchmark", xent.render(results_dir, reports_dir))
     return report
 
 
 def cmd_bench_xent(args) -> None:
     report = run_xent_benchmark(args.out, args.batch, args.vocab)
-    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"[bold]wrote[/] {report}")
+    _show_report(report)
 
 
 def cmd_bench_norms(args) -> None:
@@ -126,11 +136,10 @@ def cmd_bench_norms(args) -> None:
             progress.update(task, description=f"norms (done: {done})", advance=1)
 
         norms.run(device, ceilings, results_dir, progress=step)
-    report = reports_dir / "norms.md"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text("# LayerNorm / RMSNorm benchmark\n\n" + norms.render(results_dir, reports_dir) + "\n")
-    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"[bold]wrote[/] {report}")
+    report = _write_report(
+        reports_dir / "norms.md", "LayerNorm / RMSNorm benchmark", norms.render(results_dir, reports_dir)
+    )
+    _show_report(report)
 
 
 def _sweep_list(text: str) -> tuple[str, ...]:
@@ -152,16 +161,14 @@ def run_attention_benchmark(out: Path, sweeps: tuple[str, ...]) -> Path:
             progress.update(task, description=f"attention (done: {done})", advance=1)
 
         attention.run(sweeps, device, results_dir, progress=step)
-    report = reports_dir / "attention.md"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text("# Attention benchmark\n\n" + attention.render(results_dir, reports_dir) + "\n")
-    return report
+    return _write_report(
+        reports_dir / "attention.md", "Attention benchmark", attention.render(results_dir, reports_dir)
+    )
 
 
 def cmd_bench_attention(args) -> None:
     report = run_attention_benchmark(args.out, args.sweep)
-    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"[bold]wrote[/] {report}")
+    _show_report(report)
 
 
 def _choice_list(choices: Sequence[str], what: str = "value"):
@@ -226,9 +233,7 @@ def run_model_benchmark(out: Path, configs, rows, *, batch: int, warmup: int, st
 
         model_bench.run(configs, rows, batch=batch, warmup=warmup, steps=steps, device=device,
                         results_dir=results_dir, implementations=implementations, progress=step)  # fmt: skip
-    report = reports_dir / "model.md"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text("# Model benchmark\n\n" + model_bench.render(results_dir, reports_dir) + "\n")
+    report = _write_report(reports_dir / "model.md", "Model benchmark", model_bench.render(results_dir, reports_dir))
     return report
 
 
@@ -247,8 +252,7 @@ def cmd_bench_model(args) -> None:
     row_list = rows(args.mode or ("train",), args.precision or ("bf16",), args.compile or ("eager",))
     report = run_model_benchmark(args.out, model_configs(args), row_list, batch=args.batch, warmup=args.warmup,
                                  steps=args.steps, hf=args.hf)  # fmt: skip
-    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"[bold]wrote[/] {report}")
+    _show_report(report)
 
 
 def cmd_bench_allreduce(args) -> None:
@@ -274,11 +278,10 @@ def cmd_bench_allreduce(args) -> None:
 
         allreduce_bench.run(backend, worlds, args.sizes_mb, results_dir, warmup=args.warmup, iters=args.iters,
                             progress=step)  # fmt: skip
-    report = reports_dir / "allreduce.md"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text("# All-reduce benchmark\n\n" + allreduce_bench.render(results_dir, reports_dir) + "\n")
-    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"[bold]wrote[/] {report}")
+    report = _write_report(
+        reports_dir / "allreduce.md", "All-reduce benchmark", allreduce_bench.render(results_dir, reports_dir)
+    )
+    _show_report(report)
 
 
 def _float_list(text: str) -> tuple[float, ...]:
@@ -313,10 +316,7 @@ def run_model_profile(
         profiles, records = model_profile.run(config, preset, batch=batch, precision=precision, warmup=warmup,
                                               steps=steps, device=_device(), out=out,
                                               timing_steps=timing_steps)  # fmt: skip
-    report = out / "reports" / "profile_model.md"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text("# Model profile\n\n" + model_profile.render(profiles, records) + "\n")
-    return report
+    return _write_report(out / "reports" / "profile_model.md", "Model profile", model_profile.render(profiles, records))
 
 
 def cmd_profile_model(args) -> None:
@@ -325,8 +325,7 @@ def cmd_profile_model(args) -> None:
     preset, config = _single_model_config(args)
     report = run_model_profile(args.out, preset, config, batch=args.batch, precision=args.precision,
                                warmup=args.warmup, steps=args.steps, timing_steps=args.timing_steps)  # fmt: skip
-    console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"[bold]wrote[/] {report}")
+    _show_report(report)
 
 
 def cmd_profile_memory(args) -> None:
@@ -346,8 +345,7 @@ def cmd_profile_memory(args) -> None:
     reports = args.out / "reports"
     plot = memory.timeline_plot(reports / f"memory_{preset}.png", timelines,
                                 f"Active memory over one step · {preset} · batch {args.batch}")  # fmt: skip
-    report = reports / f"memory_{preset}.md"
-    report.write_text(f"# Memory of {preset}\n\n" + memory.render(records, plot) + "\n")
+    report = _write_report(reports / f"memory_{preset}.md", f"Memory of {preset}", memory.render(records, plot))
     console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
     where = (
         "snapshots (pytorch.org/memory_viz) under " + str(args.out / "snapshots")
