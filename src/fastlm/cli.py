@@ -419,6 +419,112 @@ def cmd_analyze_memory(args) -> None:
     console.print(table)
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def cmd_analyze_parallel(args) -> None:
+    """`analyze parallel`: memory, GPUs, FSDP degree and compute-bound batch of a stack of MLP blocks."""
+    import math
+
+    from fastlm.analysis import parallel as cost
+
+    try:
+        config = cost.ParallelConfig(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, batch=args.batch,
+                                     context_length=args.context)  # fmt: skip
+        mesh = cost.MeshConfig(w_ici=args.w_ici, flops=args.flops, m_x=args.mx, m_y=args.my, x=args.x, y=args.y)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    gb = lambda n: f"{n / cost.GB:,.2f} GB"
+    gib = lambda n: f"{n / 2**30:,.2f} GiB"
+    memory = cost.memory_accounting(config)
+    table = Table(title=f"Training memory · d_model {config.d_model}, d_ff {config.d_ff}, {config.blocks} blocks of "
+                        f"two linear layers · {config.tokens:,} tokens (batch {config.batch} x context "
+                        f"{config.context_length}) · 1 GB = 1e9 bytes, 1 GiB = 2^30")  # fmt: skip
+    table.add_column("what")
+    table.add_column("formula")
+    table.add_column("value", justify="right", no_wrap=True)
+    table.add_column("GiB", justify="right", no_wrap=True)
+    table.add_row("parameters P", "2 x blocks x d_model x d_ff", f"{memory.parameters:,}", "")
+    for what, formula, n_bytes in (("master weights (fp32)", "4 x P", memory.master_weights),
+                                   ("accumulated gradients (fp32)", "4 x P", memory.gradients),
+                                   ("AdamW state (fp32 m and v)", "8 x P", memory.adamw_state),
+                                   ("weights + gradients + AdamW", "16 x P", memory.state)):  # fmt: skip
+        table.add_row(what, formula, gb(n_bytes), gib(n_bytes))
+    table.add_row("saved activations per token (bf16)", "2 x blocks x (d_model + d_ff)",
+                  f"{memory.activations_per_token:,} B", "")  # fmt: skip
+    table.add_row(f"saved activations A, {config.tokens:,} tokens", "tokens x per token", gb(memory.activations),
+                  gib(memory.activations))  # fmt: skip
+    table.add_row("total", "16 x P + A", gb(memory.total), gib(memory.total))
+    for what, n_bytes in (("16 x P", memory.state), ("(16 x P + A)", memory.total)):
+        table.add_row(f"{args.gpu_memory_gb:g} GB GPUs for {what.strip('()')}", f"ceil({what} / {args.gpu_memory_gb:g} GB)",
+                      str(cost.devices_needed(n_bytes, args.gpu_memory_gb)), "")  # fmt: skip
+    console.print(table)
+
+    limit_gb = args.device_memory_gb
+    n_min = cost.smallest_fsdp_degree(config, limit_gb)
+    half = memory.activations / 2
+    fsdp = Table(title=f"FSDP over N devices: 16 x P and A/2 sharded, the other A/2 on every device · "
+                       f"per device (16 x P + A/2) / N + A/2 · limit {limit_gb:g} GB")  # fmt: skip
+    fsdp.add_column("N", justify="right", no_wrap=True)
+    fsdp.add_column("(16 x P + A/2) / N", justify="right", no_wrap=True)
+    fsdp.add_column("A/2", justify="right", no_wrap=True)
+    fsdp.add_column("per device", justify="right", no_wrap=True)
+    fsdp.add_column("GiB", justify="right", no_wrap=True)
+    fsdp.add_column(f"< {limit_gb:g} GB", no_wrap=True)
+    shown = sorted({1, 8, 64} | ({n_min - 1, n_min} - {0} if n_min else set()))
+    for n in shown:
+        per_device = cost.fsdp_memory_per_device(config, n)
+        fsdp.add_row(str(n), gb(per_device - half), gb(half), gb(per_device), gib(per_device),
+                     "yes" if per_device < limit_gb * cost.GB else "no")  # fmt: skip
+    console.print(fsdp)
+    if n_min is None:
+        console.print(f"No N_FSDP fits under {limit_gb:g} GB: the replicated half of the activations alone, "
+                      f"A/2 = {gb(half)}, does not; save fewer tokens (--batch, --context).")  # fmt: skip
+    else:
+        per_device = cost.fsdp_memory_per_device(config, n_min)
+        console.print(f"Smallest N_FSDP with per-device memory under {limit_gb:g} GB: [bold]{n_min}[/] "
+                      f"({gb(per_device)} = {gib(per_device)} per device).")  # fmt: skip
+
+    batch = cost.compute_bound_batch(config, mesh)
+    n_devices = mesh.devices
+    title = (f"Forward pass, FSDP x TP · X = {mesh.x} (FSDP, M_X = {mesh.m_x}) x Y = {mesh.y} (TP, M_Y = {mesh.m_y}) "
+             f"= {n_devices} chips · C = {mesh.flops:.3g} FLOP/s, W_ici = {mesh.w_ici:.3g} B/s")  # fmt: skip
+    if batch is None:
+        console.print(f"[bold]{title}[/]")
+        alpha = mesh.ici_intensity
+        console.print(f"No batch is compute-bound: the TP collectives alone take as long as the math, since d_ff = "
+                      f"{config.d_ff} <= alpha x Y / M_Y = {alpha * mesh.y / mesh.m_y:,.1f} "
+                      f"(alpha = C / W_ici = {alpha:,.1f}); use a smaller --y or a larger --my.")  # fmt: skip
+        return
+    times = cost.forward_times(config, mesh, batch)
+    per_device = math.ceil(batch / n_devices)
+    forward = Table(title=title)
+    forward.add_column("quantity")
+    forward.add_column("formula")
+    forward.add_column("value", justify="right", no_wrap=True)
+    us = lambda seconds: f"{seconds * 1e6:,.1f} µs"
+    forward.add_row("alpha, ICI FLOPs per byte", "C / W_ici", f"{mesh.ici_intensity:,.1f} FLOP/B")
+    forward.add_row("smallest compute-bound batch B", "alpha F X / (M_X (F - alpha Y / M_Y))",
+                    f"{batch:,.1f} tokens")  # fmt: skip
+    forward.add_row("per-device batch", "B / N", f"{batch / n_devices:,.1f} tokens")
+    forward.add_row("smallest whole per-device batch", "ceil(B / N), total x N",
+                    f"{per_device:,} ({per_device * n_devices:,} in all)")  # fmt: skip
+    forward.add_row("T_math per block at B", "4 B D F / (N C)", us(times.math_s))
+    forward.add_row("T_FSDP: AllGather weights on X", "4 D F / (Y W_ici M_X)", us(times.fsdp_comms_s))
+    forward.add_row("T_TP: In and Out collectives on Y", "4 B D / (X W_ici M_Y)", us(times.tp_comms_s))
+    console.print(forward)
+    console.print("Compute-bound when T_math >= T_FSDP + T_TP (communication overlapped with math; How to Scale "
+                  "Your Model, 'Mixed FSDP and Tensor Parallelism'); the times are per block and the same ratio holds "
+                  "for all blocks. Assumptions: fastlm.analysis.parallel, docs/distributed.md.")  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------
 # train, ar
 # ---------------------------------------------------------------------------------------------
@@ -700,6 +806,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(p)
     p.add_argument("--contexts", type=_int_list, default=(128, 256, 512), help="default 128,256,512")
     p.set_defaults(func=cmd_analyze_memory, preset=("2.7b",))
+
+    p = analyze.add_parser("parallel", help="memory, GPUs, FSDP degree and compute-bound batch of a large MLP stack")
+    p.add_argument("--d-model", type=_positive_int, default=16384, help="D (default 16384)")
+    p.add_argument("--d-ff", type=_positive_int, default=53248, help="F (default 53248)")
+    p.add_argument("--blocks", type=_positive_int, default=126, help="blocks of two linear layers (default 126)")
+    p.add_argument("--batch", type=_positive_int, default=1, help="sequences whose activations are saved (default 1)")
+    p.add_argument("--context", type=_positive_int, default=8192, help="tokens per sequence (default 8192)")
+    p.add_argument("--gpu-memory-gb", type=_positive_float, default=80.0, help="GPU size for the count (default 80)")
+    p.add_argument("--device-memory-gb", type=_positive_float, default=95.0,
+                   help="per-device limit for the FSDP degree (default 95, TPU v5p)")  # fmt: skip
+    p.add_argument("--w-ici", type=_positive_float, default=2 * 9e10,
+                   help="W_ici, bidirectional ICI bytes/s per axis (default 1.8e11, TPU v5p)")  # fmt: skip
+    p.add_argument("--flops", type=_positive_float, default=4.6e14, help="C, FLOP/s per chip (default 4.6e14)")
+    p.add_argument("--mx", type=_positive_int, default=2, help="M_X, mesh axes of the FSDP dimension (default 2)")
+    p.add_argument("--my", type=_positive_int, default=1, help="M_Y, mesh axes of the TP dimension (default 1)")
+    p.add_argument("--x", type=_positive_int, default=16, help="X, FSDP degree (default 16)")
+    p.add_argument("--y", type=_positive_int, default=4, help="Y, TP degree (default 4)")
+    p.set_defaults(func=cmd_analyze_parallel)
 
     def add_recall_arguments(p):
         p.add_argument("--keys", type=_positive_int, default=16, help="key vocabulary (default 16)")

@@ -1,17 +1,15 @@
 """Data-parallel wrappers on 2 gloo ranks (CPU): replicas stay equal to single-process training."""
 
 import copy
-import datetime
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from fastlm.distributed import DDP, BucketedDDP, allreduce_gradients
+from fastlm.distributed.launch import spawn
 
 WORLD = 2
 VARIANTS = ["naive", "flat", "ddp", "bucketed-tiny", "bucketed-large"]
@@ -34,24 +32,8 @@ class TiedModel(nn.Module):
         return x @ self.embed.weight.T  # tied output projection
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(rank: int, port: int, body, *args) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-    try:
-        body(rank, *args)
-        dist.barrier()  # no rank tears down while another still has collectives in flight
-    finally:
-        dist.destroy_process_group()
-
-
 def _spawn(body, *args) -> None:
-    mp.spawn(_run, args=(_free_port(), body, *args), nprocs=WORLD, join=True)
+    spawn(body, WORLD, *args, backend="gloo", timeout_s=60)
 
 
 def _wrap(variant: str, model: nn.Module):

@@ -7,8 +7,7 @@ import torch
 import torch.multiprocessing as mp
 
 from fastlm import train
-
-from .test_ddp import _free_port
+from fastlm.distributed.launch import free_port
 
 COMMON = ["--preset", "tiny", "--vocab", "50", "--context", "16", "--lr", "1e-2"]
 
@@ -20,7 +19,7 @@ def _rank_main(rank: int, world: int, port: int, argv: list[str]) -> None:
 
 
 def _torchrun_like(argv: list[str], world: int = 2) -> None:
-    mp.spawn(_rank_main, args=(world, _free_port(), argv), nprocs=world)
+    mp.spawn(_rank_main, args=(world, free_port(), argv), nprocs=world)
 
 
 def _weights(path) -> dict:

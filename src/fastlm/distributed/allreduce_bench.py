@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -22,10 +21,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from fastlm.bench.records import append_records, read_records, with_environment
 from fastlm.bench.report import line_plot, markdown_table
+from fastlm.distributed.launch import spawn
 
 RESULTS_FILE = "allreduce.jsonl"
 
@@ -34,17 +33,7 @@ def bus_bandwidth(algbw: float, world: int) -> float:
     return algbw * 2 * (world - 1) / world
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: int, out: str) -> None:
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
 
     def sync() -> None:
@@ -52,37 +41,34 @@ def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: i
             torch.cuda.synchronize(device)
 
     rows = []
-    try:
-        for size_mb in sizes_mb:
-            data = torch.ones(int(size_mb * 1e6) // 4, dtype=torch.float32, device=device)
-            times = []
-            for i in range(warmup + iters):
-                dist.barrier()
-                sync()
-                start = time.perf_counter()
-                dist.all_reduce(data)
-                sync()
-                elapsed = torch.tensor([time.perf_counter() - start], device=device)
-                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-                if i >= warmup:
-                    times.append(elapsed.item())
-            median = statistics.median(times)
-            algbw = data.numel() * 4 / median / 1e9
-            rows.append({"backend": backend, "world": world, "size_mb": size_mb, "iters": iters,
-                         "median_ms": median * 1e3, "algbw_gbps": algbw,
-                         "busbw_gbps": bus_bandwidth(algbw, world)})  # fmt: skip
-            del data
-        if rank == 0:
-            Path(out).write_text(repr(rows))
-    finally:
-        dist.destroy_process_group()
+    for size_mb in sizes_mb:
+        data = torch.ones(int(size_mb * 1e6) // 4, dtype=torch.float32, device=device)
+        times = []
+        for i in range(warmup + iters):
+            dist.barrier()
+            sync()
+            start = time.perf_counter()
+            dist.all_reduce(data)
+            sync()
+            elapsed = torch.tensor([time.perf_counter() - start], device=device)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            if i >= warmup:
+                times.append(elapsed.item())
+        median = statistics.median(times)
+        algbw = data.numel() * 4 / median / 1e9
+        rows.append({"backend": backend, "world": world, "size_mb": size_mb, "iters": iters,
+                     "median_ms": median * 1e3, "algbw_gbps": algbw,
+                     "busbw_gbps": bus_bandwidth(algbw, world)})  # fmt: skip
+        del data
+    if rank == 0:
+        Path(out).write_text(repr(rows))
 
 
 def measure(backend: str, world: int, sizes_mb, *, warmup: int = 5, iters: int = 10) -> list[dict]:
     """All sizes for one (backend, world size); returns the records (rank 0's view)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows")
-        mp.spawn(_worker, args=(world, backend, tuple(sizes_mb), warmup, iters, _free_port(), out), nprocs=world)
+        spawn(_worker, world, world, backend, tuple(sizes_mb), warmup, iters, out, backend=backend)
         return [with_environment({"op": "allreduce", **row}) for row in ast.literal_eval(Path(out).read_text())]
 
 
