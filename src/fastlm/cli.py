@@ -284,6 +284,55 @@ def cmd_bench_allreduce(args) -> None:
     _show_report(report)
 
 
+def cmd_bench_ddp(args) -> None:
+    import torch
+
+    from fastlm.distributed import ddp_bench
+
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+    worlds = [n for n in args.procs if backend == "gloo" or n <= torch.cuda.device_count()]
+    if not worlds:
+        raise UserError(f"NCCL needs one GPU per process; this machine has {torch.cuda.device_count()}")
+    skipped = sorted(set(args.procs) - set(worlds))
+    if skipped:
+        console.print(f"skipping {', '.join(map(str, skipped))} processes: only {torch.cuda.device_count()} GPUs")
+    preset = args.preset or ("xl" if backend == "nccl" else "tiny")
+    settings = ddp_bench.Settings(
+        preset=preset, context=args.context, batch=args.batch, vocab=args.vocab, precision=args.precision,
+        warmup=args.warmup, steps=args.steps, profile_steps=args.profile_steps, bucket_mb=args.bucket_mb,
+        trace_dir=str(args.out / "traces"),
+    )  # fmt: skip
+    results_dir, reports_dir = args.out / "results", args.out / "reports"
+    with _progress() as progress:
+        task = progress.add_task(f"data-parallel steps ({backend}, {preset})", total=len(worlds))
+
+        def step(done: str) -> None:
+            progress.update(task, advance=1, description=f"data-parallel steps ({backend}, done: {done})")
+
+        ddp_bench.run(backend, worlds, settings, args.variants, args.optimizers, results_dir, progress=step)
+    report = _write_report(
+        reports_dir / "ddp.md", "Data-parallel training benchmark", ddp_bench.render(results_dir, reports_dir)
+    )
+    _show_report(report)
+
+
+def _variant_list(text: str) -> tuple[str, ...]:
+    from fastlm.distributed.ddp_bench import check_variant
+
+    try:
+        return tuple(check_variant(part.strip()) for part in text.split(","))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _optimizer_list(text: str) -> tuple[str, ...]:
+    from fastlm.distributed.ddp_bench import OPTIMIZERS
+
+    return () if text == "none" else _choice_list(OPTIMIZERS, "optimizer")(text)
+
+
 def _float_list(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(part) for part in text.split(","))
@@ -462,10 +511,13 @@ def cmd_analyze_parallel(args) -> None:
     table.add_row(f"saved activations A, {config.tokens:,} tokens", "tokens x per token", gb(memory.activations),
                   gib(memory.activations))  # fmt: skip
     table.add_row("total", "16 x P + A", gb(memory.total), gib(memory.total))
-    for what, n_bytes in (("16 x P", memory.state), ("(16 x P + A)", memory.total)):
-        table.add_row(f"{args.gpu_memory_gb:g} GB GPUs for {what.strip('()')}", f"ceil({what} / {args.gpu_memory_gb:g} GB)",
-                      str(cost.devices_needed(n_bytes, args.gpu_memory_gb)), "")  # fmt: skip
+    gpu = f"{args.gpu_memory_gb:g} GB"
+    gpus = [cost.devices_needed(n_bytes, args.gpu_memory_gb) for n_bytes in (memory.state, memory.total)]
+    table.add_row(f"{gpu} GPUs for 16 x P", f"ceil(16 x P / {gpu})", str(gpus[0]), "")
+    table.add_row(f"{gpu} GPUs for 16 x P + A", f"ceil((16 x P + A) / {gpu})", str(gpus[1]), "")
     console.print(table)
+    console.print(f"{gpu} GPUs to hold it: [bold]{gpus[0]}[/] for weights, gradients and AdamW state, "
+                  f"[bold]{gpus[1]}[/] with the saved activations too.")  # fmt: skip
 
     limit_gb = args.device_memory_gb
     n_min = cost.smallest_fsdp_degree(config, limit_gb)
@@ -770,6 +822,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=_positive_int, default=10)
     add_out(p)
     p.set_defaults(func=cmd_bench_allreduce)
+
+    from fastlm.distributed import ddp_bench
+
+    p = bench.add_parser("ddp", help="data-parallel step time, communication overlap, optimizer-state sharding")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: NCCL with a GPU per process when there are 2+ GPUs, else gloo on CPU")  # fmt: skip
+    p.add_argument("--procs", type=_int_list, default=(2, 4), help="comma list of process counts (default 2,4)")
+    p.add_argument("--preset", choices=PRESETS, default=None, help="default xl with NCCL, tiny with gloo")
+    p.add_argument("--vocab", type=_positive_int, default=10000)
+    p.add_argument("--context", type=_positive_int, default=512)
+    p.add_argument("--batch", type=_positive_int, default=4, help="sequences per rank (default 4)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="default bf16 (autocast)")
+    p.add_argument("--variants", type=_variant_list, default=ddp_bench.VARIANTS,
+                   help=f"comma list (default {','.join(ddp_bench.VARIANTS)}; bucketed-X for any X MB)")  # fmt: skip
+    p.add_argument("--optimizers", type=_optimizer_list, default=ddp_bench.OPTIMIZERS,
+                   help="memory rows: comma list of adamw, sharded (ShardedOptimizer), zero "
+                   "(ZeroRedundancyOptimizer), or none")  # fmt: skip
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="BucketedDDP bucket size of the memory rows")
+    p.add_argument("--warmup", type=_non_negative_int, default=3)
+    p.add_argument("--steps", type=_positive_int, default=10)
+    p.add_argument("--profile-steps", type=_positive_int, default=2, help="profiled steps per variant (default 2)")
+    add_out(p)
+    p.set_defaults(func=cmd_bench_ddp)
 
     profile = groups.add_parser("profile", help="where time and memory go").add_subparsers(
         dest="command", required=True

@@ -35,6 +35,9 @@ Assumptions, all of them:
                                                  ends with its F/Y slice of both, 2 * 2 * D * F / Y bytes
       T_TP    = 4 * B * D / (X * W_ici * M_Y)   AllGather of In[B_X, D_Y] and ReduceScatter of
                                                  Out[B_X, D], bf16: 2 * 2 * B * D / X bytes
+  Like the book, a k-way collective costs bytes / (W_ici * axes), dropping its (k - 1) / k factor;
+  so X = 1 or Y = 1 is still charged a collective it would not run (pessimistic by a few percent:
+  with Y = 1 the true bound is the book's pure-FSDP B / N >= alpha / M_X). Latency is ignored.
   The run is compute-bound when T_math >= T_FSDP + T_TP. Every block has the same ratio, so
   ``blocks`` drops out. Dividing by 4 * D:
       B * (F / (N * C) - 1 / (X * W_ici * M_Y)) >= F / (Y * W_ici * M_X)

@@ -1,0 +1,498 @@
+"""`fastlm bench ddp`: the data-parallel training step of the LM for each way of synchronizing
+gradients: step time, time spent communicating (measured on the GPU timeline), how much of it
+backward hides, and the memory of optimizer-state sharding.
+
+One process per rank (NCCL with one GPU each, or gloo on CPU); each rank builds the model (same
+seed), takes its own random batch of `batch` sequences, runs forward under bf16 autocast (or fp32),
+backward, gradient synchronization and AdamW (fused on CUDA). Every variant gets a fresh model.
+
+Variants
+    no-sync       no gradient averaging: the compute-only step every variant is compared with
+    naive, flat   `allreduce_gradients` after backward, per parameter / flattened
+    ddp           fastlm `DDP`: an async all-reduce per parameter, started from its gradient hook
+    bucketed-X    fastlm `BucketedDDP(bucket_size_mb=X)`
+    torch-ddp     PyTorch `DistributedDataParallel` (its defaults: 25 MB buckets)
+
+Step time: `warmup` untimed steps, then `steps` timed ones between synchronizes; a step's time is
+the slowest rank's; rows give the median.
+
+Communication (GPU): `profile_steps` more steps under torch.profiler. On rank 0's GPU timeline
+every NCCL kernel is communication and every other kernel (and copy) compute; a kernel's phase
+(forward / backward / sync / optimizer) is the range in which its launch was issued.
+    comm_ms                  union of the NCCL kernel intervals, per step
+    hidden_behind_backward   share of comm_ms during which a backward kernel runs concurrently
+    exposed_comm_ms          comm time with no compute kernel running, per step
+An NCCL kernel also spans the wait for the slower rank, so comm_ms bounds the wire time from above.
+A Chrome trace (gzip) per variant lands in `trace_dir`.
+
+Memory (GPU, optimizers `adamw` / `sharded` / `zero`, all with `BucketedDDP(bucket_mb)`): memory
+allocated after construction, at the start of a step (optimizer state exists after the warm-up),
+after forward, before and after the optimizer step, and the peak; the breakdown into parameters,
+gradients, this rank's optimizer state and activations (after forward minus start of step); the
+step time. `sharded` is fastlm's `ShardedOptimizer`, `zero` PyTorch's `ZeroRedundancyOptimizer`.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import tempfile
+import timeit
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.autograd import DeviceType
+
+from fastlm.bench.records import append_records, read_records, with_environment
+from fastlm.bench.report import grouped_bar_plot, markdown_table
+from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
+from fastlm.distributed.launch import spawn
+from fastlm.model import ModelConfig, TransformerLM
+from fastlm.profile.ranges import annotate, annotations
+
+RESULTS_FILE = "ddp.jsonl"
+VARIANTS = ("no-sync", "naive", "flat", "ddp", "bucketed-1", "bucketed-10", "bucketed-100", "bucketed-1000",
+            "torch-ddp")  # fmt: skip
+OPTIMIZERS = ("adamw", "sharded", "zero")
+PHASES = ("forward", "backward", "sync", "optimizer")
+MB = 1e6
+
+
+@dataclass(frozen=True)
+class Settings:
+    preset: str = "xl"
+    context: int = 512
+    batch: int = 4  # sequences per rank
+    vocab: int = 10000
+    precision: str = "bf16"
+    warmup: int = 3
+    steps: int = 10
+    profile_steps: int = 2
+    bucket_mb: float = 25.0  # for the memory rows
+    trace_dir: str | None = None
+
+
+def check_variant(name: str) -> str:
+    """``name`` if it is a variant (``bucketed-X`` with any positive X), else ValueError."""
+    if name in VARIANTS:
+        return name
+    if name.startswith("bucketed-"):
+        try:
+            if float(name.removeprefix("bucketed-")) > 0:
+                return name
+        except ValueError:
+            pass
+    raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)} (bucketed-X for any X MB > 0)")
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU timeline: intervals, overlap
+# ---------------------------------------------------------------------------------------------
+
+Interval = tuple[float, float]  # (start, end), ms
+
+
+def merge(intervals: Sequence[Interval], gap: float = 0.0) -> list[Interval]:
+    """The union of ``intervals`` as sorted disjoint intervals; pieces closer than ``gap`` join."""
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1] + gap:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def length(intervals: Sequence[Interval]) -> float:
+    return sum(end - start for start, end in merge(intervals))
+
+
+def intersection(a: Sequence[Interval], b: Sequence[Interval]) -> float:
+    """Total length of (union of a) ∩ (union of b)."""
+    a, b = merge(a), merge(b)
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+@dataclass
+class Timeline:
+    """GPU work of the profiled steps, ms from the first kernel: communication and compute by phase."""
+
+    comm: list[Interval]
+    compute: dict[str, list[Interval]]  # phase -> intervals ("other" when launched outside a phase)
+
+    def summary(self, steps: int) -> dict:
+        total = length(self.comm)
+        all_compute = [iv for intervals in self.compute.values() for iv in intervals]
+        if total == 0:
+            return {"comm_ms": 0.0, "hidden_behind_backward": None, "exposed_comm_ms": 0.0}
+        return {
+            "comm_ms": total / steps,
+            "hidden_behind_backward": intersection(self.comm, self.compute.get("backward", [])) / total,
+            "exposed_comm_ms": (total - intersection(self.comm, all_compute)) / steps,
+        }
+
+    def compact(self, gap: float = 0.02) -> dict:
+        """Merged intervals (pieces closer than ``gap`` ms join), rounded: small enough for a record."""
+
+        def rounded(intervals):
+            return [(round(a, 3), round(b, 3)) for a, b in merge(intervals, gap)]
+
+        return {"comm": rounded(self.comm), **{phase: rounded(ivs) for phase, ivs in self.compute.items()}}
+
+
+def _innermost(ranges: list[tuple[int, int, str]], t: int) -> str:
+    containing = [(end - start, name) for start, end, name in ranges if start <= t <= end]
+    return min(containing)[1] if containing else "other"
+
+
+def gpu_timeline(events) -> Timeline:
+    """From ``profiler.kineto_results.events()``: GPU kernels and copies, linked to the CPU call
+    that launched them (correlation id) and through its time to a phase range."""
+    cpu = [e for e in events if e.device_type() == DeviceType.CPU]
+    ranges = [(e.start_ns(), e.end_ns(), e.name()) for e in cpu if e.name() in PHASES]
+    launched_at = {e.correlation_id(): e.start_ns() for e in cpu if e.correlation_id()}
+    gpu = [e for e in events if e.device_type() == DeviceType.CUDA and not e.is_user_annotation()]
+    timeline = Timeline([], {})
+    if not gpu:
+        return timeline
+    origin = min(e.start_ns() for e in gpu)
+    for e in gpu:
+        interval = ((e.start_ns() - origin) / 1e6, (e.end_ns() - origin) / 1e6)
+        if "nccl" in e.name().lower():
+            timeline.comm.append(interval)
+        else:
+            phase = _innermost(ranges, launched_at.get(e.correlation_id(), -1))
+            timeline.compute.setdefault(phase, []).append(interval)
+    return timeline
+
+
+# ---------------------------------------------------------------------------------------------
+# One rank's measurements
+# ---------------------------------------------------------------------------------------------
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _build_model(settings: Settings, device: torch.device) -> TransformerLM:
+    torch.manual_seed(0)  # the same weights on every rank, also for the variants that do not broadcast
+    config = ModelConfig.preset(settings.preset, vocab_size=settings.vocab, context_length=settings.context)
+    with torch.device(device):
+        return TransformerLM(config)
+
+
+def _wrap(variant: str, model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, Callable]:
+    """(the module to call, the synchronization to run after backward)."""
+    if variant == "ddp":
+        wrapped = DDP(model)
+        return wrapped, wrapped.finish_gradient_synchronization
+    if variant.startswith("bucketed-"):
+        wrapped = BucketedDDP(model, float(variant.removeprefix("bucketed-")))
+        return wrapped, wrapped.finish_gradient_synchronization
+    if variant == "torch-ddp":
+        device_ids = [device.index] if device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids), lambda: None
+    if variant in ("naive", "flat"):
+        return model, lambda: allreduce_gradients(model, flat=variant == "flat")
+    return model, lambda: None
+
+
+def make_optimizer(name: str, params, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW (fused on CUDA) unsharded, as fastlm's ShardedOptimizer, or as PyTorch's ZeRO-1."""
+    options = {"lr": 1e-4, "fused": device.type == "cuda"}
+    if name == "adamw":
+        return torch.optim.AdamW(params, **options)
+    if name == "sharded":
+        return ShardedOptimizer(params, torch.optim.AdamW, **options)
+    if name == "zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **options)
+    raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the optimizer-state tensors this rank holds (the local share of a sharded one)."""
+    local = getattr(optimizer, "local", None) or getattr(optimizer, "optim", None) or optimizer
+    return sum(
+        value.numel() * value.element_size()
+        for state in local.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    )
+
+
+class _Run:
+    """One rank's model, wrapper, optimizer, batch and step function for one row."""
+
+    def __init__(self, settings: Settings, variant: str, optimizer: str, rank: int, device: torch.device) -> None:
+        self.device = device
+        self.model = _build_model(settings, device)
+        self.wrapped, self.sync = _wrap(variant, self.model, device)
+        self.optimizer = make_optimizer(optimizer, self.model.parameters(), device)
+        generator = torch.Generator().manual_seed(1000 + rank)
+        tokens = torch.randint(0, settings.vocab, (settings.batch, settings.context + 1), generator=generator)
+        self.tokens, self.targets = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
+        self.autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.precision == "bf16")
+
+    def forward(self) -> torch.Tensor:
+        with annotate("forward"), self.autocast:
+            return self.wrapped(self.tokens, self.targets)
+
+    def finish(self, loss: torch.Tensor) -> None:
+        with annotate("backward"):
+            loss.backward()
+        with annotate("sync"):
+            self.sync()
+        with annotate("optimizer"):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        self.finish(self.forward())
+
+    def timed_steps(self, steps: int) -> list[float]:
+        """Seconds per step, each the slowest rank's."""
+        times = []
+        for _ in range(steps):
+            _synchronize(self.device)
+            start = timeit.default_timer()
+            self.step()
+            _synchronize(self.device)
+            times.append(timeit.default_timer() - start)
+        slowest = torch.tensor(times, dtype=torch.float64, device=self.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        return slowest.tolist()
+
+    def allocated(self) -> int | None:
+        return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else None
+
+
+def _timing_fields(settings: Settings, times: list[float], world: int) -> dict:
+    median = statistics.median(times)
+    return {"median_ms": median * 1e3, "mean_ms": statistics.mean(times) * 1e3,
+            "tokens_per_s": settings.batch * settings.context * world / median}  # fmt: skip
+
+
+def _profile(run: _Run, settings: Settings, name: str, rank: int) -> dict:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if run.device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with annotations(), torch.profiler.profile(activities=activities) as profiler:
+        for _ in range(settings.profile_steps):
+            run.step()
+        _synchronize(run.device)
+    if rank == 0 and settings.trace_dir:
+        Path(settings.trace_dir).mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(Path(settings.trace_dir) / f"{name}.json.gz"))
+    timeline = gpu_timeline(profiler.profiler.kineto_results.events())
+    if not timeline.comm and not timeline.compute:
+        return {}  # no GPU timeline (gloo on CPU)
+    return {**timeline.summary(settings.profile_steps), "timeline": timeline.compact()}
+
+
+def _variant_row(settings: Settings, variant: str, rank: int, world: int, device: torch.device) -> dict:
+    run = _Run(settings, variant, "adamw", rank, device)
+    for _ in range(settings.warmup):
+        run.step()
+    row = _timing_fields(settings, run.timed_steps(settings.steps), world)
+    row.update(_profile(run, settings, f"ddp_{variant}_x{world}", rank))
+    return row
+
+
+def _memory_row(settings: Settings, optimizer: str, rank: int, world: int, device: torch.device) -> dict:
+    run = _Run(settings, f"bucketed-{settings.bucket_mb:g}", optimizer, rank, device)
+    row = {"init_bytes": run.allocated()}
+    for _ in range(max(1, settings.warmup)):  # the first step allocates the optimizer state
+        run.step()
+    _synchronize(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    row["step_start_bytes"] = run.allocated()
+    loss = run.forward()
+    row["after_forward_bytes"] = run.allocated()
+    loss.backward()
+    run.sync()
+    row["before_step_bytes"] = run.allocated()
+    row["grads_bytes"] = sum(p.grad.numel() * p.grad.element_size() for p in run.model.parameters()
+                             if p.grad is not None)  # fmt: skip
+    run.optimizer.step()
+    row["after_step_bytes"] = run.allocated()
+    run.optimizer.zero_grad(set_to_none=True)
+    row["peak_bytes"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    row["params_bytes"] = sum(p.numel() * p.element_size() for p in run.model.parameters())
+    row["optimizer_state_bytes"] = optimizer_state_bytes(run.optimizer)
+    if device.type == "cuda":
+        row["activations_bytes"] = row["after_forward_bytes"] - row["step_start_bytes"]
+    row.update(_timing_fields(settings, run.timed_steps(settings.steps), world))
+    return row
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _worker(rank: int, world: int, backend: str, settings: Settings, variants, optimizers, out: str) -> None:
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    # without teardown CUPTI stays attached after a profile and slows every later kernel launch
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")
+    rows = []
+    jobs = [("step", v, _variant_row) for v in variants] + [("memory", o, _memory_row) for o in optimizers]
+    for kind, name, measure in jobs:
+        key = "variant" if kind == "step" else "optimizer"
+        row = {"kind": kind, key: name}
+        # no out-of-memory rows here: a rank that skipped ahead would pair its collectives with
+        # another rank's unfinished step; an OOM ends the run with PyTorch's error instead
+        row.update(measure(settings, name, rank, world, device), status="ok")
+        _release(device)
+        dist.barrier()
+        rows.append(row)
+    if rank == 0:
+        Path(out).write_text(json.dumps(rows))
+
+
+def measure(backend: str, world: int, settings: Settings, variants: Sequence[str],
+            optimizers: Sequence[str]) -> list[dict]:  # fmt: skip
+    """Every variant and optimizer for one (backend, world size): the records (rank 0's view)."""
+    common = {"op": "ddp", "backend": backend, "world": world, **asdict(settings)}
+    common.pop("trace_dir")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.json")
+        spawn(_worker, world, world, backend, settings, tuple(variants), tuple(optimizers), out, backend=backend)
+        return [with_environment({**common, **row}) for row in json.loads(Path(out).read_text())]
+
+
+def run(backend: str, worlds: Sequence[int], settings: Settings, variants: Sequence[str],
+        optimizers: Sequence[str], results_dir: Path, progress=None) -> list[dict]:  # fmt: skip
+    records = []
+    for world in worlds:
+        measured = measure(backend, world, settings, variants, optimizers)
+        append_records(results_dir / RESULTS_FILE, measured)
+        records += measured
+        if progress is not None:
+            progress(f"{world} processes")
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+STEP_COLUMNS = [("world", "ranks"), ("variant", "variant"), ("median_ms", "step ms (median)"),
+                ("vs_torch_ddp", "vs torch-ddp"), ("tokens_per_s", "tokens/s"), ("comm_ms", "comm ms"),
+                ("hidden_percent", "comm hidden behind bwd %"), ("exposed_comm_ms", "exposed comm ms"),
+                ("status", "status")]  # fmt: skip
+MEMORY_COLUMNS = [("world", "ranks"), ("optimizer", "optimizer"), ("init_mb", "after init MB"),
+                  ("before_step_mb", "before step MB"), ("after_step_mb", "after step MB"), ("peak_mb", "peak MB"),
+                  ("params_mb", "params MB"), ("grads_mb", "grads MB"), ("optimizer_state_mb", "opt. state MB"),
+                  ("state_vs_adamw", "state vs adamw"), ("activations_mb", "activations MB"),
+                  ("median_ms", "step ms"), ("status", "status")]  # fmt: skip
+
+
+def _step_rows(records: list[dict]) -> list[dict]:
+    rows = []
+    for r in (r for r in records if r["kind"] == "step"):
+        reference = next((t for t in records if t["kind"] == "step" and t["variant"] == "torch-ddp"
+                          and t["world"] == r["world"] and t.get("median_ms")), None)  # fmt: skip
+        row = dict(r)
+        if reference and r.get("median_ms"):
+            row["vs_torch_ddp"] = r["median_ms"] / reference["median_ms"]
+        if r.get("hidden_behind_backward") is not None:
+            row["hidden_percent"] = 100 * r["hidden_behind_backward"]
+        rows.append(row)
+    return rows
+
+
+def _memory_rows(records: list[dict]) -> list[dict]:
+    rows = []
+    for r in (r for r in records if r["kind"] == "memory"):
+        row = {**r, **{key.replace("_bytes", "_mb"): value / MB for key, value in r.items()
+                       if key.endswith("_bytes") and value is not None}}  # fmt: skip
+        unsharded = next((t for t in records if t["kind"] == "memory" and t["optimizer"] == "adamw"
+                          and t["world"] == r["world"] and t.get("optimizer_state_bytes")), None)  # fmt: skip
+        if unsharded and r.get("optimizer_state_bytes") is not None:
+            row["state_vs_adamw"] = r["optimizer_state_bytes"] / unsharded["optimizer_state_bytes"]
+        rows.append(row)
+    return rows
+
+
+def overlap_plot(path: Path, records: list[dict], title: str) -> Path:
+    """One lane pair per variant: compute kernels coloured by phase above, NCCL kernels below."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = [r for r in records if r.get("timeline")]
+    colours = {"forward": "tab:blue", "backward": "tab:green", "sync": "tab:red", "optimizer": "tab:purple",
+               "other": "tab:gray", "comm": "tab:orange"}  # fmt: skip
+    fig, ax = plt.subplots(figsize=(12, 0.6 * len(timed) + 1.5))
+    for i, record in enumerate(reversed(timed)):
+        y = 2 * i
+        for lane, intervals in record["timeline"].items():
+            offset = 0.0 if lane == "comm" else 0.9
+            bars = [(a, b - a) for a, b in intervals]
+            ax.broken_barh(bars, (y + offset, 0.8), color=colours.get(lane, "tab:gray"), linewidth=0)
+    ax.set_yticks([2 * i + 0.9 for i in range(len(timed))], [r["variant"] for r in reversed(timed)])
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
+    ax.legend(handles, [name if name != "comm" else "NCCL (lower lane)" for name in colours], fontsize=7,
+              ncols=6, loc="upper center", bbox_to_anchor=(0.5, -0.12))  # fmt: skip
+    ax.set_xlabel("ms since the first kernel of the profiled steps")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def render(results_dir: Path, reports_dir: Path, runs: int = 1) -> str:
+    records = read_records(results_dir / RESULTS_FILE)
+    run_ids = list(dict.fromkeys(r["run_id"] for r in records))[-runs:]
+    records = [r for r in records if r["run_id"] in run_ids]
+    if not records:
+        return "No data-parallel records yet: run `fastlm bench ddp`.\n"
+    first = records[0]
+    lines = [
+        f"Device: {first['gpu']} · {first['backend']} · torch {first['torch']} · git {first['git_sha']} · "
+        f"{first['date']} · preset {first['preset']}, context {first['context']}, batch {first['batch']} per rank, "
+        f"{first['precision']}, AdamW · median of {first['steps']} steps (slowest rank each)",
+        "",
+    ]
+    steps = _step_rows(records)
+    if steps:
+        lines += ["## Step time and communication", "", markdown_table(steps, STEP_COLUMNS), ""]
+        worlds = sorted({r["world"] for r in steps})
+        variants = list(dict.fromkeys(r["variant"] for r in steps))
+        series = {f"{w} ranks": [next((r.get("median_ms") for r in steps if r["world"] == w and r["variant"] == v),
+                                      None) for v in variants] for w in worlds}  # fmt: skip
+        bars = grouped_bar_plot(reports_dir / "ddp_step_ms.png", variants, series, ylabel="step ms (median)",
+                                title=f"Data-parallel training step · {first['preset']} · {first['gpu']}")  # fmt: skip
+        lines += [f"![step time per variant]({bars.name})", ""]
+        for world in worlds:
+            timed = [r for r in steps if r["world"] == world and r.get("timeline")]
+            if timed:
+                plot = overlap_plot(reports_dir / f"ddp_overlap_x{world}.png", timed,
+                                    f"GPU timeline of {first['profile_steps']} steps, rank 0 of {world}: "
+                                    "compute by phase (upper lane) and NCCL (lower lane)")  # fmt: skip
+                lines += [f"![communication overlap, {world} ranks]({plot.name})", ""]
+    memory = _memory_rows(records)
+    if memory:
+        lines += ["## Memory per rank: optimizer-state sharding", "", markdown_table(memory, MEMORY_COLUMNS), ""]
+    return "\n".join(lines)

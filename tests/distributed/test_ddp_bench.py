@@ -1,0 +1,66 @@
+"""`fastlm bench ddp`: the timeline arithmetic by hand, and a reduced run on 2 gloo ranks."""
+
+import json
+
+import pytest
+
+from fastlm.cli import main
+from fastlm.distributed.ddp_bench import Timeline, check_variant, intersection, length, merge
+
+
+def test_merge_and_intersection_by_hand():
+    assert merge([(3, 4), (0, 1), (0.5, 2)]) == [(0, 2), (3, 4)]
+    assert merge([(0, 1), (1.01, 2)], gap=0.02) == [(0, 2)]
+    assert length([(0, 2), (1, 3), (5, 6)]) == 4
+    # a = [0,2] u [3,4], b = [1,3.5]: overlap [1,2] + [3,3.5]
+    assert intersection([(0, 2), (3, 4)], [(1, 3.5)]) == pytest.approx(1.5)
+    assert intersection([(0, 1)], [(2, 3)]) == 0
+
+
+def test_timeline_summary_by_hand():
+    # two steps; NCCL 4 ms in all, 3 ms of it under backward kernels, 0.5 ms under the optimizer
+    timeline = Timeline(
+        comm=[(10, 12), (30, 32)],
+        compute={"forward": [(0, 5)], "backward": [(5, 11.5), (25, 31)], "optimizer": [(11.5, 12)]},
+    )
+    summary = timeline.summary(steps=2)
+    assert summary["comm_ms"] == pytest.approx(2.0)
+    assert summary["hidden_behind_backward"] == pytest.approx((1.5 + 1.0) / 4)
+    assert summary["exposed_comm_ms"] == pytest.approx((4 - 3.0) / 2)
+    assert Timeline([], {"forward": [(0, 1)]}).summary(1)["hidden_behind_backward"] is None
+
+
+def test_variant_names():
+    assert check_variant("bucketed-25") == "bucketed-25"
+    for bad in ("bucketed-0", "bucketed-x", "ddp2"):
+        with pytest.raises(ValueError, match="unknown variant"):
+            check_variant(bad)
+
+
+def test_command_on_gloo(tmp_path):
+    argv = ["bench", "ddp", "--backend", "gloo", "--procs", "2", "--context", "16", "--vocab", "64",
+            "--variants", "no-sync,flat,bucketed-0.01,torch-ddp", "--optimizers", "adamw,sharded,zero",
+            "--warmup", "1", "--steps", "2", "--profile-steps", "1", "--out", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (tmp_path / "results" / "ddp.jsonl").read_text().splitlines()]
+    steps = {r["variant"]: r for r in records if r["kind"] == "step"}
+    assert list(steps) == ["no-sync", "flat", "bucketed-0.01", "torch-ddp"]
+    assert all(r["median_ms"] > 0 and r["world"] == 2 and r["status"] == "ok" for r in steps.values())
+    memory = {r["optimizer"]: r for r in records if r["kind"] == "memory"}
+    assert memory["adamw"]["params_bytes"] == memory["adamw"]["grads_bytes"]
+    assert memory["adamw"]["optimizer_state_bytes"] >= 2 * memory["adamw"]["params_bytes"]  # two moments
+    for sharded in ("sharded", "zero"):  # each rank keeps about half of the state
+        assert memory[sharded]["optimizer_state_bytes"] / memory["adamw"]["optimizer_state_bytes"] == pytest.approx(
+            0.5, abs=0.1
+        )
+    assert (tmp_path / "traces" / "ddp_flat_x2.json.gz").stat().st_size > 0
+    report = (tmp_path / "reports" / "ddp.md").read_text()
+    assert "optimizer-state sharding" in report and "torch-ddp" in report
+
+
+def test_bad_arguments_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "ddp", "--variants", "ddp,fastest"])
+    assert "unknown variant 'fastest'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "ddp", "--optimizers", "sgd"])
