@@ -40,7 +40,7 @@ def _check(kind, x, weight=None, bias=None):
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 @pytest.mark.parametrize("width", [1, 37, 128, 1000])
 def test_matches_reference_with_all_gradients(kind, width):
-    x = torch.randn(3, 5, width, requires_grad=True)
+    x = torch.randn(3, 5, width, requires_grad=True)  # 15 rows: a partial last tile of rows
     weight = torch.randn(width, requires_grad=True)
     bias = torch.randn(width, requires_grad=True) if kind == "layer" else None
     _check(kind, x, weight, bias)
@@ -48,7 +48,8 @@ def test_matches_reference_with_all_gradients(kind, width):
 
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 def test_wide_rows_take_the_looped_path(kind, monkeypatch):
-    monkeypatch.setattr(norm_module, "BLOCK_MAX", 64)  # 300 columns: 5 chunks of 64, last one partial
+    monkeypatch.setattr(norm_module, "FORWARD_BLOCK_MAX", 64)  # 300 columns: 5 chunks of 64, last one partial
+    monkeypatch.setattr(norm_module, "BACKWARD_BLOCK_MAX", 64)
     x = torch.randn(7, 300, requires_grad=True)
     weight = torch.randn(300, requires_grad=True)
     bias = torch.randn(300, requires_grad=True) if kind == "layer" else None

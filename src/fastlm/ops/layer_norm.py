@@ -11,13 +11,14 @@ Input (..., D) of any rank is viewed as rows (M, D). One kernel family serves bo
     dw = sum_rows dy * x_hat,   db = sum_rows dy
 
 Both row reductions of dx come from one pass over the row. dw and db are reduced without
-atomics: each backward program owns a contiguous block of rows and writes its partial sums to
-its own row of a (programs, D) fp32 buffer, which one deterministic `sum(dim=0)` then reduces;
-they are skipped when the weight / bias do not require grad.
+atomics: a few programs per SM each take every programs-th tile of rows and write their partial
+sums to their own row of a (programs, D) fp32 buffer, which one deterministic `sum(dim=0)` then
+reduces; they are skipped when the weight / bias do not require grad.
 
-Rows up to BLOCK_MAX wide are held in registers (one read of x in the forward, one of x and dy in
-the backward); wider rows (up to 65536 and beyond) loop over column chunks, re-reading the row
-once per pass (forward: statistics, then output; backward: sums, then dx).
+Rows up to FORWARD_BLOCK_MAX / BACKWARD_BLOCK_MAX wide are held in registers (one read of x in
+the forward, one of x and dy in the backward), several narrow rows to a (BLOCK_M, BLOCK_D) tile;
+wider rows (up to 65536 and beyond) loop over column chunks, re-reading the row once per pass
+(forward: statistics, then output; backward: sums, then dx).
 
 Bytes (bf16 x, fp32 statistics, ignoring the small weight): forward 2MD read + 2MD written;
 backward 4MD read (x, dy) + 2MD written (dx).
@@ -26,6 +27,7 @@ backward 4MD read (x, dy) + 2MD written (dx).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -34,7 +36,10 @@ import triton.language as tl
 from fastlm.ops.common import check_dtype, check_same_device, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-BLOCK_MAX = 8192  # widest row held in registers; wider rows loop over chunks of this size
+# Widest rows held in registers (one read of each input); wider rows loop over chunks of this size.
+# The backward keeps more per element (x, dy, the dw / db accumulators), so its limit is lower.
+FORWARD_BLOCK_MAX = 16384
+BACKWARD_BLOCK_MAX = 8192
 
 
 # ----------------------------------------------------------------------------------------------
@@ -52,35 +57,40 @@ def _norm_forward_kernel(
     RSTD,  # (M,) fp32 1 / sqrt(var + eps)
     stride_x,
     stride_y,
+    M,
     D,
     eps,
     RMS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows per program (a (BLOCK_M, BLOCK_D) tile; 1 when looping)
     BLOCK_D: tl.constexpr,
-    SINGLE_PASS: tl.constexpr,  # BLOCK_D >= D: the row stays in registers
+    SINGLE_PASS: tl.constexpr,  # BLOCK_D >= D: the rows stay in registers
 ):
-    row = tl.program_id(0).to(tl.int64)
-    x_row, y_row = X + row * stride_x, Y + row * stride_y
     cols = tl.arange(0, BLOCK_D)
     if SINGLE_PASS:
-        mask = cols < D
-        x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_mask = rows < M
+        col_mask = cols < D
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         if RMS:
             centered = x
         else:
-            mean = tl.sum(x, axis=0) / D
-            centered = tl.where(mask, x - mean, 0.0)
-            tl.store(MEAN + row, mean)
-        rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=0) / D + eps)
-        tl.store(RSTD + row, rstd)
-        y = centered * rstd
+            mean = tl.sum(x, axis=1) / D
+            centered = tl.where(mask, x - mean[:, None], 0.0)
+            tl.store(MEAN + rows, mean, mask=row_mask)
+        rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=1) / D + eps)
+        tl.store(RSTD + rows, rstd, mask=row_mask)
+        y = centered * rstd[:, None]
         if HAS_WEIGHT:
-            y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+            y = y * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         if HAS_BIAS:
-            y = y + tl.load(B + cols, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_row + cols, y.to(Y.dtype.element_ty), mask=mask)
+            y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
     else:
+        row = tl.program_id(0).to(tl.int64)
+        x_row, y_row = X + row * stride_x, Y + row * stride_y
         mean = 0.0
         if not RMS:
             total = tl.zeros((BLOCK_D,), dtype=tl.float32)
@@ -123,46 +133,49 @@ def _norm_backward_kernel(
     stride_dx,
     M,
     D,
-    rows_per_program,
     RMS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     WEIGHT_GRAD: tl.constexpr,
     BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows per tile (1 when looping over column chunks)
     BLOCK_D: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
 ):
+    # Program p takes the row tiles p, p + programs, p + 2 programs, ...
     pid = tl.program_id(0)
+    programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_D)
-    first = pid * rows_per_program
-    last = tl.minimum(first + rows_per_program, M)
     partial_row = pid.to(tl.int64) * D
     if SINGLE_PASS:
-        mask = cols < D
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
-        dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        db = tl.zeros((BLOCK_D,), dtype=tl.float32)
-        for row in range(first, last):
-            row64 = tl.cast(row, tl.int64)
-            x = tl.load(X + row64 * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + row64 * stride_dy + cols, mask=mask, other=0.0).to(tl.float32)
-            rstd = tl.load(RSTD + row64)
-            mean = 0.0 if RMS else tl.load(MEAN + row64)
+        col_mask = cols < D
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else 1.0
+        # (BLOCK_M, BLOCK_D) accumulators, reduced over rows once at the end
+        dw = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        db = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+        for tile in range(pid, tl.cdiv(M, BLOCK_M), programs):
+            rows = tl.cast(tile, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_mask = rows < M
+            mask = row_mask[:, None] & col_mask[None, :]
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]
+            mean = 0.0 if RMS else tl.load(MEAN + rows, mask=row_mask, other=0.0)[:, None]
             x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
             g = dy * w
-            dx = g - x_hat * (tl.sum(g * x_hat, axis=0) / D)
+            dx = g - x_hat * (tl.sum(g * x_hat, axis=1) / D)[:, None]
             if not RMS:
-                dx = dx - tl.sum(g, axis=0) / D
-            tl.store(DX + row64 * stride_dx + cols, (dx * rstd).to(DX.dtype.element_ty), mask=mask)
+                dx = dx - (tl.sum(g, axis=1) / D)[:, None]
+            tl.store(DX + rows[:, None] * stride_dx + cols[None, :], (dx * rstd).to(DX.dtype.element_ty), mask=mask)
             if WEIGHT_GRAD:
                 dw += dy * x_hat
             if BIAS_GRAD:
                 db += dy
         if WEIGHT_GRAD:
-            tl.store(DW_PARTIAL + partial_row + cols, dw, mask=mask)
+            tl.store(DW_PARTIAL + partial_row + cols, tl.sum(dw, axis=0), mask=col_mask)
         if BIAS_GRAD:
-            tl.store(DB_PARTIAL + partial_row + cols, db, mask=mask)
+            tl.store(DB_PARTIAL + partial_row + cols, tl.sum(db, axis=0), mask=col_mask)
     else:
-        for row in range(first, last):
+        for row in range(pid, M, programs):
             row64 = tl.cast(row, tl.int64)
             rstd = tl.load(RSTD + row64)
             mean = 0.0 if RMS else tl.load(MEAN + row64)
@@ -178,6 +191,7 @@ def _norm_backward_kernel(
                 gs += g
             mean_gx = tl.sum(gx, axis=0) / D
             mean_g = 0.0 if RMS else tl.sum(gs, axis=0) / D
+            # pass 2 re-reads the row, mostly from L2 (it was read a moment ago)
             for start in range(0, D, BLOCK_D):  # pass 2: dx, and this program's dw / db partials
                 mask = start + cols < D
                 x = tl.load(X + row64 * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
@@ -200,13 +214,37 @@ def _norm_backward_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _block(d: int) -> tuple[int, bool]:
-    block = triton.next_power_of_2(d)
-    return (block, True) if block <= BLOCK_MAX else (BLOCK_MAX, False)
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How a kernel covers the rows: (block_m, block_d) tiles, warps per program."""
+
+    block_m: int
+    block_d: int
+    single_pass: bool
+    num_warps: int
 
 
-def _warps(block: int) -> int:
-    return max(1, min(16, block // 512))
+# Elements per (BLOCK_M, BLOCK_D) tile and per warp, forward and backward (tuned on an H100 with
+# benchmarks/tune_norms.py): small rows are stacked into tiles so every program moves enough bytes.
+FORWARD_TILE, FORWARD_PER_WARP = 8192, 512
+BACKWARD_TILE, BACKWARD_PER_WARP = 8192, 512
+BACKWARD_PROGRAMS_PER_SM = 2
+
+
+def launch_config(d: int, tile: int, per_warp: int, block_max: int) -> LaunchConfig:
+    block_d = triton.next_power_of_2(d)
+    if block_d > block_max:
+        return LaunchConfig(1, block_max, False, 16)
+    block_m = max(1, tile // block_d)
+    return LaunchConfig(block_m, block_d, True, max(1, min(16, block_m * block_d // per_warp)))
+
+
+def forward_config(d: int) -> LaunchConfig:
+    return launch_config(d, FORWARD_TILE, FORWARD_PER_WARP, FORWARD_BLOCK_MAX)
+
+
+def backward_config(d: int) -> LaunchConfig:
+    return launch_config(d, BACKWARD_TILE, BACKWARD_PER_WARP, BACKWARD_BLOCK_MAX)
 
 
 @functools.cache
@@ -214,11 +252,11 @@ def _multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _backward_programs(rows: int, device: torch.device) -> int:
-    """Enough programs to fill the GPU a few times over, each owning a contiguous block of rows."""
+def _backward_programs(tiles: int, device: torch.device) -> int:
+    """A couple of programs per SM, each striding over the row tiles: few (programs, D) partials."""
     if device.type != "cuda":
-        return min(rows, 4)
-    return min(rows, 4 * _multiprocessors(device.index or 0))
+        return min(tiles, 4)
+    return min(tiles, BACKWARD_PROGRAMS_PER_SM * _multiprocessors(device.index or 0))
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -238,12 +276,12 @@ def _forward(x, weight, bias, eps: float, rms: bool):
         return y.view(x.shape), mean, rstd
     if not runs_triton(x):
         return _reference_forward(rows, weight, bias, eps, rms, y, mean, rstd, x.shape)
-    block, single = _block(d)
-    _norm_forward_kernel[(m,)](
+    config = forward_config(d)
+    _norm_forward_kernel[(triton.cdiv(m, config.block_m),)](
         rows, weight if weight is not None else rows, bias if bias is not None else rows, y,
-        mean if mean is not None else rstd, rstd, rows.stride(0), y.stride(0), d, eps,
-        RMS=rms, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_D=block, SINGLE_PASS=single,
-        num_warps=_warps(block),
+        mean if mean is not None else rstd, rstd, rows.stride(0), y.stride(0), m, d, eps,
+        RMS=rms, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_M=config.block_m,
+        BLOCK_D=config.block_d, SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
     )  # fmt: skip
     return y.view(x.shape), mean, rstd
 
@@ -255,17 +293,17 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad
     dx = torch.empty((m, d), dtype=x.dtype, device=x.device)
     if m == 0 or not runs_triton(x):
         return _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bias_grad, dx, x.shape)
-    programs = _backward_programs(m, x.device)
-    block, single = _block(d)
+    config = backward_config(d)
+    programs = _backward_programs(triton.cdiv(m, config.block_m), x.device)
     # the looped kernel accumulates into its partial row, so that one must start at zero
-    alloc = torch.empty if single else torch.zeros
+    alloc = torch.empty if config.single_pass else torch.zeros
     dw_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if weight_grad else rstd
     db_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if bias_grad else rstd
     _norm_backward_kernel[(programs,)](
         rows, weight if weight is not None else rows, dy_rows, dx, mean if mean is not None else rstd, rstd,
-        dw_partial, db_partial, rows.stride(0), dy_rows.stride(0), dx.stride(0), m, d, triton.cdiv(m, programs),
-        RMS=rms, HAS_WEIGHT=weight is not None, WEIGHT_GRAD=weight_grad, BIAS_GRAD=bias_grad, BLOCK_D=block,
-        SINGLE_PASS=single, num_warps=_warps(block),
+        dw_partial, db_partial, rows.stride(0), dy_rows.stride(0), dx.stride(0), m, d,
+        RMS=rms, HAS_WEIGHT=weight is not None, WEIGHT_GRAD=weight_grad, BIAS_GRAD=bias_grad,
+        BLOCK_M=config.block_m, BLOCK_D=config.block_d, SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
     )  # fmt: skip
     dw = dw_partial.sum(dim=0).to(weight.dtype) if weight_grad else None
     db = db_partial.sum(dim=0).to(weight.dtype if weight is not None else x.dtype) if bias_grad else None

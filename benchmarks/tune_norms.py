@@ -1,0 +1,59 @@
+"""Sweep the row-tile size, elements per warp and backward grid of the LayerNorm / RMSNorm kernels.
+
+The benchmark shapes of `fastlm bench norms`, bf16 and fp32. Prints one JSON line per
+configuration with the median ms and the GB/s of the minimum-bytes model; the constants at the
+top of fastlm/ops/layer_norm.py's launchers come from these runs.
+Usage: python benchmarks/tune_norms.py > tune_norms.jsonl
+"""
+
+import functools
+import itertools
+import json
+
+import torch
+import triton.testing
+
+from fastlm.bench.norms import GPU_SHAPES, norm_bytes
+from fastlm.ops import layer_norm as ln
+
+
+def report(stage, kind, m, d, dtype, config, fn):
+    nbytes = norm_bytes(m, d, dtype.itemsize, kind, stage)
+    try:
+        ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        result = {"ms": ms, "gbps": nbytes / ms / 1e6}
+    except Exception as error:  # a configuration that does not compile (registers, shared memory)
+        result = {"error": str(error)[:200]}
+    print(
+        json.dumps({"stage": stage, "kind": kind, "m": m, "d": d, "dtype": str(dtype)[6:], **config, **result}),
+        flush=True,
+    )
+
+
+def main():
+    for (m, d), dtype, kind in itertools.product(GPU_SHAPES, (torch.bfloat16, torch.float32), ("layer", "rms")):
+        rms = kind == "rms"
+        x = torch.randn(m, d, device="cuda", dtype=dtype)
+        w = torch.randn(d, device="cuda", dtype=dtype)
+        b = None if rms else torch.randn(d, device="cuda", dtype=dtype)
+        dy = torch.randn_like(x)
+        for tile, per_warp in itertools.product((2048, 4096, 8192, 16384), (256, 512, 1024)):
+            ln.FORWARD_TILE, ln.FORWARD_PER_WARP = tile, per_warp
+            forward = functools.partial(ln._forward, x, w, b, 1e-5, rms)
+            report("fwd", kind, m, d, dtype, {"tile": tile, "per_warp": per_warp}, forward)
+        _, mean, rstd = ln._forward(x, w, b, 1e-5, rms)
+        for tile, per_warp, per_sm in itertools.product((2048, 4096, 8192), (256, 512), (2, 4)):
+            ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP, ln.BACKWARD_PROGRAMS_PER_SM = tile, per_warp, per_sm
+            report(
+                "bwd",
+                kind,
+                m,
+                d,
+                dtype,
+                {"tile": tile, "per_warp": per_warp, "per_sm": per_sm},
+                functools.partial(ln._backward, dy, x, w, mean, rstd, rms, True, not rms),
+            )
+
+
+if __name__ == "__main__":
+    main()
