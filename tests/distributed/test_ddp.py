@@ -1,7 +1,9 @@
 """Data-parallel wrappers on 2 gloo ranks (CPU): replicas stay equal to single-process training."""
 
 import copy
+import gc
 import os
+import weakref
 
 import pytest
 import torch
@@ -120,6 +122,22 @@ def _buckets(rank: int) -> None:
 
 def test_buckets_follow_reverse_parameter_order():
     _spawn(_buckets)
+
+
+def _dropped_wrappers_free_their_model(rank: int) -> None:
+    for make in (DDP, lambda m: BucketedDDP(m, 1)):
+        model = nn.Linear(4, 4)
+        wrapped = make(model)
+        wrapped(torch.randn(2, 4)).sum().backward()
+        wrapped.finish_gradient_synchronization()
+        weight = weakref.ref(model.weight)
+        del wrapped, model
+        gc.collect()
+        assert weight() is None, "the wrapper's hooks kept the model alive"
+
+
+def test_dropped_wrappers_free_their_model():
+    _spawn(_dropped_wrappers_free_their_model)
 
 
 def test_needs_an_initialized_process_group():

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fastlm.cli import main
-from fastlm.distributed.ddp_bench import Timeline, check_variant, intersection, length, merge
+from fastlm.distributed.ddp_bench import Timeline, check_variant, collective_intervals, intersection, length, merge
 
 
 def test_merge_and_intersection_by_hand():
@@ -28,6 +28,13 @@ def test_timeline_summary_by_hand():
     assert summary["hidden_behind_backward"] == pytest.approx((1.5 + 1.0) / 4)
     assert summary["exposed_comm_ms"] == pytest.approx((4 - 3.0) / 2)
     assert Timeline([], {"forward": [(0, 1)]}).summary(1)["hidden_behind_backward"] is None
+
+
+def test_collectives_start_when_the_last_rank_arrives():
+    rank0 = [(10.0, 14.0), (20.0, 21.0)]
+    rank1 = [(12.0, 14.1), (19.0, 21.0)]  # late for the first collective, early for the second
+    assert collective_intervals([rank0, rank1]) == [(12.0, 14.0), (20.0, 21.0)]
+    assert collective_intervals([rank0, rank1[:1]]) is None  # kernel counts differ: no pairing
 
 
 def test_variant_names():

@@ -23,6 +23,7 @@ the world size.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -84,8 +85,18 @@ class _DataParallel(nn.Module):
         _check_same_model(module)
         _broadcast_state(module)
         self._sync = True
+        # The hooks reach the wrapper through a weak reference: a strong one would make a cycle
+        # through the parameters that the garbage collector cannot see, so a dropped wrapper would
+        # keep its model's memory alive.
+        wrapper = weakref.ref(self)
+
+        def on_gradient(param: torch.Tensor) -> None:
+            alive = wrapper()
+            if alive is not None:
+                alive._on_gradient(param)
+
         self._hooks = [
-            p.register_post_accumulate_grad_hook(self._on_gradient) for p in module.parameters() if p.requires_grad
+            p.register_post_accumulate_grad_hook(on_gradient) for p in module.parameters() if p.requires_grad
         ]
 
     def forward(self, *args, **kwargs):

@@ -16,13 +16,17 @@ Variants
 Step time: `warmup` untimed steps, then `steps` timed ones between synchronizes; a step's time is
 the slowest rank's; rows give the median.
 
-Communication (GPU): `profile_steps` more steps under torch.profiler. On rank 0's GPU timeline
-every NCCL kernel is communication and every other kernel (and copy) compute; a kernel's phase
-(forward / backward / sync / optimizer) is the range in which its launch was issued.
-    comm_ms                  union of the NCCL kernel intervals, per step
+Communication (GPU): `profile_steps` more steps under torch.profiler, after a barrier. On each
+rank's GPU timeline every NCCL kernel is communication and every other kernel (and copy) compute;
+a kernel's phase (forward / backward / sync / optimizer) is the range in which its launch was
+issued. An NCCL kernel that starts before its peers spins until the last one arrives, so the
+collective's communication is taken to run from the latest start over the ranks (the k-th NCCL
+kernel of every rank is the same collective; profiler clocks are the host's, shared by the ranks)
+to its end on rank 0. On rank 0's timeline:
+    comm_ms                  union of those communication intervals, per step
+    comm_kernel_ms           union of rank 0's NCCL kernels themselves (waiting included), per step
     hidden_behind_backward   share of comm_ms during which a backward kernel runs concurrently
     exposed_comm_ms          comm time with no compute kernel running, per step
-An NCCL kernel also spans the wait for the slower rank, so comm_ms bounds the wire time from above.
 A Chrome trace (gzip) per variant lands in `trace_dir`.
 
 Memory (GPU, optimizers `adamw` / `sharded` / `zero`, all with `BucketedDDP(bucket_mb)`): memory
@@ -127,10 +131,16 @@ def intersection(a: Sequence[Interval], b: Sequence[Interval]) -> float:
 
 @dataclass
 class Timeline:
-    """GPU work of the profiled steps, ms from the first kernel: communication and compute by phase."""
+    """GPU work of the profiled steps (host clock, ms): communication and compute by phase."""
 
     comm: list[Interval]
     compute: dict[str, list[Interval]]  # phase -> intervals ("other" when launched outside a phase)
+
+    def shifted(self, origin: float) -> Timeline:
+        def shift(intervals):
+            return [(a - origin, b - origin) for a, b in intervals]
+
+        return Timeline(shift(self.comm), {phase: shift(ivs) for phase, ivs in self.compute.items()})
 
     def summary(self, steps: int) -> dict:
         total = length(self.comm)
@@ -165,17 +175,25 @@ def gpu_timeline(events) -> Timeline:
     launched_at = {e.correlation_id(): e.start_ns() for e in cpu if e.correlation_id()}
     gpu = [e for e in events if e.device_type() == DeviceType.CUDA and not e.is_user_annotation()]
     timeline = Timeline([], {})
-    if not gpu:
-        return timeline
-    origin = min(e.start_ns() for e in gpu)
     for e in gpu:
-        interval = ((e.start_ns() - origin) / 1e6, (e.end_ns() - origin) / 1e6)
+        interval = (e.start_ns() / 1e6, e.end_ns() / 1e6)
         if "nccl" in e.name().lower():
             timeline.comm.append(interval)
         else:
             phase = _innermost(ranges, launched_at.get(e.correlation_id(), -1))
             timeline.compute.setdefault(phase, []).append(interval)
+    timeline.comm.sort()
     return timeline
+
+
+def collective_intervals(comm_per_rank: Sequence[Sequence[Interval]]) -> list[Interval] | None:
+    """Rank 0's NCCL kernels cut to when the collective can move data: from the latest start of
+    the k-th kernel over the ranks to rank 0's end. None when the ranks' kernel counts differ."""
+    if len({len(c) for c in comm_per_rank}) != 1:
+        return None
+    return [
+        (min(max(kernels[0] for kernels in same), same[0][1]), same[0][1]) for same in zip(*comm_per_rank, strict=True)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,6 +310,8 @@ def _profile(run: _Run, settings: Settings, name: str, rank: int) -> dict:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if run.device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
+    _synchronize(run.device)
+    dist.barrier()
     with annotations(), torch.profiler.profile(activities=activities) as profiler:
         for _ in range(settings.profile_steps):
             run.step()
@@ -300,9 +320,18 @@ def _profile(run: _Run, settings: Settings, name: str, rank: int) -> dict:
         Path(settings.trace_dir).mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(Path(settings.trace_dir) / f"{name}.json.gz"))
     timeline = gpu_timeline(profiler.profiler.kineto_results.events())
+    comm_per_rank: list = [None] * dist.get_world_size()
+    dist.all_gather_object(comm_per_rank, timeline.comm)
     if not timeline.comm and not timeline.compute:
         return {}  # no GPU timeline (gloo on CPU)
-    return {**timeline.summary(settings.profile_steps), "timeline": timeline.compact()}
+    kernel_ms = length(timeline.comm) / settings.profile_steps
+    collectives = collective_intervals(comm_per_rank)
+    if collectives is not None:
+        timeline.comm = collectives
+    everything = timeline.comm + [iv for ivs in timeline.compute.values() for iv in ivs]
+    timeline = timeline.shifted(min(a for a, _ in everything))
+    return {**timeline.summary(settings.profile_steps), "comm_kernel_ms": kernel_ms,
+            "comm_aligned_across_ranks": collectives is not None, "timeline": timeline.compact()}  # fmt: skip
 
 
 def _variant_row(settings: Settings, variant: str, rank: int, world: int, device: torch.device) -> dict:
@@ -396,6 +425,7 @@ def run(backend: str, worlds: Sequence[int], settings: Settings, variants: Seque
 
 STEP_COLUMNS = [("world", "ranks"), ("variant", "variant"), ("median_ms", "step ms (median)"),
                 ("vs_torch_ddp", "vs torch-ddp"), ("tokens_per_s", "tokens/s"), ("comm_ms", "comm ms"),
+                ("comm_kernel_ms", "NCCL kernel ms"),
                 ("hidden_percent", "comm hidden behind bwd %"), ("exposed_comm_ms", "exposed comm ms"),
                 ("status", "status")]  # fmt: skip
 MEMORY_COLUMNS = [("world", "ranks"), ("optimizer", "optimizer"), ("init_mb", "after init MB"),
