@@ -6,6 +6,7 @@ The public functional API lives here; ``fastlm.nn`` has thin module wrappers.
 from fastlm.ops.cross_entropy import cross_entropy
 from fastlm.ops.flash_attention import flash_attention
 from fastlm.ops.layer_norm import layer_norm, rms_norm
+from fastlm.ops.masked_softmax import masked_softmax
 
-__all__ = ["cross_entropy", "flash_attention", "layer_norm", "rms_norm"]
+__all__ = ["cross_entropy", "flash_attention", "layer_norm", "masked_softmax", "rms_norm"]
 __version__ = "0.1.0"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
+import triton
 
 
 def runs_triton(tensor: torch.Tensor) -> bool:
@@ -32,3 +34,24 @@ def check_dtype(name: str, tensor: torch.Tensor, allowed: tuple[torch.dtype, ...
     if tensor.dtype not in allowed:
         names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
         raise TypeError(f"{name} must have dtype in ({names}), got {str(tensor.dtype).removeprefix('torch.')}")
+
+
+@dataclass(frozen=True)
+class RowTiles:
+    """How a row-wise kernel covers (M, D): (block_m, block_d) tiles and warps per program; rows
+    wider than the widest block held in registers loop over block_d chunks (single_pass False)."""
+
+    block_m: int
+    block_d: int
+    single_pass: bool
+    num_warps: int
+
+
+def row_tiles(d: int, tile: int, per_warp: int, block_max: int) -> RowTiles:
+    """Stack rows of width ``d`` into tiles of about ``tile`` elements, one warp per ``per_warp``
+    elements (at most 16); rows wider than ``block_max`` get one row per program and 16 warps."""
+    block_d = triton.next_power_of_2(d)
+    if block_d > block_max:
+        return RowTiles(1, block_max, False, 16)
+    block_m = max(1, tile // block_d)
+    return RowTiles(block_m, block_d, True, max(1, min(16, block_m * block_d // per_warp)))

@@ -27,13 +27,12 @@ backward 4MD read (x, dy) + 2MD written (dx).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from fastlm.ops.common import check_dtype, check_same_device, runs_triton
+from fastlm.ops.common import RowTiles, check_dtype, check_same_device, row_tiles, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Widest rows held in registers (one read of each input); wider rows loop over chunks of this size.
@@ -214,16 +213,6 @@ def _norm_backward_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class LaunchConfig:
-    """How a kernel covers the rows: (block_m, block_d) tiles, warps per program."""
-
-    block_m: int
-    block_d: int
-    single_pass: bool
-    num_warps: int
-
-
 # Elements per (BLOCK_M, BLOCK_D) tile and per warp, forward and backward (tuned on an H100 with
 # benchmarks/tune_norms.py): small rows are stacked into tiles so every program moves enough bytes.
 FORWARD_TILE, FORWARD_PER_WARP = 8192, 512
@@ -231,20 +220,12 @@ BACKWARD_TILE, BACKWARD_PER_WARP = 8192, 512
 BACKWARD_PROGRAMS_PER_SM = 2
 
 
-def launch_config(d: int, tile: int, per_warp: int, block_max: int) -> LaunchConfig:
-    block_d = triton.next_power_of_2(d)
-    if block_d > block_max:
-        return LaunchConfig(1, block_max, False, 16)
-    block_m = max(1, tile // block_d)
-    return LaunchConfig(block_m, block_d, True, max(1, min(16, block_m * block_d // per_warp)))
+def forward_config(d: int) -> RowTiles:
+    return row_tiles(d, FORWARD_TILE, FORWARD_PER_WARP, FORWARD_BLOCK_MAX)
 
 
-def forward_config(d: int) -> LaunchConfig:
-    return launch_config(d, FORWARD_TILE, FORWARD_PER_WARP, FORWARD_BLOCK_MAX)
-
-
-def backward_config(d: int) -> LaunchConfig:
-    return launch_config(d, BACKWARD_TILE, BACKWARD_PER_WARP, BACKWARD_BLOCK_MAX)
+def backward_config(d: int) -> RowTiles:
+    return row_tiles(d, BACKWARD_TILE, BACKWARD_PER_WARP, BACKWARD_BLOCK_MAX)
 
 
 @functools.cache

@@ -1,0 +1,323 @@
+"""Masked softmax over the last dimension: fused Triton forward and backward.
+
+    y = softmax(scale * x + mask)        over the last dim of x (..., Sq, Sk)
+    dx = scale * y * (dy - sum(dy * y))  (row sum over Sk)
+
+`mask` is additive (0 to keep, -inf to drop, or any bias) and broadcasts to x: (B, 1, 1, Sk) key
+padding, (1, 1, Sq, Sk) or (Sq, Sk) attention masks are read through stride-0 dimensions, never
+materialized. `causal=True` adds the implicit causal mask instead of reading one: query i sees
+key j iff j <= i + (Sk - Sq), aligned bottom-right like `fastlm.flash_attention` (the usual
+lower triangle when Sq == Sk); masked keys are not even loaded. A row with no visible key
+(every score -inf) gives y = 0 and dx = 0, not NaN.
+
+x is viewed as (B, H, Sq, Sk) (leading dimensions beyond two fold into B) and read through its
+strides. Rows up to BLOCK_MAX wide are held in registers, several short rows per (BLOCK_M,
+BLOCK_K) tile; longer rows (65536 and beyond) take two passes: an online max / sum, then the
+output (the backward: the row sum, then dx).
+
+Bytes (minimum, x of element size s, R = B*H*Sq rows): forward R*Sk*s read + R*Sk*s written (+ the
+mask's own size); backward 2*R*Sk*s read (y, dy) + R*Sk*s written (dx).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastlm.ops.common import RowTiles, check_dtype, check_same_device, row_tiles, runs_triton
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK_MAX = 16384  # widest row held in registers; longer rows loop over chunks of this size
+# Elements per (BLOCK_M, BLOCK_K) tile and per warp (the tuning of the norm kernels, which move
+# the same bytes per element).
+TILE, PER_WARP = 8192, 512
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _scores(X, MASK, x_offsets, mask_offsets, cols, q, row_mask, Sq, Sk, scale, stride_xk, stride_mk,
+            HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr):  # fmt: skip
+    """scale * x + mask for a (rows, cols) tile, -inf where masked or out of bounds."""
+    visible = row_mask[:, None] & (cols < Sk)[None, :]
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= q[:, None] + (Sk - Sq))
+    x = tl.load(X + x_offsets[:, None] + cols[None, :] * stride_xk, mask=visible, other=0.0)
+    s = x.to(tl.float32) * scale
+    if HAS_MASK:
+        bias = tl.load(MASK + mask_offsets[:, None] + cols[None, :] * stride_mk, mask=visible, other=0.0)
+        s += bias.to(tl.float32)
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _softmax_forward_kernel(
+    X,  # (B, H, Sq, Sk) through its strides
+    MASK,  # broadcast to (B, H, Sq, Sk) through its strides (0 on broadcast dims), or a dummy
+    Y,  # (R, Sk) contiguous output, R = B * H * Sq
+    H, Sq, Sk, R,
+    stride_xb, stride_xh, stride_xq, stride_xk,
+    stride_mb, stride_mh, stride_mq, stride_mk,
+    scale,
+    HAS_MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,  # rows per program (1 on the looped path)
+    BLOCK_K: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < R
+    q = rows % Sq
+    b, h = rows // (H * Sq), (rows // Sq) % H
+    x_offsets = b * stride_xb + h * stride_xh + q * stride_xq
+    mask_offsets = b * stride_mb + h * stride_mh + q * stride_mq
+    y_rows = Y + rows[:, None] * Sk
+    cols = tl.arange(0, BLOCK_K)
+    if SINGLE_PASS:
+        s = _scores(X, MASK, x_offsets, mask_offsets, cols, q, row_mask, Sq, Sk, scale, stride_xk, stride_mk,
+                    HAS_MASK, CAUSAL)  # fmt: skip
+        row_max = tl.max(s, axis=1)
+        row_max = tl.where(row_max == float("-inf"), 0.0, row_max)  # a fully masked row: e = 0 below
+        e = tl.exp2((s - row_max[:, None]) * LOG2E)
+        total = tl.sum(e, axis=1)
+        inverse = 1.0 / tl.where(total > 0.0, total, 1.0)  # a fully masked row: e = 0, y = 0
+        y = e * inverse[:, None]
+        tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=row_mask[:, None] & (cols < Sk)[None, :])
+    else:
+        # pass 1: per-lane online max and sum, then combined over the lanes
+        lane_max = tl.full((BLOCK_M, BLOCK_K), float("-inf"), tl.float32)
+        lane_sum = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+        for start in range(0, Sk, BLOCK_K):
+            s = _scores(X, MASK, x_offsets, mask_offsets, start + cols, q, row_mask, Sq, Sk, scale, stride_xk,
+                        stride_mk, HAS_MASK, CAUSAL)  # fmt: skip
+            new_max = tl.maximum(lane_max, s)
+            safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+            lane_sum = lane_sum * tl.exp2((lane_max - safe_max) * LOG2E) + tl.exp2((s - safe_max) * LOG2E)
+            lane_max = new_max
+        row_max = tl.max(lane_max, axis=1)
+        row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
+        total = tl.sum(lane_sum * tl.exp2((lane_max - row_max[:, None]) * LOG2E), axis=1)
+        inverse = 1.0 / tl.where(total > 0.0, total, 1.0)  # a fully masked row: e = 0, y = 0
+        for start in range(0, Sk, BLOCK_K):  # pass 2: the output
+            s = _scores(X, MASK, x_offsets, mask_offsets, start + cols, q, row_mask, Sq, Sk, scale, stride_xk,
+                        stride_mk, HAS_MASK, CAUSAL)  # fmt: skip
+            y = tl.exp2((s - row_max[:, None]) * LOG2E) * inverse[:, None]
+            in_bounds = row_mask[:, None] & (start + cols < Sk)[None, :]
+            tl.store(y_rows + start + cols[None, :], y.to(Y.dtype.element_ty), mask=in_bounds)
+
+
+@triton.jit
+def _softmax_backward_kernel(
+    Y,  # (R, Sk) contiguous forward output
+    DY,  # (R, Sk), row stride stride_dy
+    DX,  # (R, Sk) contiguous input gradient
+    R, Sk, stride_dy, scale,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SINGLE_PASS: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < R
+    cols = tl.arange(0, BLOCK_K)
+    if SINGLE_PASS:
+        mask = row_mask[:, None] & (cols < Sk)[None, :]
+        y = tl.load(Y + rows[:, None] * Sk + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dx = scale * y * (dy - tl.sum(dy * y, axis=1)[:, None])
+        tl.store(DX + rows[:, None] * Sk + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    else:
+        dot = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+        for start in range(0, Sk, BLOCK_K):  # pass 1: sum(dy * y)
+            mask = row_mask[:, None] & (start + cols < Sk)[None, :]
+            y = tl.load(Y + rows[:, None] * Sk + start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + rows[:, None] * stride_dy + start + cols[None, :], mask=mask, other=0.0)
+            dot += dy.to(tl.float32) * y
+        row_dot = tl.sum(dot, axis=1)[:, None]
+        for start in range(0, Sk, BLOCK_K):  # pass 2: dx
+            mask = row_mask[:, None] & (start + cols < Sk)[None, :]
+            y = tl.load(Y + rows[:, None] * Sk + start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + rows[:, None] * stride_dy + start + cols[None, :], mask=mask, other=0.0)
+            dx = scale * y * (dy.to(tl.float32) - row_dot)
+            tl.store(DX + rows[:, None] * Sk + start + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+
+def tiles(sk: int) -> RowTiles:
+    return row_tiles(sk, TILE, PER_WARP, BLOCK_MAX)
+
+
+def as_4d(t: torch.Tensor) -> torch.Tensor:
+    """(..., Sq, Sk) -> (B, H, Sq, Sk): missing leading dims are 1, extra ones fold into B."""
+    while t.dim() < 4:
+        t = t.unsqueeze(0)
+    return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
+
+
+def _forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
+    """y (contiguous, x's shape and dtype)."""
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if x.numel() == 0:
+        return y
+    if not runs_triton(x):
+        return y.copy_(_reference(x, mask, scale, causal))
+    x4 = as_4d(x)
+    b, h, sq, sk = x4.shape
+    mask4 = as_4d(mask.expand(x.shape)) if mask is not None else x4
+    config = tiles(sk)
+    rows = b * h * sq
+    _softmax_forward_kernel[(triton.cdiv(rows, config.block_m),)](
+        x4, mask4, y, h, sq, sk, rows, *x4.stride(), *mask4.stride(), scale,
+        HAS_MASK=mask is not None, CAUSAL=causal, BLOCK_M=config.block_m, BLOCK_K=config.block_d,
+        SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
+    )  # fmt: skip
+    return y
+
+
+def _backward(dy: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+    """dx (y's shape and dtype) from the forward output y (contiguous)."""
+    dx = torch.empty_like(y)
+    if y.numel() == 0:
+        return dx
+    if not runs_triton(y):
+        y32, dy32 = y.float(), dy.float()
+        return dx.copy_(scale * y32 * (dy32 - (dy32 * y32).sum(dim=-1, keepdim=True)))
+    sk = y.shape[-1]
+    dy_rows = dy.reshape(-1, sk)
+    if dy_rows.stride(-1) != 1:
+        dy_rows = dy_rows.contiguous()
+    rows = dy_rows.shape[0]
+    config = tiles(sk)
+    _softmax_backward_kernel[(triton.cdiv(rows, config.block_m),)](
+        y, dy_rows, dx, rows, sk, dy_rows.stride(0), scale,
+        BLOCK_M=config.block_m, BLOCK_K=config.block_d, SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
+    )  # fmt: skip
+    return dx
+
+
+def _reference(x, mask, scale, causal):
+    """PyTorch in fp32 (fp64 for fp64 input): scale, mask, softmax; rows with no visible key give 0.
+    Differentiable, with finite gradients on such rows too."""
+    s = x.to(torch.promote_types(x.dtype, torch.float32)) * scale
+    if mask is not None:
+        s = s + mask.to(s.dtype)
+    if causal:
+        sq, sk = x.shape[-2:]
+        visible = torch.ones(sq, sk, dtype=torch.bool, device=x.device).tril(diagonal=sk - sq)
+        s = s.masked_fill(~visible, float("-inf"))
+    row_max = s.amax(dim=-1, keepdim=True).detach()  # the shift does not change y: no gradient
+    e = torch.exp(s - torch.where(torch.isinf(row_max), 0.0, row_max))
+    total = e.sum(dim=-1, keepdim=True)
+    return (e / torch.where(total > 0, total, 1.0)).to(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.library ops (what torch.compile traces) and autograd
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("fastlm::masked_softmax_forward", mutates_args=())
+def _forward_op(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
+    return _forward(x, mask, scale, causal)
+
+
+@_forward_op.register_fake
+def _(x, mask, scale, causal):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("fastlm::masked_softmax_backward", mutates_args=())
+def _backward_op(dy: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
+    return _backward(dy, y, scale)
+
+
+@_backward_op.register_fake
+def _(dy, y, scale):
+    return torch.empty_like(y)
+
+
+def _gradients(dy, y, scale, mask_shape, mask_needs_grad, backward):
+    """(dx, dmask): the additive mask's gradient is dx / scale summed over its broadcast dims."""
+    if not mask_needs_grad:
+        return backward(dy, y, scale), None
+    unscaled = backward(dy, y, 1.0)
+    return unscaled * scale, unscaled.sum_to_size(mask_shape)
+
+
+def _op_setup_context(ctx, inputs, output):
+    _, mask, scale, _ = inputs
+    ctx.save_for_backward(output)
+    ctx.scale, ctx.mask_shape = scale, None if mask is None else mask.shape
+
+
+def _op_backward(ctx, dy):
+    (y,) = ctx.saved_tensors
+    dx, dmask = _gradients(dy, y, ctx.scale, ctx.mask_shape, ctx.needs_input_grad[1], _backward_op)
+    return dx, dmask, None, None
+
+
+torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_setup_context)
+
+
+class MaskedSoftmaxFunction(torch.autograd.Function):
+    """Eager path: the launchers behind a plain autograd.Function (no torch.library dispatch cost)."""
+
+    @staticmethod
+    def forward(ctx, x, mask, scale, causal):
+        y = _forward(x, mask, scale, causal)
+        ctx.save_for_backward(y)
+        ctx.scale, ctx.mask_shape = scale, None if mask is None else mask.shape
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        dx, dmask = _gradients(dy, y, ctx.scale, ctx.mask_shape, ctx.needs_input_grad[1], _backward)
+        return dx, dmask, None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+
+def check_inputs(x: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> None:
+    if x.dim() < (2 if causal else 1):
+        raise ValueError(f"x must have shape (..., Sq, Sk){' for causal=True' if causal else ''}, "
+                         f"got {tuple(x.shape)}")  # fmt: skip
+    check_dtype("x", x, DTYPES)
+    if mask is None:
+        return
+    check_dtype("mask", mask, DTYPES)
+    check_same_device(x=x, mask=mask)
+    try:
+        broadcast = torch.broadcast_shapes(mask.shape, x.shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != x.shape:
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x's shape {tuple(x.shape)}")
+
+
+def masked_softmax(
+    x: torch.Tensor, mask: torch.Tensor | None = None, *, scale: float = 1.0, causal: bool = False
+) -> torch.Tensor:
+    """softmax(scale * x + mask) over the last dim, optionally under the implicit causal mask;
+    output in x's dtype (math in fp32); rows with no visible key are 0."""
+    check_inputs(x, mask, causal)
+    scale = float(scale)
+    if torch.compiler.is_compiling():
+        return _forward_op(x, mask, scale, causal)
+    return MaskedSoftmaxFunction.apply(x, mask, scale, causal)
+
+
+def masked_softmax_ref(x, mask=None, *, scale=1.0, causal=False):
+    """Plain PyTorch in fp32 (autograd through it): the reference the kernels are tested against."""
+    return _reference(x, mask, scale, causal)

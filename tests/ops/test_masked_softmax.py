@@ -1,0 +1,150 @@
+"""Masked softmax kernels against an fp64 reference: outputs, gradients, masks, edge cases."""
+
+import pytest
+import torch
+
+import fastlm
+from fastlm.ops import masked_softmax as softmax_module
+from fastlm.ops.masked_softmax import masked_softmax, masked_softmax_ref
+
+TOLERANCES = {torch.float32: (1e-5, 1e-6), torch.float16: (1e-2, 1e-3), torch.bfloat16: (5e-2, 1e-2)}
+
+
+def _check(x, mask=None, *, scale=1.0, causal=False, dtype_tol=None):
+    """Output and the gradients of x (and of the mask when it requires grad) vs the fp64 reference."""
+    leaves = [t for t in (x, mask) if t is not None and t.requires_grad]
+    out = masked_softmax(x, mask, scale=scale, causal=causal)
+    dy = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dy)
+    copies = [t.detach().double().requires_grad_(t.requires_grad) if t is not None else None for t in (x, mask)]
+    expected = masked_softmax_ref(copies[0], copies[1], scale=scale, causal=causal)
+    expected_grads = torch.autograd.grad(expected, [c for c in copies if c is not None and c.requires_grad],
+                                         dy.double())  # fmt: skip
+    rtol, atol = dtype_tol or TOLERANCES[x.dtype]
+    assert out.dtype == x.dtype and out.shape == x.shape
+    torch.testing.assert_close(out.double(), expected, rtol=rtol, atol=atol)
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol * 10)
+    return out
+
+
+@pytest.mark.parametrize("sk", [1, 7, 64, 300])
+def test_plain_softmax_matches_torch(sk):
+    x = torch.randn(2, 3, 5, sk, requires_grad=True)
+    out = _check(x, scale=0.7)
+    torch.testing.assert_close(out, torch.softmax(0.7 * x, dim=-1))
+
+
+@pytest.mark.parametrize("mask_shape", [(2, 1, 1, 40), (1, 1, 9, 40), (9, 40), (2, 3, 9, 40), (40,)])
+def test_additive_masks_broadcast(mask_shape):
+    x = torch.randn(2, 3, 9, 40, requires_grad=True)
+    mask = torch.where(torch.rand(mask_shape) < 0.3, float("-inf"), torch.randn(mask_shape))
+    _check(x, mask, scale=0.5)
+
+
+def test_mask_gradient_is_summed_over_broadcast_dims():
+    x = torch.randn(2, 3, 9, 40, requires_grad=True)
+    bias = torch.randn(1, 3, 1, 40, requires_grad=True)  # a learned per-head, per-key bias
+    _check(x, bias, scale=2.0)
+
+
+@pytest.mark.parametrize("sq,sk", [(16, 16), (5, 21), (21, 5)])
+def test_causal(sq, sk):
+    x = torch.randn(2, 2, sq, sk, requires_grad=True)
+    out = _check(x, causal=True)
+    # bottom-right alignment: query i sees keys j <= i + (sk - sq)
+    hidden = ~torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq)
+    assert (out[..., hidden] == 0).all()
+
+
+def test_causal_with_a_padding_mask():
+    x = torch.randn(2, 4, 12, 12, requires_grad=True)
+    padding = torch.zeros(2, 1, 1, 12)
+    padding[1, ..., 8:] = float("-inf")  # the second sequence has 8 real tokens
+    _check(x, padding, causal=True, scale=0.125)
+
+
+def test_fully_masked_rows_are_zero_with_zero_gradient():
+    x = torch.randn(3, 10, requires_grad=True)
+    mask = torch.zeros(3, 10)
+    mask[1] = float("-inf")
+    out = masked_softmax(x, mask)
+    assert torch.isfinite(out).all() and (out[1] == 0).all()
+    torch.testing.assert_close(out[[0, 2]].sum(-1), torch.ones(2))
+    (grad,) = torch.autograd.grad(out, x, torch.randn_like(out))
+    assert torch.isfinite(grad).all() and (grad[1] == 0).all()
+    # causal with more queries than keys: the first queries see nothing
+    out = masked_softmax(torch.randn(1, 6, 3), causal=True)
+    assert (out[0, :3] == 0).all() and torch.allclose(out[0, 3:].sum(-1), torch.ones(3))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_rows_take_the_looped_path(causal, monkeypatch):
+    monkeypatch.setattr(softmax_module, "BLOCK_MAX", 64)  # 300 keys: 5 chunks of 64, last one partial
+    x = torch.randn(1, 2, 7, 300, requires_grad=True)
+    mask = torch.where(torch.rand(1, 1, 1, 300) < 0.2, float("-inf"), 0.0)
+    mask[..., :100] = float("-inf")  # the first chunks fully masked: the online max starts at -inf
+    _check(x, mask, causal=causal, scale=0.3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision(dtype):
+    x = (torch.randn(2, 4, 8, 96) * 4).to(dtype).requires_grad_()
+    _check(x, torch.zeros(1, 1, 8, 96, dtype=dtype), causal=True)
+
+
+def test_non_contiguous_input():
+    base = torch.randn(2, 9, 3, 40)
+    x = base.transpose(1, 2).requires_grad_()  # (2, 3, 9, 40) with permuted strides
+    assert not x.is_contiguous()
+    _check(x, torch.zeros(2, 1, 1, 40), scale=1.5)
+
+
+@pytest.mark.parametrize("shape", [(40,), (5, 6, 2, 3, 7)])
+def test_any_rank(shape):
+    _check(torch.randn(shape, requires_grad=True))
+
+
+def test_properties():
+    x = torch.randn(4, 6, 50)
+    out = masked_softmax(x)
+    torch.testing.assert_close(out.sum(-1), torch.ones(4, 6))
+    assert (out >= 0).all()
+    torch.testing.assert_close(masked_softmax(x + 123.0), out)  # shift invariance
+    assert fastlm.masked_softmax is masked_softmax
+
+
+def test_bad_inputs_name_the_argument():
+    with pytest.raises(ValueError, match="does not broadcast"):
+        masked_softmax(torch.randn(2, 3, 4), torch.zeros(5))
+    with pytest.raises(ValueError, match="causal"):
+        masked_softmax(torch.randn(4), causal=True)
+    with pytest.raises(TypeError, match="x must have dtype"):
+        masked_softmax(torch.ones(2, 2, dtype=torch.int64))
+    with pytest.raises(TypeError, match="mask must have dtype"):
+        masked_softmax(torch.randn(2, 2), torch.ones(2, 2, dtype=torch.bool))
+
+
+def test_compiles_without_graph_breaks():
+    x = torch.randn(2, 3, 8, 16, requires_grad=True)
+    mask = torch.zeros(2, 1, 1, 16)
+
+    def fn(x, mask):
+        return masked_softmax(x, mask, scale=0.25, causal=True).square().sum()
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    (got,) = torch.autograd.grad(compiled(x, mask), x)
+    (want,) = torch.autograd.grad(fn(x, mask), x)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sk", [1024, 4096, 65536])
+def test_gpu_matches_reference(dtype, sk):
+    x = torch.randn(2, 4, 8, sk, device="cuda", dtype=dtype, requires_grad=True)
+    mask = torch.where(torch.rand(2, 1, 1, sk, device="cuda") < 0.1, float("-inf"), 0.0).to(dtype)
+    tolerance = (1e-5, 1e-6) if dtype == torch.float32 else (2e-2, 1e-3)
+    _check(x, mask, scale=0.125, dtype_tol=tolerance)
+    _check(x, causal=True, dtype_tol=tolerance)
