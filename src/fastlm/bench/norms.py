@@ -1,25 +1,20 @@
 """`fastlm bench norms`: LayerNorm and RMSNorm forward, backward and fwd+bwd for every implementation.
 
-Protocol (one run, one device, all baselines side by side): x (M, D) ~ N(0, 1) with requires_grad,
-weight (and bias for LayerNorm) requiring grad, an upstream gradient of ones' shape drawn once;
-fwd is the call as in training, bwd is `y.backward(dy)` after an untimed forward (CUDA events
-around the backward only), fwd+bwd both. GB/s use the minimum bytes of `norm_bytes` for every
-implementation, so they compare like effective bandwidths against the measured copy bandwidth.
+x (M, D) ~ N(0, 1), weight (and bias for LayerNorm), all requiring grad; the protocol and the GB/s
+convention are `fastlm.bench.bandwidth`'s, with the minimum bytes of `norm_bytes`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import fastlm
+from fastlm.bench.bandwidth import STAGES, Implementation, measure_stages, render_bandwidth
 from fastlm.bench.records import append_records, latest_run, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table
-from fastlm.bench.timing import is_out_of_memory, measure, measure_after_setup
 
 RESULTS_FILE = "norms.jsonl"
 KINDS = ("layer", "rms")
@@ -39,13 +34,6 @@ def norm_bytes(rows: int, width: int, element_size: int, kind: str, stage: str) 
     forward = 2 * rows * width * element_size + params * width * element_size + stats
     backward = 3 * rows * width * element_size + (1 + params) * width * element_size + stats
     return {"fwd": forward, "bwd": backward, "fwd_bwd": forward + backward}[stage]
-
-
-@dataclass(frozen=True)
-class Implementation:
-    name: str
-    needs_gpu: bool
-    make: Callable[[str], NormFn | str]  # the norm function for a kind, or why it is unavailable
 
 
 def _eager(kind: str) -> NormFn:
@@ -92,32 +80,8 @@ def _measure_one(impl, kind, rows, width, dtype, device, ceilings) -> dict:
     x = torch.randn(rows, width, device=device, dtype=dtype, requires_grad=True)
     w = torch.randn(width, device=device, dtype=dtype, requires_grad=True)
     b = torch.randn(width, device=device, dtype=dtype, requires_grad=True) if kind == "layer" else None
-    leaves = [t for t in (x, w, b) if t is not None]
-    dy = torch.randn(rows, width, device=device, dtype=dtype)
-
-    def forward_fresh_graph():
-        for t in leaves:
-            t.grad = None
-        return fn(x, w, b)
-
-    try:
-        stages = {
-            "fwd": measure(lambda: fn(x, w, b), device),
-            "bwd": measure_after_setup(
-                forward_fresh_graph, lambda y: y.backward(dy), device, reps=40 if device.type == "cuda" else 5
-            ),
-            "fwd_bwd": measure(lambda: fn(x, w, b).backward(dy), device, grad_to_none=leaves),
-        }
-    except RuntimeError as error:
-        if is_out_of_memory(error):
-            return {"status": "OOM"}
-        return {"status": f"error: {str(error).splitlines()[0][:120]}"}
-    result: dict = {"status": "ok"}
-    for stage, timing in stages.items():
-        gbps = norm_bytes(rows, width, x.element_size(), kind, stage) / (timing.median_ms * 1e-3) / 1e9
-        result.update({f"{stage}_ms": timing.median_ms, f"{stage}_gbps": gbps,
-                       f"{stage}_fraction_of_copy": gbps / ceilings["copy_gbps"]})  # fmt: skip
-    return result
+    stage_bytes = {stage: norm_bytes(rows, width, x.element_size(), kind, stage) for stage in STAGES}
+    return measure_stages(fn, (x, w, b), torch.randn_like(x), stage_bytes, ceilings["copy_gbps"], device)
 
 
 def cases(device: torch.device) -> list[tuple[str, int, int, torch.dtype]]:
@@ -140,37 +104,13 @@ def run(device: torch.device, ceilings: dict, results_dir: Path, progress=lambda
     return records
 
 
-COLUMNS = [("kind", "norm"), ("shape", "M x D"), ("dtype", "dtype"), ("implementation", "implementation"),
-           ("fwd_ms", "fwd ms"), ("fwd_bwd_ms", "fwd+bwd ms"), ("fwd_gbps", "fwd GB/s"),
-           ("fwd_percent_of_copy", "fwd % of copy"), ("fwd_bwd_gbps", "fwd+bwd GB/s"),
-           ("fwd_bwd_percent_of_copy", "fwd+bwd % of copy"), ("status", "status")]  # fmt: skip
-
-
 def render(results_dir: Path, reports_dir: Path) -> str:
     records = latest_run(read_records(results_dir / RESULTS_FILE))
     if not records:
         return "No norm records yet: run `fastlm bench norms`.\n"
-    rows = []
     for r in records:
-        row = {**r, "shape": f"{r['rows']}x{r['width']}"}
-        if r["status"] == "ok":
-            row["fwd_percent_of_copy"] = 100 * r["fwd_fraction_of_copy"]
-            row["fwd_bwd_percent_of_copy"] = 100 * r["fwd_bwd_fraction_of_copy"]
-        rows.append(row)
-    groups = list(dict.fromkeys(f"{r['kind']} {r['shape']} {r['dtype']}" for r in rows))
-    series = {
-        impl.name: [next((r.get("fwd_bwd_gbps") for r in rows if f"{r['kind']} {r['shape']} {r['dtype']}" == g
-                          and r["implementation"] == impl.name), None) for g in groups]
-        for impl in IMPLEMENTATIONS
-    }  # fmt: skip
-    first = records[0]
-    plot = grouped_bar_plot(reports_dir / "norms_fwd_bwd_gbps.png", groups, series,
-                            ylabel="fwd+bwd GB/s (minimum bytes)",
-                            title=f"LayerNorm / RMSNorm fwd+bwd bandwidth ({first['gpu']})",
-                            reference_line=(first["copy_gbps_measured"], "measured copy"))  # fmt: skip
-    return "\n\n".join([
-        f"Device: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
-        f"{first['date']} · measured copy bandwidth {first['copy_gbps_measured']:.0f} GB/s",
-        markdown_table(rows, COLUMNS),
-        f"![fwd+bwd bandwidth]({plot.name})",
-    ])  # fmt: skip
+        r["shape"] = f"{r['rows']}x{r['width']}"
+    columns = [("kind", "norm"), ("shape", "M x D"), ("dtype", "dtype")]
+    plot = reports_dir / "norms_fwd_bwd_gbps.png"
+    return render_bandwidth(records, columns, lambda r: f"{r['kind']} {r['shape']} {r['dtype']}", plot,
+                            "LayerNorm / RMSNorm fwd+bwd bandwidth")  # fmt: skip

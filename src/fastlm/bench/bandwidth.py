@@ -1,0 +1,107 @@
+"""What the memory-bound kernel benchmarks share (`fastlm bench norms | softmax | conv1d`).
+
+Protocol (one run, one device, all baselines side by side): the op's inputs are drawn once, those
+that training differentiates with requires_grad, and an upstream gradient dy of the output's shape.
+fwd is the call as in training (autograd records the graph), bwd is `y.backward(dy)` after an
+untimed forward (CUDA events around the backward only), fwd+bwd both. GB/s divide each op's
+*minimum* bytes (every tensor read or written once) by the time, for every implementation alike,
+so they compare as effective bandwidths against the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fastlm.bench.report import grouped_bar_plot, markdown_table
+from fastlm.bench.timing import is_out_of_memory, measure, measure_after_setup
+
+STAGES = ("fwd", "bwd", "fwd_bwd")
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    needs_gpu: bool
+    make: Callable  # (case) -> the function to time, or a string saying why it is unavailable
+
+
+def measure_stages(
+    fn: Callable[..., torch.Tensor],
+    inputs: Sequence[torch.Tensor | None],
+    dy: torch.Tensor,
+    stage_bytes: dict[str, int],
+    copy_gbps: float,
+    device: torch.device,
+) -> dict:
+    """Times of fwd, bwd and fwd+bwd of ``fn(*inputs)``, GB/s from ``stage_bytes`` and the fraction
+    of ``copy_gbps``; {"status": "OOM" | "error: ..."} when the implementation fails."""
+    leaves = [t for t in inputs if t is not None and t.requires_grad]
+
+    def forward_fresh_graph():
+        for t in leaves:
+            t.grad = None
+        return fn(*inputs)
+
+    try:
+        stages = {
+            "fwd": measure(lambda: fn(*inputs), device),
+            "bwd": measure_after_setup(
+                forward_fresh_graph, lambda y: y.backward(dy), device, reps=40 if device.type == "cuda" else 5
+            ),
+            "fwd_bwd": measure(lambda: fn(*inputs).backward(dy), device, grad_to_none=leaves),
+        }
+    except RuntimeError as error:
+        if is_out_of_memory(error):
+            return {"status": "OOM"}
+        return {"status": f"error: {str(error).splitlines()[0][:120]}"}
+    result: dict = {"status": "ok"}
+    for stage, timing in stages.items():
+        gbps = stage_bytes[stage] / (timing.median_ms * 1e-3) / 1e9
+        result.update({f"{stage}_ms": timing.median_ms, f"{stage}_gbps": gbps,
+                       f"{stage}_fraction_of_copy": gbps / copy_gbps})  # fmt: skip
+    return result
+
+
+BANDWIDTH_COLUMNS = [("implementation", "implementation"), ("fwd_ms", "fwd ms"), ("fwd_bwd_ms", "fwd+bwd ms"),
+                     ("fwd_gbps", "fwd GB/s"), ("fwd_percent_of_copy", "fwd % of copy"),
+                     ("fwd_bwd_gbps", "fwd+bwd GB/s"), ("fwd_bwd_percent_of_copy", "fwd+bwd % of copy"),
+                     ("status", "status")]  # fmt: skip
+
+
+def render_bandwidth(
+    records: list[dict],
+    case_columns: Sequence[tuple[str, str]],
+    case_label: Callable[[dict], str],
+    plot_path: Path,
+    title: str,
+) -> str:
+    """Device line, one table row per (case, implementation) and a bar plot of fwd+bwd GB/s per
+    case with the measured copy bandwidth drawn across."""
+    rows = []
+    for r in records:
+        row = dict(r)
+        if r["status"] == "ok":
+            row["fwd_percent_of_copy"] = 100 * r["fwd_fraction_of_copy"]
+            row["fwd_bwd_percent_of_copy"] = 100 * r["fwd_bwd_fraction_of_copy"]
+        rows.append(row)
+    groups = list(dict.fromkeys(case_label(r) for r in rows))
+    implementations = list(dict.fromkeys(r["implementation"] for r in rows))
+    series = {
+        impl: [next((r.get("fwd_bwd_gbps") for r in rows if case_label(r) == g and r["implementation"] == impl), None)
+               for g in groups]
+        for impl in implementations
+    }  # fmt: skip
+    first = records[0]
+    plot = grouped_bar_plot(plot_path, groups, series, ylabel="fwd+bwd GB/s (minimum bytes)",
+                            title=f"{title} ({first['gpu']})",
+                            reference_line=(first["copy_gbps_measured"], "measured copy"))  # fmt: skip
+    return "\n\n".join([
+        f"Device: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
+        f"{first['date']} · measured copy bandwidth {first['copy_gbps_measured']:.0f} GB/s",
+        markdown_table(rows, [*case_columns, *BANDWIDTH_COLUMNS]),
+        f"![fwd+bwd bandwidth]({plot.name})",
+    ])  # fmt: skip
