@@ -122,24 +122,33 @@ def cmd_bench_xent(args) -> None:
     _show_report(report)
 
 
-def cmd_bench_norms(args) -> None:
-    from fastlm.bench import norms
+def _bench_bandwidth(args, module, name: str, title: str) -> None:
+    """`bench norms | softmax | conv1d`: copy ceiling, every case x implementation, report."""
     from fastlm.bench.ceilings import record_ceilings
 
     device = _device()
     results_dir, reports_dir = args.out / "results", args.out / "reports"
     ceilings = record_ceilings(results_dir, device)
     with _progress() as progress:
-        task = progress.add_task("norms", total=len(norms.cases(device)) * len(norms.IMPLEMENTATIONS))
+        task = progress.add_task(name, total=len(module.cases(device)) * len(module.IMPLEMENTATIONS))
 
         def step(done: str) -> None:
-            progress.update(task, description=f"norms (done: {done})", advance=1)
+            progress.update(task, description=f"{name} (done: {done})", advance=1)
 
-        norms.run(device, ceilings, results_dir, progress=step)
-    report = _write_report(
-        reports_dir / "norms.md", "LayerNorm / RMSNorm benchmark", norms.render(results_dir, reports_dir)
-    )
-    _show_report(report)
+        module.run(device, ceilings, results_dir, progress=step)
+    _show_report(_write_report(reports_dir / f"{name}.md", title, module.render(results_dir, reports_dir)))
+
+
+def cmd_bench_norms(args) -> None:
+    from fastlm.bench import norms
+
+    _bench_bandwidth(args, norms, "norms", "LayerNorm / RMSNorm benchmark")
+
+
+def cmd_bench_softmax(args) -> None:
+    from fastlm.bench import softmax
+
+    _bench_bandwidth(args, softmax, "softmax", "Masked softmax benchmark")
 
 
 def _sweep_list(text: str) -> tuple[str, ...]:
@@ -796,6 +805,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = bench.add_parser("norms", help="LayerNorm / RMSNorm fwd, bwd, fwd+bwd vs eager, compile, Liger")
     add_out(p)
     p.set_defaults(func=cmd_bench_norms)
+    p = bench.add_parser("softmax", help="masked softmax fwd, bwd, fwd+bwd vs eager, compile")
+    add_out(p)
+    p.set_defaults(func=cmd_bench_softmax)
     p = bench.add_parser("model", help="LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)")
     add_model_arguments(p)
     p.add_argument("--mode", type=_choice_list(("fwd", "fwd+bwd", "train")), default=None,
