@@ -1,0 +1,331 @@
+"""Depthwise causal conv1d over channels-last sequences: fused Triton forward and backward, and a
+CUDA C++ forward (`backend="cuda"`) built on first use.
+
+    u (B, L, D), weight (D, K), bias (D,), out (B, L, D):
+    z[b, l, d] = bias[d] + sum_k weight[d, k] * u[b, l - (K - 1) + k, d]     (u = 0 before l = 0)
+    out = z, or silu(z) = z * sigmoid(z) with activation="silu"
+
+The left zero padding is a load mask, never a padded copy. Backward, with dz = dout (no
+activation) or dout * silu'(z) (z recomputed from u, not stored):
+
+    du[b, l, d]  = sum_j weight[d, K - 1 - j] * dz[b, l + j, d]
+    dweight[d, k] = sum_{b, l} dz[b, l, d] * u[b, l - (K - 1) + k, d]
+    dbias[d]     = sum_{b, l} dz[b, l, d]
+
+Programs own a (BLOCK_L, BLOCK_D) tile (forward) or a column block of a chunk of rows (backward),
+so the K shifted reads of a row hit the cache; weight and bias gradients are summed per program
+into (programs, K, D) / (programs, D) fp32 partials and reduced deterministically, no atomics.
+
+Bytes (minimum, element size s): forward B*L*D*s read + B*L*D*s written; backward u and dout read,
+du written: 3*B*L*D*s (plus the small weight and bias).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastlm.ops.common import check_dtype, check_same_device, runs_triton
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_KERNEL_SIZE = 8
+ACTIVATIONS = (None, "silu")
+BACKENDS = ("triton", "cuda")
+FORWARD_BLOCK_L, FORWARD_BLOCK_D, FORWARD_WARPS = 32, 128, 4
+BACKWARD_BLOCK_L, BACKWARD_BLOCK_D, BACKWARD_WARPS = 32, 64, 4
+BACKWARD_CHUNK_L = 512  # rows per backward program: the weight-gradient partials are (B * L / 512, K, D)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _shifted(U, base, rows, cols, shift, L, stride_l, col_mask):
+    """u[rows + shift, cols] as fp32, 0 outside [0, L) (the causal zero padding)."""
+    src = rows + shift
+    mask = ((src >= 0) & (src < L))[:, None] & col_mask[None, :]
+    return tl.load(U + base + src[:, None] * stride_l + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _conv(U, W, BIAS, base, rows, cols, col_mask, shift, L, stride_ul, stride_wd,
+          K: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+    """z at rows + shift: bias + sum_k w[:, k] * u[rows + shift - (K - 1) + k]."""
+    w = tl.load(W + cols * stride_wd, mask=col_mask, other=0.0).to(tl.float32)
+    z = w[None, :] * _shifted(U, base, rows, cols, shift - (K - 1), L, stride_ul, col_mask)
+    for k in tl.static_range(1, K):
+        w = tl.load(W + cols * stride_wd + k, mask=col_mask, other=0.0).to(tl.float32)
+        z += w[None, :] * _shifted(U, base, rows, cols, shift - (K - 1) + k, L, stride_ul, col_mask)
+    if HAS_BIAS:
+        z += tl.load(BIAS + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    return z
+
+
+@triton.jit
+def _conv1d_forward_kernel(
+    U, W, BIAS, OUT,  # u (B, L, D) with unit stride in D; weight (D, K) unit stride in K; bias (D,); out (B, L, D)
+    L, D, stride_ub, stride_ul, stride_wd,
+    K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    batch = tl.program_id(2).to(tl.int64)
+    col_mask = cols < D
+    z = _conv(U, W, BIAS, batch * stride_ub, rows, cols, col_mask, 0, L, stride_ul, stride_wd, K, HAS_BIAS)
+    if SILU:
+        z = z * tl.sigmoid(z)
+    out = OUT + batch * L * D + rows[:, None] * D + cols[None, :]
+    tl.store(out, z.to(OUT.dtype.element_ty), mask=(rows < L)[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _conv1d_backward_kernel(
+    U, W, BIAS, DOUT, DU,  # dout (B, L, D) unit stride in D; du (B, L, D) contiguous
+    DW_PARTIAL,  # (programs, K, D) fp32, program = batch * chunks + chunk
+    DB_PARTIAL,  # (programs, D) fp32
+    L, D, stride_ub, stride_ul, stride_wd, stride_ob, stride_ol,
+    K: tl.constexpr, K_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_L: tl.constexpr,
+):  # fmt: skip
+    chunk, batch = tl.program_id(0), tl.program_id(2).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    col_mask = cols < D
+    u_base, dout_base = batch * stride_ub, batch * stride_ob
+    taps = tl.arange(0, K_POW2)
+    dw = tl.zeros((K_POW2, BLOCK_D), tl.float32)
+    db = tl.zeros((BLOCK_D,), tl.float32)
+    for start in range(chunk * CHUNK_L, tl.minimum(chunk * CHUNK_L + CHUNK_L, L), BLOCK_L):
+        rows = start + tl.arange(0, BLOCK_L)
+        du = tl.zeros((BLOCK_L, BLOCK_D), tl.float32)
+        for j in tl.static_range(K):  # du(l) = sum_j w[:, K - 1 - j] * dz(l + j)
+            dz = _shifted(DOUT, dout_base, rows, cols, j, L, stride_ol, col_mask)
+            if SILU:  # dz = dout * silu'(z), z recomputed at l + j
+                z = _conv(U, W, BIAS, u_base, rows, cols, col_mask, j, L, stride_ul, stride_wd, K, HAS_BIAS)
+                sig = tl.sigmoid(z)
+                dz = dz * sig * (1.0 + z * (1.0 - sig))
+            w = tl.load(W + cols * stride_wd + (K - 1 - j), mask=col_mask, other=0.0).to(tl.float32)
+            du += w[None, :] * dz
+            if j == 0:  # this tile's own dz: the weight and bias gradients
+                if BIAS_GRAD:
+                    db += tl.sum(dz, axis=0)
+                if WEIGHT_GRAD:
+                    for k in tl.static_range(K):
+                        u = _shifted(U, u_base, rows, cols, k - (K - 1), L, stride_ul, col_mask)
+                        dw += tl.where(taps[:, None] == k, tl.sum(dz * u, axis=0)[None, :], 0.0)
+        du_ptr = DU + batch * L * D + rows[:, None] * D + cols[None, :]
+        tl.store(du_ptr, du.to(DU.dtype.element_ty), mask=(rows < L)[:, None] & col_mask[None, :])
+    program = batch * tl.num_programs(0) + chunk
+    if WEIGHT_GRAD:
+        dw_ptr = DW_PARTIAL + program * K * D + taps[:, None] * D + cols[None, :]
+        tl.store(dw_ptr, dw, mask=(taps < K)[:, None] & col_mask[None, :])
+    if BIAS_GRAD:
+        tl.store(DB_PARTIAL + program * D + cols, db, mask=col_mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------
+
+
+def _unit_stride(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _forward(u, weight, bias, silu: bool) -> torch.Tensor:
+    if not runs_triton(u):
+        return _reference(u, weight, bias, "silu" if silu else None).to(u.dtype)
+    u, weight = _unit_stride(u), _unit_stride(weight)
+    batch, length, d = u.shape
+    out = torch.empty((batch, length, d), dtype=u.dtype, device=u.device)
+    if out.numel() == 0:
+        return out
+    grid = (triton.cdiv(length, FORWARD_BLOCK_L), triton.cdiv(d, FORWARD_BLOCK_D), batch)
+    _conv1d_forward_kernel[grid](
+        u, weight, bias if bias is not None else weight, out, length, d, u.stride(0), u.stride(1), weight.stride(0),
+        K=weight.shape[1], HAS_BIAS=bias is not None, SILU=silu, BLOCK_L=FORWARD_BLOCK_L, BLOCK_D=FORWARD_BLOCK_D,
+        num_warps=FORWARD_WARPS,
+    )  # fmt: skip
+    return out
+
+
+def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: bool):
+    """(du, dweight or None, dbias or None)."""
+    if not runs_triton(u):
+        return _reference_backward(dout, u, weight, bias, silu, weight_grad, bias_grad)
+    u, weight, dout = _unit_stride(u), _unit_stride(weight), _unit_stride(dout)
+    batch, length, d = u.shape
+    k = weight.shape[1]
+    du = torch.empty((batch, length, d), dtype=u.dtype, device=u.device)
+    if du.numel() == 0:
+        dw = torch.zeros_like(weight) if weight_grad else None
+        return du, dw, (torch.zeros_like(bias) if bias_grad else None)
+    chunks = triton.cdiv(length, BACKWARD_CHUNK_L)
+    programs = batch * chunks
+    dw_partial = torch.empty((programs, k, d), dtype=torch.float32, device=u.device) if weight_grad else du
+    db_partial = torch.empty((programs, d), dtype=torch.float32, device=u.device) if bias_grad else du
+    grid = (chunks, triton.cdiv(d, BACKWARD_BLOCK_D), batch)
+    _conv1d_backward_kernel[grid](
+        u, weight, bias if bias is not None else weight, dout, du, dw_partial, db_partial,
+        length, d, u.stride(0), u.stride(1), weight.stride(0), dout.stride(0), dout.stride(1),
+        K=k, K_POW2=triton.next_power_of_2(k), HAS_BIAS=bias is not None, SILU=silu, WEIGHT_GRAD=weight_grad,
+        BIAS_GRAD=bias_grad, BLOCK_L=BACKWARD_BLOCK_L, BLOCK_D=BACKWARD_BLOCK_D, CHUNK_L=BACKWARD_CHUNK_L,
+        num_warps=BACKWARD_WARPS,
+    )  # fmt: skip
+    dw = dw_partial.sum(dim=0).t().to(weight.dtype) if weight_grad else None
+    db = db_partial.sum(dim=0).to(bias.dtype) if bias_grad else None
+    return du, dw, db
+
+
+def _reference(u, weight, bias=None, activation=None):
+    """fp32 (fp64 for fp64 input) PyTorch: F.conv1d with groups=D over a left-padded sequence."""
+    dtype = torch.promote_types(u.dtype, torch.float32)
+    k = weight.shape[1]
+    x = torch.nn.functional.pad(u.to(dtype).transpose(1, 2), (k - 1, 0))  # (B, D, L + K - 1)
+    z = torch.nn.functional.conv1d(x, weight.to(dtype).unsqueeze(1), None if bias is None else bias.to(dtype),
+                                   groups=u.shape[-1])  # fmt: skip
+    z = z.transpose(1, 2)
+    return torch.nn.functional.silu(z) if activation == "silu" else z
+
+
+def _reference_backward(dout, u, weight, bias, silu, weight_grad, bias_grad):
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (u, weight)] + (
+            [bias.detach().requires_grad_()] if bias is not None else []
+        )
+        out = _reference(leaves[0], leaves[1], leaves[2] if bias is not None else None, "silu" if silu else None)
+        grads = torch.autograd.grad(out, leaves, dout.to(out.dtype))
+    du, dw = grads[0].to(u.dtype), grads[1].to(weight.dtype)
+    db = grads[2].to(bias.dtype) if bias is not None else None
+    return du, (dw if weight_grad else None), (db if bias_grad else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA C++ forward
+# ----------------------------------------------------------------------------------------------
+
+
+def _cuda_forward(u, weight, bias, silu: bool) -> torch.Tensor:
+    from fastlm.ops.csrc import load_causal_conv1d
+
+    return load_causal_conv1d().forward(u.contiguous(), weight.contiguous(), bias, silu)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.library ops (what torch.compile traces) and autograd
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("fastlm::causal_conv1d_forward", mutates_args=())
+def _forward_op(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Tensor:
+    return _forward(u, weight, bias, silu)
+
+
+@_forward_op.register_fake
+def _(u, weight, bias, silu):
+    return torch.empty_like(u, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("fastlm::causal_conv1d_backward", mutates_args=())
+def _backward_op(
+    dout: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
+    weight_grad: bool, bias_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(du, dweight, dbias); dweight / dbias are empty tensors when not requested."""
+    du, dw, db = _backward(dout, u, weight, bias, silu, weight_grad, bias_grad)
+    empty = u.new_empty(0)
+    return du, (empty if dw is None else dw), (empty if db is None else db)
+
+
+@_backward_op.register_fake
+def _(dout, u, weight, bias, silu, weight_grad, bias_grad):
+    return (torch.empty_like(u, memory_format=torch.contiguous_format),
+            torch.empty_like(weight) if weight_grad else u.new_empty(0),
+            torch.empty_like(bias) if bias_grad else u.new_empty(0))  # fmt: skip
+
+
+def _op_setup_context(ctx, inputs, output):
+    u, weight, bias, silu = inputs
+    ctx.save_for_backward(u, weight, bias)
+    ctx.silu = silu
+
+
+def _op_backward(ctx, dout):
+    u, weight, bias = ctx.saved_tensors
+    weight_grad, bias_grad = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+    du, dw, db = _backward_op(dout, u, weight, bias, ctx.silu, weight_grad, bias_grad)
+    return du, (dw if weight_grad else None), (db if bias_grad else None), None
+
+
+torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_setup_context)
+
+
+class CausalConv1dFunction(torch.autograd.Function):
+    """Eager path: the launchers behind a plain autograd.Function; ``backend`` picks the forward."""
+
+    @staticmethod
+    def forward(ctx, u, weight, bias, silu, backend):
+        ctx.save_for_backward(u, weight, bias)
+        ctx.silu = silu
+        return _cuda_forward(u, weight, bias, silu) if backend == "cuda" else _forward(u, weight, bias, silu)
+
+    @staticmethod
+    def backward(ctx, dout):
+        u, weight, bias = ctx.saved_tensors
+        weight_grad, bias_grad = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        du, dw, db = _backward(dout, u, weight, bias, ctx.silu, weight_grad, bias_grad)
+        return du, dw, db, None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+
+def check_inputs(u, weight, bias, activation, backend) -> None:
+    if u.dim() != 3:
+        raise ValueError(f"u must have shape (B, L, D), got {tuple(u.shape)}")
+    if weight.dim() != 2 or weight.shape[0] != u.shape[2]:
+        raise ValueError(f"weight must have shape (D, K) = ({u.shape[2]}, K) to match u {tuple(u.shape)}, "
+                         f"got {tuple(weight.shape)}")  # fmt: skip
+    if not 1 <= weight.shape[1] <= MAX_KERNEL_SIZE:
+        raise ValueError(f"weight's kernel size K must be 1 to {MAX_KERNEL_SIZE}, got {weight.shape[1]}")
+    if bias is not None and bias.shape != (u.shape[2],):
+        raise ValueError(f"bias must have shape ({u.shape[2]},), got {tuple(bias.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be None or 'silu', got {activation!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "cuda" and not u.is_cuda:
+        raise ValueError("backend='cuda' needs CUDA tensors")
+    for name, tensor in (("u", u), ("weight", weight), ("bias", bias)):
+        if tensor is not None:
+            check_dtype(name, tensor, DTYPES)
+    check_same_device(u=u, weight=weight, **({"bias": bias} if bias is not None else {}))
+
+
+def causal_conv1d(
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    *,
+    backend: str = "triton",
+) -> torch.Tensor:
+    """Depthwise causal conv over L of channels-last u (B, L, D) with weight (D, K), optional bias
+    (D,) and activation None or "silu"; output (B, L, D) in u's dtype (math in fp32). ``backend``
+    "cuda" runs the forward as a CUDA C++ kernel (compiled on first use); the backward is Triton."""
+    check_inputs(u, weight, bias, activation, backend)
+    silu = activation == "silu"
+    if torch.compiler.is_compiling() and backend == "triton":
+        return _forward_op(u, weight, bias, silu)
+    return CausalConv1dFunction.apply(u, weight, bias, silu, backend)
+
+
+def causal_conv1d_ref(u, weight, bias=None, activation=None):
+    """Plain PyTorch (F.conv1d, groups=D) in fp32 (fp64 for fp64 input), autograd through it."""
+    return _reference(u, weight, bias, activation).to(u.dtype)

@@ -1,0 +1,119 @@
+"""Depthwise causal conv1d kernels against F.conv1d (groups=D) in fp64: outputs, all gradients."""
+
+import pytest
+import torch
+
+import fastlm
+from fastlm.ops import causal_conv1d as conv_module
+from fastlm.ops.causal_conv1d import causal_conv1d, causal_conv1d_ref
+
+TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
+
+
+def _check(u, weight, bias=None, activation=None, *, tolerance=None, backend="triton"):
+    leaves = [t for t in (u, weight, bias) if t is not None and t.requires_grad]
+    out = causal_conv1d(u, weight, bias, activation, backend=backend)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, dout)
+    copies = [t.detach().double().requires_grad_(t.requires_grad) if t is not None else None for t in (u, weight, bias)]
+    expected = causal_conv1d_ref(*copies, activation)
+    expected_grads = torch.autograd.grad(expected, [c for c in copies if c is not None and c.requires_grad],
+                                         dout.double())  # fmt: skip
+    rtol, atol = tolerance or TOLERANCES[u.dtype]
+    assert out.shape == u.shape and out.dtype == u.dtype
+    torch.testing.assert_close(out.double(), expected, rtol=rtol, atol=atol)
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol * 10)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_matches_grouped_conv1d(k, activation):
+    u = torch.randn(2, 37, 19, requires_grad=True)  # odd length and width: partial tiles
+    weight = torch.randn(19, k, requires_grad=True)
+    bias = torch.randn(19, requires_grad=True)
+    _check(u, weight, bias, activation)
+
+
+def test_definition_by_hand():
+    # out[l] = bias + w0 * u[l-2] + w1 * u[l-1] + w2 * u[l], zeros before the start
+    u = torch.tensor([[[1.0], [2.0], [3.0], [4.0]]])
+    weight = torch.tensor([[10.0, 100.0, 1000.0]])
+    out = causal_conv1d(u, weight, torch.tensor([0.5]))
+    assert out.flatten().tolist() == [1000.5, 2100.5, 3210.5, 4320.5]
+
+
+def test_backward_spans_chunks_and_frozen_parameters(monkeypatch):
+    monkeypatch.setattr(conv_module, "BACKWARD_CHUNK_L", 16)  # 3 chunks of rows per sequence
+    monkeypatch.setattr(conv_module, "BACKWARD_BLOCK_L", 8)
+    u = torch.randn(2, 40, 12, requires_grad=True)
+    _check(u, torch.randn(12, 4, requires_grad=True), torch.randn(12, requires_grad=True), "silu")
+    _check(u, torch.randn(12, 4), torch.randn(12), "silu")  # frozen weight and bias: only du
+    _check(u, torch.randn(12, 3, requires_grad=True), None)  # no bias
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision(dtype):
+    u = torch.randn(2, 24, 16, dtype=dtype, requires_grad=True)
+    _check(u, torch.randn(16, 4, dtype=dtype, requires_grad=True), torch.randn(16, dtype=dtype, requires_grad=True),
+           "silu")  # fmt: skip
+
+
+def test_non_contiguous_input():
+    base = torch.randn(2, 16, 30)
+    u = base.transpose(1, 2).requires_grad_()  # (2, 30, 16), channels not unit-stride
+    _check(u, torch.randn(16, 3, requires_grad=True), torch.randn(16, requires_grad=True))
+
+
+def test_weight_gradient_is_deterministic():
+    u = torch.randn(2, 40, 8, requires_grad=True)
+    weight = torch.randn(8, 4, requires_grad=True)
+    first = torch.autograd.grad(causal_conv1d(u, weight, None, "silu").sum(), weight)[0]
+    second = torch.autograd.grad(causal_conv1d(u, weight, None, "silu").sum(), weight)[0]
+    assert torch.equal(first, second)
+
+
+def test_bad_inputs_name_the_argument():
+    u, w = torch.randn(2, 8, 4), torch.randn(4, 3)
+    with pytest.raises(ValueError, match=r"u must have shape \(B, L, D\)"):
+        causal_conv1d(u[0], w)
+    with pytest.raises(ValueError, match="weight must have shape"):
+        causal_conv1d(u, torch.randn(5, 3))
+    with pytest.raises(ValueError, match="kernel size K must be 1 to 8"):
+        causal_conv1d(u, torch.randn(4, 9))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        causal_conv1d(u, w, torch.randn(3))
+    with pytest.raises(ValueError, match="activation"):
+        causal_conv1d(u, w, None, "relu")
+    with pytest.raises(TypeError, match="u must have dtype"):
+        causal_conv1d(u.long(), w)
+    with pytest.raises(ValueError, match="backend='cuda' needs CUDA tensors"):
+        causal_conv1d(u, w, backend="cuda")
+    assert fastlm.causal_conv1d is causal_conv1d
+
+
+def test_compiles_without_graph_breaks():
+    u = torch.randn(2, 16, 8, requires_grad=True)
+    weight = torch.randn(8, 4, requires_grad=True)
+
+    def fn(u, weight):
+        return causal_conv1d(u, weight, None, "silu").square().sum()
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(u, weight), (u, weight))
+    want = torch.autograd.grad(fn(u, weight), (u, weight))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+@pytest.mark.parametrize("dtype,k", [(torch.float16, 3), (torch.bfloat16, 4), (torch.float32, 8)])
+def test_gpu_matches_reference(backend, dtype, k):
+    u = torch.randn(2, 1000, 320, device="cuda", dtype=dtype, requires_grad=True)
+    weight = torch.randn(320, k, device="cuda", dtype=dtype, requires_grad=True)
+    bias = torch.randn(320, device="cuda", dtype=dtype, requires_grad=True)
+    tolerance = (1e-5, 1e-5) if dtype == torch.float32 else (2e-2, 2e-2)
+    for activation in (None, "silu"):
+        _check(u, weight, bias, activation, tolerance=tolerance, backend=backend)
