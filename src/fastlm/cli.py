@@ -310,7 +310,8 @@ def cmd_bench_ddp(args) -> None:
     preset = args.preset or ("xl" if backend == "nccl" else "tiny")
     settings = ddp_bench.Settings(
         preset=preset, context=args.context, batch=args.batch, vocab=args.vocab, precision=args.precision,
-        warmup=args.warmup, steps=args.steps, profile_steps=args.profile_steps, bucket_mb=args.bucket_mb,
+        warmup=args.warmup, steps=args.steps, rounds=args.rounds, profile_steps=args.profile_steps,
+        bucket_mb=args.bucket_mb,
         trace_dir=str(args.out / "traces"),
     )  # fmt: skip
     results_dir, reports_dir = args.out / "results", args.out / "reports"
@@ -854,6 +855,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-mb", type=float, default=25.0, help="BucketedDDP bucket size of the memory rows")
     p.add_argument("--warmup", type=_non_negative_int, default=3)
     p.add_argument("--steps", type=_positive_int, default=10)
+    p.add_argument("--rounds", type=_positive_int, default=2,
+                   help="passes over the variants, fresh models each (default 2); timings are pooled")  # fmt: skip
     p.add_argument("--profile-steps", type=_positive_int, default=2, help="profiled steps per variant (default 2)")
     add_out(p)
     p.set_defaults(func=cmd_bench_ddp)

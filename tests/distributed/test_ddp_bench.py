@@ -18,7 +18,7 @@ def test_merge_and_intersection_by_hand():
 
 
 def test_timeline_summary_by_hand():
-    # two steps; NCCL 4 ms in all, 3 ms of it under backward kernels, 0.5 ms under the optimizer
+    # two steps; NCCL 4 ms in all; backward windows (5, 11.5) and (25, 31) hold 1.5 + 1 ms of it
     timeline = Timeline(
         comm=[(10, 12), (30, 32)],
         compute={"forward": [(0, 5)], "backward": [(5, 11.5), (25, 31)], "optimizer": [(11.5, 12)]},
@@ -26,8 +26,15 @@ def test_timeline_summary_by_hand():
     summary = timeline.summary(steps=2)
     assert summary["comm_ms"] == pytest.approx(2.0)
     assert summary["hidden_behind_backward"] == pytest.approx((1.5 + 1.0) / 4)
-    assert summary["exposed_comm_ms"] == pytest.approx((4 - 3.0) / 2)
+    assert summary["exposed_comm_ms"] == pytest.approx((4 - 2.5) / 2)
     assert Timeline([], {"forward": [(0, 1)]}).summary(1)["hidden_behind_backward"] is None
+
+
+def test_backward_window_spans_idle_gaps_between_backward_kernels():
+    # a launch-bound backward: kernels with gaps; the all-reduce in a gap is still hidden
+    timeline = Timeline(comm=[(42, 44)], compute={"forward": [(30, 39)], "backward": [(40, 41), (45, 46)]})
+    assert timeline.phase_windows("backward") == [(40, 46)]
+    assert timeline.summary(1)["hidden_behind_backward"] == pytest.approx(1.0)
 
 
 def test_collectives_start_when_the_last_rank_arrives():
@@ -47,12 +54,14 @@ def test_variant_names():
 def test_command_on_gloo(tmp_path):
     argv = ["bench", "ddp", "--backend", "gloo", "--procs", "2", "--context", "16", "--vocab", "64",
             "--variants", "no-sync,flat,bucketed-0.01,torch-ddp", "--optimizers", "adamw,sharded,zero",
-            "--warmup", "1", "--steps", "2", "--profile-steps", "1", "--out", str(tmp_path)]  # fmt: skip
+            "--warmup", "1", "--steps", "2", "--rounds", "2", "--profile-steps", "1",
+            "--out", str(tmp_path)]  # fmt: skip
     assert main(argv) == 0
     records = [json.loads(line) for line in (tmp_path / "results" / "ddp.jsonl").read_text().splitlines()]
     steps = {r["variant"]: r for r in records if r["kind"] == "step"}
     assert list(steps) == ["no-sync", "flat", "bucketed-0.01", "torch-ddp"]
     assert all(r["median_ms"] > 0 and r["world"] == 2 and r["status"] == "ok" for r in steps.values())
+    assert all(len(r["round_median_ms"]) == 2 for r in steps.values())
     memory = {r["optimizer"]: r for r in records if r["kind"] == "memory"}
     assert memory["adamw"]["params_bytes"] == memory["adamw"]["grads_bytes"]
     assert memory["adamw"]["optimizer_state_bytes"] >= 2 * memory["adamw"]["params_bytes"]  # two moments

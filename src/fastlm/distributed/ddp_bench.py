@@ -25,8 +25,11 @@ kernel of every rank is the same collective; profiler clocks are the host's, sha
 to its end on rank 0. On rank 0's timeline:
     comm_ms                  union of those communication intervals, per step
     comm_kernel_ms           union of rank 0's NCCL kernels themselves (waiting included), per step
-    hidden_behind_backward   share of comm_ms during which a backward kernel runs concurrently
-    exposed_comm_ms          comm time with no compute kernel running, per step
+    hidden_behind_backward   share of comm_ms inside a backward window: from a step's first to its
+                             last backward kernel (communication there does not delay the step)
+    exposed_comm_ms          comm time outside the backward windows, per step
+    profiled_step_ms         the profiled steps' GPU span per step: the profiler's own CPU cost
+                             slows launch-bound steps, which the timed steps do not pay
 A Chrome trace (gzip) per variant lands in `trace_dir`.
 
 Memory (GPU, optimizers `adamw` / `sharded` / `zero`, all with `BucketedDDP(bucket_mb)`): memory
@@ -75,7 +78,8 @@ class Settings:
     vocab: int = 10000
     precision: str = "bf16"
     warmup: int = 3
-    steps: int = 10
+    steps: int = 10  # timed steps per variant and round
+    rounds: int = 2  # passes over the variants (each with fresh models): round-to-round drift shows
     profile_steps: int = 2
     bucket_mb: float = 25.0  # for the memory rows
     trace_dir: str | None = None
@@ -142,16 +146,27 @@ class Timeline:
 
         return Timeline(shift(self.comm), {phase: shift(ivs) for phase, ivs in self.compute.items()})
 
+    def phase_windows(self, phase: str) -> list[Interval]:
+        """Each stretch of the timeline from a first to a last kernel of ``phase`` with no kernel
+        of another phase in between (one backward window per step), idle gaps included."""
+        kernels = sorted((iv, name) for name, intervals in self.compute.items() for iv in intervals)
+        windows: list[Interval] = []
+        previous = None
+        for (start, end), name in kernels:
+            if name == phase and previous == phase:
+                windows[-1] = (windows[-1][0], max(windows[-1][1], end))
+            elif name == phase:
+                windows.append((start, end))
+            previous = name
+        return windows
+
     def summary(self, steps: int) -> dict:
         total = length(self.comm)
-        all_compute = [iv for intervals in self.compute.values() for iv in intervals]
         if total == 0:
             return {"comm_ms": 0.0, "hidden_behind_backward": None, "exposed_comm_ms": 0.0}
-        return {
-            "comm_ms": total / steps,
-            "hidden_behind_backward": intersection(self.comm, self.compute.get("backward", [])) / total,
-            "exposed_comm_ms": (total - intersection(self.comm, all_compute)) / steps,
-        }
+        hidden = intersection(self.comm, self.phase_windows("backward"))
+        return {"comm_ms": total / steps, "hidden_behind_backward": hidden / total,
+                "exposed_comm_ms": (total - hidden) / steps}  # fmt: skip
 
     def compact(self, gap: float = 0.02) -> dict:
         """Merged intervals (pieces closer than ``gap`` ms join), rounded: small enough for a record."""
@@ -330,17 +345,20 @@ def _profile(run: _Run, settings: Settings, name: str, rank: int) -> dict:
         timeline.comm = collectives
     everything = timeline.comm + [iv for ivs in timeline.compute.values() for iv in ivs]
     timeline = timeline.shifted(min(a for a, _ in everything))
+    span = max(b for _, b in everything) - min(a for a, _ in everything)
     return {**timeline.summary(settings.profile_steps), "comm_kernel_ms": kernel_ms,
-            "comm_aligned_across_ranks": collectives is not None, "timeline": timeline.compact()}  # fmt: skip
+            "profiled_step_ms": span / settings.profile_steps, "comm_aligned_across_ranks": collectives is not None,
+            "timeline": timeline.compact()}  # fmt: skip
 
 
-def _variant_row(settings: Settings, variant: str, rank: int, world: int, device: torch.device) -> dict:
+def _variant_steps(settings: Settings, variant: str, rank: int, world: int, device: torch.device,
+                   profile: bool) -> tuple[list[float], dict]:  # fmt: skip
+    """Timed step seconds (slowest rank) of a fresh model, and the profile fields when asked."""
     run = _Run(settings, variant, "adamw", rank, device)
     for _ in range(settings.warmup):
         run.step()
-    row = _timing_fields(settings, run.timed_steps(settings.steps), world)
-    row.update(_profile(run, settings, f"ddp_{variant}_x{world}", rank))
-    return row
+    times = run.timed_steps(settings.steps)
+    return times, _profile(run, settings, f"ddp_{variant}_x{world}", rank) if profile else {}
 
 
 def _memory_row(settings: Settings, optimizer: str, rank: int, world: int, device: torch.device) -> dict:
@@ -381,17 +399,27 @@ def _worker(rank: int, world: int, backend: str, settings: Settings, variants, o
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     # without teardown CUPTI stays attached after a profile and slows every later kernel launch
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
-    rows = []
-    jobs = [("step", v, _variant_row) for v in variants] + [("memory", o, _memory_row) for o in optimizers]
-    for kind, name, measure in jobs:
-        key = "variant" if kind == "step" else "optimizer"
-        row = {"kind": kind, key: name}
-        # no out-of-memory rows here: a rank that skipped ahead would pair its collectives with
-        # another rank's unfinished step; an OOM ends the run with PyTorch's error instead
-        row.update(measure(settings, name, rank, world, device), status="ok")
+    times: dict[str, list[list[float]]] = {v: [] for v in variants}
+    profiles: dict[str, dict] = {}
+    for round_index in range(settings.rounds):
+        for variant in variants:
+            measured, profile = _variant_steps(settings, variant, rank, world, device, profile=round_index == 0)
+            times[variant].append(measured)
+            profiles.setdefault(variant, profile)
+            _release(device)
+            dist.barrier()
+    rows = [
+        {"kind": "step", "variant": v, **_timing_fields(settings, [t for r in times[v] for t in r], world),
+         "round_median_ms": [statistics.median(r) * 1e3 for r in times[v]], **profiles[v], "status": "ok"}
+        for v in variants
+    ]  # fmt: skip
+    # no out-of-memory rows here: a rank that skipped ahead would pair its collectives with another
+    # rank's unfinished step; an OOM ends the run with PyTorch's error instead
+    for optimizer in optimizers:
+        rows.append({"kind": "memory", "optimizer": optimizer, **_memory_row(settings, optimizer, rank, world, device),
+                     "status": "ok"})  # fmt: skip
         _release(device)
         dist.barrier()
-        rows.append(row)
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
 
@@ -425,7 +453,8 @@ def run(backend: str, worlds: Sequence[int], settings: Settings, variants: Seque
 
 STEP_COLUMNS = [("world", "ranks"), ("variant", "variant"), ("median_ms", "step ms (median)"),
                 ("vs_torch_ddp", "vs torch-ddp"), ("tokens_per_s", "tokens/s"), ("comm_ms", "comm ms"),
-                ("comm_kernel_ms", "NCCL kernel ms"),
+                ("comm_kernel_ms", "NCCL kernel ms"), ("rounds_ms", "per-round medians ms"),
+                ("profiled_step_ms", "profiled step ms"),
                 ("hidden_percent", "comm hidden behind bwd %"), ("exposed_comm_ms", "exposed comm ms"),
                 ("status", "status")]  # fmt: skip
 MEMORY_COLUMNS = [("world", "ranks"), ("optimizer", "optimizer"), ("init_mb", "after init MB"),
@@ -445,6 +474,7 @@ def _step_rows(records: list[dict]) -> list[dict]:
             row["vs_torch_ddp"] = r["median_ms"] / reference["median_ms"]
         if r.get("hidden_behind_backward") is not None:
             row["hidden_percent"] = 100 * r["hidden_behind_backward"]
+        row["rounds_ms"] = " / ".join(f"{ms:.0f}" for ms in r.get("round_median_ms", []))
         rows.append(row)
     return rows
 
@@ -502,7 +532,8 @@ def render(results_dir: Path, reports_dir: Path, runs: int = 1) -> str:
     lines = [
         f"Device: {first['gpu']} · {first['backend']} · torch {first['torch']} · git {first['git_sha']} · "
         f"{first['date']} · preset {first['preset']}, context {first['context']}, batch {first['batch']} per rank, "
-        f"{first['precision']}, AdamW · median of {first['steps']} steps (slowest rank each)",
+        f"{first['precision']}, AdamW · median of {first['rounds']} rounds x {first['steps']} steps "
+        "(slowest rank each), each round with fresh models",
         "",
     ]
     steps = _step_rows(records)
