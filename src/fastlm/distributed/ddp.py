@@ -128,9 +128,10 @@ class DDP(_DataParallel):
 
     def finish_gradient_synchronization(self) -> None:
         """Wait for the all-reduces started during backward and average."""
-        for work, grad in self._pending:
+        for work, _ in self._pending:
             work.wait()
-            grad /= _world()
+        if self._pending:
+            torch._foreach_div_([grad for _, grad in self._pending], _world())  # one launch, not one per grad
         self._pending.clear()
 
 
@@ -151,11 +152,13 @@ class _Bucket:
     def finish(self) -> None:
         self.work.wait()
         self.buffer /= _world()
-        for param, averaged in zip(self.params, _unflatten_dense_tensors(self.buffer, self.params), strict=True):
+        averaged = _unflatten_dense_tensors(self.buffer, self.params)
+        present = [(p.grad, a) for p, a in zip(self.params, averaged, strict=True) if p.grad is not None]
+        if present:
+            torch._foreach_copy_([grad for grad, _ in present], [a for _, a in present])  # one launch per bucket
+        for param, value in zip(self.params, averaged, strict=True):
             if param.grad is None:
-                param.grad = averaged.clone()
-            else:
-                param.grad.copy_(averaged)
+                param.grad = value.clone()
         self.ready, self.buffer, self.work = 0, None, None
 
 
