@@ -151,6 +151,12 @@ def cmd_bench_softmax(args) -> None:
     _bench_bandwidth(args, softmax, "softmax", "Masked softmax benchmark")
 
 
+def cmd_bench_conv1d(args) -> None:
+    from fastlm.bench import conv1d
+
+    _bench_bandwidth(args, conv1d, "conv1d", "Causal conv1d benchmark")
+
+
 def _sweep_list(text: str) -> tuple[str, ...]:
     from fastlm.bench.attention import SWEEPS  # imported on use: it loads torch and the kernels
 
@@ -455,6 +461,37 @@ def cmd_analyze_xent(args) -> None:
         f"minimum {fused.min_time_s * 1e6:.1f} µs vs {(fwd.min_time_s + bwd.min_time_s) * 1e6:.1f} µs "
         "for forward + backward."
     )
+
+
+def cmd_analyze_conv1d(args) -> None:
+    from fastlm.analysis.conv1d import FORMULAS, Conv1dCost
+
+    spec = device_spec(args.gpu)
+    sizes = {"fp32": 4, "fp16": 2, "bf16": 2}
+    cost = Conv1dCost(args.batch, args.length, args.channels, args.kernel_size, sizes[args.dtype],
+                      bias=not args.no_bias, silu=args.activation == "silu")  # fmt: skip
+    fused, padded = cost.fwd_bound(spec), cost.fwd_bound(spec, padding_pass=True)
+    table = Table(title=f"Causal conv1d forward · B={args.batch}, L={args.length}, D={args.channels}, "
+                        f"K={args.kernel_size}, {args.dtype} · {spec.name}")  # fmt: skip
+    table.add_column("quantity")
+    table.add_column("formula")
+    table.add_column("fused (masked loads)", justify="right")
+    table.add_column("separate padding pass", justify="right")
+    table.add_row("bytes", f"{FORMULAS['fused']} | {FORMULAS['padding pass']}",
+                  f"{fused.bytes / 1e6:,.1f} MB", f"{padded.bytes / 1e6:,.1f} MB")  # fmt: skip
+    table.add_row("FLOPs", FORMULAS["FLOPs"], f"{fused.flops:,}", f"{padded.flops:,}")
+    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fused.intensity:.2f} FLOP/B",
+                  f"{padded.intensity:.2f} FLOP/B")  # fmt: skip
+    ridge = f"{spec.vector_fp32_tflops} TF / {spec.memory_gbps:.0f} GB/s"
+    table.add_row("device ridge (CUDA cores fp32)", ridge, f"{fused.ridge:.1f} FLOP/B", f"{padded.ridge:.1f} FLOP/B")
+    table.add_row("verdict", "intensity vs ridge", fused.verdict, padded.verdict)
+    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", f"{fused.min_time_s * 1e6:.1f} µs",
+                  f"{padded.min_time_s * 1e6:.1f} µs")  # fmt: skip
+    console.print(table)
+    console.print(f"Backward (fused, z recomputed): {cost.bwd_bytes / 1e6:,.1f} MB, at least "
+                  f"{cost.bwd_bytes / (spec.memory_gbps * 1e9) * 1e6:.1f} µs. The conv sits far left of the ridge "
+                  "on the roofline: its floor is bytes / bandwidth, so the fused kernel's target is the copy "
+                  "bandwidth.")  # fmt: skip
 
 
 def cmd_analyze_memory(args) -> None:
@@ -809,6 +846,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = bench.add_parser("softmax", help="masked softmax fwd, bwd, fwd+bwd vs eager, compile")
     add_out(p)
     p.set_defaults(func=cmd_bench_softmax)
+    p = bench.add_parser("conv1d", help="causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward")
+    add_out(p)
+    p.set_defaults(func=cmd_bench_conv1d)
     p = bench.add_parser("model", help="LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)")
     add_model_arguments(p)
     p.add_argument("--mode", type=_choice_list(("fwd", "fwd+bwd", "train")), default=None,
@@ -886,6 +926,16 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = groups.add_parser("analyze", help="napkin math: bytes, FLOPs, bound").add_subparsers(
         dest="command", required=True
     )
+    p = analyze.add_parser("conv1d", help="cost model of the depthwise causal conv1d (bytes, FLOPs, bound)")
+    p.add_argument("--batch", type=_positive_int, default=1)
+    p.add_argument("--length", type=_positive_int, default=8192)
+    p.add_argument("--channels", type=_positive_int, default=8192)
+    p.add_argument("--kernel-size", type=_positive_int, default=3)
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16")
+    p.add_argument("--activation", choices=("none", "silu"), default="none")
+    p.add_argument("--no-bias", action="store_true")
+    p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="datasheet to compare against")
+    p.set_defaults(func=cmd_analyze_conv1d)
     p = analyze.add_parser("xent", help="cost model of fused cross-entropy")
     p.add_argument("--batch", type=_positive_int, default=4096)
     p.add_argument("--vocab", type=_positive_int, default=128256)
