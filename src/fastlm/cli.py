@@ -151,6 +151,19 @@ def cmd_bench_softmax(args) -> None:
     _bench_bandwidth(args, softmax, "softmax", "Masked softmax benchmark")
 
 
+def cmd_bench_roofline(args) -> None:
+    from fastlm.bench import roofline
+    from fastlm.bench.ceilings import RESULTS_FILE, record_ceilings
+    from fastlm.bench.records import read_records
+    from fastlm.devices import current_device_name
+
+    results_dir, reports_dir = args.out / "results", args.out / "reports"
+    here = [r for r in read_records(results_dir / RESULTS_FILE) if r["gpu"] == current_device_name()]
+    ceilings = here[-1] if here else record_ceilings(results_dir, _device())  # the kernels' own run's ceilings
+    body = roofline.render(results_dir, reports_dir, ceilings)
+    _show_report(_write_report(reports_dir / "roofline.md", "Roofline", body))
+
+
 def cmd_bench_conv1d(args) -> None:
     from fastlm.bench import conv1d
 
@@ -849,6 +862,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = bench.add_parser("conv1d", help="causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward")
     add_out(p)
     p.set_defaults(func=cmd_bench_conv1d)
+    p = bench.add_parser("roofline", help="this GPU's measured roofline with every benchmarked fastlm kernel on it")
+    add_out(p)
+    p.set_defaults(func=cmd_bench_roofline)
     p = bench.add_parser("model", help="LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)")
     add_model_arguments(p)
     p.add_argument("--mode", type=_choice_list(("fwd", "fwd+bwd", "train")), default=None,

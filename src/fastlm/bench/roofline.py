@@ -1,0 +1,149 @@
+"""`fastlm bench roofline`: the device's roofline from its measured ceilings, with every benchmarked
+fastlm kernel placed on it (forward pass, from the latest records of the same GPU).
+
+Roofs: memory, the copy bandwidth measured by `fastlm bench ceilings` times the intensity; compute,
+the measured bf16 matmul rate (tensor cores) and the datasheet fp32 rate of the CUDA cores, where
+elementwise math runs. A kernel's point: x = FLOPs / minimum bytes (its cost model), y = FLOPs /
+measured time. FLOPs per element of the memory-bound ops, counting add, mul, exp, div as 1:
+LayerNorm 7 (mean, centre, square-and-add, scale, weight, bias), RMSNorm 4, masked softmax 6
+(scale, mask, shift, exp, sum, divide), conv1d from `fastlm.analysis.conv1d`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastlm.analysis.conv1d import Conv1dCost
+from fastlm.analysis.xent import CrossEntropyCost
+from fastlm.bench.records import latest_run, read_records
+from fastlm.bench.report import markdown_table
+from fastlm.devices import spec_for_device_name
+
+NORM_FLOPS_PER_ELEMENT = {"layer": 7, "rms": 4}
+SOFTMAX_FLOPS_PER_ELEMENT = 6
+
+
+@dataclass(frozen=True)
+class Point:
+    kernel: str
+    case: str
+    flops: float
+    bytes: float
+    seconds: float
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+    @property
+    def tflops(self) -> float:
+        return self.flops / self.seconds / 1e12
+
+
+def _bytes_moved(record: dict) -> float:
+    """The minimum bytes of a bandwidth record's forward: its GB/s times its time."""
+    return record["fwd_gbps"] * 1e9 * record["fwd_ms"] * 1e-3
+
+
+def _norm_points(records):
+    for r in records:
+        elements = r["rows"] * r["width"]
+        flops = NORM_FLOPS_PER_ELEMENT[r["kind"]] * elements
+        yield Point(f"{r['kind']} norm", f"{r['rows']}x{r['width']} {r['dtype']}", flops, _bytes_moved(r),
+                    r["fwd_ms"] * 1e-3)  # fmt: skip
+
+
+def _softmax_points(records):
+    for r in records:
+        elements = math.prod(int(n) for n in r["shape"].split("x"))
+        yield Point("masked softmax", f"{r['shape']} {r['dtype']}", SOFTMAX_FLOPS_PER_ELEMENT * elements,
+                    _bytes_moved(r), r["fwd_ms"] * 1e-3)  # fmt: skip
+
+
+def _conv1d_points(records):
+    for r in records:
+        shape = tuple(int(n) for n in r["shape"].split("x"))
+        cost = Conv1dCost(*shape, r["kernel_size"], 2 if r["dtype"] != "float32" else 4, bias=True, silu=True)
+        yield Point("causal conv1d", f"{r['shape']} K={r['kernel_size']} {r['dtype']}", cost.fwd_flops,
+                    cost.fwd_bytes, r["fwd_ms"] * 1e-3)  # fmt: skip
+
+
+def _xent_points(records):
+    for r in records:
+        cost = CrossEntropyCost(r["batch"], r["vocab"])
+        yield Point("cross-entropy", f"{r['batch']}x{r['vocab']}", cost.fwd_flops, cost.fwd_bytes, r["fwd_ms"] * 1e-3)
+
+
+def _attention_points(records):
+    for r in records:
+        b, h, s, d = r["batch"], r["heads"], r["seq"], r["head_dim"]
+        flops = r["fwd_tflops"] * 1e12 * r["fwd_ms"] * 1e-3
+        yield Point("flash attention", f"B{b} H{h} S{s} D{d}", flops, 4 * b * h * s * d * 2, r["fwd_ms"] * 1e-3)
+
+
+SOURCES = {"norms.jsonl": _norm_points, "softmax.jsonl": _softmax_points, "conv1d.jsonl": _conv1d_points,
+           "xent.jsonl": _xent_points, "attention.jsonl": _attention_points}  # fmt: skip
+
+
+def kernel_points(results_dir: Path, gpu: str) -> list[Point]:
+    """fastlm's kernels from the latest run of each benchmark measured on ``gpu``."""
+    points = []
+    for name, to_points in SOURCES.items():
+        records = [r for r in read_records(results_dir / name) if r.get("gpu") == gpu]
+        chosen = [r for r in latest_run(records) if r.get("implementation") == "fastlm" and r.get("status") == "ok"]
+        points += list(to_points(chosen))
+    return points
+
+
+def plot_roofline(path: Path, ceilings: dict, vector_tflops: float | None, points: list[Point]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bandwidth, matmul = ceilings["copy_gbps"] * 1e9, ceilings["matmul_tflops"] * 1e12
+    intensities = [2.0**e for e in range(-4, 12)]
+    fig, ax = plt.subplots(figsize=(9, 6))
+    measured = f"measured: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TF/s"
+    ax.plot(intensities, [min(i * bandwidth, matmul) / 1e12 for i in intensities], color="black", label=measured)
+    if vector_tflops:
+        ax.plot(intensities, [min(i * bandwidth / 1e12, vector_tflops) for i in intensities], color="gray",
+                linestyle="--", label=f"CUDA-core fp32 roof (datasheet {vector_tflops:.0f} TF/s)")  # fmt: skip
+    markers = dict(zip(sorted({p.kernel for p in points}), "osD^vP*X", strict=False))
+    for kernel, marker in markers.items():
+        mine = [p for p in points if p.kernel == kernel]
+        ax.scatter([p.intensity for p in mine], [p.tflops for p in mine], marker=marker, s=40, label=kernel, zorder=3)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte, minimum bytes)")
+    ax.set_ylabel("attained TFLOP/s (forward)")
+    ax.set_title(f"Roofline · {ceilings['gpu']}")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def render(results_dir: Path, reports_dir: Path, ceilings: dict) -> str:
+    points = kernel_points(results_dir, ceilings["gpu"])
+    spec = spec_for_device_name(ceilings["gpu"])
+    plot = plot_roofline(reports_dir / "roofline.png", ceilings, spec.vector_fp32_tflops if spec else None, points)
+    bandwidth, matmul = ceilings["copy_gbps"] * 1e9, ceilings["matmul_tflops"] * 1e12
+    rows = [{"kernel": p.kernel, "case": p.case, "intensity": p.intensity, "tflops": p.tflops,
+             "roof": min(p.intensity * bandwidth, matmul) / 1e12,
+             "percent": 100 * p.tflops * 1e12 / min(p.intensity * bandwidth, matmul),
+             "bound": "memory" if p.intensity * bandwidth < matmul else "compute"} for p in points]  # fmt: skip
+    columns = [("kernel", "kernel"), ("case", "case"), ("intensity", "FLOP/B"), ("tflops", "TFLOP/s"),
+               ("roof", "roof TFLOP/s"), ("percent", "% of roof"), ("bound", "under the")]  # fmt: skip
+    return "\n\n".join([
+        f"Device: {ceilings['gpu']} · ceilings measured {ceilings['date']} (git {ceilings['git_sha']}): copy "
+        f"{ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s · kernels: the "
+        "latest fastlm forward records of this GPU",
+        markdown_table(rows, columns) if rows else "No kernel records of this GPU yet: run the `fastlm bench` ops.",
+        f"![roofline]({plot.name})",
+    ])  # fmt: skip
