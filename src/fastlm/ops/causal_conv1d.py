@@ -193,15 +193,27 @@ def _reference(u, weight, bias=None, activation=None):
 
 
 def _reference_backward(dout, u, weight, bias, silu, weight_grad, bias_grad):
-    with torch.enable_grad():
-        leaves = [t.detach().requires_grad_() for t in (u, weight)] + (
-            [bias.detach().requires_grad_()] if bias is not None else []
-        )
-        out = _reference(leaves[0], leaves[1], leaves[2] if bias is not None else None, "silu" if silu else None)
-        grads = torch.autograd.grad(out, leaves, dout.to(out.dtype))
-    du, dw = grads[0].to(u.dtype), grads[1].to(weight.dtype)
-    db = grads[2].to(bias.dtype) if bias is not None else None
-    return du, (dw if weight_grad else None), (db if bias_grad else None)
+    """The backward formulas of the module docstring in PyTorch (no autograd, so it also runs inside
+    the custom op under torch.compile)."""
+    dtype = torch.promote_types(u.dtype, torch.float32)
+    length, k = u.shape[1], weight.shape[1]
+    dz = dout.to(dtype)
+    if silu:
+        z = _reference(u, weight, bias)
+        sig = torch.sigmoid(z)
+        dz = dz * sig * (1 + z * (1 - sig))
+    # du(l) = sum_j w[:, K - 1 - j] dz(l + j): a conv of the right-padded dz with the flipped taps
+    dz_t = dz.transpose(1, 2)  # (B, D, L)
+    du = torch.nn.functional.conv1d(torch.nn.functional.pad(dz_t, (0, k - 1)), weight.to(dtype).flip(1).unsqueeze(1),
+                                    groups=u.shape[-1]).transpose(1, 2)  # fmt: skip
+    dw = db = None
+    if weight_grad:
+        padded = torch.nn.functional.pad(u.to(dtype).transpose(1, 2), (k - 1, 0))  # (B, D, L + K - 1)
+        dw = torch.stack([(dz_t * padded[..., j : j + length]).sum(dim=(0, 2)) for j in range(k)], dim=1)
+        dw = dw.to(weight.dtype)
+    if bias_grad:
+        db = dz.sum(dim=(0, 1)).to(bias.dtype)
+    return du.to(u.dtype), dw, db
 
 
 # ----------------------------------------------------------------------------------------------

@@ -213,10 +213,12 @@ def _norm_backward_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-# Elements per (BLOCK_M, BLOCK_D) tile and per warp, forward and backward (tuned on an H100 with
-# benchmarks/tune_norms.py): small rows are stacked into tiles so every program moves enough bytes.
-FORWARD_TILE, FORWARD_PER_WARP = 8192, 512
-BACKWARD_TILE, BACKWARD_PER_WARP = 8192, 512
+# Elements per (BLOCK_M, BLOCK_D) tile and per warp, forward and backward: small rows are stacked
+# into tiles so every program moves enough bytes. Chosen by benchmarks/tune_norms.py on an H100
+# (best geometric mean over the benchmark shapes, bf16 and fp32; forward 2.6-2.9 TB/s, single-pass
+# backward 1.9-2.8 TB/s at a 3.0 TB/s copy; benchmarks/results/norms_tuning_h100.jsonl).
+FORWARD_TILE, FORWARD_PER_WARP = 2048, 512
+BACKWARD_TILE, BACKWARD_PER_WARP = 4096, 512
 BACKWARD_PROGRAMS_PER_SM = 2
 
 

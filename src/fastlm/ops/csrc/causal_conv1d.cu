@@ -6,18 +6,16 @@
 // global memory once per chunk (plus K - 1 halo rows); consecutive threads take consecutive
 // channels, so each warp's loads and stores of a row are coalesced.
 #include <torch/extension.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 namespace {
 
 constexpr int kRows = 64;     // positions per thread
 constexpr int kThreads = 128; // channels per block
 
+// at::Half and at::BFloat16 convert to and from float on the device
 template <typename T> __device__ __forceinline__ float to_float(T v) { return static_cast<float>(v); }
-template <> __device__ __forceinline__ float to_float(at::Half v) { return __half2float(v); }
-template <> __device__ __forceinline__ float to_float(at::BFloat16 v) { return __bfloat162float(v); }
 
 template <typename T, int K>
 __global__ void causal_conv1d_forward_kernel(const T* __restrict__ u, const T* __restrict__ weight,
@@ -42,7 +40,7 @@ __global__ void causal_conv1d_forward_kernel(const T* __restrict__ u, const T* _
     const int64_t l = start - (K - 1) + k;
     window[k] = l >= 0 ? to_float(u_channel[l * channels]) : 0.0f;
   }
-  const int64_t end = min(start + kRows, length);
+  const int64_t end = start + kRows < length ? start + kRows : length;
   for (int64_t l = start; l < end; ++l) {
     window[K - 1] = to_float(u_channel[l * channels]);
     float z = b;
