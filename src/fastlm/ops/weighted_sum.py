@@ -1,0 +1,212 @@
+"""Row-wise weighted sum: the smallest complete fastlm op, annotated as a template for new kernels.
+
+    y[r] = sum_d x[r, d] * w[d]          x (..., D), w (D,), y (...)
+    dx[r, d] = dy[r] * w[d]
+    dw[d] = sum_r dy[r] * x[r, d]
+
+docs/writing_an_op.md walks through this file top to bottom. Every op in fastlm/ops has the same
+five parts, in this order:
+  1. kernels (`@triton.jit`), with the shapes of every pointer argument in comments;
+  2. launchers: plain Python that allocates outputs, picks block sizes and grids, and falls back
+     to the PyTorch reference where Triton cannot run (CPU without TRITON_INTERPRET=1);
+  3. a torch.library custom op per direction, with a fake (meta) implementation, so torch.compile
+     traces the op as one node instead of breaking the graph;
+  4. autograd: `register_autograd` for the custom op, and an `autograd.Function` for eager calls
+     (cheaper to dispatch), both calling the same launchers;
+  5. the public function: input checks with errors that name the argument, then dispatch; and a
+     `*_ref` reference in plain PyTorch that the tests compare against.
+
+Bytes (element size s, R rows): forward R D s read + R s written; backward R D s + R s read,
+R D s written (dx) + D partial sums.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from fastlm.ops.common import check_dtype, check_same_device, runs_triton
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BLOCK_ROWS = 16  # rows per program: enough bytes in flight per program, few weight-gradient partials
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. Kernels
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _weighted_sum_forward_kernel(
+    X,  # (R, D) rows, row stride stride_x, unit column stride
+    W,  # (D,)
+    Y,  # (R,) output
+    R, D, stride_x,
+    BLOCK_R: tl.constexpr,  # rows per program
+    BLOCK_D: tl.constexpr,  # columns per step of the loop over D (a power of two)
+):  # fmt: skip
+    # Each program owns BLOCK_R rows and walks along D in BLOCK_D-wide steps, accumulating in fp32.
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # int64: R * D may pass 2^31
+    row_mask = rows < R
+    total = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        col_mask = cols < D
+        # masked lanes load 0, so the partial last block adds nothing
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=row_mask[:, None] & col_mask[None, :],
+                    other=0.0)  # fmt: skip
+        w = tl.load(W + cols, mask=col_mask, other=0.0)
+        total += tl.sum(x.to(tl.float32) * w.to(tl.float32)[None, :], axis=1)
+    tl.store(Y + rows, total.to(Y.dtype.element_ty), mask=row_mask)
+
+
+@triton.jit
+def _weighted_sum_backward_kernel(
+    X,  # (R, D) forward input, row stride stride_x
+    W,  # (D,)
+    DY,  # (R,) upstream gradient
+    DX,  # (R, D) input gradient, contiguous
+    DW_PARTIAL,  # (programs, D) fp32: this program's sum over its rows of dy[r] * x[r, :]
+    R, D, stride_x,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_mask = rows < R
+    dy = tl.load(DY + rows, mask=row_mask, other=0.0).to(tl.float32)
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)
+        col_mask = cols < D
+        mask = row_mask[:, None] & col_mask[None, :]
+        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        tl.store(DX + rows[:, None] * D + cols[None, :], (dy[:, None] * w[None, :]).to(DX.dtype.element_ty), mask=mask)
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        # No atomics: each program writes its own partial row; the launcher sums the rows, so the
+        # result does not depend on the order programs finish in (deterministic).
+        tl.store(DW_PARTIAL + pid * D + cols, tl.sum(dy[:, None] * x, axis=0), mask=col_mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. Launchers
+# ----------------------------------------------------------------------------------------------
+
+
+def _block_d(d: int) -> int:
+    return min(triton.next_power_of_2(d), 1024)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., D) -> (R, D) with unit column stride: a view when the layout allows, else a copy."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    rows = _rows(x)
+    r, d = rows.shape
+    y = torch.empty(r, dtype=x.dtype, device=x.device)
+    if not runs_triton(x):
+        return y.copy_(rows.float() @ w.float()).view(x.shape[:-1])
+    if r > 0:
+        _weighted_sum_forward_kernel[(triton.cdiv(r, BLOCK_ROWS),)](
+            rows, w, y, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d)
+        )
+    return y.view(x.shape[:-1])
+
+
+def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, weight_grad: bool):
+    """(dx like x, dw (D,) or None)."""
+    rows, dy_rows = _rows(x), dy.reshape(-1).contiguous()
+    r, d = rows.shape
+    if not runs_triton(x):
+        dx = (dy_rows.float()[:, None] * w.float()[None, :]).to(x.dtype)
+        dw = (dy_rows.float() @ rows.float()).to(w.dtype) if weight_grad else None
+        return dx.view(x.shape), dw
+    programs = triton.cdiv(r, BLOCK_ROWS)
+    dx = torch.empty((r, d), dtype=x.dtype, device=x.device)
+    partial = torch.zeros((max(programs, 1), d), dtype=torch.float32, device=x.device)
+    if r > 0:
+        _weighted_sum_backward_kernel[(programs,)](
+            rows, w, dy_rows, dx, partial, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d)
+        )
+    return dx.view(x.shape), (partial.sum(dim=0).to(w.dtype) if weight_grad else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. torch.library ops: what torch.compile sees (the fake functions give shapes without running)
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("fastlm::weighted_sum_forward", mutates_args=())
+def _forward_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return _forward(x, w)
+
+
+@_forward_op.register_fake
+def _(x, w):
+    return x.new_empty(x.shape[:-1])
+
+
+@torch.library.custom_op("fastlm::weighted_sum_backward", mutates_args=())
+def _backward_op(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _backward(dy, x, w, weight_grad=True)
+
+
+@_backward_op.register_fake
+def _(dy, x, w):
+    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(w)
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Autograd: the compiled path (register_autograd) and the eager path (autograd.Function)
+# ----------------------------------------------------------------------------------------------
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)  # x and w: the backward needs both
+
+
+def _op_backward(ctx, dy):
+    x, w = ctx.saved_tensors
+    dx, dw = _backward_op(dy, x, w)
+    return dx, (dw if ctx.needs_input_grad[1] else None)
+
+
+torch.library.register_autograd(_forward_op, _op_backward, setup_context=_setup_context)
+
+
+class WeightedSumFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return _forward(x, w)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        return _backward(dy, x, w, weight_grad=ctx.needs_input_grad[1])
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. Public API and reference
+# ----------------------------------------------------------------------------------------------
+
+
+def weighted_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """sum over the last dim of x * w: x (..., D), w (D,) -> (...), in x's dtype (fp32 math)."""
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (the summed one)")
+    if w.shape != x.shape[-1:]:
+        raise ValueError(f"w must have shape ({x.shape[-1]},) to match x {tuple(x.shape)}, got {tuple(w.shape)}")
+    check_dtype("x", x, DTYPES)
+    check_dtype("w", w, DTYPES)
+    check_same_device(x=x, w=w)
+    if torch.compiler.is_compiling():
+        return _forward_op(x, w)
+    return WeightedSumFunction.apply(x, w)
+
+
+def weighted_sum_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x * w).sum(dim=-1)
