@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fastlm.devices import DEVICES, device_spec
-from fastlm.model.config import ATTENTION_KERNELS, LOSS_KERNELS, NORM_KERNELS, PRESETS, ModelConfig
+from fastlm.model.config import ATTENTION_KERNELS, LOSS_KERNELS, NORM_KERNELS, PRESETS, SOFTMAX_KERNELS, ModelConfig
 
 console = Console()
 
@@ -229,7 +229,7 @@ def model_configs(args) -> list[tuple[str, ModelConfig]]:
     else:
         presets = args.preset or ((args.gpu_preset,) if _device().type == "cuda" else ("tiny",))
         bases = [(name, lambda name=name: ModelConfig.preset(name, **common)) for name in presets]
-    overrides = {k: getattr(args, k) for k in ("attention", "norm", "loss") if getattr(args, k) is not None}
+    overrides = {k: getattr(args, k) for k in ("attention", "norm", "loss", "softmax") if getattr(args, k) is not None}
     configs = []
     for name, make in bases:
         for kernels in args.kernels:
@@ -820,6 +820,8 @@ def add_model_arguments(p: argparse.ArgumentParser, gpu_preset: str = "small") -
                    help="comma list: torch (SDPA, PyTorch norm and loss) and/or fastlm (fused kernels)")  # fmt: skip
     p.add_argument("--attention", choices=ATTENTION_KERNELS, default=None, help="override the attention kernel")
     p.add_argument("--norm", choices=NORM_KERNELS, default=None, help="override the norm kernel")
+    p.add_argument("--softmax", choices=SOFTMAX_KERNELS, default=None,
+                   help="override the softmax kernel of --attention naive")  # fmt: skip
     p.add_argument("--loss", choices=LOSS_KERNELS, default=None, help="override the loss kernel")
 
 

@@ -106,6 +106,19 @@ def test_kernel_switches_give_the_same_loss_and_gradients(attention, norm, loss)
     assert_same_gradients(model, reference, rtol=1e-4, atol=1e-5)
 
 
+def test_fused_softmax_in_the_naive_path_gives_the_same_loss_and_gradients():
+    reference = TransformerLM(dataclasses.replace(TINY, attention="naive"))
+    model = TransformerLM(dataclasses.replace(TINY, attention="naive", softmax="fastlm"))
+    model.load_state_dict(reference.state_dict())
+    x, y = tokens(), tokens()
+    expected, actual = reference(x, y), model(x, y)
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+    expected.backward()
+    actual.backward()
+    assert_same_gradients(model, reference, rtol=1e-4, atol=1e-5)
+    assert TINY.with_kernels("fastlm").softmax == "fastlm"
+
+
 def test_a_few_training_steps_reduce_the_loss():
     model = TransformerLM(TINY)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 ATTENTION_KERNELS = ("naive", "sdpa", "fastlm")  # materialized softmax | torch SDPA | fastlm.flash_attention
 NORM_KERNELS = ("torch", "fastlm")
+SOFTMAX_KERNELS = ("torch", "fastlm")  # the naive path's mask + softmax: two PyTorch ops | fastlm.masked_softmax
 LOSS_KERNELS = ("torch", "fastlm")  # F.cross_entropy | fastlm.cross_entropy
 
 # name -> (d_model, d_ff, num_layers, num_heads)
@@ -43,6 +44,7 @@ class ModelConfig:
     attention: str = "sdpa"
     norm: str = "torch"
     loss: str = "torch"
+    softmax: str = "torch"  # used by attention="naive" only
 
     def __post_init__(self) -> None:
         for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
@@ -53,7 +55,9 @@ class ModelConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim = d_model / num_heads must be even for RoPE, got {self.head_dim}")
-        for name, choices in (("attention", ATTENTION_KERNELS), ("norm", NORM_KERNELS), ("loss", LOSS_KERNELS)):
+        switches = (("attention", ATTENTION_KERNELS), ("norm", NORM_KERNELS), ("loss", LOSS_KERNELS),
+                    ("softmax", SOFTMAX_KERNELS))  # fmt: skip
+        for name, choices in switches:
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
 
@@ -68,11 +72,11 @@ class ModelConfig:
         return cls(**{**dimensions, **overrides})
 
     def with_kernels(self, kernels: str) -> ModelConfig:
-        """All three switches at once: 'torch' (PyTorch SDPA, norm, loss) or 'fastlm' (fused kernels)."""
+        """Every switch at once: 'torch' (PyTorch SDPA, norm, softmax, loss) or 'fastlm' (fused kernels)."""
         if kernels == "torch":
-            return dataclasses.replace(self, attention="sdpa", norm="torch", loss="torch")
+            return dataclasses.replace(self, attention="sdpa", norm="torch", loss="torch", softmax="torch")
         if kernels == "fastlm":
-            return dataclasses.replace(self, attention="fastlm", norm="fastlm", loss="fastlm")
+            return dataclasses.replace(self, attention="fastlm", norm="fastlm", loss="fastlm", softmax="fastlm")
         raise ValueError(f"kernels must be 'torch' or 'fastlm', got {kernels!r}")
 
     @property

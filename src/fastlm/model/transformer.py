@@ -11,6 +11,7 @@ tied to the embedding. Three switches in `ModelConfig` pick the kernels:
     attention  naive  | sdpa  | fastlm   (materialized softmax | torch SDPA | fastlm.flash_attention)
     norm       torch  | fastlm           (fp32 PyTorch ops | fastlm.rms_norm)
     loss       torch  | fastlm           (F.cross_entropy | fastlm.cross_entropy)
+    softmax    torch  | fastlm           (naive attention's mask + softmax | fastlm.masked_softmax)
 
 Ranges named "attention/scores|mask|softmax|output" inside the naive path, and "forward" around
 the model, show up in profiles when `fastlm.profile.ranges.annotations()` is on.
@@ -28,6 +29,7 @@ from fastlm.model.config import ModelConfig
 from fastlm.ops.cross_entropy import cross_entropy
 from fastlm.ops.flash_attention import flash_attention
 from fastlm.ops.layer_norm import rms_norm
+from fastlm.ops.masked_softmax import masked_softmax
 from fastlm.profile.ranges import annotate
 
 
@@ -105,17 +107,24 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
 
 
-def naive_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def naive_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax: str = "torch") -> torch.Tensor:
     """softmax(q k^T / sqrt(Dh) + causal mask) v with the (B, H, N, N) scores materialized; each
-    stage is a named range so profiles can set softmax time against matmul time."""
-    n = q.shape[-2]
-    with annotate("attention/scores"):
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    with annotate("attention/mask"):
-        future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
-    with annotate("attention/softmax"):
-        probs = torch.softmax(scores, dim=-1)
+    stage is a named range so profiles can set softmax time against matmul time. ``softmax``
+    "fastlm" fuses scale, causal mask and softmax into one `fastlm.masked_softmax` kernel."""
+    n, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+    if softmax == "fastlm":
+        with annotate("attention/scores"):
+            scores = q @ k.transpose(-2, -1)
+        with annotate("attention/softmax"):
+            probs = masked_softmax(scores, scale=scale, causal=True)
+    else:
+        with annotate("attention/scores"):
+            scores = (q @ k.transpose(-2, -1)) * scale
+        with annotate("attention/mask"):
+            future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        with annotate("attention/softmax"):
+            probs = torch.softmax(scores, dim=-1)
     with annotate("attention/output"):
         return probs.to(v.dtype) @ v
 
@@ -125,6 +134,7 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         d = config.d_model
         self.num_heads, self.head_dim, self.kernel = config.num_heads, config.head_dim, config.attention
+        self.softmax = config.softmax
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = Linear(d, d), Linear(d, d), Linear(d, d), Linear(d, d)
         self.rope = rope
 
@@ -137,7 +147,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         q, k = self.rope(q), self.rope(k)
         if self.kernel == "naive":
-            out = naive_causal_attention(q, k, v)
+            out = naive_causal_attention(q, k, v, self.softmax)
         elif self.kernel == "sdpa":
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
