@@ -652,6 +652,47 @@ def _recall_config(args):
         raise UserError(str(error)) from None
 
 
+def cmd_train_lm(args) -> None:
+    from fastlm.bench.records import append_records, with_environment
+    from fastlm.tasks.text_training import TextSettings, load_corpus, loss_plot, split_windows, train_kernels
+
+    device = _device()
+    settings = TextSettings(preset=args.preset or ("small" if device.type == "cuda" else "tiny"),
+                            context=args.context, batch=args.batch, epochs=args.epochs, lr=args.lr,
+                            precision=args.precision or ("bf16" if device.type == "cuda" else "fp32"),
+                            seed=args.seed)  # fmt: skip
+    try:
+        windows = split_windows(load_corpus(args.data), settings.context)
+    except (OSError, ValueError) as error:
+        raise UserError(str(error)) from None
+    steps = settings.epochs * -(-windows[0].shape[0] // settings.batch)
+    runs = []
+    with _progress() as progress:
+        for kernels in args.kernels:
+            bar = progress.add_task(f"{kernels} kernels", total=steps)
+
+            def step(done: int, loss, bar=bar, kernels=kernels) -> None:
+                if done % 20 == 0 or done == steps:  # reading the loss synchronizes: only now and then
+                    progress.update(bar, completed=done, description=f"{kernels} kernels: loss {loss.item():.3f}")
+
+            runs.append(train_kernels(windows, kernels, settings, device, on_step=step))
+    records = [with_environment({"task": "text", "data": str(args.data), "corpus_bytes": args.data.stat().st_size,
+                                 **settings.__dict__, **run}) for run in runs]  # fmt: skip
+    append_records(args.out / "results" / "text_training.jsonl", records)
+    title = (f"{settings.preset} on {args.data.name} ({records[0]['corpus_bytes']:,} bytes), context "
+             f"{settings.context}, batch {settings.batch}, {settings.precision} · {records[0]['gpu']}")  # fmt: skip
+    plot = loss_plot(args.out / "reports" / "text_training.png", runs, title)
+    table = Table(title=f"Byte-level LM, {settings.epochs} epoch(s) per kernel set")
+    for column in ("kernels", "epoch time", "tokens/s", "final train loss", "held-out loss"):
+        table.add_column(column)
+    for run in runs:
+        epoch = sum(run["epoch_seconds"]) / len(run["epoch_seconds"])
+        table.add_row(run["kernels"], f"{epoch:.2f} s", f"{run['tokens_per_s']:,.0f}", f"{run['losses'][-1]:.4f}",
+                      f"{run['held_out_loss']:.4f}")  # fmt: skip
+    console.print(table)
+    console.print(f"[bold]wrote[/] {plot}")
+
+
 def cmd_train_ar(args) -> None:
     from fastlm.bench.records import append_records, with_environment
     from fastlm.tasks.associative_recall import make_splits
@@ -992,6 +1033,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int, default=0)
 
     train = groups.add_parser("train", help="train the model on a task").add_subparsers(dest="command", required=True)
+    p = train.add_parser("lm", help="the LM on a byte-level text corpus, torch vs fastlm kernels: time, loss")
+    p.add_argument("--data", type=Path, required=True, help="any UTF-8 text file")
+    p.add_argument("--preset", choices=PRESETS, default=None, help="default small on a GPU, tiny without one")
+    p.add_argument("--kernels", type=_choice_list(("torch", "fastlm")), default=("torch", "fastlm"),
+                   help="comma list of kernel sets, each from the same start (default torch,fastlm)")  # fmt: skip
+    p.add_argument("--context", type=_positive_int, default=256)
+    p.add_argument("--batch", type=_positive_int, default=16)
+    p.add_argument("--epochs", type=_positive_int, default=1)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="default bf16 on a GPU, fp32 on CPU")
+    p.add_argument("--seed", type=int, default=0)
+    add_out(p)
+    p.set_defaults(func=cmd_train_lm)
     p = train.add_parser("ar", help="associative recall: test accuracy per epoch, sweep over depth")
     add_recall_arguments(p)
     p.add_argument("--layers", type=_int_list, default=(2,), help="comma list of depths, e.g. 1,2,3,4 (default 2)")

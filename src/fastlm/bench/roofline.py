@@ -104,7 +104,8 @@ def plot_roofline(path: Path, ceilings: dict, vector_tflops: float | None, point
     import matplotlib.pyplot as plt
 
     bandwidth, matmul = ceilings["copy_gbps"] * 1e9, ceilings["matmul_tflops"] * 1e12
-    intensities = [2.0**e for e in range(-4, 12)]
+    ridges = [matmul / bandwidth] + ([vector_tflops * 1e12 / bandwidth] if vector_tflops else [])
+    intensities = sorted([2.0**e for e in range(-4, 12)] + ridges)  # the ridges too, so the corners are sharp
     fig, ax = plt.subplots(figsize=(9, 6))
     measured = f"measured: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TF/s"
     ax.plot(intensities, [min(i * bandwidth, matmul) / 1e12 for i in intensities], color="black", label=measured)

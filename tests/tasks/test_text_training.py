@@ -1,0 +1,59 @@
+"""`fastlm train lm`: the byte corpus, its windows, and training with both kernel sets on CPU."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fastlm.cli import main
+from fastlm.tasks.text_training import TextSettings, load_corpus, split_windows, train_kernels
+
+CORPUS = Path(__file__).parent.parent / "data" / "corpus.txt"
+
+
+def test_corpus_is_its_utf8_bytes(tmp_path):
+    tokens = load_corpus(CORPUS)
+    assert tokens.dtype == torch.int64 and len(tokens) == CORPUS.stat().st_size
+    assert bytes(tokens.tolist()).decode("utf-8") == CORPUS.read_text(encoding="utf-8")
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("Gr\xf6\xdfe".encode("latin-1"))
+    with pytest.raises(ValueError, match="not UTF-8"):
+        load_corpus(bad)
+
+
+def test_windows_are_disjoint_and_held_out_is_the_tail():
+    tokens = torch.arange(1000) % 256
+    train, held_out = split_windows(tokens, context=9)  # windows of 10 bytes
+    assert train.shape == (90, 10) and held_out.shape == (10, 10)
+    assert torch.equal(train.flatten(), tokens[:900]) and torch.equal(held_out.flatten(), tokens[900:1000])
+    with pytest.raises(ValueError, match="too small"):
+        split_windows(tokens[:50], context=9)
+
+
+def test_kernel_sets_train_alike():
+    train, held_out = split_windows(load_corpus(CORPUS), context=16)
+    windows = (train[:32], held_out[:2])  # 2 steps: the fused kernels run under the (slow) interpreter
+    settings = TextSettings(preset="tiny", context=16, batch=16)
+    runs = [train_kernels(windows, kernels, settings, torch.device("cpu")) for kernels in ("torch", "fastlm")]
+    assert runs[0]["steps"] == runs[1]["steps"] == 2
+    # same start, same batches: the curves differ only by rounding
+    torch.testing.assert_close(runs[1]["losses"], runs[0]["losses"], rtol=1e-4, atol=1e-4)
+    assert runs[1]["held_out_loss"] == pytest.approx(runs[0]["held_out_loss"], rel=1e-4)
+
+
+def test_training_learns_the_corpus():
+    windows = split_windows(load_corpus(CORPUS), context=32)
+    run = train_kernels(windows, "torch", TextSettings(preset="tiny", context=32, batch=16, epochs=3, lr=3e-3),
+                        torch.device("cpu"))  # fmt: skip
+    assert run["losses"][-1] < 0.7 * run["losses"][0]  # from 5.5 nats (uniform over 256 bytes)
+    assert run["steps"] == 3 * -(-windows[0].shape[0] // 16) and run["tokens_per_s"] > 0
+
+
+def test_command(tmp_path, capsys):
+    assert main(["train", "lm", "--data", str(CORPUS), "--context", "32", "--kernels", "torch",
+                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert "held-out loss" in capsys.readouterr().out
+    assert (tmp_path / "reports" / "text_training.png").stat().st_size > 0
+    assert (tmp_path / "results" / "text_training.jsonl").exists()
+    assert main(["train", "lm", "--data", str(tmp_path / "missing.txt")]) != 0
+    assert "missing.txt" in capsys.readouterr().out
