@@ -66,6 +66,17 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _warm_up(config: ModelConfig, batch: torch.Tensor, autocast, device: torch.device) -> None:
+    """Two steps of a throwaway model, so kernel compilation and allocator growth stay out of the
+    timed epoch (and the measured model's weights and batches stay those of the other kernel sets)."""
+    with torch.device(device):
+        model = TransformerLM(config)
+    for _ in range(2):
+        with autocast:
+            model(batch[:, :-1], batch[:, 1:]).backward()
+    _synchronize(device)
+
+
 def train_kernels(
     windows: tuple[torch.Tensor, torch.Tensor],
     kernels: str,
@@ -77,12 +88,14 @@ def train_kernels(
     train, held_out = windows
     config = ModelConfig.preset(settings.preset, vocab_size=VOCAB, context_length=settings.context)
     config = config.with_kernels(kernels)
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if settings.precision == "bf16"
+                else contextlib.nullcontext())  # fmt: skip
+    if device.type == "cuda":  # (nothing is compiled on first use on CPU)
+        _warm_up(config, train[: settings.batch].to(device), autocast, device)
     torch.manual_seed(settings.seed)
     with torch.device(device):
         model = TransformerLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, fused=device.type == "cuda")
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if settings.precision == "bf16"
-                else contextlib.nullcontext())  # fmt: skip
     generator = torch.Generator().manual_seed(settings.seed)
     losses, epoch_seconds, step = [], [], 0
     for _ in range(settings.epochs):
