@@ -12,11 +12,11 @@ from fastlm.model.transformer import Linear, RotaryEmbedding
 
 TINY = ModelConfig.preset("tiny", vocab_size=97, context_length=32)
 KERNEL_COMBINATIONS = [
-    (attention, norm, loss)
+    (attention, norm, loss, "torch")
     for attention in ("naive", "sdpa", "fastlm")
     for norm in ("torch", "fastlm")
     for loss in ("torch", "fastlm")
-]
+] + [("naive", "torch", "torch", "fastlm"), ("naive", "fastlm", "fastlm", "fastlm")]  # the fused softmax
 
 
 def tokens(batch=2, length=24, vocab=TINY.vocab_size):
@@ -93,10 +93,10 @@ def test_rope_keeps_dtype():
     assert rope(torch.randn(1, 2, 16, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize(("attention", "norm", "loss"), KERNEL_COMBINATIONS)
-def test_kernel_switches_give_the_same_loss_and_gradients(attention, norm, loss):
+@pytest.mark.parametrize(("attention", "norm", "loss", "softmax"), KERNEL_COMBINATIONS)
+def test_kernel_switches_give_the_same_loss_and_gradients(attention, norm, loss, softmax):
     reference = TransformerLM(TINY)
-    model = TransformerLM(dataclasses.replace(TINY, attention=attention, norm=norm, loss=loss))
+    model = TransformerLM(dataclasses.replace(TINY, attention=attention, norm=norm, loss=loss, softmax=softmax))
     model.load_state_dict(reference.state_dict())
     x, y = tokens(), tokens()
     expected, actual = reference(x, y), model(x, y)
@@ -106,17 +106,8 @@ def test_kernel_switches_give_the_same_loss_and_gradients(attention, norm, loss)
     assert_same_gradients(model, reference, rtol=1e-4, atol=1e-5)
 
 
-def test_fused_softmax_in_the_naive_path_gives_the_same_loss_and_gradients():
-    reference = TransformerLM(dataclasses.replace(TINY, attention="naive"))
-    model = TransformerLM(dataclasses.replace(TINY, attention="naive", softmax="fastlm"))
-    model.load_state_dict(reference.state_dict())
-    x, y = tokens(), tokens()
-    expected, actual = reference(x, y), model(x, y)
-    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
-    expected.backward()
-    actual.backward()
-    assert_same_gradients(model, reference, rtol=1e-4, atol=1e-5)
-    assert TINY.with_kernels("fastlm").softmax == "fastlm"
+def test_fastlm_kernel_set_fuses_the_softmax_too():
+    assert TINY.with_kernels("fastlm").softmax == "fastlm" and TINY.with_kernels("torch").softmax == "torch"
 
 
 def test_a_few_training_steps_reduce_the_loss():

@@ -7,24 +7,17 @@ import fastlm
 from fastlm.ops import causal_conv1d as conv_module
 from fastlm.ops.causal_conv1d import causal_conv1d, causal_conv1d_ref
 
+from .reference import check_against_reference
+
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 
 
 def _check(u, weight, bias=None, activation=None, *, tolerance=None, backend="triton"):
-    leaves = [t for t in (u, weight, bias) if t is not None and t.requires_grad]
-    out = causal_conv1d(u, weight, bias, activation, backend=backend)
-    dout = torch.randn_like(out)
-    grads = torch.autograd.grad(out, leaves, dout)
-    copies = [t.detach().double().requires_grad_(t.requires_grad) if t is not None else None for t in (u, weight, bias)]
-    expected = causal_conv1d_ref(*copies, activation)
-    expected_grads = torch.autograd.grad(expected, [c for c in copies if c is not None and c.requires_grad],
-                                         dout.double())  # fmt: skip
-    rtol, atol = tolerance or TOLERANCES[u.dtype]
-    assert out.shape == u.shape and out.dtype == u.dtype
-    torch.testing.assert_close(out.double(), expected, rtol=rtol, atol=atol)
-    for got, want in zip(grads, expected_grads, strict=True):
-        assert got.shape == want.shape
-        torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol * 10)
+    return check_against_reference(
+        lambda u, w, b: causal_conv1d(u, w, b, activation, backend=backend),
+        lambda u, w, b: causal_conv1d_ref(u, w, b, activation),
+        (u, weight, bias), tolerance or TOLERANCES[u.dtype],
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 8])

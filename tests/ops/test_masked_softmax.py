@@ -7,26 +7,18 @@ import fastlm
 from fastlm.ops import masked_softmax as softmax_module
 from fastlm.ops.masked_softmax import masked_softmax, masked_softmax_ref
 
+from .reference import check_against_reference
+
 TOLERANCES = {torch.float32: (1e-5, 1e-6), torch.float16: (1e-2, 1e-3), torch.bfloat16: (5e-2, 1e-2)}
 
 
 def _check(x, mask=None, *, scale=1.0, causal=False, dtype_tol=None):
     """Output and the gradients of x (and of the mask when it requires grad) vs the fp64 reference."""
-    leaves = [t for t in (x, mask) if t is not None and t.requires_grad]
-    out = masked_softmax(x, mask, scale=scale, causal=causal)
-    dy = torch.randn_like(out)
-    grads = torch.autograd.grad(out, leaves, dy)
-    copies = [t.detach().double().requires_grad_(t.requires_grad) if t is not None else None for t in (x, mask)]
-    expected = masked_softmax_ref(copies[0], copies[1], scale=scale, causal=causal)
-    expected_grads = torch.autograd.grad(expected, [c for c in copies if c is not None and c.requires_grad],
-                                         dy.double())  # fmt: skip
-    rtol, atol = dtype_tol or TOLERANCES[x.dtype]
-    assert out.dtype == x.dtype and out.shape == x.shape
-    torch.testing.assert_close(out.double(), expected, rtol=rtol, atol=atol)
-    for got, want in zip(grads, expected_grads, strict=True):
-        assert got.shape == want.shape
-        torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol * 10)
-    return out
+    return check_against_reference(
+        lambda x, mask: masked_softmax(x, mask, scale=scale, causal=causal),
+        lambda x, mask: masked_softmax_ref(x, mask, scale=scale, causal=causal),
+        (x, mask), dtype_tol or TOLERANCES[x.dtype],
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("sk", [1, 7, 64, 300])
