@@ -1,0 +1,33 @@
+"""Where the time of one LayerNorm fwd+bwd through autograd goes (the benchmark's fwd+bwd row):
+GPU kernels with their durations, and the wall time of the call, bf16 against fp32, for fastlm and
+torch.compile. Usage: python benchmarks/profile_norm_step.py"""
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+import fastlm
+
+
+def main():
+    compiled = torch.compile(lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b), dynamic=False)
+    for name, fn in (("fastlm", fastlm.layer_norm), ("compile", compiled)):
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(32768, 1024, device="cuda", dtype=dtype, requires_grad=True)
+            w = torch.randn(1024, device="cuda", dtype=dtype, requires_grad=True)
+            b = torch.randn(1024, device="cuda", dtype=dtype, requires_grad=True)
+            dy = torch.randn_like(x)
+            for _ in range(5):
+                fn(x, w, b).backward(dy)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    x.grad = w.grad = b.grad = None
+                    fn(x, w, b).backward(dy)
+                torch.cuda.synchronize()
+            print(f"== {name} {dtype}")
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
