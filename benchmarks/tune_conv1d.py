@@ -23,7 +23,7 @@ def main():
         bias = torch.randn(shape[2], device="cuda", dtype=dtype)
         dout = torch.randn_like(u)
         nbytes = conv1d_bytes(shape, k, u.element_size(), "bwd")
-        for block_l, block_d, warps, chunk in itertools.product((16, 32, 64), (32, 64, 128), (2, 4, 8), (256, 1024)):
+        for block_l, block_d, warps, chunk in itertools.product((16, 32, 64), (32, 64, 128), (2, 4, 8), (512,)):
             conv.BACKWARD_BLOCK_L, conv.BACKWARD_BLOCK_D, conv.BACKWARD_WARPS = block_l, block_d, warps
             conv.BACKWARD_CHUNK_L = chunk
             config = {"block_l": block_l, "block_d": block_d, "warps": warps, "chunk": chunk}
