@@ -33,7 +33,10 @@ MAX_KERNEL_SIZE = 8
 ACTIVATIONS = (None, "silu")
 BACKENDS = ("triton", "cuda")
 FORWARD_BLOCK_L, FORWARD_BLOCK_D, FORWARD_WARPS = 32, 128, 4
-BACKWARD_BLOCK_L, BACKWARD_BLOCK_D, BACKWARD_WARPS = 32, 64, 4
+# the backward tile from benchmarks/tune_conv1d.py on an H100 (best geometric mean over the two
+# benchmark shapes: 895 and 589 GB/s against 622 and 475 with 32 x 64 and 4 warps;
+# benchmarks/results/conv1d_tuning_h100.jsonl)
+BACKWARD_BLOCK_L, BACKWARD_BLOCK_D, BACKWARD_WARPS = 64, 32, 2
 BACKWARD_CHUNK_L = 512  # rows per backward program: the weight-gradient partials are (B * L / 512, K, D)
 
 
@@ -164,6 +167,8 @@ def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: b
     if du.numel() == 0:
         dw = torch.zeros_like(weight) if weight_grad else None
         return du, dw, (torch.zeros_like(bias) if bias_grad else None)
+    if BACKWARD_CHUNK_L % BACKWARD_BLOCK_L:  # a tile must not cross into the next program's rows
+        raise RuntimeError(f"BACKWARD_CHUNK_L ({BACKWARD_CHUNK_L}) must be a multiple of BACKWARD_BLOCK_L")
     chunks = triton.cdiv(length, BACKWARD_CHUNK_L)
     programs = batch * chunks
     dw_partial = torch.empty((programs, k, d), dtype=torch.float32, device=u.device) if weight_grad else du
