@@ -122,12 +122,12 @@ def cmd_bench_xent(args) -> None:
     _show_report(report)
 
 
-def _bench_bandwidth(args, module, name: str, title: str) -> None:
-    """`bench norms | softmax | conv1d`: copy ceiling, every case x implementation, report."""
+def run_bandwidth_benchmark(out: Path, module, name: str, title: str) -> Path:
+    """`bench norms | softmax | conv1d`: copy ceiling, every case x implementation; the report's path."""
     from fastlm.bench.ceilings import record_ceilings
 
     device = _device()
-    results_dir, reports_dir = args.out / "results", args.out / "reports"
+    results_dir, reports_dir = out / "results", out / "reports"
     ceilings = record_ceilings(results_dir, device)
     with _progress() as progress:
         task = progress.add_task(name, total=len(module.cases(device)) * len(module.IMPLEMENTATIONS))
@@ -136,38 +136,42 @@ def _bench_bandwidth(args, module, name: str, title: str) -> None:
             progress.update(task, description=f"{name} (done: {done})", advance=1)
 
         module.run(device, ceilings, results_dir, progress=step)
-    _show_report(_write_report(reports_dir / f"{name}.md", title, module.render(results_dir, reports_dir)))
+    return _write_report(reports_dir / f"{name}.md", title, module.render(results_dir, reports_dir))
 
 
 def cmd_bench_norms(args) -> None:
     from fastlm.bench import norms
 
-    _bench_bandwidth(args, norms, "norms", "LayerNorm / RMSNorm benchmark")
+    _show_report(run_bandwidth_benchmark(args.out, norms, "norms", "LayerNorm / RMSNorm benchmark"))
 
 
 def cmd_bench_softmax(args) -> None:
     from fastlm.bench import softmax
 
-    _bench_bandwidth(args, softmax, "softmax", "Masked softmax benchmark")
+    _show_report(run_bandwidth_benchmark(args.out, softmax, "softmax", "Masked softmax benchmark"))
 
 
-def cmd_bench_roofline(args) -> None:
+def run_roofline(out: Path) -> Path:
+    """The roofline report from the results under ``out``, with this device's latest ceilings."""
     from fastlm.bench import roofline
     from fastlm.bench.ceilings import RESULTS_FILE, record_ceilings
     from fastlm.bench.records import read_records
     from fastlm.devices import current_device_name
 
-    results_dir, reports_dir = args.out / "results", args.out / "reports"
+    results_dir, reports_dir = out / "results", out / "reports"
     here = [r for r in read_records(results_dir / RESULTS_FILE) if r["gpu"] == current_device_name()]
     ceilings = here[-1] if here else record_ceilings(results_dir, _device())  # the kernels' own run's ceilings
-    body = roofline.render(results_dir, reports_dir, ceilings)
-    _show_report(_write_report(reports_dir / "roofline.md", "Roofline", body))
+    return _write_report(reports_dir / "roofline.md", "Roofline", roofline.render(results_dir, reports_dir, ceilings))
+
+
+def cmd_bench_roofline(args) -> None:
+    _show_report(run_roofline(args.out))
 
 
 def cmd_bench_conv1d(args) -> None:
     from fastlm.bench import conv1d
 
-    _bench_bandwidth(args, conv1d, "conv1d", "Causal conv1d benchmark")
+    _show_report(run_bandwidth_benchmark(args.out, conv1d, "conv1d", "Causal conv1d benchmark"))
 
 
 def _sweep_list(text: str) -> tuple[str, ...]:
@@ -838,6 +842,13 @@ def cmd_report(args) -> None:
         attention_report.read_text().replace("# Attention benchmark", "## Attention").replace("\n## ", "\n### "),
     ]
     lines += ["", model_report.read_text().replace("# Model benchmark", f"## Language model ({preset} preset)")]
+    from fastlm.bench import conv1d, norms, softmax
+
+    for module, name, title in ((norms, "norms", "LayerNorm / RMSNorm"), (softmax, "softmax", "Masked softmax"),
+                                (conv1d, "conv1d", "Causal conv1d")):  # fmt: skip
+        section = run_bandwidth_benchmark(args.out, module, name, title).read_text()
+        lines += ["", section.replace(f"# {title}", f"## {title}", 1)]
+    lines += ["", run_roofline(args.out).read_text().replace("# Roofline", "## Roofline", 1)]
     report = args.out / "reports" / "report.md"
     report.write_text("\n".join(lines))
     console.print(f"[bold]wrote[/] {report} (tables and plots under {report.parent})")
