@@ -7,6 +7,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
+def save_figure(fig, path: Path, dpi: int = 120) -> Path:
+    """Lay out, write (creating the folder) and close a matplotlib figure; returns ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 def format_value(value) -> str:
     if value is None:
         return "—"
@@ -57,11 +68,7 @@ def grouped_bar_plot(
     ax.set_title(title)
     ax.legend(fontsize=8, ncols=2)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def line_plot(
@@ -95,8 +102,4 @@ def line_plot(
     for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)

@@ -18,7 +18,7 @@ from pathlib import Path
 from fastlm.analysis.conv1d import Conv1dCost
 from fastlm.analysis.xent import CrossEntropyCost
 from fastlm.bench.records import latest_run, read_records
-from fastlm.bench.report import markdown_table
+from fastlm.bench.report import markdown_table, save_figure
 from fastlm.devices import spec_for_device_name
 
 NORM_FLOPS_PER_ELEMENT = {"layer": 7, "rms": 4}
@@ -123,11 +123,7 @@ def plot_roofline(path: Path, ceilings: dict, vector_tflops: float | None, point
     ax.set_title(f"Roofline · {ceilings['gpu']}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
 
 
 def render(results_dir: Path, reports_dir: Path, ceilings: dict) -> str:

@@ -56,7 +56,7 @@ import torch.distributed as dist
 from torch.autograd import DeviceType
 
 from fastlm.bench.records import append_records, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table
+from fastlm.bench.report import grouped_bar_plot, markdown_table, save_figure
 from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
 from fastlm.distributed.launch import spawn
 from fastlm.model import ModelConfig, TransformerLM
@@ -515,11 +515,7 @@ def overlap_plot(path: Path, records: list[dict], title: str) -> Path:
               ncols=6, loc="upper center", bbox_to_anchor=(0.5, -0.12))  # fmt: skip
     ax.set_xlabel("ms since the first kernel of the profiled steps")
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def render(results_dir: Path, reports_dir: Path, runs: int = 1) -> str:

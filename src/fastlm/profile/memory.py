@@ -27,7 +27,7 @@ import torch
 
 from fastlm.bench.model import Row, make_optimizer, make_step, time_steps
 from fastlm.bench.records import append_records, with_environment
-from fastlm.bench.report import markdown_table
+from fastlm.bench.report import markdown_table, save_figure
 from fastlm.model import ModelConfig, TransformerLM
 
 RESULTS_FILE = "profile_memory.jsonl"
@@ -201,11 +201,7 @@ def timeline_plot(path: Path, timelines: dict[tuple[str, str, int], Timeline], t
         panels.setdefault(f"{mode} · {precision}", {})[f"context {context}"] = timeline
     fig, plt = _figure(panels)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def write_html(path: Path, timeline: Timeline, title: str) -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from fastlm.bench.report import save_figure
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.tasks.associative_recall import RecallConfig, RecallSplit, accuracy
 
@@ -102,8 +103,4 @@ def accuracy_plot(path: Path, rows: Sequence[dict], title: str) -> Path:
     by_depth.set_xticks(depths)
     by_depth.set_title("best over epochs", fontsize=9)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from fastlm.bench.report import save_figure
 from fastlm.model import ModelConfig, TransformerLM
 
 HELD_OUT = 0.1
@@ -141,8 +142,4 @@ def loss_plot(path: Path, runs: Sequence[dict], title: str) -> Path:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=120)
