@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fastlm.bench.records import append_records, read_records, with_environment
+from fastlm.bench.records import append_records, latest_run, read_records, with_environment
 from fastlm.bench.report import line_plot, markdown_table
 from fastlm.distributed.launch import spawn
 
@@ -87,10 +87,8 @@ COLUMNS = [("backend", "backend"), ("world", "processes"), ("size_mb", "MB"), ("
            ("algbw_gbps", "algbw GB/s"), ("busbw_gbps", "busbw GB/s")]  # fmt: skip
 
 
-def render(results_dir: Path, reports_dir: Path, runs: int = 1) -> str:
-    records = read_records(results_dir / RESULTS_FILE)
-    run_ids = list(dict.fromkeys(r["run_id"] for r in records))[-runs:]
-    records = [r for r in records if r["run_id"] in run_ids]
+def render(results_dir: Path, reports_dir: Path) -> str:
+    records = latest_run(read_records(results_dir / RESULTS_FILE))
     if not records:
         return "No all-reduce records yet: run `fastlm bench allreduce`.\n"
     series: dict[str, list[tuple[float, float]]] = {}

@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd import DeviceType
 
-from fastlm.bench.records import append_records, read_records, with_environment
+from fastlm.bench.records import append_records, latest_run, read_records, with_environment
 from fastlm.bench.report import grouped_bar_plot, markdown_table, save_figure
 from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
 from fastlm.distributed.launch import spawn
@@ -518,10 +518,8 @@ def overlap_plot(path: Path, records: list[dict], title: str) -> Path:
     return save_figure(fig, path, dpi=110)
 
 
-def render(results_dir: Path, reports_dir: Path, runs: int = 1) -> str:
-    records = read_records(results_dir / RESULTS_FILE)
-    run_ids = list(dict.fromkeys(r["run_id"] for r in records))[-runs:]
-    records = [r for r in records if r["run_id"] in run_ids]
+def render(results_dir: Path, reports_dir: Path) -> str:
+    records = latest_run(read_records(results_dir / RESULTS_FILE))
     if not records:
         return "No data-parallel records yet: run `fastlm bench ddp`.\n"
     first = records[0]
