@@ -110,3 +110,16 @@ def test_gpu_matches_reference(backend, dtype, k):
     tolerance = (1e-5, 1e-5) if dtype == torch.float32 else (2e-2, 2e-2)
     for activation in (None, "silu"):
         _check(u, weight, bias, activation, tolerance=tolerance, backend=backend)
+
+
+def test_custom_ops_agree_with_their_fake_implementations():
+    # what torch.compile relies on: the fake op's shapes and strides match the real op's
+    u, weight, bias = torch.randn(2, 12, 8), torch.randn(8, 3), torch.randn(8)
+    torch.library.opcheck(conv_module._forward_op, (u, weight, bias, True))
+    torch.library.opcheck(conv_module._backward_op, (torch.randn(2, 12, 8), u, weight, bias, True, True, True))
+
+
+def test_strided_bias_and_weight():
+    params = torch.randn(8, 6)
+    weight, bias = params[:, 1:4], params[:, 4]  # weight with row stride 6, bias with stride 6
+    _check(torch.randn(2, 10, 8, requires_grad=True), weight.requires_grad_(), bias.requires_grad_(), "silu")

@@ -140,3 +140,10 @@ def test_gpu_matches_reference(dtype, sk):
     tolerance = (1e-5, 1e-6) if dtype == torch.float32 else (2e-2, 1e-3)
     _check(x, mask, scale=0.125, dtype_tol=tolerance)
     _check(x, causal=True, dtype_tol=tolerance)
+
+
+def test_custom_ops_agree_with_their_fake_implementations():
+    x, mask = torch.randn(2, 3, 5, 7), torch.zeros(2, 1, 1, 7)
+    torch.library.opcheck(softmax_module._forward_op, (x, mask, 0.5, True))
+    y = masked_softmax(x, mask)
+    torch.library.opcheck(softmax_module._backward_op, (torch.randn_like(y), y, 0.5))

@@ -60,3 +60,16 @@ def test_gpu_matches_reference():
     torch.testing.assert_close(out, weighted_sum_ref(x, w), rtol=1e-4, atol=1e-3)
     (dw,) = torch.autograd.grad(out.sum(), w)
     torch.testing.assert_close(dw, x.detach().sum(0), rtol=1e-4, atol=1e-2)
+
+
+def test_custom_ops_agree_with_their_fake_implementations():
+    x, w = torch.randn(5, 7), torch.randn(7)
+    torch.library.opcheck(template._forward_op, (x, w))
+    torch.library.opcheck(template._backward_op, (torch.randn(5), x, w))
+
+
+def test_strided_weight_and_empty_rows():
+    x = torch.randn(6, 8)
+    w = torch.randn(8, 2)[:, 0]  # stride 2
+    torch.testing.assert_close(weighted_sum(x, w), weighted_sum_ref(x, w))
+    assert weighted_sum(torch.randn(3, 0), torch.randn(0)).tolist() == [0.0, 0.0, 0.0]

@@ -80,7 +80,14 @@ def _attention_points(records):
     for r in records:
         b, h, s, d = r["batch"], r["heads"], r["seq"], r["head_dim"]
         flops = r["fwd_tflops"] * 1e12 * r["fwd_ms"] * 1e-3
-        yield Point("flash attention", f"B{b} H{h} S{s} D{d}", flops, 4 * b * h * s * d * 2, r["fwd_ms"] * 1e-3)
+        element_size = 4 if r["dtype"] == "float32" else 2
+        yield Point(
+            "flash attention",
+            f"B{b} H{h} S{s} D{d} {r['dtype']}",
+            flops,
+            4 * b * h * s * d * element_size,
+            r["fwd_ms"] * 1e-3,
+        )  # q, k, v read, o written; fmt: skip
 
 
 SOURCES = {"norms.jsonl": _norm_points, "softmax.jsonl": _softmax_points, "conv1d.jsonl": _conv1d_points,

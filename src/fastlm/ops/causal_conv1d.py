@@ -74,7 +74,7 @@ def _conv1d_forward_kernel(
     K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_L + tl.arange(0, BLOCK_L)  # int64: L * D may pass 2^31
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     batch = tl.program_id(2).to(tl.int64)
     col_mask = cols < D
@@ -103,7 +103,7 @@ def _conv1d_backward_kernel(
     dw = tl.zeros((K_POW2, BLOCK_D), tl.float32)
     db = tl.zeros((BLOCK_D,), tl.float32)
     for start in range(chunk * CHUNK_L, tl.minimum(chunk * CHUNK_L + CHUNK_L, L), BLOCK_L):
-        rows = start + tl.arange(0, BLOCK_L)
+        rows = tl.cast(start, tl.int64) + tl.arange(0, BLOCK_L)  # int64: L * D may pass 2^31
         du = tl.zeros((BLOCK_L, BLOCK_D), tl.float32)
         for j in tl.static_range(K):  # du(l) = sum_j w[:, K - 1 - j] * dz(l + j)
             dz = _shifted(DOUT, dout_base, rows, cols, j, L, stride_ol, col_mask)
@@ -143,6 +143,7 @@ def _forward(u, weight, bias, silu: bool) -> torch.Tensor:
     if not runs_triton(u):
         return _reference(u, weight, bias, "silu" if silu else None).to(u.dtype)
     u, weight = _unit_stride(u), _unit_stride(weight)
+    bias = bias.contiguous() if bias is not None else None
     batch, length, d = u.shape
     out = torch.empty((batch, length, d), dtype=u.dtype, device=u.device)
     if out.numel() == 0:
@@ -161,6 +162,7 @@ def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: b
     if not runs_triton(u):
         return _reference_backward(dout, u, weight, bias, silu, weight_grad, bias_grad)
     u, weight, dout = _unit_stride(u), _unit_stride(weight), _unit_stride(dout)
+    bias = bias.contiguous() if bias is not None else None
     batch, length, d = u.shape
     k = weight.shape[1]
     du = torch.empty((batch, length, d), dtype=u.dtype, device=u.device)
@@ -181,7 +183,7 @@ def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: b
         BIAS_GRAD=bias_grad, BLOCK_L=BACKWARD_BLOCK_L, BLOCK_D=BACKWARD_BLOCK_D, CHUNK_L=BACKWARD_CHUNK_L,
         num_warps=BACKWARD_WARPS,
     )  # fmt: skip
-    dw = dw_partial.sum(dim=0).t().to(weight.dtype) if weight_grad else None
+    dw = dw_partial.sum(dim=0).t().contiguous().to(weight.dtype) if weight_grad else None
     db = db_partial.sum(dim=0).to(bias.dtype) if bias_grad else None
     return du, dw, db
 
@@ -193,7 +195,7 @@ def _reference(u, weight, bias=None, activation=None):
     x = torch.nn.functional.pad(u.to(dtype).transpose(1, 2), (k - 1, 0))  # (B, D, L + K - 1)
     z = torch.nn.functional.conv1d(x, weight.to(dtype).unsqueeze(1), None if bias is None else bias.to(dtype),
                                    groups=u.shape[-1])  # fmt: skip
-    z = z.transpose(1, 2)
+    z = z.transpose(1, 2).contiguous()
     return torch.nn.functional.silu(z) if activation == "silu" else z
 
 
@@ -210,12 +212,12 @@ def _reference_backward(dout, u, weight, bias, silu, weight_grad, bias_grad):
     # du(l) = sum_j w[:, K - 1 - j] dz(l + j): a conv of the right-padded dz with the flipped taps
     dz_t = dz.transpose(1, 2)  # (B, D, L)
     du = torch.nn.functional.conv1d(torch.nn.functional.pad(dz_t, (0, k - 1)), weight.to(dtype).flip(1).unsqueeze(1),
-                                    groups=u.shape[-1]).transpose(1, 2)  # fmt: skip
+                                    groups=u.shape[-1]).transpose(1, 2).contiguous()  # fmt: skip
     dw = db = None
     if weight_grad:
         padded = torch.nn.functional.pad(u.to(dtype).transpose(1, 2), (k - 1, 0))  # (B, D, L + K - 1)
         dw = torch.stack([(dz_t * padded[..., j : j + length]).sum(dim=(0, 2)) for j in range(k)], dim=1)
-        dw = dw.to(weight.dtype)
+        dw = dw.contiguous().to(weight.dtype)
     if bias_grad:
         db = dz.sum(dim=(0, 1)).to(bias.dtype)
     return du.to(u.dtype), dw, db
@@ -311,6 +313,8 @@ def check_inputs(u, weight, bias, activation, backend) -> None:
                          f"got {tuple(weight.shape)}")  # fmt: skip
     if not 1 <= weight.shape[1] <= MAX_KERNEL_SIZE:
         raise ValueError(f"weight's kernel size K must be 1 to {MAX_KERNEL_SIZE}, got {weight.shape[1]}")
+    if u.shape[0] > 65535:  # the batch is a grid axis
+        raise ValueError(f"u may hold at most 65535 sequences, got {u.shape[0]}")
     if bias is not None and bias.shape != (u.shape[2],):
         raise ValueError(f"bias must have shape ({u.shape[2]},), got {tuple(bias.shape)}")
     if activation not in ACTIVATIONS:

@@ -5,15 +5,16 @@
 
 `mask` is additive (0 to keep, -inf to drop, or any bias) and broadcasts to x: (B, 1, 1, Sk) key
 padding, (1, 1, Sq, Sk) or (Sq, Sk) attention masks are read through stride-0 dimensions, never
-materialized. `causal=True` adds the implicit causal mask instead of reading one: query i sees
-key j iff j <= i + (Sk - Sq), aligned bottom-right like `fastlm.flash_attention` (the usual
-lower triangle when Sq == Sk); masked keys are not even loaded. A row with no visible key
-(every score -inf) gives y = 0 and dx = 0, not NaN.
+materialized (for x of more than 4 dimensions, folding the leading ones may copy the mask).
+`causal=True` adds the implicit causal mask instead of reading one: query i sees key j iff
+j <= i + (Sk - Sq), aligned bottom-right like `fastlm.flash_attention` (the usual lower triangle
+when Sq == Sk); masked keys are not even loaded. A row with no visible key (every score -inf)
+gives y = 0 and dx = 0, not NaN.
 
 x is viewed as (B, H, Sq, Sk) (leading dimensions beyond two fold into B) and read through its
-strides. Rows up to BLOCK_MAX wide are held in registers, several short rows per (BLOCK_M,
-BLOCK_K) tile; longer rows (65536 and beyond) take two passes: an online max / sum, then the
-output (the backward: the row sum, then dx).
+strides. Rows up to BLOCK_MAX (16384) wide are held in registers, several short rows per
+(BLOCK_M, BLOCK_K) tile; longer rows (65536 and beyond are tested) take two passes: an online
+max / sum, then the output (the backward: the row sum, then dx).
 
 Bytes (minimum, x of element size s, R = B*H*Sq rows): forward R*Sk*s read + R*Sk*s written (+ the
 mask's own size); backward 2*R*Sk*s read (y, dy) + R*Sk*s written (dx).

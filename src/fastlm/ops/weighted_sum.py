@@ -17,10 +17,12 @@ five parts, in this order:
      `*_ref` reference in plain PyTorch that the tests compare against.
 
 Bytes (element size s, R rows): forward R D s read + R s written; backward R D s + R s read,
-R D s written (dx) + D partial sums.
+R D s written (dx), plus the (R / BLOCK_ROWS, D) fp32 partial sums written and read back.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -94,17 +96,17 @@ def _weighted_sum_backward_kernel(
 
 
 def _block_d(d: int) -> int:
-    return min(triton.next_power_of_2(d), 1024)
+    return max(1, min(triton.next_power_of_2(d), 1024))  # D = 0: the loop over D runs no step
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
     """(..., D) -> (R, D) with unit column stride: a view when the layout allows, else a copy."""
-    rows = x.reshape(-1, x.shape[-1])
+    rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (not -1: D may be 0)
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
 def _forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    rows = _rows(x)
+    rows, w = _rows(x), w.contiguous()  # the kernels read w with unit stride
     r, d = rows.shape
     y = torch.empty(r, dtype=x.dtype, device=x.device)
     if not runs_triton(x):
@@ -118,7 +120,7 @@ def _forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, weight_grad: bool):
     """(dx like x, dw (D,) or None)."""
-    rows, dy_rows = _rows(x), dy.reshape(-1).contiguous()
+    rows, dy_rows, w = _rows(x), dy.reshape(-1).contiguous(), w.contiguous()
     r, d = rows.shape
     if not runs_triton(x):
         dx = (dy_rows.float()[:, None] * w.float()[None, :]).to(x.dtype)
@@ -126,7 +128,7 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, weight_grad: b
         return dx.view(x.shape), dw
     programs = triton.cdiv(r, BLOCK_ROWS)
     dx = torch.empty((r, d), dtype=x.dtype, device=x.device)
-    partial = torch.zeros((max(programs, 1), d), dtype=torch.float32, device=x.device)
+    partial = torch.zeros((max(programs, 1), d), dtype=torch.float32, device=x.device)  # zeros: R = 0 has no program
     if r > 0:
         _weighted_sum_backward_kernel[(programs,)](
             rows, w, dy_rows, dx, partial, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d)

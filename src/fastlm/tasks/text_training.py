@@ -118,12 +118,13 @@ def train_kernels(
         epoch_seconds.append(timeit.default_timer() - start)
         losses += torch.stack(losses_on_device).float().tolist()  # one transfer per epoch, not per step
     model.eval()
-    with torch.no_grad(), autocast:
-        held = [model(w[:, :-1], w[:, 1:]).float() for w in held_out.to(device).split(settings.batch)]
+    with torch.no_grad(), autocast:  # batch losses weighted by their sizes (the last batch may be short)
+        held = [model(w[:, :-1], w[:, 1:]).float() * len(w) for w in held_out.to(device).split(settings.batch)]
     tokens_per_epoch = train.shape[0] * settings.context
     return {"kernels": kernels, "steps": step, "epoch_seconds": epoch_seconds,
             "tokens_per_s": tokens_per_epoch * len(epoch_seconds) / sum(epoch_seconds), "losses": losses,
-            "held_out_loss": torch.stack(held).mean().item(), "num_parameters": config.num_parameters()}  # fmt: skip
+            "held_out_loss": (torch.stack(held).sum() / len(held_out)).item(),
+            "num_parameters": config.num_parameters()}  # fmt: skip
 
 
 def loss_plot(path: Path, runs: Sequence[dict], title: str) -> Path:

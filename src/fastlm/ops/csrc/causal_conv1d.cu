@@ -7,6 +7,7 @@
 // channels, so each warp's loads and stores of a row are coalesced.
 #include <torch/extension.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 namespace {
@@ -91,6 +92,9 @@ torch::Tensor forward(torch::Tensor u, torch::Tensor weight, c10::optional<torch
     TORCH_CHECK(bias->numel() == u.size(2) && bias->scalar_type() == u.scalar_type() && bias->is_contiguous(),
                 "bias must be a contiguous (D,) tensor of u's dtype");
   }
+  TORCH_CHECK(u.size(0) <= 65535 && (u.size(1) + kRows - 1) / kRows <= 65535,
+              "causal_conv1d (cuda): at most 65535 sequences of at most ", 65535 * kRows, " positions");
+  const c10::cuda::OptionalCUDAGuard guard(u.device());  // launch on u's GPU, not the current one
   auto out = torch::empty_like(u);
   if (u.numel() == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::ScalarType::Half, at::ScalarType::BFloat16, u.scalar_type(),
