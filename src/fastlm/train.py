@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
+from fastlm.distributed.launch import exit_process
 from fastlm.model import PRESETS, ModelConfig, TransformerLM
 
 PARALLEL = ("none", "naive", "flat", "ddp", "bucketed", "torch-ddp", "fsdp")
@@ -188,4 +188,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())  # not sys.exit: see exit_process

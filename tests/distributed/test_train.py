@@ -7,7 +7,7 @@ import torch
 import torch.multiprocessing as mp
 
 from fastlm import train
-from fastlm.distributed.launch import free_port
+from fastlm.distributed.launch import exit_process, free_port
 
 COMMON = ["--preset", "tiny", "--vocab", "50", "--context", "16", "--lr", "1e-2"]
 
@@ -16,6 +16,7 @@ def _rank_main(rank: int, world: int, port: int, argv: list[str]) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))  # fmt: skip
     train.main(argv)
+    exit_process(0)  # as `python -m fastlm.train` ends
 
 
 def _torchrun_like(argv: list[str], world: int = 2) -> None:

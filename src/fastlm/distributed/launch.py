@@ -10,7 +10,9 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -23,6 +25,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def exit_process(code: int = 0) -> NoReturn:
+    """End a worker process whose work is done: flush its output and skip interpreter teardown.
+    Gloo's background threads can abort a process that finalizes after its process group is gone
+    (SIGABRT, "terminate called without an active exception"), failing a finished run."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _run(rank: int, world: int, backend: str, port: int, timeout_s: float, body: Callable, args: tuple) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if backend == "nccl":
@@ -33,6 +44,7 @@ def _run(rank: int, world: int, backend: str, port: int, timeout_s: float, body:
         dist.barrier()  # no rank tears down while another still has collectives in flight
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # reached only when the body succeeded; failures propagate to mp.spawn
 
 
 def spawn(body: Callable, world: int, *args, backend: str = "gloo", timeout_s: float = 600.0) -> None:
