@@ -7,6 +7,8 @@
 #   PART=big      the 10b preset (eager rows, then compiled rows for at most LAST_S seconds)
 #   PART=profile  the committed profile of small, the memory table of 2.7b, 2.7b at batch 16, then
 #                 10b (bf16, compiled) for at most LAST_S seconds
+#   PART=switch   SWITCH=norm|attention|loss: the compiled training step of PRESETS (default xl)
+#                 with PyTorch kernels, then with only that switch on fastlm (which kernel costs what)
 # Records, reports and plots are packed into $OUT/model_out.tar.gz (bulky traces and snapshots
 # stay on the machine; their sizes are listed).
 set -uo pipefail
@@ -51,6 +53,13 @@ profile)
   pack
   timeout "${LAST_S:-200}" fastlm bench model --preset 10b --mode fwd,fwd+bwd,train --precision bf16 \
     --compile compile --warmup 3 --out "$WORK" 2>&1 | grep "| fastlm"
+  ;;
+switch)
+  fastlm bench model --preset "${PRESETS:-xl}" --batch "${BATCH:-4}" --mode train --precision bf16 \
+    --compile compile --kernels torch --out "$WORK" 2>&1 | tail -6
+  fastlm bench model --preset "${PRESETS:-xl}" --batch "${BATCH:-4}" --mode train --precision bf16 \
+    --compile compile --kernels torch "--${SWITCH:?set SWITCH to norm, attention or loss}" fastlm \
+    --out "$WORK" 2>&1 | tail -6
   ;;
 esac
 ls -la "$WORK"/traces "$WORK"/snapshots 2>/dev/null
