@@ -55,11 +55,15 @@ profile)
     --compile compile --warmup 3 --out "$WORK" 2>&1 | grep "| fastlm"
   ;;
 switch)
+  # one invocation (one run): the PyTorch kernel set, and the fastlm set with the other switches
+  # pinned back to PyTorch, so only SWITCH differs between the two rows
+  case "${SWITCH:?set SWITCH to norm, attention or loss}" in
+    norm) pin="--attention sdpa --loss torch" ;;
+    attention) pin="--norm torch --loss torch" ;;
+    loss) pin="--attention sdpa --norm torch" ;;
+  esac
   fastlm bench model --preset "${PRESETS:-xl}" --batch "${BATCH:-4}" --mode train --precision bf16 \
-    --compile compile --kernels torch --out "$WORK" 2>&1 | tail -6
-  fastlm bench model --preset "${PRESETS:-xl}" --batch "${BATCH:-4}" --mode train --precision bf16 \
-    --compile compile --kernels torch "--${SWITCH:?set SWITCH to norm, attention or loss}" fastlm \
-    --out "$WORK" 2>&1 | tail -6
+    --compile compile --kernels torch,fastlm $pin --out "$WORK" 2>&1 | tail -8
   ;;
 esac
 ls -la "$WORK"/traces "$WORK"/snapshots 2>/dev/null
