@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -19,6 +20,12 @@ def runs_triton(tensor: torch.Tensor) -> bool:
     if tensor.is_cuda:
         return True
     return tensor.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., D) -> (R, D) with unit column stride: a view when the layout allows, else a copy."""
+    rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (not -1: D may be 0)
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
 def check_same_device(**tensors: torch.Tensor) -> None:

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastlm.ops.common import RowTiles, check_dtype, check_same_device, row_tiles, runs_triton
+from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, row_tiles, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Widest rows held in registers (one read of each input); wider rows loop over chunks of this size.
@@ -242,15 +242,9 @@ def _backward_programs(tiles: int, device: torch.device) -> int:
     return min(tiles, BACKWARD_PROGRAMS_PER_SM * _multiprocessors(device.index or 0))
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """(..., D) -> (M, D) with unit column stride (a view when possible)."""
-    rows = x.reshape(-1, x.shape[-1])
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
-
-
 def _forward(x, weight, bias, eps: float, rms: bool):
     """(y like x, mean (M,) fp32 or None, rstd (M,) fp32)."""
-    rows = _rows(x)
+    rows = as_rows(x)
     m, d = rows.shape
     y = torch.empty((m, d), dtype=x.dtype, device=x.device)
     mean = None if rms else torch.empty(m, dtype=torch.float32, device=x.device)
@@ -271,7 +265,7 @@ def _forward(x, weight, bias, eps: float, rms: bool):
 
 def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad: bool):
     """(dx like x, dw (D,) or None, db (D,) or None)."""
-    rows, dy_rows = _rows(x), _rows(dy)
+    rows, dy_rows = as_rows(x), as_rows(dy)
     m, d = rows.shape
     dx = torch.empty((m, d), dtype=x.dtype, device=x.device)
     if m == 0 or not runs_triton(x):

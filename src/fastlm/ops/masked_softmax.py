@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastlm.ops.common import RowTiles, check_dtype, check_same_device, row_tiles, runs_triton
+from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, row_tiles, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_MAX = 16384  # widest row held in registers; longer rows loop over chunks of this size
@@ -192,9 +192,7 @@ def _backward(dy: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
         y32, dy32 = y.float(), dy.float()
         return dx.copy_(scale * y32 * (dy32 - (dy32 * y32).sum(dim=-1, keepdim=True)))
     sk = y.shape[-1]
-    dy_rows = dy.reshape(-1, sk)
-    if dy_rows.stride(-1) != 1:
-        dy_rows = dy_rows.contiguous()
+    dy_rows = as_rows(dy)
     rows = dy_rows.shape[0]
     config = tiles(sk)
     _softmax_backward_kernel[(triton.cdiv(rows, config.block_m),)](

@@ -22,13 +22,11 @@ R D s written (dx), plus the (R / BLOCK_ROWS, D) fp32 partial sums written and r
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from fastlm.ops.common import check_dtype, check_same_device, runs_triton
+from fastlm.ops.common import as_rows, check_dtype, check_same_device, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_ROWS = 16  # rows per program: enough bytes in flight per program, few weight-gradient partials
@@ -99,14 +97,8 @@ def _block_d(d: int) -> int:
     return max(1, min(triton.next_power_of_2(d), 1024))  # D = 0: the loop over D runs no step
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """(..., D) -> (R, D) with unit column stride: a view when the layout allows, else a copy."""
-    rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (not -1: D may be 0)
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
-
-
 def _forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    rows, w = _rows(x), w.contiguous()  # the kernels read w with unit stride
+    rows, w = as_rows(x), w.contiguous()  # the kernels read w with unit stride
     r, d = rows.shape
     y = torch.empty(r, dtype=x.dtype, device=x.device)
     if not runs_triton(x):
@@ -120,7 +112,7 @@ def _forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, weight_grad: bool):
     """(dx like x, dw (D,) or None)."""
-    rows, dy_rows, w = _rows(x), dy.reshape(-1).contiguous(), w.contiguous()
+    rows, dy_rows, w = as_rows(x), dy.reshape(-1).contiguous(), w.contiguous()
     r, d = rows.shape
     if not runs_triton(x):
         dx = (dy_rows.float()[:, None] * w.float()[None, :]).to(x.dtype)
