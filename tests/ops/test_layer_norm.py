@@ -122,6 +122,31 @@ def test_compiles_without_graph_breaks():
     assert x.grad is not None and weight.grad is not None
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_inductor_launches_the_kernels_from_its_code(dtype):
+    # The ops are triton_ops: Inductor's generated code launches the Triton kernels itself
+    # (no opaque op call per launch) and fuses the weight-gradient reduction around them.
+    from torch._inductor.utils import run_and_get_code
+
+    x = torch.randn(256, 1600, device="cuda", dtype=dtype, requires_grad=True)
+    weight = torch.randn(1600, device="cuda", dtype=dtype, requires_grad=True)
+
+    def step(x, weight):
+        out = rms_norm(x * 2, weight)
+        return torch.autograd.grad(out.float().square().sum(), (x, weight))
+
+    torch._dynamo.reset()
+    (dx, dw), code = run_and_get_code(torch.compile(step, fullgraph=True), x, weight)
+    joined = "\n".join(code)
+    assert "_norm_forward_kernel" in joined and "_norm_backward_kernel" in joined
+    assert "fastlm.norm_forward" not in joined and "fastlm.norm_backward" not in joined
+    want_dx, want_dw = torch.autograd.grad(rms_norm_ref(x * 2, weight).float().square().sum(), (x, weight))
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(dx.float(), want_dx.float(), rtol=tol, atol=tol * want_dx.abs().max().item())
+    torch.testing.assert_close(dw.float(), want_dw.float(), rtol=tol, atol=tol * want_dw.abs().max().item())
+
+
 @pytest.mark.parametrize(
     ("args", "error", "message"),
     [

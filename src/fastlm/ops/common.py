@@ -15,11 +15,21 @@ def runs_triton(tensor: torch.Tensor) -> bool:
 
     CUDA tensors always run the kernels. CPU tensors run them under the Triton interpreter when
     ``TRITON_INTERPRET=1`` was set before fastlm was imported (slow; used to test kernel logic
-    on machines without a GPU), and otherwise take the plain-PyTorch reference path.
+    on machines without a GPU), and otherwise take the plain-PyTorch reference path, as they do
+    while torch.compile traces (the interpreter cannot run on the fake tensors of a trace).
     """
     if tensor.is_cuda:
         return True
-    return tensor.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    interpreted = tensor.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+    return interpreted and not torch.compiler.is_compiling()
+
+
+def launchable(kernel, traced: bool):
+    """``kernel`` ready for ``[grid](...)``. Inside a ``torch.library.triton_op`` (``traced``)
+    it goes through ``wrap_triton``, so torch.compile records the launch in its graph and
+    Inductor launches the kernel from the code it generates, with no Python op call per launch;
+    eager calls launch it directly (wrapping costs dispatch time there and buys nothing)."""
+    return torch.library.wrap_triton(kernel) if traced else kernel
 
 
 def as_rows(x: torch.Tensor) -> torch.Tensor:

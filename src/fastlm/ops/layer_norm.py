@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, row_tiles, runs_triton
+from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, launchable, row_tiles, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Widest rows held in registers (one read of each input); wider rows loop over chunks of this size.
@@ -242,8 +242,8 @@ def _backward_programs(tiles: int, device: torch.device) -> int:
     return min(tiles, BACKWARD_PROGRAMS_PER_SM * _multiprocessors(device.index or 0))
 
 
-def _forward(x, weight, bias, eps: float, rms: bool):
-    """(y like x, mean (M,) fp32 or None, rstd (M,) fp32)."""
+def _forward(x, weight, bias, eps: float, rms: bool, traced: bool = False):
+    """(y like x, mean (M,) fp32 or None, rstd (M,) fp32); ``traced`` inside the triton_op."""
     rows = as_rows(x)
     m, d = rows.shape
     y = torch.empty((m, d), dtype=x.dtype, device=x.device)
@@ -254,7 +254,7 @@ def _forward(x, weight, bias, eps: float, rms: bool):
     if not runs_triton(x):
         return _reference_forward(rows, weight, bias, eps, rms, y, mean, rstd, x.shape)
     config = forward_config(d)
-    _norm_forward_kernel[(triton.cdiv(m, config.block_m),)](
+    launchable(_norm_forward_kernel, traced)[(triton.cdiv(m, config.block_m),)](
         rows, weight if weight is not None else rows, bias if bias is not None else rows, y,
         mean if mean is not None else rstd, rstd, rows.stride(0), y.stride(0), m, d, eps,
         RMS=rms, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_M=config.block_m,
@@ -263,8 +263,8 @@ def _forward(x, weight, bias, eps: float, rms: bool):
     return y.view(x.shape), mean, rstd
 
 
-def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad: bool):
-    """(dx like x, dw (D,) or None, db (D,) or None)."""
+def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad: bool, traced: bool = False):
+    """(dx like x, dw (D,) or None, db (D,) or None); ``traced`` inside the triton_op."""
     rows, dy_rows = as_rows(x), as_rows(dy)
     m, d = rows.shape
     dx = torch.empty((m, d), dtype=x.dtype, device=x.device)
@@ -276,7 +276,7 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad
     alloc = torch.empty if config.single_pass else torch.zeros
     dw_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if weight_grad else rstd
     db_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if bias_grad else rstd
-    _norm_backward_kernel[(programs,)](
+    launchable(_norm_backward_kernel, traced)[(programs,)](
         rows, weight if weight is not None else rows, dy_rows, dx, mean if mean is not None else rstd, rstd,
         dw_partial, db_partial, rows.stride(0), dy_rows.stride(0), dx.stride(0), m, d,
         RMS=rms, HAS_WEIGHT=weight is not None, WEIGHT_GRAD=weight_grad, BIAS_GRAD=bias_grad,
@@ -320,27 +320,16 @@ def _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bia
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("fastlm::norm_forward", mutates_args=())
+@torch.library.triton_op("fastlm::norm_forward", mutates_args=())
 def _forward_op(
     x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, rms: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean, rstd); mean is an empty tensor for RMSNorm (ops cannot return None)."""
-    y, mean, rstd = _forward(x, weight, bias, eps, rms)
+    y, mean, rstd = _forward(x, weight, bias, eps, rms, traced=True)
     return y, (rstd.new_empty(0) if mean is None else mean), rstd
 
 
-@_forward_op.register_fake
-def _(x, weight, bias, eps, rms):
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    stats = x.new_empty(rows, dtype=torch.float32)
-    return (
-        torch.empty_like(x, memory_format=torch.contiguous_format),
-        x.new_empty(0 if rms else rows, dtype=torch.float32),
-        stats,
-    )
-
-
-@torch.library.custom_op("fastlm::norm_backward", mutates_args=())
+@torch.library.triton_op("fastlm::norm_backward", mutates_args=())
 def _backward_op(
     dy: torch.Tensor,
     x: torch.Tensor,
@@ -352,18 +341,9 @@ def _backward_op(
     bias_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db); dw / db are empty tensors when not requested."""
-    dx, dw, db = _backward(dy, x, weight, None if rms else mean, rstd, rms, weight_grad, bias_grad)
+    dx, dw, db = _backward(dy, x, weight, None if rms else mean, rstd, rms, weight_grad, bias_grad, traced=True)
     empty = rstd.new_empty(0)
     return dx, (empty if dw is None else dw), (empty if db is None else db)
-
-
-@_backward_op.register_fake
-def _(dy, x, weight, mean, rstd, rms, weight_grad, bias_grad):
-    d = x.shape[-1]
-    param_dtype = weight.dtype if weight is not None else x.dtype
-    return (torch.empty_like(x, memory_format=torch.contiguous_format),
-            x.new_empty(d if weight_grad else 0, dtype=param_dtype),
-            x.new_empty(d if bias_grad else 0, dtype=param_dtype))  # fmt: skip
 
 
 def _op_setup_context(ctx, inputs, output):
