@@ -2,8 +2,8 @@
 # GPU-machine runs for the language model (one PART per call, each under 10 minutes):
 #   PART=check    model GPU tests, a few bench rows, profile of small, memory of 2.7b
 #   PART=sweep    PRESETS=a,b  the bench sweep (all modes, precisions, eager/compile) for those presets
-#   PART=targets  xl and 2.7b training steps: bf16 + compile, torch vs fastlm kernels vs HF Llama,
-#                 at BATCH (default 4)
+#   PART=targets  xl and 2.7b training steps: bf16 + COMPILE (default compile; or cudagraphs, or
+#                 both), torch vs fastlm kernels vs HF Llama, at BATCH (default 4)
 #   PART=big      the 10b preset (eager rows, then compiled rows for at most LAST_S seconds)
 #   PART=profile  the committed profile of small, the memory table of 2.7b, 2.7b at batch 16, then
 #                 10b (bf16, compiled) for at most LAST_S seconds
@@ -32,7 +32,7 @@ sweep)
   ;;
 targets)
   fastlm bench model --preset "${PRESETS:-xl,2.7b}" --batch "${BATCH:-4}" --mode train --precision bf16 \
-    --compile compile --kernels torch,fastlm --hf --out "$WORK" 2>&1 | tail -20
+    --compile "${COMPILE:-compile}" --kernels torch,fastlm --hf --out "$WORK" 2>&1 | tail -20
   ;;
 big)
   # the 10b preset in two invocations (records are appended per invocation): eager, then compiled

@@ -271,7 +271,7 @@ def run_model_benchmark(out: Path, configs, rows, *, batch: int, warmup: int, st
 
 def cmd_bench_model(args) -> None:
     from fastlm.analysis.model import MODES
-    from fastlm.bench.model import COMPILE_MODES, PRECISIONS, rows
+    from fastlm.bench.model import PRECISIONS, SWEEP_COMPILE_MODES, rows
     from fastlm.model.config import PRESETS
 
     if args.sweep:
@@ -279,7 +279,7 @@ def cmd_bench_model(args) -> None:
         args.mode, args.precision, args.compile = (
             args.mode or MODES,
             args.precision or PRECISIONS,
-            args.compile or COMPILE_MODES,
+            args.compile or SWEEP_COMPILE_MODES,
         )
     row_list = rows(args.mode or ("train",), args.precision or ("bf16",), args.compile or ("eager",))
     report = run_model_benchmark(args.out, model_configs(args), row_list, batch=args.batch, warmup=args.warmup,
@@ -924,8 +924,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma list of fwd, fwd+bwd, train (default train)")  # fmt: skip
     p.add_argument("--precision", type=_choice_list(("fp32", "bf16")), default=None,
                    help="comma list of fp32, bf16 (autocast) (default bf16)")  # fmt: skip
-    p.add_argument("--compile", type=_choice_list(("eager", "compile")), default=None,
-                   help="comma list of eager, compile (torch.compile) (default eager)")  # fmt: skip
+    p.add_argument("--compile", type=_choice_list(("eager", "compile", "cudagraphs")), default=None,
+                   help="comma list of eager, compile (torch.compile), cudagraphs (torch.compile with "
+                   "mode='reduce-overhead') (default eager; the sweep: eager, compile)")  # fmt: skip
     p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed steps first (default 5)")
     p.add_argument("--steps", type=_positive_int, default=10, help="timed steps (default 10)")
     p.add_argument("--sweep", action="store_true",

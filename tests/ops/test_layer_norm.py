@@ -188,3 +188,22 @@ def test_modules_match_torch():
     torch.testing.assert_close(fastlm.nn.RMSNorm(24, eps=1e-6)(x), torch.nn.RMSNorm(24, eps=1e-6)(x),
                                rtol=1e-5, atol=1e-5)  # fmt: skip
     assert fastlm.nn.LayerNorm(24, bias=False).bias is None
+
+
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_out_dtype_rounds_the_fp32_result_once(kind):
+    x = torch.randn(6, 40, requires_grad=True)
+    weight = torch.randn(40, requires_grad=True)
+    norm, ref = (layer_norm, layer_norm_ref) if kind == "layer" else (rms_norm, rms_norm_ref)
+    out = norm(x, weight, out_dtype=torch.bfloat16)
+    assert out.dtype == torch.bfloat16
+    # at most one bf16 ulp apart (fp32 results that differ in the last bits may round either way)
+    torch.testing.assert_close(out, ref(x, weight).to(torch.bfloat16), rtol=2**-7, atol=1e-2)
+    dy = torch.randn(6, 40).to(torch.bfloat16)
+    got = torch.autograd.grad(out, (x, weight), dy)
+    want = torch.autograd.grad(ref(x, weight), (x, weight), dy.float())
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    with pytest.raises(TypeError, match="out_dtype must be one of"):
+        norm(x, weight, out_dtype=torch.int32)

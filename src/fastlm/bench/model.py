@@ -10,8 +10,10 @@ of the timed steps, tokens/s from the median, MFU (`fastlm.analysis.model`) and 
 Modes: `fwd` is the training forward (autograd records the graph, loss included), `fwd+bwd` adds
 the backward, `train` adds AdamW's step (fused AdamW on CUDA, for every model). Precision `bf16` is
 `torch.autocast(bfloat16)` over the forward with fp32 parameters; `fp32` runs under a null
-context. `compile` wraps the model in `torch.compile`. Out-of-memory ends that row with the
-status "out of memory"; the sweep goes on.
+context. `compile` wraps the model in `torch.compile`; `cudagraphs` in `torch.compile(mode=
+"reduce-overhead")`, which replays forward and backward as CUDA graphs, so the steps no longer
+pay for launching each kernel from the CPU (what bounds small batches); the optimizer step stays
+eager in both. Out-of-memory ends that row with the status "out of memory"; the sweep goes on.
 
 A preset's model is built once and shared by its rows (eager, then compiled), so one compilation
 per precision serves every mode.
@@ -39,7 +41,9 @@ from fastlm.model import ModelConfig, TransformerLM
 
 RESULTS_FILE = "model.jsonl"
 PRECISIONS = ("fp32", "bf16")
-COMPILE_MODES = ("eager", "compile")
+COMPILE_MODES = ("eager", "compile", "cudagraphs")
+SWEEP_COMPILE_MODES = ("eager", "compile")
+TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}
 IMPLEMENTATIONS = ("fastlm", "hf-llama")  # our TransformerLM | transformers' LlamaForCausalLM, same dims
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens, targets) -> scalar loss
@@ -88,6 +92,8 @@ def make_step(
             return loss_fn(tokens, targets)
 
     def step() -> None:
+        if row.compile == "cudagraphs":
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are dead
         if row.mode == "fwd":
             forward()
             return
@@ -190,7 +196,8 @@ def measure_config(
     }
     spec = spec_for_device_name(current_device_name())
     records = []
-    model = compiled = None
+    model = None
+    compiled: dict[str, torch.nn.Module] = {}
     try:
         model = _build(implementation, config, device)
         tokens = torch.randint(0, config.vocab_size, (batch, config.context_length), device=device)
@@ -205,10 +212,10 @@ def measure_config(
             records.append(with_environment({**record, "status": "out of memory"}))
             progress(f"{preset} {row.mode} {row.precision} {row.compile}")
             continue
-        if row.compile == "compile" and compiled is None:
-            torch._dynamo.reset()  # a fresh cache per model: never fall back to eager on cache limits
-            compiled = torch.compile(model)
-        module = compiled if row.compile == "compile" else model
+        if row.compile != "eager" and row.compile not in compiled:
+            torch._dynamo.reset()  # a fresh cache per compilation: never fall back to eager on cache limits
+            compiled = {row.compile: torch.compile(model, mode=TORCH_COMPILE_MODE[row.compile])}
+        module = compiled[row.compile] if row.compile != "eager" else model
         optimizer = make_optimizer(model) if row.mode == "train" else None
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()

@@ -69,7 +69,11 @@ class Embedding(nn.Module):
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * weight over the last dim, computed in fp32, returned in x's dtype;
-    ``kernel`` "fastlm" runs the fused kernel (`fastlm.rms_norm`), "torch" plain PyTorch ops."""
+    ``kernel`` "fastlm" runs the fused kernel (`fastlm.rms_norm`), "torch" plain PyTorch ops.
+
+    Under autocast the fused kernel writes the autocast dtype instead: every norm here feeds a
+    Linear, which would cast to that dtype anyway, so the values are the same and an fp32 write
+    plus a cast pass are saved (torch.compile fuses the same cast into its own norm kernel)."""
 
     def __init__(self, d_model: int, eps: float, kernel: str = "torch") -> None:
         super().__init__()
@@ -78,7 +82,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "fastlm":
-            return rms_norm(x, self.weight, self.eps)
+            device = x.device.type
+            out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+            return rms_norm(x, self.weight, self.eps, out_dtype=out_dtype)
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + self.eps)
         return (normed * self.weight).to(x.dtype)

@@ -242,11 +242,12 @@ def _backward_programs(tiles: int, device: torch.device) -> int:
     return min(tiles, BACKWARD_PROGRAMS_PER_SM * _multiprocessors(device.index or 0))
 
 
-def _forward(x, weight, bias, eps: float, rms: bool, traced: bool = False):
-    """(y like x, mean (M,) fp32 or None, rstd (M,) fp32); ``traced`` inside the triton_op."""
+def _forward(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype, traced: bool = False):
+    """(y (x's shape, out_dtype), mean (M,) fp32 or None, rstd (M,) fp32); ``traced`` inside the
+    triton_op."""
     rows = as_rows(x)
     m, d = rows.shape
-    y = torch.empty((m, d), dtype=x.dtype, device=x.device)
+    y = torch.empty((m, d), dtype=out_dtype, device=x.device)
     mean = None if rms else torch.empty(m, dtype=torch.float32, device=x.device)
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     if m == 0:
@@ -322,10 +323,11 @@ def _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bia
 
 @torch.library.triton_op("fastlm::norm_forward", mutates_args=())
 def _forward_op(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, rms: bool
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, rms: bool,
+    out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean, rstd); mean is an empty tensor for RMSNorm (ops cannot return None)."""
-    y, mean, rstd = _forward(x, weight, bias, eps, rms, traced=True)
+    y, mean, rstd = _forward(x, weight, bias, eps, rms, out_dtype, traced=True)
     return y, (rstd.new_empty(0) if mean is None else mean), rstd
 
 
@@ -347,7 +349,7 @@ def _backward_op(
 
 
 def _op_setup_context(ctx, inputs, output):
-    x, weight, bias, eps, rms = inputs
+    x, weight, bias, eps, rms, _ = inputs
     _, mean, rstd = output
     ctx.save_for_backward(x, weight, mean, rstd)
     ctx.rms = rms
@@ -358,7 +360,7 @@ def _op_backward(ctx, dy, _dmean, _drstd):
     x, weight, mean, rstd = ctx.saved_tensors
     weight_grad, bias_grad = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
     dx, dw, db = _backward_op(dy, x, weight, mean, rstd, ctx.rms, weight_grad, bias_grad)
-    return dx, (dw if weight_grad else None), (db if bias_grad else None), None, None
+    return dx, (dw if weight_grad else None), (db if bias_grad else None), None, None, None
 
 
 torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_setup_context)
@@ -370,8 +372,8 @@ torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_set
 
 class NormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, eps, rms):
-        y, mean, rstd = _forward(x, weight, bias, eps, rms)
+    def forward(ctx, x, weight, bias, eps, rms, out_dtype):
+        y, mean, rstd = _forward(x, weight, bias, eps, rms, out_dtype)
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.rms = rms
         return y
@@ -381,13 +383,14 @@ class NormFunction(torch.autograd.Function):
         x, weight, mean, rstd = ctx.saved_tensors
         weight_grad, bias_grad = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         dx, dw, db = _backward(dy, x, weight, mean, rstd, ctx.rms, weight_grad, bias_grad)
-        return dx, dw, db, None, None
+        return dx, dw, db, None, None, None
 
 
-def _apply(x, weight, bias, eps: float, rms: bool) -> torch.Tensor:
+def _apply(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype | None) -> torch.Tensor:
+    out_dtype = x.dtype if out_dtype is None else out_dtype
     if torch.compiler.is_compiling():
-        return _forward_op(x, weight, bias, eps, rms)[0]
-    return NormFunction.apply(x, weight, bias, eps, rms)
+        return _forward_op(x, weight, bias, eps, rms, out_dtype)[0]
+    return NormFunction.apply(x, weight, bias, eps, rms, out_dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,10 +398,15 @@ def _apply(x, weight, bias, eps: float, rms: bool) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 
 
-def check_inputs(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+def check_inputs(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, out_dtype: torch.dtype | None = None
+) -> None:
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension (the normalized one)")
     check_dtype("x", x, DTYPES)
+    if out_dtype is not None and out_dtype not in DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+        raise TypeError(f"out_dtype must be one of ({names}) or None, got {out_dtype}")
     for name, param in (("weight", weight), ("bias", bias)):
         if param is None:
             continue
@@ -410,19 +418,29 @@ def check_inputs(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tenso
 
 
 def layer_norm(
-    x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None, eps: float = 1e-5
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """LayerNorm over the last dim of ``x`` (any rank); output in x's dtype, statistics in fp32.
-    Same values as ``torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps)``."""
-    check_inputs(x, weight, bias)
-    return _apply(x, weight, bias, eps, False)
+    """LayerNorm over the last dim of ``x`` (any rank); statistics in fp32, output in ``out_dtype``
+    (default: x's dtype). Same values as ``torch.nn.functional.layer_norm(x, x.shape[-1:], weight,
+    bias, eps).to(out_dtype)``, rounded once: an fp32 x normalized straight into bf16 for the
+    matmul that follows skips a full-width fp32 write and the cast pass."""
+    check_inputs(x, weight, bias, out_dtype)
+    return _apply(x, weight, bias, eps, False, out_dtype)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-5, *, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight, computed in fp32, returned in
-    x's dtype. Same values as ``torch.nn.functional.rms_norm(x, x.shape[-1:], weight, eps)``."""
-    check_inputs(x, weight, None)
-    return _apply(x, weight, None, eps, True)
+    ``out_dtype`` (default: x's dtype). Same values as ``torch.nn.functional.rms_norm(x,
+    x.shape[-1:], weight, eps).to(out_dtype)``."""
+    check_inputs(x, weight, None, out_dtype)
+    return _apply(x, weight, None, eps, True, out_dtype)
 
 
 def layer_norm_ref(x, weight=None, bias=None, eps=1e-5):
