@@ -22,3 +22,26 @@ def check_against_reference(fn, ref, inputs, tolerance, grad_atol_factor=10):
         assert got.shape == want.shape
         torch.testing.assert_close(got.double(), want, rtol=rtol, atol=atol * grad_atol_factor)
     return out
+
+
+def compiled_code_launches(fn, inputs, kernels, ops):
+    """Compile ``fn`` with Inductor, run it and its backward on ``inputs`` (the gradient of the
+    sum of the output), and check that the generated code launches every Triton kernel named in
+    ``kernels`` itself and never calls back into the torch.library ``ops``. Returns the output."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+
+    def step():
+        out = compiled(*inputs)
+        out.float().sum().backward()
+        return out
+
+    out, code = run_and_get_code(step)  # the forward and the backward graph's code
+    joined = "\n".join(code)
+    for kernel in kernels:
+        assert kernel in joined, f"Inductor's code does not launch {kernel}"
+    for op in ops:
+        assert op not in joined, f"Inductor's code calls the op {op} instead of tracing through it"
+    return out

@@ -6,6 +6,8 @@ import torch
 from fastlm.ops import layer_norm as norm_module
 from fastlm.ops.layer_norm import layer_norm, layer_norm_ref, rms_norm, rms_norm_ref
 
+from .reference import compiled_code_launches
+
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 
 
@@ -127,27 +129,26 @@ def test_compiles_without_graph_breaks():
 def test_gpu_inductor_launches_the_kernels_from_its_code(dtype):
     # The ops are triton_ops: Inductor's generated code launches the Triton kernels itself
     # (no opaque op call per launch) and fuses the weight-gradient reduction around them.
-    from torch._inductor.utils import run_and_get_code
-
     x = torch.randn(256, 1600, device="cuda", dtype=dtype, requires_grad=True)
     weight = torch.randn(1600, device="cuda", dtype=dtype, requires_grad=True)
-
-    compiled = torch.compile(lambda x, weight: rms_norm(x * 2, weight), fullgraph=True)
-
-    def step():
-        torch._dynamo.reset()
-        x.grad = weight.grad = None
-        compiled(x, weight).float().square().sum().backward()
-
-    _, code = run_and_get_code(step)  # the forward and the backward graph's code
-    joined = "\n".join(code)
-    assert "_norm_forward_kernel" in joined and "_norm_backward_kernel" in joined
-    assert "fastlm.norm_forward" not in joined and "fastlm.norm_backward" not in joined
+    out = compiled_code_launches(lambda x, weight: rms_norm(x * 2, weight), (x, weight),
+                                 kernels=("_norm_forward_kernel", "_norm_backward_kernel"),
+                                 ops=("fastlm.norm_forward", "fastlm.norm_backward"))  # fmt: skip
     dx, dw = x.grad, weight.grad
-    want_dx, want_dw = torch.autograd.grad(rms_norm_ref(x * 2, weight).float().square().sum(), (x, weight))
+    expected = rms_norm_ref(x * 2, weight)
+    want_dx, want_dw = torch.autograd.grad(expected.float().sum(), (x, weight))
     tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
     torch.testing.assert_close(dx.float(), want_dx.float(), rtol=tol, atol=tol * want_dx.abs().max().item())
     torch.testing.assert_close(dw.float(), want_dw.float(), rtol=tol, atol=tol * want_dw.abs().max().item())
+
+
+def test_ops_pass_opcheck():
+    x, weight = torch.randn(8, 40), torch.randn(40)
+    torch.library.opcheck(norm_module._forward_op, (x, weight, None, 1e-5, True, torch.bfloat16))
+    torch.library.opcheck(norm_module._forward_op, (x, weight, torch.randn(40), 1e-5, False, torch.float32))
+    mean, rstd = x.mean(-1), torch.rsqrt(x.var(-1, unbiased=False) + 1e-5)
+    torch.library.opcheck(norm_module._backward_op, (torch.randn(8, 40), x, weight, mean, rstd, False, True, True))
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,8 @@ import torch
 from fastlm.ops import weighted_sum as template
 from fastlm.ops.weighted_sum import weighted_sum, weighted_sum_ref
 
+from .reference import compiled_code_launches
+
 
 @pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 33, 100), (40, 2000)])  # partial row and column blocks
 def test_matches_reference_with_gradients(shape):
@@ -62,7 +64,18 @@ def test_gpu_matches_reference():
     torch.testing.assert_close(dw, x.detach().sum(0), rtol=1e-4, atol=1e-2)
 
 
-def test_custom_ops_agree_with_their_fake_implementations():
+@pytest.mark.gpu
+def test_gpu_inductor_launches_the_kernels_from_its_code():
+    x = torch.randn(512, 300, device="cuda", requires_grad=True)
+    w = torch.randn(300, device="cuda", requires_grad=True)
+    out = compiled_code_launches(lambda x, w: weighted_sum(x, w) * 2, (x, w),
+                                 kernels=("_weighted_sum_forward_kernel", "_weighted_sum_backward_kernel"),
+                                 ops=("fastlm.weighted_sum_forward", "fastlm.weighted_sum_backward"))  # fmt: skip
+    torch.testing.assert_close(out, weighted_sum_ref(x, w) * 2, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(w.grad, 2 * x.detach().sum(0), rtol=1e-4, atol=1e-2)
+
+
+def test_ops_pass_opcheck():
     x, w = torch.randn(5, 7), torch.randn(7)
     torch.library.opcheck(template._forward_op, (x, w))
     torch.library.opcheck(template._backward_op, (torch.randn(5), x, w))

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 import triton
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 
 def runs_triton(tensor: torch.Tensor) -> bool:
@@ -21,7 +23,13 @@ def runs_triton(tensor: torch.Tensor) -> bool:
     if tensor.is_cuda:
         return True
     interpreted = tensor.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
-    return interpreted and not torch.compiler.is_compiling()
+    return interpreted and not _traced(tensor)
+
+
+def _traced(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` stands for data rather than holding it: torch.compile is tracing, or it
+    is a fake / functional tensor (opcheck, AOT autograd)."""
+    return torch.compiler.is_compiling() or isinstance(tensor, (FakeTensor, FunctionalTensor))
 
 
 def launchable(kernel, traced: bool):

@@ -9,9 +9,10 @@ five parts, in this order:
   1. kernels (`@triton.jit`), with the shapes of every pointer argument in comments;
   2. launchers: plain Python that allocates outputs, picks block sizes and grids, and falls back
      to the PyTorch reference where Triton cannot run (CPU without TRITON_INTERPRET=1);
-  3. a torch.library custom op per direction, with a fake (meta) implementation, so torch.compile
-     traces the op as one node instead of breaking the graph;
-  4. autograd: `register_autograd` for the custom op, and an `autograd.Function` for eager calls
+  3. a `torch.library.triton_op` per direction: torch.compile traces through it, so the graph has
+     no break and Inductor launches the kernels from the code it generates (no Python call per
+     launch); the launchers wrap each kernel in `wrap_triton` there (`launchable(kernel, traced)`);
+  4. autograd: `register_autograd` for the op, and an `autograd.Function` for eager calls
      (cheaper to dispatch), both calling the same launchers;
   5. the public function: input checks with errors that name the argument, then dispatch; and a
      `*_ref` reference in plain PyTorch that the tests compare against.
@@ -26,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastlm.ops.common import as_rows, check_dtype, check_same_device, runs_triton
+from fastlm.ops.common import as_rows, check_dtype, check_same_device, launchable, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_ROWS = 16  # rows per program: enough bytes in flight per program, few weight-gradient partials
@@ -97,20 +98,21 @@ def _block_d(d: int) -> int:
     return max(1, min(triton.next_power_of_2(d), 1024))  # D = 0: the loop over D runs no step
 
 
-def _forward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _forward(x: torch.Tensor, w: torch.Tensor, traced: bool = False) -> torch.Tensor:
+    """y (x's shape without the last dim); ``traced`` inside the triton_op."""
     rows, w = as_rows(x), w.contiguous()  # the kernels read w with unit stride
     r, d = rows.shape
     y = torch.empty(r, dtype=x.dtype, device=x.device)
     if not runs_triton(x):
         return y.copy_(rows.float() @ w.float()).view(x.shape[:-1])
     if r > 0:
-        _weighted_sum_forward_kernel[(triton.cdiv(r, BLOCK_ROWS),)](
+        launchable(_weighted_sum_forward_kernel, traced)[(triton.cdiv(r, BLOCK_ROWS),)](
             rows, w, y, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d)
         )
     return y.view(x.shape[:-1])
 
 
-def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, weight_grad: bool):
+def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, weight_grad: bool, traced: bool = False):
     """(dx like x, dw (D,) or None)."""
     rows, dy_rows, w = as_rows(x), dy.reshape(-1).contiguous(), w.contiguous()
     r, d = rows.shape
@@ -122,35 +124,26 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, weight_grad: b
     dx = torch.empty((r, d), dtype=x.dtype, device=x.device)
     partial = torch.zeros((max(programs, 1), d), dtype=torch.float32, device=x.device)  # zeros: R = 0 has no program
     if r > 0:
-        _weighted_sum_backward_kernel[(programs,)](
+        launchable(_weighted_sum_backward_kernel, traced)[(programs,)](
             rows, w, dy_rows, dx, partial, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d)
         )
     return dx.view(x.shape), (partial.sum(dim=0).to(w.dtype) if weight_grad else None)
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. torch.library ops: what torch.compile sees (the fake functions give shapes without running)
+# 3. torch.library ops: what torch.compile traces (running the launchers on fake tensors gives
+#    the output shapes, so no separate fake implementation is needed)
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("fastlm::weighted_sum_forward", mutates_args=())
+@torch.library.triton_op("fastlm::weighted_sum_forward", mutates_args=())
 def _forward_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return _forward(x, w)
+    return _forward(x, w, traced=True)
 
 
-@_forward_op.register_fake
-def _(x, w):
-    return x.new_empty(x.shape[:-1])
-
-
-@torch.library.custom_op("fastlm::weighted_sum_backward", mutates_args=())
+@torch.library.triton_op("fastlm::weighted_sum_backward", mutates_args=())
 def _backward_op(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return _backward(dy, x, w, weight_grad=True)
-
-
-@_backward_op.register_fake
-def _(dy, x, w):
-    return torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(w)
+    return _backward(dy, x, w, weight_grad=True, traced=True)
 
 
 # ----------------------------------------------------------------------------------------------
