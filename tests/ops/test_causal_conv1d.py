@@ -7,7 +7,7 @@ import fastlm
 from fastlm.ops import causal_conv1d as conv_module
 from fastlm.ops.causal_conv1d import causal_conv1d, causal_conv1d_ref
 
-from .reference import check_against_reference
+from .reference import check_against_reference, compiled_code_launches
 
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 
@@ -112,8 +112,23 @@ def test_gpu_matches_reference(backend, dtype, k):
         _check(u, weight, bias, activation, tolerance=tolerance, backend=backend)
 
 
-def test_custom_ops_agree_with_their_fake_implementations():
-    # what torch.compile relies on: the fake op's shapes and strides match the real op's
+@pytest.mark.gpu
+def test_gpu_inductor_launches_the_kernels_from_its_code():
+    u = torch.randn(2, 300, 64, device="cuda", requires_grad=True)
+    weight = torch.randn(64, 4, device="cuda", requires_grad=True)
+    bias = torch.randn(64, device="cuda", requires_grad=True)
+    out = compiled_code_launches(lambda u: causal_conv1d(u * 2, weight, bias, "silu"), (u,),
+                                 kernels=("_conv1d_forward_kernel", "_conv1d_backward_kernel"),
+                                 ops=("fastlm.causal_conv1d_forward", "fastlm.causal_conv1d_backward"))  # fmt: skip
+    expected = causal_conv1d_ref(u * 2, weight, bias, "silu")
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    want = torch.autograd.grad(expected.sum(), (u, weight, bias))
+    for got, w in zip((u.grad, weight.grad, bias.grad), want, strict=True):
+        torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-3)
+
+
+def test_ops_pass_opcheck():
+    # what torch.compile relies on: tracing the ops gives the shapes and strides they return
     u, weight, bias = torch.randn(2, 12, 8), torch.randn(8, 3), torch.randn(8)
     torch.library.opcheck(conv_module._forward_op, (u, weight, bias, True))
     torch.library.opcheck(conv_module._backward_op, (torch.randn(2, 12, 8), u, weight, bias, True, True, True))

@@ -7,7 +7,7 @@ import fastlm
 from fastlm.ops import masked_softmax as softmax_module
 from fastlm.ops.masked_softmax import masked_softmax, masked_softmax_ref
 
-from .reference import check_against_reference
+from .reference import check_against_reference, compiled_code_launches
 
 TOLERANCES = {torch.float32: (1e-5, 1e-6), torch.float16: (1e-2, 1e-3), torch.bfloat16: (5e-2, 1e-2)}
 
@@ -142,7 +142,20 @@ def test_gpu_matches_reference(dtype, sk):
     _check(x, causal=True, dtype_tol=tolerance)
 
 
-def test_custom_ops_agree_with_their_fake_implementations():
+@pytest.mark.gpu
+def test_gpu_inductor_launches_the_kernels_from_its_code():
+    x = torch.randn(2, 4, 64, 256, device="cuda", requires_grad=True)
+    mask = torch.where(torch.rand(2, 1, 1, 256, device="cuda") < 0.1, float("-inf"), 0.0)
+    out = compiled_code_launches(lambda x: masked_softmax(x * 2, mask, scale=0.5, causal=True).square(), (x,),
+                                 kernels=("_softmax_forward_kernel", "_softmax_backward_kernel"),
+                                 ops=("fastlm.masked_softmax_forward", "fastlm.masked_softmax_backward"))  # fmt: skip
+    expected = masked_softmax_ref(x * 2, mask, scale=0.5, causal=True)
+    torch.testing.assert_close(out, expected.square(), rtol=1e-5, atol=1e-6)
+    (want,) = torch.autograd.grad(expected.square().sum(), x)
+    torch.testing.assert_close(x.grad, want, rtol=1e-4, atol=1e-5)
+
+
+def test_ops_pass_opcheck():
     x, mask = torch.randn(2, 3, 5, 7), torch.zeros(2, 1, 1, 7)
     torch.library.opcheck(softmax_module._forward_op, (x, mask, 0.5, True))
     y = masked_softmax(x, mask)

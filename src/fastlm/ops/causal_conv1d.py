@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastlm.ops.common import check_dtype, check_same_device, runs_triton
+from fastlm.ops.common import check_dtype, check_same_device, launchable, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KERNEL_SIZE = 8
@@ -139,7 +139,8 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _forward(u, weight, bias, silu: bool) -> torch.Tensor:
+def _forward(u, weight, bias, silu: bool, traced: bool = False) -> torch.Tensor:
+    """out (B, L, D) contiguous in u's dtype; ``traced`` inside the triton_op."""
     if not runs_triton(u):
         return _reference(u, weight, bias, "silu" if silu else None).to(u.dtype)
     u, weight = _unit_stride(u), _unit_stride(weight)
@@ -149,7 +150,7 @@ def _forward(u, weight, bias, silu: bool) -> torch.Tensor:
     if out.numel() == 0:
         return out
     grid = (triton.cdiv(length, FORWARD_BLOCK_L), triton.cdiv(d, FORWARD_BLOCK_D), batch)
-    _conv1d_forward_kernel[grid](
+    launchable(_conv1d_forward_kernel, traced)[grid](
         u, weight, bias if bias is not None else weight, out, length, d, u.stride(0), u.stride(1), weight.stride(0),
         K=weight.shape[1], HAS_BIAS=bias is not None, SILU=silu, BLOCK_L=FORWARD_BLOCK_L, BLOCK_D=FORWARD_BLOCK_D,
         num_warps=FORWARD_WARPS,
@@ -157,8 +158,8 @@ def _forward(u, weight, bias, silu: bool) -> torch.Tensor:
     return out
 
 
-def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: bool):
-    """(du, dweight or None, dbias or None)."""
+def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: bool, traced: bool = False):
+    """(du, dweight or None, dbias or None); ``traced`` inside the triton_op."""
     if not runs_triton(u):
         return _reference_backward(dout, u, weight, bias, silu, weight_grad, bias_grad)
     u, weight, dout = _unit_stride(u), _unit_stride(weight), _unit_stride(dout)
@@ -176,7 +177,7 @@ def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: b
     dw_partial = torch.empty((programs, k, d), dtype=torch.float32, device=u.device) if weight_grad else du
     db_partial = torch.empty((programs, d), dtype=torch.float32, device=u.device) if bias_grad else du
     grid = (chunks, triton.cdiv(d, BACKWARD_BLOCK_D), batch)
-    _conv1d_backward_kernel[grid](
+    launchable(_conv1d_backward_kernel, traced)[grid](
         u, weight, bias if bias is not None else weight, dout, du, dw_partial, db_partial,
         length, d, u.stride(0), u.stride(1), weight.stride(0), dout.stride(0), dout.stride(1),
         K=k, K_POW2=triton.next_power_of_2(k), HAS_BIAS=bias is not None, SILU=silu, WEIGHT_GRAD=weight_grad,
@@ -201,7 +202,7 @@ def _reference(u, weight, bias=None, activation=None):
 
 def _reference_backward(dout, u, weight, bias, silu, weight_grad, bias_grad):
     """The backward formulas of the module docstring in PyTorch (no autograd, so it also runs inside
-    the custom op under torch.compile)."""
+    the backward op under torch.compile)."""
     dtype = torch.promote_types(u.dtype, torch.float32)
     length, k = u.shape[1], weight.shape[1]
     dz = dout.to(dtype)
@@ -239,32 +240,20 @@ def _cuda_forward(u, weight, bias, silu: bool) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("fastlm::causal_conv1d_forward", mutates_args=())
+@torch.library.triton_op("fastlm::causal_conv1d_forward", mutates_args=())
 def _forward_op(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Tensor:
-    return _forward(u, weight, bias, silu)
+    return _forward(u, weight, bias, silu, traced=True)
 
 
-@_forward_op.register_fake
-def _(u, weight, bias, silu):
-    return torch.empty_like(u, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("fastlm::causal_conv1d_backward", mutates_args=())
+@torch.library.triton_op("fastlm::causal_conv1d_backward", mutates_args=())
 def _backward_op(
     dout: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
     weight_grad: bool, bias_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(du, dweight, dbias); dweight / dbias are empty tensors when not requested."""
-    du, dw, db = _backward(dout, u, weight, bias, silu, weight_grad, bias_grad)
+    du, dw, db = _backward(dout, u, weight, bias, silu, weight_grad, bias_grad, traced=True)
     empty = u.new_empty(0)
     return du, (empty if dw is None else dw), (empty if db is None else db)
-
-
-@_backward_op.register_fake
-def _(dout, u, weight, bias, silu, weight_grad, bias_grad):
-    return (torch.empty_like(u, memory_format=torch.contiguous_format),
-            torch.empty_like(weight) if weight_grad else u.new_empty(0),
-            torch.empty_like(bias) if bias_grad else u.new_empty(0))  # fmt: skip
 
 
 def _op_setup_context(ctx, inputs, output):

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, row_tiles, runs_triton
+from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, launchable, row_tiles, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_MAX = 16384  # widest row held in registers; longer rows loop over chunks of this size
@@ -163,8 +163,8 @@ def as_4d(t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
 
 
-def _forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
-    """y (contiguous, x's shape and dtype)."""
+def _forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool, traced: bool = False):
+    """y (contiguous, x's shape and dtype); ``traced`` inside the triton_op."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
@@ -175,7 +175,7 @@ def _forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: b
     mask4 = as_4d(mask.expand(x.shape)) if mask is not None else x4
     config = tiles(sk)
     rows = b * h * sq
-    _softmax_forward_kernel[(triton.cdiv(rows, config.block_m),)](
+    launchable(_softmax_forward_kernel, traced)[(triton.cdiv(rows, config.block_m),)](
         x4, mask4, y, h, sq, sk, rows, *x4.stride(), *mask4.stride(), scale,
         HAS_MASK=mask is not None, CAUSAL=causal, BLOCK_M=config.block_m, BLOCK_K=config.block_d,
         SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
@@ -183,8 +183,9 @@ def _forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: b
     return y
 
 
-def _backward(dy: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
-    """dx (y's shape and dtype) from the forward output y (contiguous)."""
+def _backward(dy: torch.Tensor, y: torch.Tensor, scale: float, traced: bool = False) -> torch.Tensor:
+    """dx (y's shape and dtype) from the forward output y (contiguous); ``traced`` inside the
+    triton_op."""
     dx = torch.empty_like(y)
     if y.numel() == 0:
         return dx
@@ -195,7 +196,7 @@ def _backward(dy: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
     dy_rows = as_rows(dy)
     rows = dy_rows.shape[0]
     config = tiles(sk)
-    _softmax_backward_kernel[(triton.cdiv(rows, config.block_m),)](
+    launchable(_softmax_backward_kernel, traced)[(triton.cdiv(rows, config.block_m),)](
         y, dy_rows, dx, rows, sk, dy_rows.stride(0), scale,
         BLOCK_M=config.block_m, BLOCK_K=config.block_d, SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
     )  # fmt: skip
@@ -223,24 +224,14 @@ def _reference(x, mask, scale, causal):
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("fastlm::masked_softmax_forward", mutates_args=())
+@torch.library.triton_op("fastlm::masked_softmax_forward", mutates_args=())
 def _forward_op(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> torch.Tensor:
-    return _forward(x, mask, scale, causal)
+    return _forward(x, mask, scale, causal, traced=True)
 
 
-@_forward_op.register_fake
-def _(x, mask, scale, causal):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("fastlm::masked_softmax_backward", mutates_args=())
+@torch.library.triton_op("fastlm::masked_softmax_backward", mutates_args=())
 def _backward_op(dy: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tensor:
-    return _backward(dy, y, scale)
-
-
-@_backward_op.register_fake
-def _(dy, y, scale):
-    return torch.empty_like(y)
+    return _backward(dy, y, scale, traced=True)
 
 
 def _gradients(dy, y, scale, mask_shape, mask_needs_grad, backward):
