@@ -13,6 +13,8 @@ import torch
 import fastlm
 from fastlm.ops.flash_attention import FORWARD_TILES, FlashAttentionTorch, FlashAttentionTriton, flash_attention_ref
 
+from .reference import compiled_code_launches
+
 # (batch, heads, kv heads, Nq, Nk, head dim). Tiles are 64-128 rows (FORWARD_TILES), so 131 and
 # 200 run a whole tile, a masked diagonal tile and a partial last tile; 37 is a prime inside one
 # tile; 1 is the degenerate length. Nq > Nk (causal) leaves the first Nq - Nk rows with no key.
@@ -207,6 +209,19 @@ def test_torch_compile_fullgraph(device):
     actual.backward()
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(model.qkv.weight.grad, expected_grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_inductor_launches_the_kernels_from_its_code():
+    q, k, v = make_qkv(2, 4, 4, 256, 256, 64, torch.bfloat16, "cuda")
+    kernels = ("_flash_forward_kernel", "_flash_backward_delta_kernel", "_flash_backward_dkdv_kernel",
+               "_flash_backward_dq_kernel")  # fmt: skip
+    out = compiled_code_launches(lambda q: fastlm.flash_attention(q * 2, k, v, causal=True), (q,), kernels=kernels,
+                                 ops=("fastlm.flash_attention_forward", "fastlm.flash_attention_backward"))  # fmt: skip
+    expected = flash_attention_ref(q * 2, k, v, causal=True)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    (want,) = torch.autograd.grad(expected.float().sum(), q)
+    torch.testing.assert_close(q.grad.float(), want.float(), rtol=3e-2, atol=3e-2 * want.abs().max().item())
 
 
 # --- GPU: realistic lengths, tight tolerances --------------------------------------------------

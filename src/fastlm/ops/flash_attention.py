@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fastlm.ops.common import check_dtype, check_same_device, runs_triton
+from fastlm.ops.common import check_dtype, check_same_device, launchable, runs_triton
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -478,8 +478,9 @@ def _strides4(t: torch.Tensor) -> tuple[int, int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
 
 
-def _launch_forward(q, k, v, causal: bool, scale: float):
-    """q (Z, H, M, D), k/v (Z, Hkv, N, D) -> O (Z, H, M, D) in q's dtype, L (Z, H, M) fp32."""
+def _launch_forward(q, k, v, causal: bool, scale: float, traced: bool = False):
+    """q (Z, H, M, D), k/v (Z, Hkv, N, D) -> O (Z, H, M, D) in q's dtype, L (Z, H, M) fp32;
+    ``traced`` inside the triton_op."""
     Z, H, M, D = q.shape
     Hkv, N = k.shape[1], k.shape[2]
     o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
@@ -490,7 +491,7 @@ def _launch_forward(q, k, v, causal: bool, scale: float):
         return o.zero_(), lse.fill_(float("-inf"))
     block_d = _block_d(D)
     block_m, block_n, warps, stages = FORWARD_TILES[(block_d, min(q.element_size(), 4))]
-    _flash_forward_kernel[(triton.cdiv(M, block_m), Z * H)](
+    launchable(_flash_forward_kernel, traced)[(triton.cdiv(M, block_m), Z * H)](
         q, k, v, o, lse, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o),
         H, H // Hkv, M, N, scale * math.log2(math.e),
         CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -499,8 +500,8 @@ def _launch_forward(q, k, v, causal: bool, scale: float):
     return o, lse
 
 
-def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float):
-    """Gradients (dq, dk, dv), contiguous, in the inputs' dtype."""
+def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, traced: bool = False):
+    """Gradients (dq, dk, dv), contiguous, in the inputs' dtype; ``traced`` inside the triton_op."""
     Z, H, M, D = q.shape
     Hkv, N = k.shape[1], k.shape[2]
     dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
@@ -512,7 +513,7 @@ def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float):
     key = (block_d, min(q.element_size(), 4))
     delta = torch.empty((Z, H, M), device=q.device, dtype=torch.float32)
     lse = lse.contiguous()
-    _flash_backward_delta_kernel[(triton.cdiv(M, 64), Z * H)](
+    launchable(_flash_backward_delta_kernel, traced)[(triton.cdiv(M, 64), Z * H)](
         o, grad_out, delta, *_strides4(o), *_strides4(grad_out), H, M,
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=64,
     )  # fmt: skip
@@ -520,12 +521,12 @@ def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float):
     strides = (*_strides4(q), *_strides4(k), *_strides4(v), *_strides4(grad_out))
     qk_scale = scale * math.log2(math.e)
     block_m, block_n, warps, stages = DKDV_TILES[key]
-    _flash_backward_dkdv_kernel[(triton.cdiv(N, block_n), Z * Hkv)](
+    launchable(_flash_backward_dkdv_kernel, traced)[(triton.cdiv(N, block_n), Z * Hkv)](
         q, k, v, grad_out, lse, delta, dk, dv, *strides, Hkv, H // Hkv, M, N, qk_scale, scale,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, **common,
     )  # fmt: skip
     block_m, block_n, warps, stages = DQ_TILES[key]
-    _flash_backward_dq_kernel[(triton.cdiv(M, block_m), Z * H)](
+    launchable(_flash_backward_dq_kernel, traced)[(triton.cdiv(M, block_m), Z * H)](
         q, k, v, grad_out, lse, delta, dq, *strides, H, H // Hkv, M, N, qk_scale, scale,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, **common,
     )  # fmt: skip
@@ -563,13 +564,14 @@ def _tiled_forward(q, k, v, causal: bool, scale: float, tile: int = TORCH_TILE):
     lse = torch.full((Z, H, M), float("-inf"), device=q.device, dtype=torch.float32)
     diag = N - M
     for m0 in range(0, M, tile):
-        rows = torch.arange(m0, min(m0 + tile, M), device=q.device)
+        last_row = min(m0 + tile, M) - 1
+        rows = torch.arange(m0, last_row + 1, device=q.device)
         qi = q[:, :, m0 : m0 + tile].float()
         m_i = torch.full((Z, H, len(rows)), float("-inf"), device=q.device)
         l_i = torch.zeros_like(m_i)
         acc = torch.zeros_like(qi)
         for n0 in range(0, N, tile):
-            if causal and n0 > int(rows[-1]) + diag:
+            if causal and n0 > last_row + diag:
                 break  # this and all later key tiles lie above the diagonal: skipped
             cols = torch.arange(n0, min(n0 + tile, N), device=q.device)
             s = qi @ k[:, :, n0 : n0 + tile].transpose(-1, -2) * scale
@@ -598,10 +600,11 @@ def _tiled_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, tile:
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     diag = N - M
     for m0 in range(0, M, tile):
-        rows = torch.arange(m0, min(m0 + tile, M), device=q.device)
+        last_row = min(m0 + tile, M) - 1
+        rows = torch.arange(m0, last_row + 1, device=q.device)
         qi, doi = qf[:, :, m0 : m0 + tile], dof[:, :, m0 : m0 + tile]
         for n0 in range(0, N, tile):
-            if causal and n0 > int(rows[-1]) + diag:
+            if causal and n0 > last_row + diag:
                 break
             cols = torch.arange(n0, min(n0 + tile, N), device=q.device)
             kj, vj = kf[:, :, n0 : n0 + tile], vf[:, :, n0 : n0 + tile]
@@ -623,33 +626,18 @@ def _tiled_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, tile:
 # ----------------------------------------------------------------------------------------------
 
 
-def _forward(q, k, v, causal: bool, scale: float):
-    """(O, L) on 4-D inputs through the kernels or, off the Triton path, the tiled twin."""
-    if runs_triton(q):
-        return _launch_forward(q, k, v, causal, scale)
-    return _tiled_forward(q, k, v, causal, scale)
-
-
-def _backward(grad_out, q, k, v, o, lse, causal: bool, scale: float):
-    if runs_triton(q):
-        return _launch_backward(grad_out, q, k, v, o, lse, causal, scale)
-    return _tiled_backward(grad_out, q, k, v, o, lse, causal, scale)
-
-
-@torch.library.custom_op("fastlm::flash_attention_forward", mutates_args=())
+@torch.library.triton_op("fastlm::flash_attention_forward", mutates_args=())
 def _forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, L) for 4-D q (Z, H, M, D), k/v (Z, Hkv, N, D)."""
-    return _forward(q, k, v, causal, scale)
+    """(O, L) for 4-D q (Z, H, M, D), k/v (Z, Hkv, N, D): the kernels or, off the Triton path,
+    the tiled twin."""
+    if runs_triton(q):
+        return _launch_forward(q, k, v, causal, scale, traced=True)
+    return _tiled_forward(q, k, v, causal, scale)
 
 
-@_forward_op.register_fake
-def _(q, k, v, causal, scale):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
-
-
-@torch.library.custom_op("fastlm::flash_attention_backward", mutates_args=())
+@torch.library.triton_op("fastlm::flash_attention_backward", mutates_args=())
 def _backward_op(
     grad_out: torch.Tensor,
     q: torch.Tensor,
@@ -660,12 +648,9 @@ def _backward_op(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(grad_out, q, k, v, o, lse, causal, scale)
-
-
-@_backward_op.register_fake
-def _(grad_out, q, k, v, o, lse, causal, scale):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    if runs_triton(q):
+        return _launch_backward(grad_out, q, k, v, o, lse, causal, scale, traced=True)
+    return _tiled_backward(grad_out, q, k, v, o, lse, causal, scale)
 
 
 def _op_setup_context(ctx, inputs, output):
