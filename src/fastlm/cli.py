@@ -664,7 +664,7 @@ def cmd_train_lm(args) -> None:
     settings = TextSettings(preset=args.preset or ("small" if device.type == "cuda" else "tiny"),
                             context=args.context, batch=args.batch, epochs=args.epochs, lr=args.lr,
                             precision=args.precision or ("bf16" if device.type == "cuda" else "fp32"),
-                            seed=args.seed)  # fmt: skip
+                            seed=args.seed, compile=args.compile)  # fmt: skip
     try:
         windows = split_windows(load_corpus(args.data), settings.context)
     except (OSError, ValueError) as error:
@@ -683,7 +683,8 @@ def cmd_train_lm(args) -> None:
                                  **settings.__dict__, **run}) for run in runs]  # fmt: skip
     append_records(args.out / "results" / "text_training.jsonl", records)
     title = (f"{settings.preset} on {args.data.name} ({records[0]['corpus_bytes']:,} bytes), context "
-             f"{settings.context}, batch {settings.batch}, {settings.precision} · {records[0]['gpu']}")  # fmt: skip
+             f"{settings.context}, batch {settings.batch}, {settings.precision}, {settings.compile} · "
+             f"{records[0]['gpu']}")  # fmt: skip
     plot = loss_plot(args.out / "reports" / "text_training.png", runs, title)
     table = Table(title=f"Byte-level LM, {settings.epochs} epoch(s) per kernel set")
     for column in ("kernels", "epoch time", "tokens/s", "final train loss", "held-out loss"):
@@ -1055,6 +1056,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="default bf16 on a GPU, fp32 on CPU")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compile", choices=("eager", "compile", "cudagraphs"), default="eager",
+                   help="eager (default), torch.compile, or cudagraphs (torch.compile with mode='reduce-overhead')")  # fmt: skip
     add_out(p)
     p.set_defaults(func=cmd_train_lm)
     p = train.add_parser("ar", help="associative recall: test accuracy per epoch, sweep over depth")

@@ -57,3 +57,12 @@ def test_command(tmp_path, capsys):
     assert (tmp_path / "results" / "text_training.jsonl").exists()
     assert main(["train", "lm", "--data", str(tmp_path / "missing.txt")]) != 0
     assert "missing.txt" in capsys.readouterr().out
+
+
+def test_compiled_training_matches_eager():
+    train, held_out = split_windows(load_corpus(CORPUS), context=16)
+    windows = (train[:24], held_out[:2])  # batches of 16 and 8: both shapes are compiled in the warm-up
+    runs = [train_kernels(windows, "torch", TextSettings(preset="tiny", context=16, batch=16, compile=mode),
+                          torch.device("cpu")) for mode in ("eager", "compile")]  # fmt: skip
+    assert runs[1]["steps"] == 2
+    torch.testing.assert_close(runs[1]["losses"], runs[0]["losses"], rtol=1e-4, atol=1e-4)

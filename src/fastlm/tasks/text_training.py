@@ -9,6 +9,11 @@ the same initial weights and sees the same batches in the same order, so the los
 only by the kernels' rounding: they should lie on top of each other, and the epoch times show what
 the kernels buy. Each run reports its epoch time (synchronized), tokens/s, the loss of every step
 and the held-out loss after the epoch.
+
+`compile` runs the model eager, under `torch.compile`, or under `torch.compile(mode=
+"reduce-overhead")` (`cudagraphs`: each step replays CUDA graphs, so kernel launches cost no CPU
+time; small models are launch-bound in eager mode). Compilation happens in the warm-up, on both
+batch shapes an epoch has (the last batch may be short), not in the timed epoch.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from fastlm.bench.model import TORCH_COMPILE_MODE
 from fastlm.bench.report import save_figure
 from fastlm.model import ModelConfig, TransformerLM
 
@@ -37,6 +43,7 @@ class TextSettings:
     lr: float = 1e-3
     precision: str = "fp32"  # or "bf16" (autocast)
     seed: int = 0
+    compile: str = "eager"  # or "compile", "cudagraphs"
 
 
 def load_corpus(path: Path) -> torch.Tensor:
@@ -67,15 +74,33 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _warm_up(config: ModelConfig, batch: torch.Tensor, autocast, device: torch.device) -> None:
-    """Two steps of a throwaway model, so kernel compilation and allocator growth stay out of the
-    timed epoch (and the measured model's weights and batches stay those of the other kernel sets)."""
+def _prepare(model: TransformerLM, compile_mode: str) -> Callable:
+    """The callable a step runs: the model itself, or its compiled form."""
+    if compile_mode == "eager":
+        return model
+    return torch.compile(model, mode=TORCH_COMPILE_MODE[compile_mode])
+
+
+def _warm_up(config: ModelConfig, batches: Sequence[torch.Tensor], settings: TextSettings, autocast,
+             device: torch.device) -> None:  # fmt: skip
+    """Two steps per batch shape of a throwaway model, so kernel compilation (Triton's, and
+    torch.compile's: the compiled code serves every instance of the model class) and allocator
+    growth stay out of the timed epoch, and the measured model's weights and batches stay those of
+    the other kernel sets."""
     with torch.device(device):
         model = TransformerLM(config)
-    for _ in range(2):
-        with autocast:
-            model(batch[:, :-1], batch[:, 1:]).backward()
+    forward = _prepare(model, settings.compile)
+    for batch in batches:
+        for _ in range(2):
+            _mark_step(settings.compile)
+            with autocast:
+                forward(batch[:, :-1], batch[:, 1:]).backward()
     _synchronize(device)
+
+
+def _mark_step(compile_mode: str) -> None:
+    if compile_mode == "cudagraphs":
+        torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are dead
 
 
 def train_kernels(
@@ -91,11 +116,15 @@ def train_kernels(
     config = config.with_kernels(kernels)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if settings.precision == "bf16"
                 else contextlib.nullcontext())  # fmt: skip
-    if device.type == "cuda":  # (nothing is compiled on first use on CPU)
-        _warm_up(config, train[: settings.batch].to(device), autocast, device)
+    if device.type == "cuda" or settings.compile != "eager":  # (eager CPU compiles nothing on first use)
+        shapes = [train[: settings.batch]]
+        if len(train) % settings.batch:
+            shapes.append(train[: len(train) % settings.batch])  # the short last batch
+        _warm_up(config, [batch.to(device) for batch in shapes], settings, autocast, device)
     torch.manual_seed(settings.seed)
     with torch.device(device):
         model = TransformerLM(config)
+    forward = _prepare(model, settings.compile)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, fused=device.type == "cuda")
     generator = torch.Generator().manual_seed(settings.seed)
     losses, epoch_seconds, step = [], [], 0
@@ -106,12 +135,13 @@ def train_kernels(
         start = timeit.default_timer()
         for first in range(0, len(train), settings.batch):
             batch = train[order[first : first + settings.batch]].to(device, non_blocking=True)
+            _mark_step(settings.compile)
             with autocast:
-                loss = model(batch[:, :-1], batch[:, 1:])
+                loss = forward(batch[:, :-1], batch[:, 1:])
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            losses_on_device.append(loss.detach())
+            losses_on_device.append(loss.detach().clone())  # (a CUDA graph's output is overwritten)
             step += 1
             on_step(step, loss)
         _synchronize(device)
