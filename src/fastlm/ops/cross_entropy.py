@@ -446,6 +446,10 @@ def _fused(logits, targets, row_scale, grad, ignore_index, label_smoothing, z_lo
 
 # ----------------------------------------------------------------------------------------------
 # torch.library ops and autograd
+#
+# Unlike the other fastlm ops these are custom_ops, opaque to Inductor, not triton_ops that it
+# traces through: a model calls its loss once per step, so the Python call per launch costs
+# little, and on CPU the target-range check reads the targets' values, which a trace cannot.
 # ----------------------------------------------------------------------------------------------
 
 
