@@ -1057,7 +1057,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="default bf16 on a GPU, fp32 on CPU")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--compile", choices=("eager", "compile", "cudagraphs"), default="eager",
-                   help="eager (default), torch.compile, or cudagraphs (torch.compile with mode='reduce-overhead')")  # fmt: skip
+                   help="eager (default), torch.compile, or cudagraphs (torch.compile with "
+                   "mode='reduce-overhead')")  # fmt: skip
     add_out(p)
     p.set_defaults(func=cmd_train_lm)
     p = train.add_parser("ar", help="associative recall: test accuracy per epoch, sweep over depth")

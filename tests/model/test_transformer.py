@@ -106,6 +106,24 @@ def test_kernel_switches_give_the_same_loss_and_gradients(attention, norm, loss,
     assert_same_gradients(model, reference, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "fastlm"])
+def test_fastlm_kernels_compile_to_one_graph_with_the_same_loss_and_gradients(attention):
+    # every fastlm op traced by torch.compile (on CPU through the ops' PyTorch path), under autocast
+    # so the norms write bf16 for the Linear layers that follow
+    reference = TransformerLM(TINY)
+    model = TransformerLM(dataclasses.replace(TINY.with_kernels("fastlm"), attention=attention))
+    model.load_state_dict(reference.state_dict())
+    x, y = tokens(), tokens()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected, actual = reference(x, y), compiled(x, y)
+    torch.testing.assert_close(actual, expected, rtol=2e-2, atol=2e-2)
+    expected.backward()
+    actual.backward()
+    assert_same_gradients(model, reference, rtol=5e-2, atol=5e-3)
+
+
 def test_fastlm_kernel_set_fuses_the_softmax_too():
     assert TINY.with_kernels("fastlm").softmax == "fastlm" and TINY.with_kernels("torch").softmax == "torch"
 

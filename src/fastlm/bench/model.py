@@ -15,8 +15,8 @@ context. `compile` wraps the model in `torch.compile`; `cudagraphs` in `torch.co
 pay for launching each kernel from the CPU (what bounds small batches); the optimizer step stays
 eager in both. Out-of-memory ends that row with the status "out of memory"; the sweep goes on.
 
-A preset's model is built once and shared by its rows (eager, then compiled), so one compilation
-per precision serves every mode.
+A preset's model is built once and shared by its rows (eager, then each compile mode), so one
+compilation per compile mode and precision serves every step mode.
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ class Row:
 
 
 def rows(modes: Sequence[str], precisions: Sequence[str], compile_modes: Sequence[str]) -> list[Row]:
-    """Eager rows first, then compiled ones (one compilation per precision); train last in each
-    group, so the AdamW state it allocates never inflates another row's peak memory."""
+    """Eager rows first, then each compile mode's (one compilation per mode and precision); train
+    last in each group, so the AdamW state it allocates never inflates another row's peak memory."""
     return [Row(m, p, c) for c in COMPILE_MODES if c in compile_modes for p in precisions for m in MODES if m in modes]
 
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
-from fastlm.ops.common import check_dtype, check_same_device, launchable, runs_triton
+from fastlm.ops.common import check_dtype, check_same_device, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KERNEL_SIZE = 8
@@ -150,7 +151,8 @@ def _forward(u, weight, bias, silu: bool, traced: bool = False) -> torch.Tensor:
     if out.numel() == 0:
         return out
     grid = (triton.cdiv(length, FORWARD_BLOCK_L), triton.cdiv(d, FORWARD_BLOCK_D), batch)
-    launchable(_conv1d_forward_kernel, traced)[grid](
+    kernel = wrap_triton(_conv1d_forward_kernel) if traced else _conv1d_forward_kernel
+    kernel[grid](
         u, weight, bias if bias is not None else weight, out, length, d, u.stride(0), u.stride(1), weight.stride(0),
         K=weight.shape[1], HAS_BIAS=bias is not None, SILU=silu, BLOCK_L=FORWARD_BLOCK_L, BLOCK_D=FORWARD_BLOCK_D,
         num_warps=FORWARD_WARPS,
@@ -177,7 +179,8 @@ def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: b
     dw_partial = torch.empty((programs, k, d), dtype=torch.float32, device=u.device) if weight_grad else du
     db_partial = torch.empty((programs, d), dtype=torch.float32, device=u.device) if bias_grad else du
     grid = (chunks, triton.cdiv(d, BACKWARD_BLOCK_D), batch)
-    launchable(_conv1d_backward_kernel, traced)[grid](
+    kernel = wrap_triton(_conv1d_backward_kernel) if traced else _conv1d_backward_kernel
+    kernel[grid](
         u, weight, bias if bias is not None else weight, dout, du, dw_partial, db_partial,
         length, d, u.stride(0), u.stride(1), weight.stride(0), dout.stride(0), dout.stride(1),
         K=k, K_POW2=triton.next_power_of_2(k), HAS_BIAS=bias is not None, SILU=silu, WEIGHT_GRAD=weight_grad,

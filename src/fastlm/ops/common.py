@@ -32,14 +32,6 @@ def _traced(tensor: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or isinstance(tensor, (FakeTensor, FunctionalTensor))
 
 
-def launchable(kernel, traced: bool):
-    """``kernel`` ready for ``[grid](...)``. Inside a ``torch.library.triton_op`` (``traced``)
-    it goes through ``wrap_triton``, so torch.compile records the launch in its graph and
-    Inductor launches the kernel from the code it generates, with no Python op call per launch;
-    eager calls launch it directly (wrapping costs dispatch time there and buys nothing)."""
-    return torch.library.wrap_triton(kernel) if traced else kernel
-
-
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     """(..., D) -> (R, D) with unit column stride: a view when the layout allows, else a copy."""
     rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (not -1: D may be 0)

@@ -31,8 +31,9 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
-from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, launchable, row_tiles, runs_triton
+from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, row_tiles, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Widest rows held in registers (one read of each input); wider rows loop over chunks of this size.
@@ -255,7 +256,8 @@ def _forward(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype, tra
     if not runs_triton(x):
         return _reference_forward(rows, weight, bias, eps, rms, y, mean, rstd, x.shape)
     config = forward_config(d)
-    launchable(_norm_forward_kernel, traced)[(triton.cdiv(m, config.block_m),)](
+    kernel = wrap_triton(_norm_forward_kernel) if traced else _norm_forward_kernel
+    kernel[(triton.cdiv(m, config.block_m),)](
         rows, weight if weight is not None else rows, bias if bias is not None else rows, y,
         mean if mean is not None else rstd, rstd, rows.stride(0), y.stride(0), m, d, eps,
         RMS=rms, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_M=config.block_m,
@@ -277,7 +279,8 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad
     alloc = torch.empty if config.single_pass else torch.zeros
     dw_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if weight_grad else rstd
     db_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if bias_grad else rstd
-    launchable(_norm_backward_kernel, traced)[(programs,)](
+    kernel = wrap_triton(_norm_backward_kernel) if traced else _norm_backward_kernel
+    kernel[(programs,)](
         rows, weight if weight is not None else rows, dy_rows, dx, mean if mean is not None else rstd, rstd,
         dw_partial, db_partial, rows.stride(0), dy_rows.stride(0), dx.stride(0), m, d,
         RMS=rms, HAS_WEIGHT=weight is not None, WEIGHT_GRAD=weight_grad, BIAS_GRAD=bias_grad,
@@ -323,7 +326,11 @@ def _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bia
 
 @torch.library.triton_op("fastlm::norm_forward", mutates_args=())
 def _forward_op(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float, rms: bool,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    rms: bool,
     out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean, rstd); mean is an empty tensor for RMSNorm (ops cannot return None)."""

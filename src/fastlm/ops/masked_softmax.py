@@ -25,8 +25,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
-from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, launchable, row_tiles, runs_triton
+from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, row_tiles, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_MAX = 16384  # widest row held in registers; longer rows loop over chunks of this size
@@ -175,7 +176,8 @@ def _forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: b
     mask4 = as_4d(mask.expand(x.shape)) if mask is not None else x4
     config = tiles(sk)
     rows = b * h * sq
-    launchable(_softmax_forward_kernel, traced)[(triton.cdiv(rows, config.block_m),)](
+    kernel = wrap_triton(_softmax_forward_kernel) if traced else _softmax_forward_kernel
+    kernel[(triton.cdiv(rows, config.block_m),)](
         x4, mask4, y, h, sq, sk, rows, *x4.stride(), *mask4.stride(), scale,
         HAS_MASK=mask is not None, CAUSAL=causal, BLOCK_M=config.block_m, BLOCK_K=config.block_d,
         SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
@@ -196,7 +198,8 @@ def _backward(dy: torch.Tensor, y: torch.Tensor, scale: float, traced: bool = Fa
     dy_rows = as_rows(dy)
     rows = dy_rows.shape[0]
     config = tiles(sk)
-    launchable(_softmax_backward_kernel, traced)[(triton.cdiv(rows, config.block_m),)](
+    kernel = wrap_triton(_softmax_backward_kernel) if traced else _softmax_backward_kernel
+    kernel[(triton.cdiv(rows, config.block_m),)](
         y, dy_rows, dx, rows, sk, dy_rows.stride(0), scale,
         BLOCK_M=config.block_m, BLOCK_K=config.block_d, SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
     )  # fmt: skip

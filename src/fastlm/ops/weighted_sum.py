@@ -8,10 +8,13 @@ docs/writing_an_op.md walks through this file top to bottom. Every op in fastlm/
 five parts, in this order:
   1. kernels (`@triton.jit`), with the shapes of every pointer argument in comments;
   2. launchers: plain Python that allocates outputs, picks block sizes and grids, and falls back
-     to the PyTorch reference where Triton cannot run (CPU without TRITON_INTERPRET=1);
+     to the PyTorch reference where Triton cannot run (CPU without TRITON_INTERPRET=1, or while
+     torch.compile traces a CPU call);
   3. a `torch.library.triton_op` per direction: torch.compile traces through it, so the graph has
      no break and Inductor launches the kernels from the code it generates (no Python call per
-     launch); the launchers wrap each kernel in `wrap_triton` there (`launchable(kernel, traced)`);
+     launch). There the launchers call `wrap_triton(_the_kernel)`, spelled out with the kernel's
+     global name so that torch finds the kernel and keys its compile caches on the kernel source;
+     eager calls launch the kernel directly;
   4. autograd: `register_autograd` for the op, and an `autograd.Function` for eager calls
      (cheaper to dispatch), both calling the same launchers;
   5. the public function: input checks with errors that name the argument, then dispatch; and a
@@ -26,8 +29,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
-from fastlm.ops.common import as_rows, check_dtype, check_same_device, launchable, runs_triton
+from fastlm.ops.common import as_rows, check_dtype, check_same_device, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_ROWS = 16  # rows per program: enough bytes in flight per program, few weight-gradient partials
@@ -106,9 +110,8 @@ def _forward(x: torch.Tensor, w: torch.Tensor, traced: bool = False) -> torch.Te
     if not runs_triton(x):
         return y.copy_(rows.float() @ w.float()).view(x.shape[:-1])
     if r > 0:
-        launchable(_weighted_sum_forward_kernel, traced)[(triton.cdiv(r, BLOCK_ROWS),)](
-            rows, w, y, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d)
-        )
+        kernel = wrap_triton(_weighted_sum_forward_kernel) if traced else _weighted_sum_forward_kernel
+        kernel[(triton.cdiv(r, BLOCK_ROWS),)](rows, w, y, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d))
     return y.view(x.shape[:-1])
 
 
@@ -124,7 +127,8 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, weight_grad: b
     dx = torch.empty((r, d), dtype=x.dtype, device=x.device)
     partial = torch.zeros((max(programs, 1), d), dtype=torch.float32, device=x.device)  # zeros: R = 0 has no program
     if r > 0:
-        launchable(_weighted_sum_backward_kernel, traced)[(programs,)](
+        kernel = wrap_triton(_weighted_sum_backward_kernel) if traced else _weighted_sum_backward_kernel
+        kernel[(programs,)](
             rows, w, dy_rows, dx, partial, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d)
         )
     return dx.view(x.shape), (partial.sum(dim=0).to(w.dtype) if weight_grad else None)

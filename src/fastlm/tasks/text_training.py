@@ -12,8 +12,9 @@ and the held-out loss after the epoch.
 
 `compile` runs the model eager, under `torch.compile`, or under `torch.compile(mode=
 "reduce-overhead")` (`cudagraphs`: each step replays CUDA graphs, so kernel launches cost no CPU
-time; small models are launch-bound in eager mode). Compilation happens in the warm-up, on both
-batch shapes an epoch has (the last batch may be short), not in the timed epoch.
+time; small models are launch-bound in eager mode). Compilation and graph recording happen in a
+warm-up of the timed model on both batch shapes an epoch has (the last batch may be short), not in
+the timed epoch.
 """
 
 from __future__ import annotations
@@ -81,20 +82,18 @@ def _prepare(model: TransformerLM, compile_mode: str) -> Callable:
     return torch.compile(model, mode=TORCH_COMPILE_MODE[compile_mode])
 
 
-def _warm_up(config: ModelConfig, batches: Sequence[torch.Tensor], settings: TextSettings, autocast,
-             device: torch.device) -> None:  # fmt: skip
-    """Two steps per batch shape of a throwaway model, so kernel compilation (Triton's, and
-    torch.compile's: the compiled code serves every instance of the model class) and allocator
-    growth stay out of the timed epoch, and the measured model's weights and batches stay those of
-    the other kernel sets."""
-    with torch.device(device):
-        model = TransformerLM(config)
-    forward = _prepare(model, settings.compile)
+def _warm_up(model: TransformerLM, forward: Callable, batches: Sequence[torch.Tensor], settings: TextSettings,
+             autocast, device: torch.device) -> None:  # fmt: skip
+    """Two forward and backward passes per batch shape on the model about to be timed, without an
+    optimizer step, so its weights stay those of the other kernel sets: Triton and torch.compile
+    compile, CUDA graphs are recorded (for this model's parameter addresses) and the allocator
+    grows here, not in the timed epoch."""
     for batch in batches:
         for _ in range(2):
             _mark_step(settings.compile)
             with autocast:
                 forward(batch[:, :-1], batch[:, 1:]).backward()
+    model.zero_grad(set_to_none=True)
     _synchronize(device)
 
 
@@ -116,15 +115,15 @@ def train_kernels(
     config = config.with_kernels(kernels)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if settings.precision == "bf16"
                 else contextlib.nullcontext())  # fmt: skip
-    if device.type == "cuda" or settings.compile != "eager":  # (eager CPU compiles nothing on first use)
-        shapes = [train[: settings.batch]]
-        if len(train) % settings.batch:
-            shapes.append(train[: len(train) % settings.batch])  # the short last batch
-        _warm_up(config, [batch.to(device) for batch in shapes], settings, autocast, device)
     torch.manual_seed(settings.seed)
     with torch.device(device):
         model = TransformerLM(config)
     forward = _prepare(model, settings.compile)
+    if device.type == "cuda" or settings.compile != "eager":  # (eager CPU compiles nothing on first use)
+        shapes = [train[: settings.batch]]
+        if len(train) % settings.batch:
+            shapes.append(train[: len(train) % settings.batch])  # the short last batch
+        _warm_up(model, forward, [batch.to(device) for batch in shapes], settings, autocast, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, fused=device.type == "cuda")
     generator = torch.Generator().manual_seed(settings.seed)
     losses, epoch_seconds, step = [], [], 0

@@ -1,0 +1,40 @@
+"""What torch.compile needs from every fastlm triton_op."""
+
+import json
+import os
+import subprocess
+import sys
+
+TRITON_OPS = {
+    "fastlm::norm_forward": ["_norm_forward_kernel"],
+    "fastlm::norm_backward": ["_norm_backward_kernel"],
+    "fastlm::masked_softmax_forward": ["_softmax_forward_kernel"],
+    "fastlm::masked_softmax_backward": ["_softmax_backward_kernel"],
+    "fastlm::causal_conv1d_forward": ["_conv1d_forward_kernel"],
+    "fastlm::causal_conv1d_backward": ["_conv1d_backward_kernel"],
+    "fastlm::flash_attention_forward": ["_flash_forward_kernel"],
+    "fastlm::flash_attention_backward": [
+        "_flash_backward_delta_kernel", "_flash_backward_dkdv_kernel", "_flash_backward_dq_kernel"
+    ],
+    "fastlm::weighted_sum_forward": ["_weighted_sum_forward_kernel"],
+    "fastlm::weighted_sum_backward": ["_weighted_sum_backward_kernel"],
+}  # fmt: skip
+
+# Outside the interpreter (which replaces compiled kernels with Python functions torch does not
+# recognize), in a fresh process: which kernels torch found in each registered op.
+FOUND = """
+import json
+import fastlm, fastlm.ops.weighted_sum
+from torch._library.triton import triton_ops_to_kernels
+print(json.dumps({op: sorted(k.fn.__name__ for k in kernels) for op, kernels in triton_ops_to_kernels.items()
+                  if op.startswith("fastlm::")}))
+"""
+
+
+def test_torch_finds_every_kernel_of_every_triton_op():
+    # torch.compile's caches key a triton_op on the source of the kernels it finds in the op's
+    # code; a kernel it misses could let a cache serve compiled code from before an edit.
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", FOUND], capture_output=True, text=True, env=env, check=True)
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found == {op: sorted(kernels) for op, kernels in TRITON_OPS.items()}
