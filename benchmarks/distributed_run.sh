@@ -30,6 +30,8 @@ for name in sorted(os.listdir("traces")):
     groups[-1].append(path)
 for i, paths in enumerate(groups[:7], 1):
     subprocess.run(["tar", "-cf", f"{out}/distributed_traces_{i}.tar", *paths], check=True)
+for paths in groups[7:]:
+    print("traces left on the machine (more than 7 archives):", " ".join(paths))
 PY
   )
 }
