@@ -39,10 +39,10 @@ def main():
         dy = torch.randn_like(x)
         for tile, per_warp in itertools.product((2048, 4096, 8192, 16384), (256, 512, 1024)):
             ln.FORWARD_TILE, ln.FORWARD_PER_WARP = tile, per_warp
-            forward = functools.partial(ln._forward, x, w, b, 1e-5, rms)
+            forward = functools.partial(ln._forward, x, w, b, 1e-5, rms, x.dtype)
             report("fwd", kind, m, d, dtype, {"tile": tile, "per_warp": per_warp}, forward)
-        _, mean, rstd = ln._forward(x, w, b, 1e-5, rms)
-        for tile, per_warp, per_sm in itertools.product((2048, 4096, 8192), (256, 512), (2, 4)):
+        _, mean, rstd = ln._forward(x, w, b, 1e-5, rms, x.dtype)
+        for tile, per_warp, per_sm in itertools.product((2048, 4096, 8192), (256, 512), (1, 2, 4)):
             ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP, ln.BACKWARD_PROGRAMS_PER_SM = tile, per_warp, per_sm
             report(
                 "bwd",
