@@ -1,5 +1,6 @@
 """The language model: shapes, parameter counts, causality, RoPE, kernel switches, training."""
 
+import contextlib
 import dataclasses
 import math
 
@@ -26,6 +27,19 @@ def tokens(batch=2, length=24, vocab=TINY.vocab_size):
 def assert_same_gradients(model, reference, rtol, atol):
     for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad, rtol=rtol, atol=atol, msg=name)
+
+
+def assert_same_loss_and_gradients(model, reference, x, y, loss_tol, grad_tol, forward=None, bf16=False):
+    """From ``reference``'s weights: ``model``'s loss (through ``forward``, e.g. its compiled form)
+    and every parameter gradient against ``reference``'s; ``bf16`` runs both under autocast."""
+    model.load_state_dict(reference.state_dict())
+    autocast = torch.autocast(x.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with autocast:
+        expected, actual = reference(x, y), (model if forward is None else forward)(x, y)
+    torch.testing.assert_close(actual, expected, rtol=loss_tol[0], atol=loss_tol[1])
+    expected.backward()
+    actual.backward()
+    assert_same_gradients(model, reference, *grad_tol)
 
 
 def test_logits_shape_and_dtype():
@@ -97,13 +111,7 @@ def test_rope_keeps_dtype():
 def test_kernel_switches_give_the_same_loss_and_gradients(attention, norm, loss, softmax):
     reference = TransformerLM(TINY)
     model = TransformerLM(dataclasses.replace(TINY, attention=attention, norm=norm, loss=loss, softmax=softmax))
-    model.load_state_dict(reference.state_dict())
-    x, y = tokens(), tokens()
-    expected, actual = reference(x, y), model(x, y)
-    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
-    expected.backward()
-    actual.backward()
-    assert_same_gradients(model, reference, rtol=1e-4, atol=1e-5)
+    assert_same_loss_and_gradients(model, reference, tokens(), tokens(), (1e-5, 1e-5), (1e-4, 1e-5))
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "fastlm"])
@@ -112,16 +120,10 @@ def test_fastlm_kernels_compile_to_one_graph_with_the_same_loss_and_gradients(at
     # so the norms write bf16 for the Linear layers that follow
     reference = TransformerLM(TINY)
     model = TransformerLM(dataclasses.replace(TINY.with_kernels("fastlm"), attention=attention))
-    model.load_state_dict(reference.state_dict())
-    x, y = tokens(), tokens()
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        expected, actual = reference(x, y), compiled(x, y)
-    torch.testing.assert_close(actual, expected, rtol=2e-2, atol=2e-2)
-    expected.backward()
-    actual.backward()
-    assert_same_gradients(model, reference, rtol=5e-2, atol=5e-3)
+    x, y = tokens(), tokens()
+    assert_same_loss_and_gradients(model, reference, x, y, (2e-2, 2e-2), (5e-2, 5e-3), compiled, bf16=True)
 
 
 def test_fastlm_kernel_set_fuses_the_softmax_too():
@@ -184,11 +186,5 @@ def test_bf16_loss_parity_with_fastlm_kernels_on_gpu(attention):
     config = ModelConfig.preset("tiny", d_model=256, d_ff=704, num_heads=4, vocab_size=5000, context_length=256)
     reference = TransformerLM(config).cuda()
     model = TransformerLM(dataclasses.replace(config, attention=attention, norm="fastlm", loss="fastlm")).cuda()
-    model.load_state_dict(reference.state_dict())
     x, y = tokens(4, 256, 5000).cuda(), tokens(4, 256, 5000).cuda()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        expected, actual = reference(x, y), model(x, y)
-    torch.testing.assert_close(actual, expected, rtol=2e-3, atol=2e-3)
-    expected.backward()
-    actual.backward()
-    assert_same_gradients(model, reference, rtol=5e-2, atol=5e-3)
+    assert_same_loss_and_gradients(model, reference, x, y, (2e-3, 2e-3), (5e-2, 5e-3), bf16=True)
