@@ -14,12 +14,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from fastlm.model import ModelConfig, TransformerLM
 
-torch.manual_seed(0)
-dev = torch.device("cuda")
-tokens = torch.randint(0, 10000, (4, 512), device=dev)
-for norm in ("torch", "fastlm"):
+
+def measure(norm: str, tokens: torch.Tensor) -> None:
     cfg = ModelConfig(d_model=1600, d_ff=6400, num_layers=12, num_heads=25, norm=norm)
-    model = TransformerLM(cfg).to(dev)
+    model = TransformerLM(cfg).to(tokens.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     cm = torch.compile(model)
 
@@ -56,6 +54,16 @@ for norm in ("torch", "fastlm"):
     print(norm, "GPU kernel ms per step", round(total, 2), "kernels per step", kernels)
     for e in gpu[:18]:
         print(f"  {e.key[:90]:90s} {e.count / 3:6.0f} {e.self_device_time_total / 3 / 1e3:8.3f} ms")
-    del model, opt, cm
-    torch._dynamo.reset()
-    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 10000, (4, 512), device="cuda")
+    for norm in ("torch", "fastlm"):
+        measure(norm, tokens)
+        torch._dynamo.reset()
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
