@@ -20,6 +20,22 @@ def test_rows_put_eager_first_and_train_last():
     assert len(rows) == 8
 
 
+def test_each_compile_mode_compiles_once_in_its_own_mode(monkeypatch):
+    compiled_modes = []
+    real_compile = torch.compile
+
+    def recording_compile(model, mode=None, **kwargs):
+        compiled_modes.append(mode)
+        return real_compile(model, mode=mode, backend="eager", **kwargs)  # no code generation: fast
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    rows = model_bench.rows(("fwd", "train"), ("fp32",), ("cudagraphs", "eager", "compile"))
+    assert [r.compile for r in rows] == ["eager", "eager", "compile", "compile", "cudagraphs", "cudagraphs"]
+    records = model_bench.measure_config(TINY, "tiny", rows, batch=1, warmup=0, steps=1, device=torch.device("cpu"))
+    assert [r["status"] for r in records] == ["ok"] * 6
+    assert compiled_modes == ["default", "reduce-overhead"]
+
+
 def test_summary_reports_the_first_step_separately():
     times = [900.0, 10.0, 12.0, 11.0]
     summary = model_bench.summarize(times, warmup=1, tokens_per_step=1000)
