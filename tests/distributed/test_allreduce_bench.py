@@ -23,7 +23,8 @@ def test_command_measures_every_size_and_process_count(tmp_path):
     for r in records:
         assert r["median_ms"] > 0
         assert r["algbw_gbps"] == pytest.approx(r["size_mb"] * 1e6 / (r["median_ms"] / 1e3) / 1e9, rel=1e-3)
-    assert (tmp_path / "reports" / "allreduce_busbw.png").stat().st_size > 0
+    assert (tmp_path / "reports" / "allreduce_busbw_gloo.png").stat().st_size > 0
+    assert "## gloo" in (tmp_path / "reports" / "allreduce.md").read_text()
 
 
 def test_nccl_without_gpus_is_a_clear_error(capsys, monkeypatch):
@@ -32,3 +33,23 @@ def test_nccl_without_gpus_is_a_clear_error(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert main(["bench", "allreduce", "--backend", "nccl", "--procs", "2"]) == 2
     assert "one GPU per process" in capsys.readouterr().out
+
+
+def test_report_shows_the_latest_run_of_each_backend(tmp_path):
+    from fastlm.distributed.allreduce_bench import render
+
+    def row(run_id, backend, median_ms):
+        return {"run_id": run_id, "backend": backend, "gpu": "cpu" if backend == "gloo" else "GPU", "torch": "2",
+                "git_sha": run_id, "date": "d", "iters": 5, "world": 2, "size_mb": 1.0, "median_ms": median_ms,
+                "algbw_gbps": 1.0, "busbw_gbps": 1.0}  # fmt: skip
+
+    results = tmp_path / "results"
+    results.mkdir()
+    records = [row("old-nccl", "nccl", 11.0), row("gloo-run", "gloo", 22.0), row("new-nccl", "nccl", 33.0)]
+    (results / "allreduce.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    report = render(results, tmp_path / "reports")
+    assert report.index("## nccl") < report.index("## gloo")
+    assert "git new-nccl" in report and "git gloo-run" in report and "git old-nccl" not in report
+    assert "| 33 |" in report and "| 22 |" in report and "| 11 |" not in report
+    for backend in ("nccl", "gloo"):
+        assert (tmp_path / "reports" / f"allreduce_busbw_{backend}.png").stat().st_size > 0

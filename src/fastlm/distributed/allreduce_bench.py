@@ -88,20 +88,30 @@ COLUMNS = [("backend", "backend"), ("world", "processes"), ("size_mb", "MB"), ("
 
 
 def render(results_dir: Path, reports_dir: Path) -> str:
-    records = latest_run(read_records(results_dir / RESULTS_FILE))
+    """The latest run of each backend (NCCL first), each with its table and bus-bandwidth plot
+    (allreduce_busbw_<backend>.png): GPU and CPU bandwidths differ by orders of magnitude."""
+    records = read_records(results_dir / RESULTS_FILE)
     if not records:
         return "No all-reduce records yet: run `fastlm bench allreduce`.\n"
-    series: dict[str, list[tuple[float, float]]] = {}
-    for r in records:
-        series.setdefault(f"{r['backend']} x{r['world']}", []).append((r["size_mb"], r["busbw_gbps"]))
-    plot = line_plot(reports_dir / "allreduce_busbw.png", [("bus bandwidth", series)], xlabel="tensor size (MB)",
-                     ylabel="busbw (GB/s)", title=f"All-reduce, float32 · {records[0]['gpu']}", logx=True)  # fmt: skip
-    first = records[0]
-    return "\n".join([
-        f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · {first['date']} · "
-        f"median of {first['iters']} timed all-reduces (slowest rank each)",
-        "",
-        markdown_table(records, COLUMNS),
-        "",
-        f"![all-reduce bus bandwidth]({plot.name})",
-    ])  # fmt: skip
+    lines: list[str] = []
+    for backend in sorted({r["backend"] for r in records}, key=lambda name: name != "nccl"):
+        run = latest_run([r for r in records if r["backend"] == backend])
+        series: dict[str, list[tuple[float, float]]] = {}
+        for r in run:
+            series.setdefault(f"{backend} x{r['world']}", []).append((r["size_mb"], r["busbw_gbps"]))
+        first = run[0]
+        plot = line_plot(reports_dir / f"allreduce_busbw_{backend}.png", [("bus bandwidth", series)],
+                         xlabel="tensor size (MB)", ylabel="busbw (GB/s)",
+                         title=f"All-reduce, float32, {backend} · {first['gpu']}", logx=True)  # fmt: skip
+        lines += [
+            f"## {backend}",
+            "",
+            f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · {first['date']} · "
+            f"median of {first['iters']} timed all-reduces (slowest rank each)",
+            "",
+            markdown_table(run, COLUMNS),
+            "",
+            f"![all-reduce bus bandwidth, {backend}]({plot.name})",
+            "",
+        ]  # fmt: skip
+    return "\n".join(lines)
