@@ -878,6 +878,8 @@ def add_model_arguments(p: argparse.ArgumentParser, gpu_preset: str = "small") -
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fastlm.bench.model import COMPILE_MODES  # eager, compile, cudagraphs: bench model and train lm
+
     parser = argparse.ArgumentParser(prog="fastlm", description=__doc__.splitlines()[0])
     groups = parser.add_subparsers(dest="group", required=True)
 
@@ -907,25 +909,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_out(p)
     p.set_defaults(func=cmd_bench_attention)
 
-    p = bench.add_parser("norms", help="LayerNorm / RMSNorm fwd, bwd, fwd+bwd vs eager, compile, Liger")
-    add_out(p)
-    p.set_defaults(func=cmd_bench_norms)
-    p = bench.add_parser("softmax", help="masked softmax fwd, bwd, fwd+bwd vs eager, compile")
-    add_out(p)
-    p.set_defaults(func=cmd_bench_softmax)
-    p = bench.add_parser("conv1d", help="causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward")
-    add_out(p)
-    p.set_defaults(func=cmd_bench_conv1d)
-    p = bench.add_parser("roofline", help="this GPU's measured roofline with every benchmarked fastlm kernel on it")
-    add_out(p)
-    p.set_defaults(func=cmd_bench_roofline)
+    for name, help_text, func in (
+        ("norms", "LayerNorm / RMSNorm fwd, bwd, fwd+bwd vs eager, compile, Liger", cmd_bench_norms),
+        ("softmax", "masked softmax fwd, bwd, fwd+bwd vs eager, compile", cmd_bench_softmax),
+        ("conv1d", "causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward", cmd_bench_conv1d),
+        ("roofline", "this GPU's measured roofline with every benchmarked fastlm kernel on it", cmd_bench_roofline),
+    ):  # benchmarks whose only option is --out
+        p = bench.add_parser(name, help=help_text)
+        add_out(p)
+        p.set_defaults(func=func)
     p = bench.add_parser("model", help="LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)")
     add_model_arguments(p)
     p.add_argument("--mode", type=_choice_list(("fwd", "fwd+bwd", "train")), default=None,
                    help="comma list of fwd, fwd+bwd, train (default train)")  # fmt: skip
     p.add_argument("--precision", type=_choice_list(("fp32", "bf16")), default=None,
                    help="comma list of fp32, bf16 (autocast) (default bf16)")  # fmt: skip
-    p.add_argument("--compile", type=_choice_list(("eager", "compile", "cudagraphs")), default=None,
+    p.add_argument("--compile", type=_choice_list(COMPILE_MODES), default=None,
                    help="comma list of eager, compile (torch.compile), cudagraphs (torch.compile with "
                    "mode='reduce-overhead') (default eager; the sweep: eager, compile)")  # fmt: skip
     p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed steps first (default 5)")
@@ -1056,7 +1055,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="default bf16 on a GPU, fp32 on CPU")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compile", choices=("eager", "compile", "cudagraphs"), default="eager",
+    p.add_argument("--compile", choices=COMPILE_MODES, default="eager",
                    help="eager (default), torch.compile, or cudagraphs (torch.compile with "
                    "mode='reduce-overhead')")  # fmt: skip
     add_out(p)

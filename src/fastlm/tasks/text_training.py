@@ -140,7 +140,9 @@ def train_kernels(
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            losses_on_device.append(loss.detach().clone())  # (a CUDA graph's output is overwritten)
+            loss = loss.detach()
+            # a CUDA graph's output is overwritten by the next replay: keep a copy in that mode only
+            losses_on_device.append(loss.clone() if settings.compile == "cudagraphs" else loss)
             step += 1
             on_step(step, loss)
         _synchronize(device)
