@@ -159,6 +159,7 @@ def _flash_forward_kernel(
     Query tiles run last-first: under a causal mask the last tiles see the most keys, and
     starting the longest programs first keeps the GPU busy to the end of the grid.
     """
+    qk_scale = tl.cast(qk_scale, tl.float32)  # torch.compile passes Python floats as fp64
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_zh = tl.program_id(1)
     z = (pid_zh // H).to(tl.int64)
@@ -281,6 +282,7 @@ def _flash_backward_dkdv_kernel(
     tiles that see the key tile: masked tiles along the causal diagonal, whole tiles below it,
     then the partial last query tile. Writes dK and dV once, no atomics.
     """
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     pid_n = tl.program_id(0)
     pid_zk = tl.program_id(1)
     z = (pid_zk // HKV).to(tl.int64)
@@ -372,6 +374,7 @@ def _flash_backward_dq_kernel(
 ):  # fmt: skip
     """One program per (query tile, batch x head), same key loop as the forward; grid
     (cdiv(M, BLOCK_M), Z * H), longest programs first."""
+    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_zh = tl.program_id(1)
     z = (pid_zh // H).to(tl.int64)

@@ -67,6 +67,7 @@ def _norm_forward_kernel(
     BLOCK_D: tl.constexpr,
     SINGLE_PASS: tl.constexpr,  # BLOCK_D >= D: the rows stay in registers
 ):
+    eps = tl.cast(eps, tl.float32)  # torch.compile passes Python floats as fp64: keep the math in fp32
     cols = tl.arange(0, BLOCK_D)
     if SINGLE_PASS:
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -72,6 +72,7 @@ def _softmax_forward_kernel(
     BLOCK_K: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
 ):  # fmt: skip
+    scale = tl.cast(scale, tl.float32)  # torch.compile passes Python floats as fp64: keep the math in fp32
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < R
     q = rows % Sq
@@ -123,6 +124,7 @@ def _softmax_backward_kernel(
     BLOCK_K: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
 ):  # fmt: skip
+    scale = tl.cast(scale, tl.float32)  # fp64 under torch.compile
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < R
     cols = tl.arange(0, BLOCK_K)
