@@ -84,12 +84,15 @@ def _prepare(model: TransformerLM, compile_mode: str) -> Callable:
 
 def _warm_up(model: TransformerLM, forward: Callable, batches: Sequence[torch.Tensor], settings: TextSettings,
              autocast, device: torch.device) -> None:  # fmt: skip
-    """Two forward and backward passes per batch shape on the model about to be timed, without an
+    """Three forward and backward passes per batch shape on the model about to be timed, without an
     optimizer step, so its weights stay those of the other kernel sets: Triton and torch.compile
     compile, CUDA graphs are recorded (for this model's parameter addresses) and the allocator
-    grows here, not in the timed epoch."""
+    grows here, not in the timed epoch. CUDA graph trees run a new graph eagerly once, record it on
+    the second call and replay from the third: the third pass replays both shapes before timing
+    (two passes ended in "accessing tensor output of CUDAGraphs that has been overwritten" in the
+    backward of the first timed step on an H100)."""
     for batch in batches:
-        for _ in range(2):
+        for _ in range(3):
             _mark_step(settings.compile)
             with autocast:
                 forward(batch[:, :-1], batch[:, 1:]).backward()
