@@ -88,11 +88,12 @@ def _warm_up(model: TransformerLM, forward: Callable, batches: Sequence[torch.Te
     optimizer step, so its weights stay those of the other kernel sets: Triton and torch.compile
     compile, CUDA graphs are recorded (for this model's parameter addresses) and the allocator
     grows here, not in the timed epoch. CUDA graph trees run a new graph eagerly once, record it on
-    the second call and replay from the third: the third pass replays both shapes before timing
-    (two passes ended in "accessing tensor output of CUDAGraphs that has been overwritten" in the
-    backward of the first timed step on an H100)."""
+    the second call and replay from the third, so each shape has replayed before the clock starts.
+    The gradients are dropped before every pass, as the epoch's steps do: under CUDA graphs they
+    are graph outputs, dead once the next step begins, and accumulating into them fails."""
     for batch in batches:
         for _ in range(3):
+            model.zero_grad(set_to_none=True)
             _mark_step(settings.compile)
             with autocast:
                 forward(batch[:, :-1], batch[:, 1:]).backward()
