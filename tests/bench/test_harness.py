@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from fastlm.bench import xent
+from fastlm.bench.bandwidth import measure_stages
 from fastlm.bench.records import append_records, latest_run, read_records
 from fastlm.bench.report import markdown_table
-from fastlm.bench.timing import measure, measure_after_setup
+from fastlm.bench.timing import measure, measure_after_setup, measure_graph_replay
 from fastlm.cli import main
 
 
@@ -23,6 +24,38 @@ def test_measure_after_setup_excludes_setup():
 
     timing = measure_after_setup(lambda: time.sleep(0.01), lambda _: None, torch.device("cpu"), reps=5)
     assert timing.median_ms < 5  # the 10 ms setup is not counted
+
+
+def test_graph_replay_needs_cuda():
+    with pytest.raises(ValueError, match="CUDA"):
+        measure_graph_replay(lambda: None, torch.device("cpu"))
+
+
+def _layer_norm_stages(device, copy_gbps=1000.0):
+    x = torch.randn(512, 1024, device=device, requires_grad=True)
+    w = torch.randn(1024, device=device, requires_grad=True)
+    stage_bytes = {"fwd": 1, "bwd": 1, "fwd_bwd": 10**6}
+
+    def fn(x, w):
+        return torch.nn.functional.layer_norm(x, (1024,), w)
+
+    return measure_stages(fn, (x, w), torch.randn_like(x), stage_bytes, copy_gbps, device), (x, w)
+
+
+def test_stages_on_cpu_have_no_graph_replay():
+    record, _ = _layer_norm_stages(torch.device("cpu"))
+    assert record["status"] == "ok" and record["fwd_bwd_ms"] > 0
+    assert not any(key.startswith("fwd_bwd_graph") for key in record)
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_times_the_captured_backward():
+    record, leaves = _layer_norm_stages(torch.device("cuda"))
+    assert "fwd_bwd_graph_status" not in record
+    assert 0 < record["fwd_bwd_graph_ms"]
+    gbps = 10**6 / (record["fwd_bwd_graph_ms"] * 1e-3) / 1e9
+    assert record["fwd_bwd_graph_fraction_of_copy"] == pytest.approx(gbps / 1000.0)
+    assert all(t.grad is None for t in leaves)  # no gradient left pointing into the graph's pool
 
 
 def test_records_round_trip_and_latest_run(tmp_path):

@@ -3,7 +3,10 @@
 Protocol (one run, one device, all baselines side by side): the op's inputs are drawn once, those
 that training differentiates with requires_grad, and an upstream gradient dy of the output's shape.
 fwd is the call as in training (autograd records the graph), bwd is `y.backward(dy)` after an
-untimed forward (CUDA events around the backward only), fwd+bwd both. GB/s divide each op's
+untimed forward (CUDA events around the backward only), fwd+bwd both. On a GPU, fwd+bwd is also
+timed as one CUDA-graph replay: the same kernels without the host's dispatch, so a small op whose
+Python and launch cost exceeds its GPU time shows both what eager code pays and what its kernels
+do. GB/s divide each op's
 *minimum* bytes (every tensor read or written once) by the time, for every implementation alike,
 so they compare as effective bandwidths against the copy bandwidth measured in the same run.
 """
@@ -17,7 +20,7 @@ from pathlib import Path
 import torch
 
 from fastlm.bench.report import grouped_bar_plot, markdown_table
-from fastlm.bench.timing import is_out_of_memory, measure, measure_after_setup
+from fastlm.bench.timing import Timing, is_out_of_memory, measure, measure_after_setup, measure_graph_replay
 
 STAGES = ("fwd", "bwd", "fwd_bwd")
 
@@ -60,15 +63,26 @@ def measure_stages(
         return {"status": f"error: {str(error).splitlines()[0][:120]}"}
     result: dict = {"status": "ok"}
     for stage, timing in stages.items():
-        gbps = stage_bytes[stage] / (timing.median_ms * 1e-3) / 1e9
-        result.update({f"{stage}_ms": timing.median_ms, f"{stage}_gbps": gbps,
-                       f"{stage}_fraction_of_copy": gbps / copy_gbps})  # fmt: skip
+        result.update(_stage_fields(stage, timing, stage_bytes[stage], copy_gbps))
+    if device.type == "cuda":
+        try:
+            timing = measure_graph_replay(lambda: fn(*inputs).backward(dy), device, leaves)
+            result.update(_stage_fields("fwd_bwd_graph", timing, stage_bytes["fwd_bwd"], copy_gbps))
+        except RuntimeError as error:  # the row's other stages stand; the table says why this one is empty
+            result["fwd_bwd_graph_status"] = f"error: {str(error).splitlines()[0][:120]}"
     return result
+
+
+def _stage_fields(stage: str, timing: Timing, nbytes: int, copy_gbps: float) -> dict:
+    gbps = nbytes / (timing.median_ms * 1e-3) / 1e9
+    return {f"{stage}_ms": timing.median_ms, f"{stage}_gbps": gbps, f"{stage}_fraction_of_copy": gbps / copy_gbps}
 
 
 BANDWIDTH_COLUMNS = [("implementation", "implementation"), ("fwd_ms", "fwd ms"), ("fwd_bwd_ms", "fwd+bwd ms"),
                      ("fwd_gbps", "fwd GB/s"), ("fwd_percent_of_copy", "fwd % of copy"),
                      ("fwd_bwd_gbps", "fwd+bwd GB/s"), ("fwd_bwd_percent_of_copy", "fwd+bwd % of copy"),
+                     ("fwd_bwd_graph_ms", "fwd+bwd ms, CUDA graph"),
+                     ("fwd_bwd_graph_percent_of_copy", "fwd+bwd % of copy, CUDA graph"),
                      ("status", "status")]  # fmt: skip
 
 
@@ -84,9 +98,11 @@ def render_bandwidth(
     rows = []
     for r in records:
         row = dict(r)
-        if r["status"] == "ok":
-            row["fwd_percent_of_copy"] = 100 * r["fwd_fraction_of_copy"]
-            row["fwd_bwd_percent_of_copy"] = 100 * r["fwd_bwd_fraction_of_copy"]
+        for stage in ("fwd", "fwd_bwd", "fwd_bwd_graph"):
+            if f"{stage}_fraction_of_copy" in r:
+                row[f"{stage}_percent_of_copy"] = 100 * r[f"{stage}_fraction_of_copy"]
+        if "fwd_bwd_graph_status" in r:
+            row["status"] = f"{r['status']}; CUDA graph {r['fwd_bwd_graph_status']}"
         rows.append(row)
     groups = list(dict.fromkeys(case_label(r) for r in rows))
     implementations = list(dict.fromkeys(r["implementation"] for r in rows))
