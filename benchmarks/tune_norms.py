@@ -1,4 +1,5 @@
-"""Sweep the row-tile size, elements per warp and backward grid of the LayerNorm / RMSNorm kernels.
+"""Sweep the row-tile size, elements per warp, backward grid and looped-backward rows per chunk of
+the LayerNorm / RMSNorm kernels.
 
 The benchmark shapes of `fastlm bench norms`, bf16 and fp32. Prints one JSON line per
 configuration with the median ms and the GB/s of the minimum-bytes model; the constants at the
@@ -42,15 +43,18 @@ def main():
             forward = functools.partial(ln._forward, x, w, b, 1e-5, rms, x.dtype)
             report("fwd", kind, m, d, dtype, {"tile": tile, "per_warp": per_warp}, forward)
         _, mean, rstd = ln._forward(x, w, b, 1e-5, rms, x.dtype)
-        for tile, per_warp, per_sm in itertools.product((2048, 4096, 8192), (256, 512), (1, 2, 4)):
+        # looped_rows only matters for rows wider than BACKWARD_BLOCK_MAX (the looped backward)
+        looped_rows = (1, 2, 4, 8) if d > ln.BACKWARD_BLOCK_MAX else (ln.LOOPED_BACKWARD_ROWS,)
+        for tile, per_warp, per_sm, rows in itertools.product((2048, 4096, 8192), (256, 512), (1, 2, 4), looped_rows):
             ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP, ln.BACKWARD_PROGRAMS_PER_SM = tile, per_warp, per_sm
+            ln.LOOPED_BACKWARD_ROWS = rows
             report(
                 "bwd",
                 kind,
                 m,
                 d,
                 dtype,
-                {"tile": tile, "per_warp": per_warp, "per_sm": per_sm},
+                {"tile": tile, "per_warp": per_warp, "per_sm": per_sm, "looped_rows": rows},
                 functools.partial(ln._backward, dy, x, w, mean, rstd, rms, True, not rms),
             )
 

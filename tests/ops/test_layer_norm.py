@@ -48,11 +48,13 @@ def test_matches_reference_with_all_gradients(kind, width):
     _check(kind, x, weight, bias)
 
 
+@pytest.mark.parametrize("rows", [7, 41])  # backward chunks of 2 and 4 rows (4 programs on CPU), last one partial
 @pytest.mark.parametrize("kind", ["layer", "rms"])
-def test_wide_rows_take_the_looped_path(kind, monkeypatch):
+def test_wide_rows_take_the_looped_path(kind, rows, monkeypatch):
     monkeypatch.setattr(norm_module, "FORWARD_BLOCK_MAX", 64)  # 300 columns: 5 chunks of 64, last one partial
     monkeypatch.setattr(norm_module, "BACKWARD_BLOCK_MAX", 64)
-    x = torch.randn(7, 300, requires_grad=True)
+    assert norm_module.backward_config(300, rows, torch.device("cpu")).block_m == (2 if rows == 7 else 4)
+    x = torch.randn(rows, 300, requires_grad=True)
     weight = torch.randn(300, requires_grad=True)
     bias = torch.randn(300, requires_grad=True) if kind == "layer" else None
     _check(kind, x, weight, bias)

@@ -18,7 +18,8 @@ reduces; they are skipped when the weight / bias do not require grad.
 Rows up to FORWARD_BLOCK_MAX / BACKWARD_BLOCK_MAX wide are held in registers (one read of x in
 the forward, one of x and dy in the backward), several narrow rows to a (BLOCK_M, BLOCK_D) tile;
 wider rows (up to 65536 and beyond) loop over column chunks, re-reading the row once per pass
-(forward: statistics, then output; backward: sums, then dx).
+(forward: statistics, then output; backward: sums, then dx), the backward a few rows per chunk so
+that each update of the dw / db partial rows sums several rows.
 
 Bytes (bf16 x, fp32 statistics, ignoring the small weight): forward 2MD read + 2MD written;
 backward 4MD read (x, dy) + 2MD written (dx).
@@ -138,7 +139,7 @@ def _norm_backward_kernel(
     HAS_WEIGHT: tl.constexpr,
     WEIGHT_GRAD: tl.constexpr,
     BIAS_GRAD: tl.constexpr,
-    BLOCK_M: tl.constexpr,  # rows per tile (1 when looping over column chunks)
+    BLOCK_M: tl.constexpr,  # rows per tile, or per (BLOCK_M, BLOCK_D) chunk when looping
     BLOCK_D: tl.constexpr,
     SINGLE_PASS: tl.constexpr,
 ):
@@ -176,38 +177,47 @@ def _norm_backward_kernel(
         if BIAS_GRAD:
             tl.store(DB_PARTIAL + partial_row + cols, tl.sum(db, axis=0), mask=col_mask)
     else:
-        for row in range(pid, M, programs):
-            row64 = tl.cast(row, tl.int64)
-            rstd = tl.load(RSTD + row64)
-            mean = 0.0 if RMS else tl.load(MEAN + row64)
-            gx = tl.zeros((BLOCK_D,), dtype=tl.float32)
-            gs = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        # (BLOCK_M, BLOCK_D) chunks of BLOCK_M rows: each read-modify-write of the partial rows below
+        # adds BLOCK_M rows at once, which divides that L2 traffic (4 B x 2 per column per write) by BLOCK_M
+        for tile in range(pid, tl.cdiv(M, BLOCK_M), programs):
+            rows = tl.cast(tile, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+            row_mask = rows < M
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]
+            mean = 0.0 if RMS else tl.load(MEAN + rows, mask=row_mask, other=0.0)[:, None]
+            gx = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+            gs = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
             for start in range(0, D, BLOCK_D):  # pass 1: both row reductions
-                mask = start + cols < D
-                x = tl.load(X + row64 * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + row64 * stride_dy + start + cols, mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
-                g = dy * w
+                col_mask = start + cols < D
+                mask = row_mask[:, None] & col_mask[None, :]
+                x = tl.load(X + rows[:, None] * stride_x + (start + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + rows[:, None] * stride_dy + (start + cols)[None, :], mask=mask, other=0.0)
+                w = tl.load(W + start + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else 1.0
+                g = dy.to(tl.float32) * w
                 gx += g * tl.where(mask, (x - mean) * rstd, 0.0)
                 gs += g
-            mean_gx = tl.sum(gx, axis=0) / D
-            mean_g = 0.0 if RMS else tl.sum(gs, axis=0) / D
-            # pass 2 re-reads the row, mostly from L2 (it was read a moment ago)
+            mean_gx = (tl.sum(gx, axis=1) / D)[:, None]
+            mean_g = 0.0 if RMS else (tl.sum(gs, axis=1) / D)[:, None]
+            # pass 2 re-reads the rows, mostly from L2 (they were read a moment ago)
             for start in range(0, D, BLOCK_D):  # pass 2: dx, and this program's dw / db partials
-                mask = start + cols < D
-                x = tl.load(X + row64 * stride_x + start + cols, mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + row64 * stride_dy + start + cols, mask=mask, other=0.0).to(tl.float32)
-                w = tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32) if HAS_WEIGHT else 1.0
+                col_mask = start + cols < D
+                mask = row_mask[:, None] & col_mask[None, :]
+                x = tl.load(X + rows[:, None] * stride_x + (start + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + rows[:, None] * stride_dy + (start + cols)[None, :], mask=mask, other=0.0)
+                dy = dy.to(tl.float32)
+                w = tl.load(W + start + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else 1.0
                 x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
                 dx = (dy * w - x_hat * mean_gx - mean_g) * rstd
-                tl.store(DX + row64 * stride_dx + start + cols, dx.to(DX.dtype.element_ty), mask=mask)
+                tl.store(
+                    DX + rows[:, None] * stride_dx + (start + cols)[None, :], dx.to(DX.dtype.element_ty), mask=mask
+                )
                 # the partial row is this program's alone: read-modify-write without atomics
                 if WEIGHT_GRAD:
                     offsets = DW_PARTIAL + partial_row + start + cols
-                    tl.store(offsets, tl.load(offsets, mask=mask, other=0.0) + dy * x_hat, mask=mask)
+                    dw = tl.sum(dy * x_hat, axis=0)
+                    tl.store(offsets, tl.load(offsets, mask=col_mask, other=0.0) + dw, mask=col_mask)
                 if BIAS_GRAD:
                     offsets = DB_PARTIAL + partial_row + start + cols
-                    tl.store(offsets, tl.load(offsets, mask=mask, other=0.0) + dy, mask=mask)
+                    tl.store(offsets, tl.load(offsets, mask=col_mask, other=0.0) + tl.sum(dy, axis=0), mask=col_mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -222,14 +232,27 @@ def _norm_backward_kernel(
 FORWARD_TILE, FORWARD_PER_WARP = 2048, 512
 BACKWARD_TILE, BACKWARD_PER_WARP = 4096, 512
 BACKWARD_PROGRAMS_PER_SM = 2
+# Rows per chunk on the looped backward (D > BACKWARD_BLOCK_MAX): each read-modify-write of a
+# program's fp32 dw / db partial row then adds that many rows (one row per chunk made that traffic
+# about twice the row's own bytes, and capped D = 16384 at 1.0-1.9 TB/s on an H100).
+LOOPED_BACKWARD_ROWS = 4
 
 
 def forward_config(d: int) -> RowTiles:
     return row_tiles(d, FORWARD_TILE, FORWARD_PER_WARP, FORWARD_BLOCK_MAX)
 
 
-def backward_config(d: int) -> RowTiles:
-    return row_tiles(d, BACKWARD_TILE, BACKWARD_PER_WARP, BACKWARD_BLOCK_MAX)
+def backward_config(d: int, m: int, device: torch.device) -> RowTiles:
+    """Rows up to BACKWARD_BLOCK_MAX wide: stacked tiles, one pass. Wider: chunks of up to
+    LOOPED_BACKWARD_ROWS rows x (BACKWARD_BLOCK_MAX / that) columns, fewer rows per chunk when there
+    are too few rows to give every backward program a tile of that many."""
+    tiles = row_tiles(d, BACKWARD_TILE, BACKWARD_PER_WARP, BACKWARD_BLOCK_MAX)
+    if tiles.single_pass:
+        return tiles
+    rows = LOOPED_BACKWARD_ROWS
+    while rows > 1 and triton.cdiv(m, rows) < _backward_programs(m, device):
+        rows //= 2
+    return RowTiles(rows, BACKWARD_BLOCK_MAX // rows, False, tiles.num_warps)
 
 
 @functools.cache
@@ -274,7 +297,7 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad
     dx = torch.empty((m, d), dtype=x.dtype, device=x.device)
     if m == 0 or not runs_triton(x):
         return _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bias_grad, dx, x.shape)
-    config = backward_config(d)
+    config = backward_config(d, m, x.device)
     programs = _backward_programs(triton.cdiv(m, config.block_m), x.device)
     # the looped kernel accumulates into its partial row, so that one must start at zero
     alloc = torch.empty if config.single_pass else torch.zeros
