@@ -32,6 +32,7 @@ def report(stage, kind, m, d, dtype, config, fn):
 
 
 def main():
+    defaults = ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP, ln.BACKWARD_PROGRAMS_PER_SM, ln.LOOPED_BACKWARD_ROWS
     for (m, d), dtype, kind in itertools.product(GPU_SHAPES, (torch.bfloat16, torch.float32), ("layer", "rms")):
         rms = kind == "rms"
         x = torch.randn(m, d, device="cuda", dtype=dtype)
@@ -43,20 +44,22 @@ def main():
             forward = functools.partial(ln._forward, x, w, b, 1e-5, rms, x.dtype)
             report("fwd", kind, m, d, dtype, {"tile": tile, "per_warp": per_warp}, forward)
         _, mean, rstd = ln._forward(x, w, b, 1e-5, rms, x.dtype)
-        # looped_rows only matters for rows wider than BACKWARD_BLOCK_MAX (the looped backward)
-        looped_rows = (1, 2, 4, 8) if d > ln.BACKWARD_BLOCK_MAX else (ln.LOOPED_BACKWARD_ROWS,)
-        for tile, per_warp, per_sm, rows in itertools.product((2048, 4096, 8192), (256, 512), (1, 2, 4), looped_rows):
-            ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP, ln.BACKWARD_PROGRAMS_PER_SM = tile, per_warp, per_sm
-            ln.LOOPED_BACKWARD_ROWS = rows
-            report(
-                "bwd",
-                kind,
-                m,
-                d,
-                dtype,
-                {"tile": tile, "per_warp": per_warp, "per_sm": per_sm, "looped_rows": rows},
-                functools.partial(ln._backward, dy, x, w, mean, rstd, rms, True, not rms),
-            )
+        for config in _backward_configs(d):
+            ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP = config["tile"], config["per_warp"]
+            ln.BACKWARD_PROGRAMS_PER_SM, ln.LOOPED_BACKWARD_ROWS = config["per_sm"], config["looped_rows"]
+            backward = functools.partial(ln._backward, dy, x, w, mean, rstd, rms, True, not rms)
+            report("bwd", kind, m, d, dtype, config, backward)
+        ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP, ln.BACKWARD_PROGRAMS_PER_SM, ln.LOOPED_BACKWARD_ROWS = defaults
+
+
+def _backward_configs(d):
+    """Single-pass rows: tile x elements per warp x programs per SM. Looped rows (wider than
+    BACKWARD_BLOCK_MAX), where tile and elements per warp do not apply: programs per SM x rows per chunk."""
+    if d > ln.BACKWARD_BLOCK_MAX:
+        grid = itertools.product((ln.BACKWARD_TILE,), (ln.BACKWARD_PER_WARP,), (1, 2, 4), (1, 2, 4, 8))
+    else:
+        grid = itertools.product((2048, 4096, 8192), (256, 512), (1, 2, 4), (ln.LOOPED_BACKWARD_ROWS,))
+    return [dict(zip(("tile", "per_warp", "per_sm", "looped_rows"), values, strict=True)) for values in grid]
 
 
 if __name__ == "__main__":

@@ -60,6 +60,12 @@ def test_wide_rows_take_the_looped_path(kind, rows, monkeypatch):
     _check(kind, x, weight, bias)
 
 
+def test_looped_backward_chunks_hold_no_more_rows_than_there_are(monkeypatch):
+    monkeypatch.setattr(norm_module, "BACKWARD_BLOCK_MAX", 64)
+    for rows, chunk_rows in ((1, 1), (2, 1), (3, 1), (16, 4), (1000, 4)):  # 4 programs on CPU
+        assert norm_module.backward_config(300, rows, torch.device("cpu")).block_m == chunk_rows
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 def test_low_precision(kind, dtype):
@@ -172,7 +178,22 @@ def test_bad_inputs_raise_one_clear_error(args, error, message):
 @pytest.mark.parametrize("width", [1024, 4096, 65536])
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 def test_gpu_bf16_and_wide_rows(kind, width):
-    x = torch.randn(64, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    _check_gpu_bf16(kind, 64, width)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_gpu_wide_rows_in_chunks_of_several_rows(kind):
+    # enough rows that every backward program gets chunks of LOOPED_BACKWARD_ROWS rows; a partial last one
+    programs = norm_module.BACKWARD_PROGRAMS_PER_SM * torch.cuda.get_device_properties(0).multi_processor_count
+    rows = norm_module.LOOPED_BACKWARD_ROWS * programs + 3
+    config = norm_module.backward_config(16384, rows, torch.device("cuda"))
+    assert not config.single_pass and config.block_m == norm_module.LOOPED_BACKWARD_ROWS
+    _check_gpu_bf16(kind, rows, 16384)
+
+
+def _check_gpu_bf16(kind, rows, width):
+    x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     weight = torch.randn(width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     bias = torch.randn(width, device="cuda", dtype=torch.bfloat16, requires_grad=True) if kind == "layer" else None
     dy = torch.randn_like(x)

@@ -6,9 +6,9 @@ fwd is the call as in training (autograd records the graph), bwd is `y.backward(
 untimed forward (CUDA events around the backward only), fwd+bwd both. On a GPU, fwd+bwd is also
 timed as one CUDA-graph replay: the same kernels without the host's dispatch, so a small op whose
 Python and launch cost exceeds its GPU time shows both what eager code pays and what its kernels
-do. GB/s divide each op's
-*minimum* bytes (every tensor read or written once) by the time, for every implementation alike,
-so they compare as effective bandwidths against the copy bandwidth measured in the same run.
+do. GB/s divide each op's *minimum* bytes (every tensor read or written once) by the time, for
+every implementation alike, so they compare as effective bandwidths against the copy bandwidth
+measured in the same run.
 """
 
 from __future__ import annotations
@@ -20,7 +20,14 @@ from pathlib import Path
 import torch
 
 from fastlm.bench.report import grouped_bar_plot, markdown_table
-from fastlm.bench.timing import Timing, is_out_of_memory, measure, measure_after_setup, measure_graph_replay
+from fastlm.bench.timing import (
+    Timing,
+    drop_grads,
+    is_out_of_memory,
+    measure,
+    measure_after_setup,
+    measure_graph_replay,
+)
 
 STAGES = ("fwd", "bwd", "fwd_bwd")
 
@@ -40,13 +47,14 @@ def measure_stages(
     copy_gbps: float,
     device: torch.device,
 ) -> dict:
-    """Times of fwd, bwd and fwd+bwd of ``fn(*inputs)``, GB/s from ``stage_bytes`` and the fraction
-    of ``copy_gbps``; {"status": "OOM" | "error: ..."} when the implementation fails."""
+    """Times of fwd, bwd and fwd+bwd of ``fn(*inputs)`` (``{stage}_ms``, ``{stage}_gbps`` from
+    ``stage_bytes``, ``{stage}_fraction_of_copy`` of ``copy_gbps``); on CUDA also stage
+    ``fwd_bwd_graph`` (fwd+bwd replayed as a CUDA graph), or ``fwd_bwd_graph_status`` saying why it
+    could not be timed. {"status": "OOM" | "error: ..."} when the implementation fails."""
     leaves = [t for t in inputs if t is not None and t.requires_grad]
 
     def forward_fresh_graph():
-        for t in leaves:
-            t.grad = None
+        drop_grads(leaves)
         return fn(*inputs)
 
     try:
@@ -58,9 +66,7 @@ def measure_stages(
             "fwd_bwd": measure(lambda: fn(*inputs).backward(dy), device, grad_to_none=leaves),
         }
     except RuntimeError as error:
-        if is_out_of_memory(error):
-            return {"status": "OOM"}
-        return {"status": f"error: {str(error).splitlines()[0][:120]}"}
+        return {"status": _failure(error)}
     result: dict = {"status": "ok"}
     for stage, timing in stages.items():
         result.update(_stage_fields(stage, timing, stage_bytes[stage], copy_gbps))
@@ -69,8 +75,12 @@ def measure_stages(
             timing = measure_graph_replay(lambda: fn(*inputs).backward(dy), device, leaves)
             result.update(_stage_fields("fwd_bwd_graph", timing, stage_bytes["fwd_bwd"], copy_gbps))
         except RuntimeError as error:  # the row's other stages stand; the table says why this one is empty
-            result["fwd_bwd_graph_status"] = f"error: {str(error).splitlines()[0][:120]}"
+            result["fwd_bwd_graph_status"] = _failure(error)
     return result
+
+
+def _failure(error: RuntimeError) -> str:
+    return "OOM" if is_out_of_memory(error) else f"error: {str(error).splitlines()[0][:120]}"
 
 
 def _stage_fields(stage: str, timing: Timing, nbytes: int, copy_gbps: float) -> dict:

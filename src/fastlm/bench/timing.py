@@ -44,38 +44,40 @@ def measure(
     return _measure_cpu(fn, rep_ms, grad_to_none)
 
 
+def drop_grads(tensors: Sequence[torch.Tensor]) -> None:
+    """``.grad = None`` on each, so that the next backward assigns gradients instead of adding."""
+    for tensor in tensors:
+        tensor.grad = None
+
+
 def measure_graph_replay(fn: Callable[[], object], device: torch.device, leaves: Sequence[torch.Tensor] = ()) -> Timing:
     """Time ``fn`` captured once into a CUDA graph and replayed: the GPU time of its kernels with the
     host's dispatch (Python, autograd, launches) taken out, for every implementation alike. The
     replays run under ``measure`` (L2 flushed before each); one graph launch costs the host a few
     microseconds, less than the flush it hides behind. ``leaves`` lose their gradients before the
     warm-up calls and the capture, so a captured backward writes fresh gradients in the graph's
-    memory rather than accumulating. CUDA only (ValueError otherwise); errors of the capture
-    propagate."""
+    memory rather than accumulating, and again at the end, so none points into that memory. CUDA
+    only (ValueError otherwise); an error of the capture propagates, with the current stream
+    restored."""
     if device.type != "cuda":
         raise ValueError("CUDA graphs need a CUDA device")
-
-    def fresh_call():
-        for tensor in leaves:
-            tensor.grad = None
-        fn()
-
+    caller = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
+    side.wait_stream(caller)
     with torch.cuda.stream(side):  # warm-up off the capture stream: compilation, autotuning, workspaces
         for _ in range(3):
-            fresh_call()
-    torch.cuda.current_stream(device).wait_stream(side)
+            drop_grads(leaves)
+            fn()
+    caller.wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    for tensor in leaves:
-        tensor.grad = None
-    with torch.cuda.graph(graph):
-        fn()
     try:
+        drop_grads(leaves)
+        with torch.cuda.graph(graph):
+            fn()
         return measure(graph.replay, device)
     finally:
-        for tensor in leaves:  # they point into the graph's memory pool
-            tensor.grad = None
+        torch.cuda.set_stream(caller)  # a failed capture can end without restoring it
+        drop_grads(leaves)
         del graph
 
 
@@ -83,8 +85,7 @@ def _measure_cpu(fn, rep_ms, grad_to_none) -> Timing:
     samples: list[float] = []
     deadline = time.perf_counter() + rep_ms / 1e3
     while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 1000):
-        for tensor in grad_to_none:
-            tensor.grad = None
+        drop_grads(grad_to_none)
         start = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - start) * 1e3)

@@ -121,6 +121,16 @@ def _norm_forward_kernel(
 
 
 @triton.jit
+def _load_chunk(X, DY, rows, row_mask, cols, D, stride_x, stride_dy):
+    """x and dy of rows x cols as fp32 (0 outside the matrix), the chunk's mask and column mask."""
+    col_mask = cols < D
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return x, dy, mask, col_mask
+
+
+@triton.jit
 def _norm_backward_kernel(
     X,  # (M, D) input rows of the forward
     W,  # (D,) weight, or a dummy when HAS_WEIGHT is False
@@ -187,23 +197,16 @@ def _norm_backward_kernel(
             gx = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
             gs = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
             for start in range(0, D, BLOCK_D):  # pass 1: both row reductions
-                col_mask = start + cols < D
-                mask = row_mask[:, None] & col_mask[None, :]
-                x = tl.load(X + rows[:, None] * stride_x + (start + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + rows[:, None] * stride_dy + (start + cols)[None, :], mask=mask, other=0.0)
+                x, dy, mask, col_mask = _load_chunk(X, DY, rows, row_mask, start + cols, D, stride_x, stride_dy)
                 w = tl.load(W + start + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else 1.0
-                g = dy.to(tl.float32) * w
+                g = dy * w
                 gx += g * tl.where(mask, (x - mean) * rstd, 0.0)
                 gs += g
             mean_gx = (tl.sum(gx, axis=1) / D)[:, None]
             mean_g = 0.0 if RMS else (tl.sum(gs, axis=1) / D)[:, None]
             # pass 2 re-reads the rows, mostly from L2 (they were read a moment ago)
             for start in range(0, D, BLOCK_D):  # pass 2: dx, and this program's dw / db partials
-                col_mask = start + cols < D
-                mask = row_mask[:, None] & col_mask[None, :]
-                x = tl.load(X + rows[:, None] * stride_x + (start + cols)[None, :], mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + rows[:, None] * stride_dy + (start + cols)[None, :], mask=mask, other=0.0)
-                dy = dy.to(tl.float32)
+                x, dy, mask, col_mask = _load_chunk(X, DY, rows, row_mask, start + cols, D, stride_x, stride_dy)
                 w = tl.load(W + start + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else 1.0
                 x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
                 dx = (dy * w - x_hat * mean_gx - mean_g) * rstd
@@ -249,8 +252,8 @@ def backward_config(d: int, m: int, device: torch.device) -> RowTiles:
     tiles = row_tiles(d, BACKWARD_TILE, BACKWARD_PER_WARP, BACKWARD_BLOCK_MAX)
     if tiles.single_pass:
         return tiles
-    rows = LOOPED_BACKWARD_ROWS
-    while rows > 1 and triton.cdiv(m, rows) < _backward_programs(m, device):
+    rows = LOOPED_BACKWARD_ROWS  # a power of two (tl.arange)
+    while rows > 1 and (rows > m or triton.cdiv(m, rows) < _backward_programs(m, device)):
         rows //= 2
     return RowTiles(rows, BACKWARD_BLOCK_MAX // rows, False, tiles.num_warps)
 
