@@ -1,6 +1,11 @@
 """Where the time of one LayerNorm fwd+bwd through autograd goes (the benchmark's fwd+bwd row):
 GPU kernels with their durations, and the wall time of the call, bf16 against fp32, for fastlm and
-torch.compile. Usage: python benchmarks/profile_norm_step.py"""
+torch.compile. Then the host's own time per forward call and per backward call, without the
+profiler: 50 calls queued without synchronizing (about 300 launches, under the launch queue's
+depth, so no call waits for the GPU), timed with the CPU clock.
+Usage: python benchmarks/profile_norm_step.py"""
+
+import time
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +32,26 @@ def main():
                 torch.cuda.synchronize()
             print(f"== {name} {dtype}")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
+            forward_us, backward_us = host_times(fn, x, w, b, dy)
+            print(f"host time per call: forward {forward_us:.1f} us, backward {backward_us:.1f} us\n")
+
+
+def host_times(fn, x, w, b, dy, calls=50):
+    """Median CPU microseconds of the forward call and of the backward call, nothing synchronized
+    between calls (the GPU runs behind)."""
+    forward, backward = [], []
+    torch.cuda.synchronize()
+    for _ in range(calls):
+        x.grad = w.grad = b.grad = None
+        start = time.perf_counter()
+        y = fn(x, w, b)
+        middle = time.perf_counter()
+        y.backward(dy)
+        end = time.perf_counter()
+        forward.append(middle - start)
+        backward.append(end - middle)
+    torch.cuda.synchronize()
+    return 1e6 * sorted(forward)[calls // 2], 1e6 * sorted(backward)[calls // 2]
 
 
 if __name__ == "__main__":
