@@ -135,12 +135,12 @@ def test_compiles_without_graph_breaks():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_inductor_launches_the_kernels_from_its_code(dtype):
-    # The ops are triton_ops: Inductor's generated code launches the Triton kernels itself
-    # (no opaque op call per launch) and fuses the weight-gradient reduction around them.
+    # The ops are triton_ops: Inductor's generated code launches the Triton kernels itself, the
+    # weight-gradient sum included (no opaque op call per launch).
     x = torch.randn(256, 1600, device="cuda", dtype=dtype, requires_grad=True)
     weight = torch.randn(1600, device="cuda", dtype=dtype, requires_grad=True)
     out = compiled_code_launches(lambda x, weight: rms_norm(x * 2, weight), (x, weight),
-                                 kernels=("_norm_forward_kernel", "_norm_backward_kernel"),
+                                 kernels=("_norm_forward_kernel", "_norm_backward_kernel", "_sum_partials_kernel"),
                                  ops=("fastlm.norm_forward", "fastlm.norm_backward"))  # fmt: skip
     dx, dw = x.grad, weight.grad
     expected = rms_norm_ref(x * 2, weight)

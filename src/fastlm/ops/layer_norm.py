@@ -12,8 +12,9 @@ Input (..., D) of any rank is viewed as rows (M, D). One kernel family serves bo
 
 Both row reductions of dx come from one pass over the row. dw and db are reduced without
 atomics: a few programs per SM each take every programs-th tile of rows and write their partial
-sums to their own row of a (programs, D) fp32 buffer, which one deterministic `sum(dim=0)` then
-reduces; they are skipped when the weight / bias do not require grad.
+sums to their own row of a (programs, D) fp32 buffer, which a second small kernel sums column by
+column in a fixed order and casts to the parameters' dtype; they are skipped when the weight /
+bias do not require grad.
 
 Rows up to FORWARD_BLOCK_MAX / BACKWARD_BLOCK_MAX wide are held in registers (one read of x in
 the forward, one of x and dy in the backward), several narrow rows to a (BLOCK_M, BLOCK_D) tile;
@@ -223,6 +224,39 @@ def _norm_backward_kernel(
                     tl.store(offsets, tl.load(offsets, mask=col_mask, other=0.0) + tl.sum(dy, axis=0), mask=col_mask)
 
 
+@triton.jit
+def _sum_partials_kernel(
+    DW_PARTIAL,  # (P, D) fp32: one row per backward program
+    DB_PARTIAL,  # (P, D) fp32, or a dummy when BIAS_GRAD is False
+    DW,  # (D,) dw in the weight's dtype, or a dummy when WEIGHT_GRAD is False
+    DB,  # (D,) db in the bias's dtype, or a dummy
+    P,
+    D,
+    WEIGHT_GRAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """dw and db: the column sums of the partial rows, in a fixed order (deterministic), cast once;
+    one launch where `sum(dim=0)` and `.to()` per gradient would be four. Grid cdiv(D, BLOCK_D)."""
+    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    col_mask = cols < D
+    dw = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    db = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for start in range(0, P, BLOCK_P):
+        rows = start + tl.arange(0, BLOCK_P)
+        mask = (rows < P)[:, None] & col_mask[None, :]
+        offsets = rows[:, None].to(tl.int64) * D + cols[None, :]
+        if WEIGHT_GRAD:
+            dw += tl.sum(tl.load(DW_PARTIAL + offsets, mask=mask, other=0.0), axis=0)
+        if BIAS_GRAD:
+            db += tl.sum(tl.load(DB_PARTIAL + offsets, mask=mask, other=0.0), axis=0)
+    if WEIGHT_GRAD:
+        tl.store(DW + cols, dw.to(DW.dtype.element_ty), mask=col_mask)
+    if BIAS_GRAD:
+        tl.store(DB + cols, db.to(DB.dtype.element_ty), mask=col_mask)
+
+
 # ----------------------------------------------------------------------------------------------
 # Launchers
 # ----------------------------------------------------------------------------------------------
@@ -235,6 +269,8 @@ def _norm_backward_kernel(
 FORWARD_TILE, FORWARD_PER_WARP = 2048, 512
 BACKWARD_TILE, BACKWARD_PER_WARP = 4096, 512
 BACKWARD_PROGRAMS_PER_SM = 2
+# The partial-row sum: (SUM_BLOCK_P, SUM_BLOCK_D) fp32 tiles, one program per SUM_BLOCK_D columns.
+SUM_BLOCK_P, SUM_BLOCK_D = 32, 128
 # Rows per chunk on the looped backward (D > BACKWARD_BLOCK_MAX): each read-modify-write of a
 # program's fp32 dw / db partial row then adds that many rows (one row per chunk made that traffic
 # about twice the row's own bytes, and capped D = 16384 at 1.0-1.9 TB/s on an H100).
@@ -313,8 +349,14 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad
         RMS=rms, HAS_WEIGHT=weight is not None, WEIGHT_GRAD=weight_grad, BIAS_GRAD=bias_grad,
         BLOCK_M=config.block_m, BLOCK_D=config.block_d, SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
     )  # fmt: skip
-    dw = dw_partial.sum(dim=0).to(weight.dtype) if weight_grad else None
-    db = db_partial.sum(dim=0).to(weight.dtype if weight is not None else x.dtype) if bias_grad else None
+    dw = torch.empty(d, dtype=weight.dtype, device=x.device) if weight_grad else None
+    db = torch.empty(d, dtype=weight.dtype if weight is not None else x.dtype, device=x.device) if bias_grad else None
+    if weight_grad or bias_grad:
+        kernel = wrap_triton(_sum_partials_kernel) if traced else _sum_partials_kernel
+        kernel[(triton.cdiv(d, SUM_BLOCK_D),)](
+            dw_partial, db_partial, dw if weight_grad else db, db if bias_grad else dw, programs, d,
+            WEIGHT_GRAD=weight_grad, BIAS_GRAD=bias_grad, BLOCK_P=SUM_BLOCK_P, BLOCK_D=SUM_BLOCK_D, num_warps=4,
+        )  # fmt: skip
     return dx.view(x.shape), dw, db
 
 
