@@ -5,6 +5,7 @@ profiler: 50 calls queued without synchronizing (about 300 launches, under the l
 depth, so no call waits for the GPU), timed with the CPU clock.
 Usage: python benchmarks/profile_norm_step.py"""
 
+import functools
 import time
 
 import torch
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import fastlm
+from fastlm.ops import layer_norm as layer_norm_module
 
 
 def main():
@@ -33,7 +35,27 @@ def main():
             print(f"== {name} {dtype}")
             print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60))
             forward_us, backward_us = host_times(fn, x, w, b, dy)
-            print(f"host time per call: forward {forward_us:.1f} us, backward {backward_us:.1f} us\n")
+            print(f"host time per call: forward {forward_us:.1f} us, backward {backward_us:.1f} us")
+            if name == "fastlm":  # the launchers alone, without autograd
+                _, mean, rstd = layer_norm_module._forward(x, w, b, 1e-5, False, dtype)
+                launch_forward = host_median(functools.partial(layer_norm_module._forward, x, w, b, 1e-5, False, dtype))
+                launch_backward = host_median(
+                    functools.partial(layer_norm_module._backward, dy, x, w, mean, rstd, False, True, True)
+                )
+                print(f"launchers alone: forward {launch_forward:.1f} us, backward {launch_backward:.1f} us")
+            print()
+
+
+def host_median(call, calls=50):
+    """Median CPU microseconds of ``call``, nothing synchronized between calls."""
+    times = []
+    torch.cuda.synchronize()
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return 1e6 * sorted(times)[calls // 2]
 
 
 def host_times(fn, x, w, b, dy, calls=50):
