@@ -180,10 +180,25 @@ def test_flops_per_token_by_hand():
     assert flops_per_token(config, "fwd+bwd", seq_len=128) == 6 * n + 6 * 12 * 128 * 768
 
 
+GPU_CONFIG = ModelConfig.preset("tiny", d_model=256, d_ff=704, num_heads=4, vocab_size=5000, context_length=256)
+
+
+@pytest.mark.gpu
+def test_gpu_fastlm_kernels_compile_to_one_graph():
+    # the Triton path (wrap_triton launches, the loss as a custom op) traced on CUDA without a graph
+    # break, under bf16 autocast, with the loss and gradients of the PyTorch-kernel model
+    reference = TransformerLM(GPU_CONFIG).cuda()
+    model = TransformerLM(GPU_CONFIG.with_kernels("fastlm")).cuda()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    x, y = tokens(4, 256, 5000).cuda(), tokens(4, 256, 5000).cuda()
+    assert_same_loss_and_gradients(model, reference, x, y, (2e-3, 2e-3), (5e-2, 5e-3), compiled, bf16=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("attention", ["sdpa", "fastlm"])
 def test_bf16_loss_parity_with_fastlm_kernels_on_gpu(attention):
-    config = ModelConfig.preset("tiny", d_model=256, d_ff=704, num_heads=4, vocab_size=5000, context_length=256)
+    config = GPU_CONFIG
     reference = TransformerLM(config).cuda()
     model = TransformerLM(dataclasses.replace(config, attention=attention, norm="fastlm", loss="fastlm")).cuda()
     x, y = tokens(4, 256, 5000).cuda(), tokens(4, 256, 5000).cuda()
