@@ -20,7 +20,9 @@ from fastlm.bench.records import append_records, latest_run, read_records, with_
 
 RESULTS_FILE = "softmax.jsonl"
 SCALE = 0.125
-GPU_SHAPES = ((8, 16, 1024, 1024), (2, 16, 4096, 4096), (1, 4, 64, 65536))  # the last: long rows
+# The last two: long rows, 256 of them (32 MB in bf16, smaller than an H100's L2: the launch and a
+# grid of 2 programs per SM weigh) and 2048 of them (256 MB, a large shape)
+GPU_SHAPES = ((8, 16, 1024, 1024), (2, 16, 4096, 4096), (1, 4, 64, 65536), (1, 16, 128, 65536))
 GPU_DTYPES = (torch.bfloat16, torch.float32)
 CPU_SHAPES = ((1, 2, 32, 64),)  # reduced run on machines without a GPU
 
