@@ -1,4 +1,4 @@
-"""`fastlm train lm`: the byte corpus, its windows, and training with both kernel sets on CPU."""
+"""`fastlm train lm`: the byte corpus, its windows, and training with both kernel sets (CPU; CUDA graphs on a GPU)."""
 
 from pathlib import Path
 
@@ -66,3 +66,16 @@ def test_compiled_training_matches_eager():
                           torch.device("cpu")) for mode in ("eager", "compile")]  # fmt: skip
     assert runs[1]["steps"] == 2
     torch.testing.assert_close(runs[1]["losses"], runs[0]["losses"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_training_matches_eager():
+    # reduce-overhead replays CUDA graphs whose outputs (losses, gradients) die at the next step:
+    # the warm-up and the epoch must not carry one across, or the losses drift or the run fails
+    train, held_out = split_windows(load_corpus(CORPUS), context=16)
+    windows = (train[:56], held_out[:2])  # 3 full batches and a short one, in a shuffled order
+    runs = [train_kernels(windows, "torch", TextSettings(preset="tiny", context=16, batch=16, compile=mode),
+                          torch.device("cuda")) for mode in ("eager", "cudagraphs")]  # fmt: skip
+    assert runs[1]["steps"] == 4
+    torch.testing.assert_close(runs[1]["losses"], runs[0]["losses"], rtol=1e-3, atol=1e-3)
+    assert runs[1]["held_out_loss"] == pytest.approx(runs[0]["held_out_loss"], rel=1e-3)
