@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastlm.bench import xent
-from fastlm.bench.bandwidth import measure_stages
+from fastlm.bench.bandwidth import measure_stages, render_bandwidth
 from fastlm.bench.records import append_records, latest_run, read_records
 from fastlm.bench.report import markdown_table
 from fastlm.bench.timing import measure, measure_after_setup, measure_graph_replay
@@ -56,6 +56,30 @@ def test_gpu_graph_replay_times_the_captured_backward():
     gbps = 10**6 / (record["fwd_bwd_graph_ms"] * 1e-3) / 1e9
     assert record["fwd_bwd_graph_fraction_of_copy"] == pytest.approx(gbps / 1000.0)
     assert all(t.grad is None for t in leaves)  # no gradient left pointing into the graph's pool
+
+
+def test_bandwidth_report_shows_the_graph_replay_column_and_ticks(tmp_path):
+    common = {
+        "gpu": "GPU",
+        "torch": "2",
+        "triton": "3",
+        "git_sha": "abc",
+        "date": "today",
+        "copy_gbps_measured": 3000.0,
+    }
+    records = [
+        {**common, "case": "a", "implementation": "fastlm", "status": "ok", "fwd_ms": 0.1, "fwd_bwd_ms": 0.5,
+         "fwd_gbps": 2000.0, "fwd_fraction_of_copy": 0.66, "fwd_bwd_gbps": 600.0, "fwd_bwd_fraction_of_copy": 0.2,
+         "fwd_bwd_graph_ms": 0.14, "fwd_bwd_graph_gbps": 2400.0, "fwd_bwd_graph_fraction_of_copy": 0.8},
+        {**common, "case": "a", "implementation": "liger", "status": "ok", "fwd_ms": 0.1, "fwd_bwd_ms": 0.5,
+         "fwd_gbps": 2000.0, "fwd_fraction_of_copy": 0.66, "fwd_bwd_gbps": 600.0, "fwd_bwd_fraction_of_copy": 0.2,
+         "fwd_bwd_graph_status": "error: capture failed"},
+    ]  # fmt: skip
+    text = render_bandwidth(records, [("case", "case")], lambda r: r["case"], tmp_path / "plot.png", "t")
+    row = next(line for line in text.splitlines() if line.startswith("| a | fastlm"))
+    assert row.split(" | ")[-2] == "80"  # fwd+bwd % of copy, CUDA graph
+    assert "ok; CUDA graph error: capture failed" in text
+    assert (tmp_path / "plot.png").stat().st_size > 0
 
 
 def test_records_round_trip_and_latest_run(tmp_path):

@@ -104,7 +104,8 @@ def render_bandwidth(
     title: str,
 ) -> str:
     """Device line, one table row per (case, implementation) and a bar plot of fwd+bwd GB/s per
-    case with the measured copy bandwidth drawn across."""
+    case with the measured copy bandwidth drawn across (and, on a GPU, a tick per bar at the GB/s
+    of the same fwd+bwd replayed as a CUDA graph)."""
     rows = []
     for r in records:
         row = dict(r)
@@ -116,15 +117,19 @@ def render_bandwidth(
         rows.append(row)
     groups = list(dict.fromkeys(case_label(r) for r in rows))
     implementations = list(dict.fromkeys(r["implementation"] for r in rows))
-    series = {
-        impl: [next((r.get("fwd_bwd_gbps") for r in rows if case_label(r) == g and r["implementation"] == impl), None)
-               for g in groups]
-        for impl in implementations
-    }  # fmt: skip
+
+    def per_case(key):
+        return {impl: [next((r.get(key) for r in rows if case_label(r) == g and r["implementation"] == impl), None)
+                       for g in groups]
+                for impl in implementations}  # fmt: skip
+
+    graphed = per_case("fwd_bwd_graph_gbps")
+    has_graphed = any(v is not None for values in graphed.values() for v in values)
     first = records[0]
-    plot = grouped_bar_plot(plot_path, groups, series, ylabel="fwd+bwd GB/s (minimum bytes)",
+    plot = grouped_bar_plot(plot_path, groups, per_case("fwd_bwd_gbps"), ylabel="fwd+bwd GB/s (minimum bytes)",
                             title=f"{title} ({first['gpu']})",
-                            reference_line=(first["copy_gbps_measured"], "measured copy"))  # fmt: skip
+                            reference_line=(first["copy_gbps_measured"], "measured copy"),
+                            markers=(graphed, "replayed as a CUDA graph") if has_graphed else None)  # fmt: skip
     return "\n\n".join([
         f"Device: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
         f"{first['date']} · measured copy bandwidth {first['copy_gbps_measured']:.0f} GB/s",

@@ -45,8 +45,11 @@ def grouped_bar_plot(
     ylabel: str,
     title: str,
     reference_line: tuple[float, str] | None = None,
+    markers: tuple[dict[str, Sequence[float | None]], str] | None = None,
 ) -> Path:
-    """One group of bars per entry of ``groups`` and one bar colour per series; None is a gap."""
+    """One group of bars per entry of ``groups`` and one bar colour per series; None is a gap.
+    ``markers`` = (values per series, legend label): a second quantity drawn as a black tick on
+    each series' bars (e.g. the same work timed another way)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -59,6 +62,10 @@ def grouped_bar_plot(
         heights = [0.0 if v is None else v for v in values]
         bars = ax.bar(xs, heights, width, label=name)
         ax.bar_label(bars, labels=["" if v is None else f"{v:.2g}" for v in values], fontsize=7, padding=1)
+        if markers is not None:
+            points = [(x, v) for x, v in zip(xs, markers[0].get(name, ()), strict=False) if v is not None]
+            ax.scatter([x for x, _ in points], [v for _, v in points], marker="_", s=width * 400, color="black",
+                       linewidths=2, zorder=3, label=markers[1] if i == 0 else None)  # fmt: skip
     if reference_line is not None:
         value, label = reference_line
         ax.axhline(value, color="black", linestyle="--", linewidth=1)
