@@ -168,9 +168,7 @@ def _norm_backward_kernel(
         for tile in range(pid, tl.cdiv(M, BLOCK_M), programs):
             rows = tl.cast(tile, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
             row_mask = rows < M
-            mask = row_mask[:, None] & col_mask[None, :]
-            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            x, dy, mask, _ = _load_chunk(X, DY, rows, row_mask, cols, D, stride_x, stride_dy)
             rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]
             mean = 0.0 if RMS else tl.load(MEAN + rows, mask=row_mask, other=0.0)[:, None]
             x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
