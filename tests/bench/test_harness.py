@@ -8,7 +8,7 @@ import torch
 
 from fastlm.bench import xent
 from fastlm.bench.bandwidth import measure_stages, render_bandwidth
-from fastlm.bench.records import append_records, latest_run, read_records
+from fastlm.bench.records import append_records, latest_run, latest_runs_by, read_records
 from fastlm.bench.report import markdown_table
 from fastlm.bench.timing import measure, measure_after_setup, measure_graph_replay
 from fastlm.cli import main
@@ -88,6 +88,13 @@ def test_records_round_trip_and_latest_run(tmp_path):
     append_records(path, [{"run_id": "b", "x": 3}])
     assert [r["x"] for r in read_records(path)] == [1, 2, 3]
     assert [r["x"] for r in latest_run(read_records(path))] == [3]
+
+
+def test_latest_runs_by_keeps_each_keys_latest_run_whole():
+    records = [{"run_id": "a", "world": 2, "x": 1}, {"run_id": "a", "world": 4, "x": 2},
+               {"run_id": "b", "world": 8, "x": 3}, {"run_id": "c", "world": 4, "x": 4}]  # fmt: skip
+    runs = latest_runs_by(records, "world")
+    assert [[r["x"] for r in run] for run in runs] == [[1], [3], [4]]
 
 
 def test_speedups_are_geometric_means():

@@ -74,6 +74,27 @@ def test_command_on_gloo(tmp_path):
     assert "optimizer-state sharding" in report and "torch-ddp" in report
 
 
+def test_report_shows_each_rank_counts_latest_run(tmp_path):
+    from fastlm.distributed.ddp_bench import render
+
+    def step(run_id, world, variant, median_ms):
+        return {"run_id": run_id, "kind": "step", "world": world, "variant": variant, "median_ms": median_ms,
+                "gpu": "GPU", "backend": "nccl", "torch": "2", "git_sha": run_id, "date": "d", "preset": "xl",
+                "context": 512, "batch": 4, "precision": "bf16", "rounds": 2, "steps": 20, "profile_steps": 2}  # fmt: skip
+
+    results = tmp_path / "results"
+    results.mkdir()
+    records = [step("old", 2, "ddp", 11.0), step("old", 2, "torch-ddp", 12.0), step("mid", 4, "ddp", 99.0),
+               step("new", 4, "ddp", 33.0), step("new", 8, "ddp", 44.0)]  # fmt: skip
+    (results / "ddp.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    report = render(results, tmp_path / "reports")
+    assert report.index("## 2 ranks") < report.index("## 4, 8 ranks")
+    assert "git old" in report and "git new" in report and "git mid" not in report
+    assert "| 11 |" in report and "| 33 |" in report and "| 44 |" in report and "| 99 |" not in report
+    for tag in ("2", "4-8"):
+        assert (tmp_path / "reports" / f"ddp_step_ms_x{tag}.png").stat().st_size > 0
+
+
 def test_bad_arguments_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "ddp", "--variants", "ddp,fastest"])

@@ -80,3 +80,17 @@ def latest_run(records: list[dict]) -> list[dict]:
         return []
     run_id = records[-1]["run_id"]
     return [r for r in records if r["run_id"] == run_id]
+
+
+def latest_runs_by(records: list[dict], key: str) -> list[list[dict]]:
+    """For each value of ``key`` (e.g. the number of ranks), its records from the latest run that
+    has it; grouped by run, oldest run first. A report can then show a 2-and-4-GPU run next to a
+    later 8-GPU run while no table mixes the timings of two runs."""
+    latest: dict = {}
+    for r in records:
+        latest[r[key]] = r["run_id"]
+    runs: dict[str, list[dict]] = {}
+    for r in records:
+        if latest[r[key]] == r["run_id"]:
+            runs.setdefault(r["run_id"], []).append(r)
+    return list(runs.values())

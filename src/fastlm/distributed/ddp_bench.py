@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd import DeviceType
 
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
+from fastlm.bench.records import append_records, latest_runs_by, read_records, with_environment
 from fastlm.bench.report import grouped_bar_plot, markdown_table, save_figure
 from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
 from fastlm.distributed.launch import spawn
@@ -519,11 +519,21 @@ def overlap_plot(path: Path, records: list[dict], title: str) -> Path:
 
 
 def render(results_dir: Path, reports_dir: Path) -> str:
-    records = latest_run(read_records(results_dir / RESULTS_FILE))
-    if not records:
+    """One section per number of ranks, from the latest run that measured it (a later 8-rank run
+    does not hide the 2- and 4-rank rows of an earlier one); each section's tables come from one run."""
+    runs = latest_runs_by(read_records(results_dir / RESULTS_FILE), "world")
+    if not runs:
         return "No data-parallel records yet: run `fastlm bench ddp`.\n"
+    return "\n".join(line for records in runs for line in _render_run(records, reports_dir))
+
+
+def _render_run(records: list[dict], reports_dir: Path) -> list[str]:
     first = records[0]
+    worlds = sorted({r["world"] for r in records})
+    tag = "-".join(map(str, worlds))
     lines = [
+        f"## {', '.join(map(str, worlds))} ranks",
+        "",
         f"Device: {first['gpu']} · {first['backend']} · torch {first['torch']} · git {first['git_sha']} · "
         f"{first['date']} · preset {first['preset']}, context {first['context']}, batch {first['batch']} per rank, "
         f"{first['precision']}, AdamW · median of {first['rounds']} rounds x {first['steps']} steps "
@@ -532,14 +542,13 @@ def render(results_dir: Path, reports_dir: Path) -> str:
     ]
     steps = _step_rows(records)
     if steps:
-        lines += ["## Step time and communication", "", markdown_table(steps, STEP_COLUMNS), ""]
-        worlds = sorted({r["world"] for r in steps})
+        lines += ["### Step time and communication", "", markdown_table(steps, STEP_COLUMNS), ""]
         variants = list(dict.fromkeys(r["variant"] for r in steps))
         series = {f"{w} ranks": [next((r.get("median_ms") for r in steps if r["world"] == w and r["variant"] == v),
                                       None) for v in variants] for w in worlds}  # fmt: skip
-        bars = grouped_bar_plot(reports_dir / "ddp_step_ms.png", variants, series, ylabel="step ms (median)",
+        bars = grouped_bar_plot(reports_dir / f"ddp_step_ms_x{tag}.png", variants, series, ylabel="step ms (median)",
                                 title=f"Data-parallel training step · {first['preset']} · {first['gpu']}")  # fmt: skip
-        lines += [f"![step time per variant]({bars.name})", ""]
+        lines += [f"![step time per variant, {tag} ranks]({bars.name})", ""]
         for world in worlds:
             timed = [r for r in steps if r["world"] == world and r.get("timeline")]
             if timed:
@@ -549,5 +558,5 @@ def render(results_dir: Path, reports_dir: Path) -> str:
                 lines += [f"![communication overlap, {world} ranks]({plot.name})", ""]
     memory = _memory_rows(records)
     if memory:
-        lines += ["## Memory per rank: optimizer-state sharding", "", markdown_table(memory, MEMORY_COLUMNS), ""]
-    return "\n".join(lines)
+        lines += ["### Memory per rank: optimizer-state sharding", "", markdown_table(memory, MEMORY_COLUMNS), ""]
+    return lines
