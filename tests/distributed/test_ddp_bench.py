@@ -80,7 +80,8 @@ def test_report_shows_each_rank_counts_latest_run(tmp_path):
     def step(run_id, world, variant, median_ms):
         return {"run_id": run_id, "kind": "step", "world": world, "variant": variant, "median_ms": median_ms,
                 "gpu": "GPU", "backend": "nccl", "torch": "2", "git_sha": run_id, "date": "d", "preset": "xl",
-                "context": 512, "batch": 4, "precision": "bf16", "rounds": 2, "steps": 20, "profile_steps": 2}  # fmt: skip
+                "context": 512, "batch": 4, "precision": "bf16", "rounds": 2, "steps": 20,
+                "profile_steps": 2}  # fmt: skip
 
     results = tmp_path / "results"
     results.mkdir()
