@@ -4,12 +4,13 @@ the LayerNorm / RMSNorm kernels.
 The benchmark shapes of `fastlm bench norms`, bf16 and fp32. Prints one JSON line per
 configuration with the median ms and the GB/s of the minimum-bytes model; the constants at the
 top of fastlm/ops/layer_norm.py's launchers come from these runs.
-Usage: python benchmarks/tune_norms.py > tune_norms.jsonl
+Usage: python benchmarks/tune_norms.py [WIDTH ...] > tune_norms.jsonl  (only the shapes of those widths)
 """
 
 import functools
 import itertools
 import json
+import sys
 
 import torch
 import triton.testing
@@ -33,7 +34,9 @@ def report(stage, kind, m, d, dtype, config, fn):
 
 def main():
     defaults = ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP, ln.BACKWARD_PROGRAMS_PER_SM, ln.LOOPED_BACKWARD_ROWS
-    for (m, d), dtype, kind in itertools.product(GPU_SHAPES, (torch.bfloat16, torch.float32), ("layer", "rms")):
+    widths = {int(arg) for arg in sys.argv[1:]}
+    shapes = [(m, d) for m, d in GPU_SHAPES if not widths or d in widths]
+    for (m, d), dtype, kind in itertools.product(shapes, (torch.bfloat16, torch.float32), ("layer", "rms")):
         rms = kind == "rms"
         x = torch.randn(m, d, device="cuda", dtype=dtype)
         w = torch.randn(d, device="cuda", dtype=dtype)
