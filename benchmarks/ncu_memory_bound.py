@@ -1,44 +1,53 @@
-"""The memory-bound kernels at their large benchmark shapes, one fwd+bwd each inside an NVTX range
-"measure", for Nsight Compute: DRAM bytes against each op's minimum-bytes model, L2 bytes, time,
-registers and occupancy say whether a kernel is bandwidth-, latency- or instruction-bound.
+"""The memory-bound kernels at their large benchmark shapes, forward and backward launchers called
+once each inside an NVTX range "measure", for Nsight Compute: DRAM bytes against each op's
+minimum-bytes model, L2 bytes, time, registers and occupancy say whether a kernel is bandwidth-,
+latency- or instruction-bound. The launchers are called directly, not through autograd, whose
+backward runs on another thread than the NVTX range.
 
 Usage (writes one CSV row per kernel and metric):
-  ncu --clock-control none --nvtx --nvtx-include "measure/" --csv --metrics \
-      gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,\
-launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size \
+  ncu --clock-control none --nvtx --nvtx-include "measure/" --csv --metrics \\
+      gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,\\
+launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size \\
       python3 benchmarks/ncu_memory_bound.py > ncu.csv
 """
 
 import torch
 
-import fastlm
+from fastlm.ops import causal_conv1d as conv_module
+from fastlm.ops import layer_norm as norm_module
+from fastlm.ops import masked_softmax as softmax_module
+
+
+def _randn(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, device="cuda", dtype=dtype)
+
+
+def _norm(m, d):
+    x, w, b = _randn(m, d), _randn(d), _randn(d)
+    _, mean, rstd = norm_module._forward(x, w, b, 1e-5, False, x.dtype)
+    return lambda: (norm_module._forward(x, w, b, 1e-5, False, x.dtype),
+                    norm_module._backward(torch.ones_like(x), x, w, mean, rstd, False, True, True))  # fmt: skip
+
+
+def _softmax(shape):
+    x = _randn(*shape)
+    y = softmax_module._forward(x, None, 1.0, False)
+    return lambda: (softmax_module._forward(x, None, 1.0, False), softmax_module._backward(torch.ones_like(y), y, 1.0))
+
+
+def _conv(shape, k, dtype):
+    u, w, b = _randn(*shape, dtype=dtype), _randn(shape[-1], k, dtype=dtype), _randn(shape[-1], dtype=dtype)
+    return lambda: (conv_module._forward(u, w, b, True),
+                    conv_module._backward(torch.ones_like(u), u, w, b, True, True, True))  # fmt: skip
+
 
 CASES = {
-    "layer_norm 4096x16384 bf16": lambda: _norm((4096, 16384)),
-    "layer_norm 32768x1024 bf16": lambda: _norm((32768, 1024)),
+    "layer_norm 4096x16384 bf16": lambda: _norm(4096, 16384),
+    "layer_norm 32768x1024 bf16": lambda: _norm(32768, 1024),
     "masked_softmax 1x16x128x65536 bf16": lambda: _softmax((1, 16, 128, 65536)),
     "causal_conv1d+silu 8x4096x2048 K=4 bf16": lambda: _conv((8, 4096, 2048), 4, torch.bfloat16),
     "causal_conv1d+silu 1x8192x8192 K=3 fp16": lambda: _conv((1, 8192, 8192), 3, torch.float16),
 }
-
-
-def _leaf(*shape, dtype=torch.bfloat16):
-    return torch.randn(*shape, device="cuda", dtype=dtype, requires_grad=True)
-
-
-def _norm(shape):
-    x, w, b = _leaf(*shape), _leaf(shape[-1]), _leaf(shape[-1])
-    return lambda: fastlm.layer_norm(x, w, b).backward(torch.ones_like(x))
-
-
-def _softmax(shape):
-    x = _leaf(*shape)
-    return lambda: fastlm.masked_softmax(x).backward(torch.ones_like(x))
-
-
-def _conv(shape, k, dtype):
-    u, w, b = _leaf(*shape, dtype=dtype), _leaf(shape[-1], k, dtype=dtype), _leaf(shape[-1], dtype=dtype)
-    return lambda: fastlm.causal_conv1d(u, w, b, activation="silu").backward(torch.ones_like(u))
 
 
 def main():

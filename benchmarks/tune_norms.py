@@ -33,7 +33,14 @@ def report(stage, kind, m, d, dtype, config, fn):
 
 
 def main():
-    defaults = ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP, ln.BACKWARD_PROGRAMS_PER_SM, ln.LOOPED_BACKWARD_ROWS
+    settings = (
+        "BACKWARD_TILE",
+        "BACKWARD_PER_WARP",
+        "BACKWARD_PROGRAMS_PER_SM",
+        "LOOPED_PROGRAMS_PER_SM",
+        "LOOPED_BACKWARD_ROWS",
+    )
+    defaults = {name: getattr(ln, name) for name in settings}
     widths = {int(arg) for arg in sys.argv[1:]}
     shapes = [(m, d) for m, d in GPU_SHAPES if not widths or d in widths]
     for (m, d), dtype, kind in itertools.product(shapes, (torch.bfloat16, torch.float32), ("layer", "rms")):
@@ -49,10 +56,12 @@ def main():
         _, mean, rstd = ln._forward(x, w, b, 1e-5, rms, x.dtype)
         for config in _backward_configs(d):
             ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP = config["tile"], config["per_warp"]
-            ln.BACKWARD_PROGRAMS_PER_SM, ln.LOOPED_BACKWARD_ROWS = config["per_sm"], config["looped_rows"]
+            ln.BACKWARD_PROGRAMS_PER_SM = ln.LOOPED_PROGRAMS_PER_SM = config["per_sm"]
+            ln.LOOPED_BACKWARD_ROWS = config["looped_rows"]
             backward = functools.partial(ln._backward, dy, x, w, mean, rstd, rms, True, not rms)
             report("bwd", kind, m, d, dtype, config, backward)
-        ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP, ln.BACKWARD_PROGRAMS_PER_SM, ln.LOOPED_BACKWARD_ROWS = defaults
+        for name, value in defaults.items():
+            setattr(ln, name, value)
 
 
 def _backward_configs(d):

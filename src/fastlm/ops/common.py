@@ -64,11 +64,12 @@ class RowTiles:
     num_warps: int
 
 
-def row_tiles(d: int, tile: int, per_warp: int, block_max: int) -> RowTiles:
+def row_tiles(d: int, tile: int, per_warp: int, block_max: int, looped_warps: int = 16) -> RowTiles:
     """Stack rows of width ``d`` into tiles of about ``tile`` elements, one warp per ``per_warp``
-    elements (at most 16); rows wider than ``block_max`` get one row per program and 16 warps."""
+    elements (at most 16); rows wider than ``block_max`` get one row per program and
+    ``looped_warps`` warps."""
     block_d = triton.next_power_of_2(d)
     if block_d > block_max:
-        return RowTiles(1, block_max, False, 16)
+        return RowTiles(1, block_max, False, looped_warps)
     block_m = max(1, tile // block_d)
     return RowTiles(block_m, block_d, True, max(1, min(16, block_m * block_d // per_warp)))

@@ -269,10 +269,16 @@ BACKWARD_TILE, BACKWARD_PER_WARP = 4096, 512
 BACKWARD_PROGRAMS_PER_SM = 2
 # The partial-row sum: (SUM_BLOCK_P, SUM_BLOCK_D) fp32 tiles, one program per SUM_BLOCK_D columns.
 SUM_BLOCK_P, SUM_BLOCK_D = 32, 128
-# Rows per chunk on the looped backward (D > BACKWARD_BLOCK_MAX): each read-modify-write of a
-# program's fp32 dw / db partial row then adds that many rows (one row per chunk made that traffic
-# about twice the row's own bytes, and capped D = 16384 at 1.0-1.9 TB/s on an H100).
-LOOPED_BACKWARD_ROWS = 4
+# The looped backward (D > BACKWARD_BLOCK_MAX): chunks of LOOPED_BACKWARD_ROWS rows, on
+# LOOPED_PROGRAMS_PER_SM programs per SM. Two costs pull apart: each read-modify-write of a program's
+# fp32 dw / db partial row (L2 traffic, 8 B x 2 per column and gradient) adds a whole chunk, so more
+# rows per chunk cost less there; but pass 2 re-reads the chunk, which must still be in L2, so
+# programs x rows x row bytes, next to the partial rows, must fit the 50 MB L2. At D = 16384 in bf16,
+# 132 programs x 2 rows come to 17 MB of rows and 17 MB of partials. From benchmarks/tune_norms.py
+# on an H100, D = 16384 backward: bf16 LayerNorm 0.97 / RMSNorm 1.46 TB/s against 0.67 / 1.02 with
+# 2 programs per SM and 4 rows (benchmarks/results/norms_tuning_h100.jsonl).
+LOOPED_BACKWARD_ROWS = 2
+LOOPED_PROGRAMS_PER_SM = 1
 
 
 def forward_config(d: int) -> RowTiles:
@@ -287,7 +293,7 @@ def backward_config(d: int, m: int, device: torch.device) -> RowTiles:
     if tiles.single_pass:
         return tiles
     rows = LOOPED_BACKWARD_ROWS  # a power of two (tl.arange)
-    while rows > 1 and (rows > m or triton.cdiv(m, rows) < _backward_programs(m, device)):
+    while rows > 1 and (rows > m or triton.cdiv(m, rows) < _backward_programs(m, device, single_pass=False)):
         rows //= 2
     return RowTiles(rows, BACKWARD_BLOCK_MAX // rows, False, tiles.num_warps)
 
@@ -297,11 +303,12 @@ def _multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _backward_programs(tiles: int, device: torch.device) -> int:
-    """A couple of programs per SM, each striding over the row tiles: few (programs, D) partials."""
+def _backward_programs(tiles: int, device: torch.device, single_pass: bool) -> int:
+    """A program or two per SM, each striding over the row tiles: few (programs, D) partials."""
     if device.type != "cuda":
         return min(tiles, 4)
-    return min(tiles, BACKWARD_PROGRAMS_PER_SM * _multiprocessors(device.index or 0))
+    per_sm = BACKWARD_PROGRAMS_PER_SM if single_pass else LOOPED_PROGRAMS_PER_SM
+    return min(tiles, per_sm * _multiprocessors(device.index or 0))
 
 
 def _forward(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype, traced: bool = False):
@@ -335,7 +342,7 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad
     if m == 0 or not runs_triton(x):
         return _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bias_grad, dx, x.shape)
     config = backward_config(d, m, x.device)
-    programs = _backward_programs(triton.cdiv(m, config.block_m), x.device)
+    programs = _backward_programs(triton.cdiv(m, config.block_m), x.device, config.single_pass)
     # the looped kernel accumulates into its partial row, so that one must start at zero
     alloc = torch.empty if config.single_pass else torch.zeros
     dw_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if weight_grad else rstd

@@ -34,6 +34,11 @@ BLOCK_MAX = 16384  # widest row held in registers; longer rows loop over chunks 
 # Elements per (BLOCK_M, BLOCK_K) tile and per warp (the tuning of the norm kernels, which move
 # the same bytes per element).
 TILE, PER_WARP = 8192, 512
+# Warps of a looped (long-row) program: with 32 the registers allow twice the warps per SM of 16,
+# which hides more load latency (ncu: the 16-warp forward read only the minimum bytes from DRAM
+# but ran at 24% occupancy). From benchmarks/tune_softmax.py on an H100: 65536-wide rows,
+# 2048 of them, bf16 forward 2.35 against 2.11 TB/s (benchmarks/results/softmax_tuning_h100.jsonl).
+LOOPED_WARPS = 32
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -156,7 +161,7 @@ def _softmax_backward_kernel(
 
 
 def tiles(sk: int) -> RowTiles:
-    return row_tiles(sk, TILE, PER_WARP, BLOCK_MAX)
+    return row_tiles(sk, TILE, PER_WARP, BLOCK_MAX, LOOPED_WARPS)
 
 
 def as_4d(t: torch.Tensor) -> torch.Tensor:
