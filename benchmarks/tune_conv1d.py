@@ -1,4 +1,4 @@
-"""Sweep the tile shape and warps of the causal conv1d backward kernel (SiLU, with weight and bias
+"""Sweep the tile shape and warps of part 1 of the causal conv1d backward (dz and the weight and bias
 gradients) on the `fastlm bench conv1d` shapes. Prints one JSON line per configuration with the
 median ms and the GB/s of the minimum-bytes model; the constants at the top of
 fastlm/ops/causal_conv1d.py come from these runs.

@@ -44,6 +44,7 @@ def test_backward_spans_chunks_and_frozen_parameters(monkeypatch):
     _check(u, torch.randn(12, 4, requires_grad=True), torch.randn(12, requires_grad=True), "silu")
     _check(u, torch.randn(12, 4), torch.randn(12), "silu")  # frozen weight and bias: only du
     _check(u, torch.randn(12, 3, requires_grad=True), None)  # no bias
+    _check(u, torch.randn(12, 3), None)  # no activation, frozen weight: du from dout alone (one launch)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -118,7 +119,7 @@ def test_gpu_inductor_launches_the_kernels_from_its_code():
     weight = torch.randn(64, 4, device="cuda", requires_grad=True)
     bias = torch.randn(64, device="cuda", requires_grad=True)
     out = compiled_code_launches(lambda u: causal_conv1d(u * 2, weight, bias, "silu"), (u,),
-                                 kernels=("_conv1d_forward_kernel", "_conv1d_backward_kernel"),
+                                 kernels=("_conv1d_forward_kernel", "_conv1d_dz_kernel", "_conv1d_input_grad_kernel"),
                                  ops=("fastlm.causal_conv1d_forward", "fastlm.causal_conv1d_backward"))  # fmt: skip
     expected = causal_conv1d_ref(u * 2, weight, bias, "silu")
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

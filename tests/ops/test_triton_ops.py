@@ -11,7 +11,7 @@ TRITON_OPS = {
     "fastlm::masked_softmax_forward": ["_softmax_forward_kernel"],
     "fastlm::masked_softmax_backward": ["_softmax_backward_kernel"],
     "fastlm::causal_conv1d_forward": ["_conv1d_forward_kernel"],
-    "fastlm::causal_conv1d_backward": ["_conv1d_backward_kernel"],
+    "fastlm::causal_conv1d_backward": ["_conv1d_dz_kernel", "_conv1d_input_grad_kernel"],
     "fastlm::flash_attention_forward": ["_flash_forward_kernel"],
     "fastlm::flash_attention_backward": [
         "_flash_backward_delta_kernel", "_flash_backward_dkdv_kernel", "_flash_backward_dq_kernel"

@@ -12,12 +12,17 @@ activation) or dout * silu'(z) (z recomputed from u, not stored):
     dweight[d, k] = sum_{b, l} dz[b, l, d] * u[b, l - (K - 1) + k, d]
     dbias[d]     = sum_{b, l} dz[b, l, d]
 
-Programs own a (BLOCK_L, BLOCK_D) tile (forward) or a column block of a chunk of rows (backward),
-so the K shifted reads of a row hit the cache; weight and bias gradients are summed per program
-into (programs, K, D) / (programs, D) fp32 partials and reduced deterministically, no atomics.
+Programs own a (BLOCK_L, BLOCK_D) tile (forward, backward part 2) or a column block of a chunk of
+rows (backward part 1), so the K shifted reads of a row hit the cache; weight and bias gradients
+are summed per program into (programs, K, D) / (programs, D) fp32 partials and reduced
+deterministically, no atomics. The backward computes dz once per row (part 1, which writes it with
+SILU) and du from it (part 2): one kernel that recomputed z at the K shifts of every row needed
+K x K loads per element and, at K = 4, 255 registers and spills (Nsight Compute on an H100: 1.2 GB
+written for a 134 MB du).
 
 Bytes (minimum, element size s): forward B*L*D*s read + B*L*D*s written; backward u and dout read,
-du written: 3*B*L*D*s (plus the small weight and bias).
+du written: 3*B*L*D*s (plus the small weight and bias). The two-part backward moves 5*B*L*D*s with
+SILU (dz written and read back) and 4*B*L*D*s without (dout read twice).
 """
 
 from __future__ import annotations
@@ -34,11 +39,10 @@ MAX_KERNEL_SIZE = 8
 ACTIVATIONS = (None, "silu")
 BACKENDS = ("triton", "cuda")
 FORWARD_BLOCK_L, FORWARD_BLOCK_D, FORWARD_WARPS = 32, 128, 4
-# the backward tile from benchmarks/tune_conv1d.py on an H100 (best geometric mean over the two
-# benchmark shapes: 895 and 589 GB/s against 622 and 475 with 32 x 64 and 4 warps;
-# benchmarks/results/conv1d_tuning_h100.jsonl)
-BACKWARD_BLOCK_L, BACKWARD_BLOCK_D, BACKWARD_WARPS = 64, 32, 2
-BACKWARD_CHUNK_L = 512  # rows per backward program: the weight-gradient partials are (B * L / 512, K, D)
+# backward part 1 (dz and the weight / bias partials): the forward's tile until
+# benchmarks/tune_conv1d.py has swept the two-part backward; part 2 (du) uses the forward's tile
+BACKWARD_BLOCK_L, BACKWARD_BLOCK_D, BACKWARD_WARPS = 32, 128, 4
+BACKWARD_CHUNK_L = 512  # rows per part-1 program: the weight-gradient partials are (B * L / 512, K, D)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,8 +91,8 @@ def _conv1d_forward_kernel(
 
 
 @triton.jit
-def _conv1d_backward_kernel(
-    U, W, BIAS, DOUT, DU,  # dout (B, L, D) unit stride in D; du (B, L, D) contiguous
+def _conv1d_dz_kernel(
+    U, W, BIAS, DOUT, DZ,  # dout (B, L, D) unit stride in D; dz (B, L, D) contiguous, written with SILU only
     DW_PARTIAL,  # (programs, K, D) fp32, program = batch * chunks + chunk
     DB_PARTIAL,  # (programs, D) fp32
     L, D, stride_ub, stride_ul, stride_wd, stride_ob, stride_ol,
@@ -96,6 +100,8 @@ def _conv1d_backward_kernel(
     WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_L: tl.constexpr,
 ):  # fmt: skip
+    """Backward, part 1: dz (with SILU) and this program's weight / bias gradient partials over a
+    column block of CHUNK_L rows. Each row's dz is computed once; part 2 reads it K times."""
     chunk, batch = tl.program_id(0), tl.program_id(2).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     col_mask = cols < D
@@ -105,30 +111,45 @@ def _conv1d_backward_kernel(
     db = tl.zeros((BLOCK_D,), tl.float32)
     for start in range(chunk * CHUNK_L, tl.minimum(chunk * CHUNK_L + CHUNK_L, L), BLOCK_L):
         rows = tl.cast(start, tl.int64) + tl.arange(0, BLOCK_L)  # int64: L * D may pass 2^31
-        du = tl.zeros((BLOCK_L, BLOCK_D), tl.float32)
-        for j in tl.static_range(K):  # du(l) = sum_j w[:, K - 1 - j] * dz(l + j)
-            dz = _shifted(DOUT, dout_base, rows, cols, j, L, stride_ol, col_mask)
-            if SILU:  # dz = dout * silu'(z), z recomputed at l + j
-                z = _conv(U, W, BIAS, u_base, rows, cols, col_mask, j, L, stride_ul, stride_wd, K, HAS_BIAS)
-                sig = tl.sigmoid(z)
-                dz = dz * sig * (1.0 + z * (1.0 - sig))
-            w = tl.load(W + cols * stride_wd + (K - 1 - j), mask=col_mask, other=0.0).to(tl.float32)
-            du += w[None, :] * dz
-            if j == 0:  # this tile's own dz: the weight and bias gradients
-                if BIAS_GRAD:
-                    db += tl.sum(dz, axis=0)
-                if WEIGHT_GRAD:
-                    for k in tl.static_range(K):
-                        u = _shifted(U, u_base, rows, cols, k - (K - 1), L, stride_ul, col_mask)
-                        dw += tl.where(taps[:, None] == k, tl.sum(dz * u, axis=0)[None, :], 0.0)
-        du_ptr = DU + batch * L * D + rows[:, None] * D + cols[None, :]
-        tl.store(du_ptr, du.to(DU.dtype.element_ty), mask=(rows < L)[:, None] & col_mask[None, :])
+        dz = _shifted(DOUT, dout_base, rows, cols, 0, L, stride_ol, col_mask)
+        if SILU:  # dz = dout * silu'(z), z recomputed from u
+            z = _conv(U, W, BIAS, u_base, rows, cols, col_mask, 0, L, stride_ul, stride_wd, K, HAS_BIAS)
+            sig = tl.sigmoid(z)
+            dz = dz * sig * (1.0 + z * (1.0 - sig))
+            dz_ptr = DZ + batch * L * D + rows[:, None] * D + cols[None, :]
+            tl.store(dz_ptr, dz.to(DZ.dtype.element_ty), mask=(rows < L)[:, None] & col_mask[None, :])
+        if BIAS_GRAD:
+            db += tl.sum(dz, axis=0)
+        if WEIGHT_GRAD:  # the shifted u tiles were just loaded by _conv: these reads hit the cache
+            for k in tl.static_range(K):
+                u = _shifted(U, u_base, rows, cols, k - (K - 1), L, stride_ul, col_mask)
+                dw += tl.where(taps[:, None] == k, tl.sum(dz * u, axis=0)[None, :], 0.0)
     program = batch * tl.num_programs(0) + chunk
     if WEIGHT_GRAD:
         dw_ptr = DW_PARTIAL + program * K * D + taps[:, None] * D + cols[None, :]
         tl.store(dw_ptr, dw, mask=(taps < K)[:, None] & col_mask[None, :])
     if BIAS_GRAD:
         tl.store(DB_PARTIAL + program * D + cols, db, mask=col_mask)
+
+
+@triton.jit
+def _conv1d_input_grad_kernel(
+    DZ, W, DU,  # dz (B, L, D) unit stride in D (dout itself without SILU); du (B, L, D) contiguous
+    L, D, stride_zb, stride_zl, stride_wd,
+    K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Backward, part 2: du(l) = sum_j w[:, K - 1 - j] * dz(l + j), dz = 0 past the end; tiled like
+    the forward, so the K shifted reads of a row hit the cache."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_L + tl.arange(0, BLOCK_L)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    batch = tl.program_id(2).to(tl.int64)
+    col_mask = cols < D
+    du = tl.zeros((BLOCK_L, BLOCK_D), tl.float32)
+    for j in tl.static_range(K):
+        w = tl.load(W + cols * stride_wd + (K - 1 - j), mask=col_mask, other=0.0).to(tl.float32)
+        du += w[None, :] * _shifted(DZ, batch * stride_zb, rows, cols, j, L, stride_zl, col_mask)
+    du_ptr = DU + batch * L * D + rows[:, None] * D + cols[None, :]
+    tl.store(du_ptr, du.to(DU.dtype.element_ty), mask=(rows < L)[:, None] & col_mask[None, :])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -161,7 +182,10 @@ def _forward(u, weight, bias, silu: bool, traced: bool = False) -> torch.Tensor:
 
 
 def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: bool, traced: bool = False):
-    """(du, dweight or None, dbias or None); ``traced`` inside the triton_op."""
+    """(du, dweight or None, dbias or None); ``traced`` inside the triton_op. Two launches: dz and
+    the weight / bias partials, then du from dz (dout itself without SILU, and part 1 is skipped
+    when it has nothing to do). With SILU, dz is stored in u's dtype, as PyTorch's own SiLU backward
+    hands its gradient to the conv."""
     if not runs_triton(u):
         return _reference_backward(dout, u, weight, bias, silu, weight_grad, bias_grad)
     u, weight, dout = _unit_stride(u), _unit_stride(weight), _unit_stride(dout)
@@ -176,16 +200,24 @@ def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: b
         raise RuntimeError(f"BACKWARD_CHUNK_L ({BACKWARD_CHUNK_L}) must be a multiple of BACKWARD_BLOCK_L")
     chunks = triton.cdiv(length, BACKWARD_CHUNK_L)
     programs = batch * chunks
+    dz = torch.empty_like(du) if silu else dout
     dw_partial = torch.empty((programs, k, d), dtype=torch.float32, device=u.device) if weight_grad else du
     db_partial = torch.empty((programs, d), dtype=torch.float32, device=u.device) if bias_grad else du
-    grid = (chunks, triton.cdiv(d, BACKWARD_BLOCK_D), batch)
-    kernel = wrap_triton(_conv1d_backward_kernel) if traced else _conv1d_backward_kernel
+    if silu or weight_grad or bias_grad:
+        grid = (chunks, triton.cdiv(d, BACKWARD_BLOCK_D), batch)
+        kernel = wrap_triton(_conv1d_dz_kernel) if traced else _conv1d_dz_kernel
+        kernel[grid](
+            u, weight, bias if bias is not None else weight, dout, dz, dw_partial, db_partial,
+            length, d, u.stride(0), u.stride(1), weight.stride(0), dout.stride(0), dout.stride(1),
+            K=k, K_POW2=triton.next_power_of_2(k), HAS_BIAS=bias is not None, SILU=silu, WEIGHT_GRAD=weight_grad,
+            BIAS_GRAD=bias_grad, BLOCK_L=BACKWARD_BLOCK_L, BLOCK_D=BACKWARD_BLOCK_D, CHUNK_L=BACKWARD_CHUNK_L,
+            num_warps=BACKWARD_WARPS,
+        )  # fmt: skip
+    grid = (triton.cdiv(length, FORWARD_BLOCK_L), triton.cdiv(d, FORWARD_BLOCK_D), batch)
+    kernel = wrap_triton(_conv1d_input_grad_kernel) if traced else _conv1d_input_grad_kernel
     kernel[grid](
-        u, weight, bias if bias is not None else weight, dout, du, dw_partial, db_partial,
-        length, d, u.stride(0), u.stride(1), weight.stride(0), dout.stride(0), dout.stride(1),
-        K=k, K_POW2=triton.next_power_of_2(k), HAS_BIAS=bias is not None, SILU=silu, WEIGHT_GRAD=weight_grad,
-        BIAS_GRAD=bias_grad, BLOCK_L=BACKWARD_BLOCK_L, BLOCK_D=BACKWARD_BLOCK_D, CHUNK_L=BACKWARD_CHUNK_L,
-        num_warps=BACKWARD_WARPS,
+        dz, weight, du, length, d, dz.stride(0), dz.stride(1), weight.stride(0),
+        K=k, BLOCK_L=FORWARD_BLOCK_L, BLOCK_D=FORWARD_BLOCK_D, num_warps=FORWARD_WARPS,
     )  # fmt: skip
     dw = dw_partial.sum(dim=0).t().contiguous().to(weight.dtype) if weight_grad else None
     db = db_partial.sum(dim=0).to(bias.dtype) if bias_grad else None
