@@ -39,9 +39,11 @@ MAX_KERNEL_SIZE = 8
 ACTIVATIONS = (None, "silu")
 BACKENDS = ("triton", "cuda")
 FORWARD_BLOCK_L, FORWARD_BLOCK_D, FORWARD_WARPS = 32, 128, 4
-# backward part 1 (dz and the weight / bias partials): the forward's tile until
-# benchmarks/tune_conv1d.py has swept the two-part backward; part 2 (du) uses the forward's tile
-BACKWARD_BLOCK_L, BACKWARD_BLOCK_D, BACKWARD_WARPS = 32, 128, 4
+# backward part 1 (dz and the weight / bias partials), from benchmarks/tune_conv1d.py on an H100
+# (best geometric mean over the two benchmark shapes: both parts 0.46 and 0.38 ms against 0.68 and
+# 0.57 with the forward's 32 x 128 tile and 4 warps; benchmarks/results/conv1d_tuning_h100.jsonl,
+# the records marked "two-part"). Part 2 (du) uses the forward's tile.
+BACKWARD_BLOCK_L, BACKWARD_BLOCK_D, BACKWARD_WARPS = 64, 64, 2
 BACKWARD_CHUNK_L = 512  # rows per part-1 program: the weight-gradient partials are (B * L / 512, K, D)
 
 
