@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import check_dtype, check_same_device, runs_triton
+from fastlm.ops.common import cdiv, check_dtype, check_same_device, next_power_of_2, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KERNEL_SIZE = 8
@@ -173,7 +173,7 @@ def _forward(u, weight, bias, silu: bool, traced: bool = False) -> torch.Tensor:
     out = torch.empty((batch, length, d), dtype=u.dtype, device=u.device)
     if out.numel() == 0:
         return out
-    grid = (triton.cdiv(length, FORWARD_BLOCK_L), triton.cdiv(d, FORWARD_BLOCK_D), batch)
+    grid = (cdiv(length, FORWARD_BLOCK_L), cdiv(d, FORWARD_BLOCK_D), batch)
     kernel = wrap_triton(_conv1d_forward_kernel) if traced else _conv1d_forward_kernel
     kernel[grid](
         u, weight, bias if bias is not None else weight, out, length, d, u.stride(0), u.stride(1), weight.stride(0),
@@ -200,22 +200,22 @@ def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: b
         return du, dw, (torch.zeros_like(bias) if bias_grad else None)
     if BACKWARD_CHUNK_L % BACKWARD_BLOCK_L:  # a tile must not cross into the next program's rows
         raise RuntimeError(f"BACKWARD_CHUNK_L ({BACKWARD_CHUNK_L}) must be a multiple of BACKWARD_BLOCK_L")
-    chunks = triton.cdiv(length, BACKWARD_CHUNK_L)
+    chunks = cdiv(length, BACKWARD_CHUNK_L)
     programs = batch * chunks
     dz = torch.empty_like(du) if silu else dout
     dw_partial = torch.empty((programs, k, d), dtype=torch.float32, device=u.device) if weight_grad else du
     db_partial = torch.empty((programs, d), dtype=torch.float32, device=u.device) if bias_grad else du
     if silu or weight_grad or bias_grad:
-        grid = (chunks, triton.cdiv(d, BACKWARD_BLOCK_D), batch)
+        grid = (chunks, cdiv(d, BACKWARD_BLOCK_D), batch)
         kernel = wrap_triton(_conv1d_dz_kernel) if traced else _conv1d_dz_kernel
         kernel[grid](
             u, weight, bias if bias is not None else weight, dout, dz, dw_partial, db_partial,
             length, d, u.stride(0), u.stride(1), weight.stride(0), dout.stride(0), dout.stride(1),
-            K=k, K_POW2=triton.next_power_of_2(k), HAS_BIAS=bias is not None, SILU=silu, WEIGHT_GRAD=weight_grad,
+            K=k, K_POW2=next_power_of_2(k), HAS_BIAS=bias is not None, SILU=silu, WEIGHT_GRAD=weight_grad,
             BIAS_GRAD=bias_grad, BLOCK_L=BACKWARD_BLOCK_L, BLOCK_D=BACKWARD_BLOCK_D, CHUNK_L=BACKWARD_CHUNK_L,
             num_warps=BACKWARD_WARPS,
         )  # fmt: skip
-    grid = (triton.cdiv(length, FORWARD_BLOCK_L), triton.cdiv(d, FORWARD_BLOCK_D), batch)
+    grid = (cdiv(length, FORWARD_BLOCK_L), cdiv(d, FORWARD_BLOCK_D), batch)
     kernel = wrap_triton(_conv1d_input_grad_kernel) if traced else _conv1d_input_grad_kernel
     kernel[grid](
         dz, weight, du, length, d, dz.stride(0), dz.stride(1), weight.stride(0),

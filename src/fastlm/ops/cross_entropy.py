@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fastlm.ops.common import check_dtype, check_same_device, runs_triton
+from fastlm.ops.common import cdiv, check_dtype, check_same_device, next_power_of_2, runs_triton
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -330,7 +330,7 @@ def _launch_forward(logits, targets, ignore_index, label_smoothing, z_loss):
     _cross_entropy_forward_kernel[(batch,)](
         logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), losses, lse,
         vocab, ignore_index, label_smoothing, z_loss,
-        BLOCK_V=min(triton.next_power_of_2(vocab), FORWARD_BLOCK),
+        BLOCK_V=min(next_power_of_2(vocab), FORWARD_BLOCK),
         HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, num_warps=FORWARD_WARPS,
     )  # fmt: skip
     return losses, lse
@@ -341,8 +341,8 @@ def _launch_backward(logits, targets, lse, grad_losses, ignore_index, label_smoo
     grad_logits = torch.empty((batch, vocab), device=logits.device, dtype=logits.dtype)
     if batch == 0:
         return grad_logits
-    block = min(triton.next_power_of_2(vocab), BACKWARD_BLOCK)
-    grid = (batch, triton.cdiv(vocab, block))
+    block = min(next_power_of_2(vocab), BACKWARD_BLOCK)
+    grid = (batch, cdiv(vocab, block))
     _cross_entropy_backward_kernel[grid](
         logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), lse,
         grad_losses, grad_losses.stride(0), grad_logits,
@@ -364,7 +364,7 @@ def _launch_fused(logits, targets, row_scale, grad, ignore_index, label_smoothin
         row_scale, 0 if row_scale is None else row_scale.stride(0),
         losses, grad, grad.stride(0), grad.stride(1),
         batch, vocab, ignore_index, label_smoothing, z_loss,
-        BLOCK_V=min(triton.next_power_of_2(vocab), FUSED_BLOCK),
+        BLOCK_V=min(next_power_of_2(vocab), FUSED_BLOCK),
         HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, HAS_ROW_SCALE=row_scale is not None,
         num_warps=FUSED_WARPS,
     )  # fmt: skip
@@ -375,8 +375,8 @@ def _launch_scale_rows(grad, grad_losses):
     batch, vocab = grad.shape
     if batch == 0:
         return
-    block = min(triton.next_power_of_2(vocab), BACKWARD_BLOCK)
-    grid = (batch, triton.cdiv(vocab, block))
+    block = min(next_power_of_2(vocab), BACKWARD_BLOCK)
+    grid = (batch, cdiv(vocab, block))
     _scale_rows_kernel[grid](
         grad, grad.stride(0), grad.stride(1), grad_losses, grad_losses.stride(0), vocab,
         BLOCK_V=block, num_warps=BACKWARD_WARPS,

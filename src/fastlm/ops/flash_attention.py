@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import check_dtype, check_same_device, runs_triton
+from fastlm.ops.common import cdiv, check_dtype, check_same_device, next_power_of_2, runs_triton
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -470,7 +470,7 @@ DQ_TILES = {**DKDV_TILES, **{(d, 2): (128, 64, 8, 3) for d in (16, 32, 64, 128)}
 
 
 def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, next_power_of_2(head_dim))
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -496,7 +496,7 @@ def _launch_forward(q, k, v, causal: bool, scale: float, traced: bool = False):
     block_d = _block_d(D)
     block_m, block_n, warps, stages = FORWARD_TILES[(block_d, min(q.element_size(), 4))]
     kernel = wrap_triton(_flash_forward_kernel) if traced else _flash_forward_kernel
-    kernel[(triton.cdiv(M, block_m), Z * H)](
+    kernel[(cdiv(M, block_m), Z * H)](
         q, k, v, o, lse, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o),
         H, H // Hkv, M, N, scale * math.log2(math.e),
         CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -519,7 +519,7 @@ def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, trac
     delta = torch.empty((Z, H, M), device=q.device, dtype=torch.float32)
     lse = lse.contiguous()
     kernel = wrap_triton(_flash_backward_delta_kernel) if traced else _flash_backward_delta_kernel
-    kernel[(triton.cdiv(M, 64), Z * H)](
+    kernel[(cdiv(M, 64), Z * H)](
         o, grad_out, delta, *_strides4(o), *_strides4(grad_out), H, M,
         HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=64,
     )  # fmt: skip
@@ -528,13 +528,13 @@ def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, trac
     qk_scale = scale * math.log2(math.e)
     block_m, block_n, warps, stages = DKDV_TILES[key]
     kernel = wrap_triton(_flash_backward_dkdv_kernel) if traced else _flash_backward_dkdv_kernel
-    kernel[(triton.cdiv(N, block_n), Z * Hkv)](
+    kernel[(cdiv(N, block_n), Z * Hkv)](
         q, k, v, grad_out, lse, delta, dk, dv, *strides, Hkv, H // Hkv, M, N, qk_scale, scale,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, **common,
     )  # fmt: skip
     block_m, block_n, warps, stages = DQ_TILES[key]
     kernel = wrap_triton(_flash_backward_dq_kernel) if traced else _flash_backward_dq_kernel
-    kernel[(triton.cdiv(M, block_m), Z * H)](
+    kernel[(cdiv(M, block_m), Z * H)](
         q, k, v, grad_out, lse, delta, dq, *strides, H, H // Hkv, M, N, qk_scale, scale,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, **common,
     )  # fmt: skip

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, row_tiles, runs_triton
+from fastlm.ops.common import RowTiles, as_rows, cdiv, check_dtype, check_same_device, row_tiles, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Widest rows held in registers (one read of each input); wider rows loop over chunks of this size.
@@ -293,7 +293,7 @@ def backward_config(d: int, m: int, device: torch.device) -> RowTiles:
     if tiles.single_pass:
         return tiles
     rows = LOOPED_BACKWARD_ROWS  # a power of two (tl.arange)
-    while rows > 1 and (rows > m or triton.cdiv(m, rows) < _backward_programs(m, device, single_pass=False)):
+    while rows > 1 and (rows > m or cdiv(m, rows) < _backward_programs(m, device, single_pass=False)):
         rows //= 2
     return RowTiles(rows, BACKWARD_BLOCK_MAX // rows, False, tiles.num_warps)
 
@@ -325,7 +325,7 @@ def _forward(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype, tra
         return _reference_forward(rows, weight, bias, eps, rms, y, mean, rstd, x.shape)
     config = forward_config(d)
     kernel = wrap_triton(_norm_forward_kernel) if traced else _norm_forward_kernel
-    kernel[(triton.cdiv(m, config.block_m),)](
+    kernel[(cdiv(m, config.block_m),)](
         rows, weight if weight is not None else rows, bias if bias is not None else rows, y,
         mean if mean is not None else rstd, rstd, rows.stride(0), y.stride(0), m, d, eps,
         RMS=rms, HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None, BLOCK_M=config.block_m,
@@ -342,7 +342,7 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad
     if m == 0 or not runs_triton(x):
         return _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bias_grad, dx, x.shape)
     config = backward_config(d, m, x.device)
-    programs = _backward_programs(triton.cdiv(m, config.block_m), x.device, config.single_pass)
+    programs = _backward_programs(cdiv(m, config.block_m), x.device, config.single_pass)
     # the looped kernel accumulates into its partial row, so that one must start at zero
     alloc = torch.empty if config.single_pass else torch.zeros
     dw_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if weight_grad else rstd
@@ -358,7 +358,7 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad
     db = torch.empty(d, dtype=weight.dtype if weight is not None else x.dtype, device=x.device) if bias_grad else None
     if weight_grad or bias_grad:
         kernel = wrap_triton(_sum_partials_kernel) if traced else _sum_partials_kernel
-        kernel[(triton.cdiv(d, SUM_BLOCK_D),)](
+        kernel[(cdiv(d, SUM_BLOCK_D),)](
             dw_partial, db_partial, dw if weight_grad else db, db if bias_grad else dw, programs, d,
             WEIGHT_GRAD=weight_grad, BIAS_GRAD=bias_grad, BLOCK_P=SUM_BLOCK_P, BLOCK_D=SUM_BLOCK_D, num_warps=4,
         )  # fmt: skip

@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import RowTiles, as_rows, check_dtype, check_same_device, row_tiles, runs_triton
+from fastlm.ops.common import RowTiles, as_rows, cdiv, check_dtype, check_same_device, row_tiles, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_MAX = 16384  # widest row held in registers; longer rows loop over chunks of this size
@@ -184,7 +184,7 @@ def _forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: b
     config = tiles(sk)
     rows = b * h * sq
     kernel = wrap_triton(_softmax_forward_kernel) if traced else _softmax_forward_kernel
-    kernel[(triton.cdiv(rows, config.block_m),)](
+    kernel[(cdiv(rows, config.block_m),)](
         x4, mask4, y, h, sq, sk, rows, *x4.stride(), *mask4.stride(), scale,
         HAS_MASK=mask is not None, CAUSAL=causal, BLOCK_M=config.block_m, BLOCK_K=config.block_d,
         SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
@@ -206,7 +206,7 @@ def _backward(dy: torch.Tensor, y: torch.Tensor, scale: float, traced: bool = Fa
     rows = dy_rows.shape[0]
     config = tiles(sk)
     kernel = wrap_triton(_softmax_backward_kernel) if traced else _softmax_backward_kernel
-    kernel[(triton.cdiv(rows, config.block_m),)](
+    kernel[(cdiv(rows, config.block_m),)](
         y, dy_rows, dx, rows, sk, dy_rows.stride(0), scale,
         BLOCK_M=config.block_m, BLOCK_K=config.block_d, SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
     )  # fmt: skip

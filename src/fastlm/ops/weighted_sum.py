@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import as_rows, check_dtype, check_same_device, runs_triton
+from fastlm.ops.common import as_rows, cdiv, check_dtype, check_same_device, next_power_of_2, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_ROWS = 16  # rows per program: enough bytes in flight per program, few weight-gradient partials
@@ -99,7 +99,7 @@ def _weighted_sum_backward_kernel(
 
 
 def _block_d(d: int) -> int:
-    return max(1, min(triton.next_power_of_2(d), 1024))  # D = 0: the loop over D runs no step
+    return max(1, min(next_power_of_2(d), 1024))  # D = 0: the loop over D runs no step
 
 
 def _forward(x: torch.Tensor, w: torch.Tensor, traced: bool = False) -> torch.Tensor:
@@ -111,7 +111,7 @@ def _forward(x: torch.Tensor, w: torch.Tensor, traced: bool = False) -> torch.Te
         return y.copy_(rows.float() @ w.float()).view(x.shape[:-1])
     if r > 0:
         kernel = wrap_triton(_weighted_sum_forward_kernel) if traced else _weighted_sum_forward_kernel
-        kernel[(triton.cdiv(r, BLOCK_ROWS),)](rows, w, y, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d))
+        kernel[(cdiv(r, BLOCK_ROWS),)](rows, w, y, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d))
     return y.view(x.shape[:-1])
 
 
@@ -123,7 +123,7 @@ def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, weight_grad: b
         dx = (dy_rows.float()[:, None] * w.float()[None, :]).to(x.dtype)
         dw = (dy_rows.float() @ rows.float()).to(w.dtype) if weight_grad else None
         return dx.view(x.shape), dw
-    programs = triton.cdiv(r, BLOCK_ROWS)
+    programs = cdiv(r, BLOCK_ROWS)
     dx = torch.empty((r, d), dtype=x.dtype, device=x.device)
     partial = torch.zeros((max(programs, 1), d), dtype=torch.float32, device=x.device)  # zeros: R = 0 has no program
     if r > 0:
