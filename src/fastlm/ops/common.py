@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -61,6 +62,12 @@ class RowTiles:
     block_d: int
     single_pass: bool
     num_warps: int
+
+
+@functools.cache
+def multiprocessors(device_index: int) -> int:
+    """SMs of a CUDA device, for persistent grids (a few programs per SM)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def cdiv(a: int, b: int) -> int:

@@ -20,14 +20,12 @@ softmax gradient: about 3x the bytes (docs/cross_entropy.md).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fastlm.ops.common import cdiv, check_dtype, check_same_device, next_power_of_2, runs_triton
+from fastlm.ops.common import cdiv, check_dtype, check_same_device, multiprocessors, next_power_of_2, runs_triton
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -309,16 +307,11 @@ BACKWARD_BLOCK, BACKWARD_WARPS = 4096, 4
 FUSED_BLOCK, FUSED_WARPS, FUSED_PROGRAMS_PER_SM = 8192, 8, 2
 
 
-@functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _fused_programs(logits: torch.Tensor) -> int:
     """Programs of the persistent fused kernel: few enough rows in flight for L2 to hold them."""
     if not logits.is_cuda:
         return logits.shape[0]
-    return min(logits.shape[0], FUSED_PROGRAMS_PER_SM * _multiprocessors(logits.device.index or 0))
+    return min(logits.shape[0], FUSED_PROGRAMS_PER_SM * multiprocessors(logits.device.index or 0))
 
 
 def _launch_forward(logits, targets, ignore_index, label_smoothing, z_loss):

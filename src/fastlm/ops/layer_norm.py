@@ -28,14 +28,21 @@ backward 4MD read (x, dy) + 2MD written (dx).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import RowTiles, as_rows, cdiv, check_dtype, check_same_device, row_tiles, runs_triton
+from fastlm.ops.common import (
+    RowTiles,
+    as_rows,
+    cdiv,
+    check_dtype,
+    check_same_device,
+    multiprocessors,
+    row_tiles,
+    runs_triton,
+)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Widest rows held in registers (one read of each input); wider rows loop over chunks of this size.
@@ -298,17 +305,12 @@ def backward_config(d: int, m: int, device: torch.device) -> RowTiles:
     return RowTiles(rows, BACKWARD_BLOCK_MAX // rows, False, tiles.num_warps)
 
 
-@functools.cache
-def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _backward_programs(tiles: int, device: torch.device, single_pass: bool) -> int:
     """A program or two per SM, each striding over the row tiles: few (programs, D) partials."""
     if device.type != "cuda":
         return min(tiles, 4)
     per_sm = BACKWARD_PROGRAMS_PER_SM if single_pass else LOOPED_PROGRAMS_PER_SM
-    return min(tiles, per_sm * _multiprocessors(device.index or 0))
+    return min(tiles, per_sm * multiprocessors(device.index or 0))
 
 
 def _forward(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype, traced: bool = False):
