@@ -72,10 +72,8 @@ def test_fully_masked_rows_are_zero_with_zero_gradient():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("programs_per_sm", [0, 1])  # backward: a program per row, or 4 striding over 14 rows
-def test_long_rows_take_the_looped_path(causal, programs_per_sm, monkeypatch):
+def test_long_rows_take_the_looped_path(causal, monkeypatch):
     monkeypatch.setattr(softmax_module, "BLOCK_MAX", 64)  # 300 keys: 5 chunks of 64, last one partial
-    monkeypatch.setattr(softmax_module, "LOOPED_BACKWARD_PROGRAMS_PER_SM", programs_per_sm)
     x = torch.randn(1, 2, 7, 300, requires_grad=True)
     mask = torch.where(torch.rand(1, 1, 1, 300) < 0.2, float("-inf"), 0.0)
     mask[..., :100] = float("-inf")  # the first chunks fully masked: the online max starts at -inf

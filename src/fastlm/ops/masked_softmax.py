@@ -27,16 +27,7 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import (
-    RowTiles,
-    as_rows,
-    cdiv,
-    check_dtype,
-    check_same_device,
-    multiprocessors,
-    row_tiles,
-    runs_triton,
-)
+from fastlm.ops.common import RowTiles, as_rows, cdiv, check_dtype, check_same_device, row_tiles, runs_triton
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_MAX = 16384  # widest row held in registers; longer rows loop over chunks of this size
@@ -48,10 +39,6 @@ TILE, PER_WARP = 8192, 512
 # but ran at 24% occupancy). From benchmarks/tune_softmax.py on an H100: 65536-wide rows,
 # 2048 of them, bf16 forward 2.35 against 2.11 TB/s (benchmarks/results/softmax_tuning_h100.jsonl).
 LOOPED_WARPS = 32
-# Programs of the looped backward per SM, each striding over the rows; 0: one program per row.
-# Its pass 2 re-reads y and dy, 256 KB per 65536-wide bf16 row: with a program per row, the rows in
-# flight overflow L2 (Nsight Compute: 908 MB read from DRAM against the minimum 537 MB).
-LOOPED_BACKWARD_PROGRAMS_PER_SM = 0
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -143,34 +130,29 @@ def _softmax_backward_kernel(
     SINGLE_PASS: tl.constexpr,
 ):  # fmt: skip
     scale = tl.cast(scale, tl.float32)  # fp64 under torch.compile
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < R
     cols = tl.arange(0, BLOCK_K)
     if SINGLE_PASS:
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_mask = rows < R
         mask = row_mask[:, None] & (cols < Sk)[None, :]
         y = tl.load(Y + rows[:, None] * Sk + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         dx = scale * y * (dy - tl.sum(dy * y, axis=1)[:, None])
         tl.store(DX + rows[:, None] * Sk + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
     else:
-        # persistent: program p takes rows p, p + programs, ... (few rows in flight, so that pass 2
-        # finds them in L2)
-        for tile in range(tl.program_id(0), tl.cdiv(R, BLOCK_M), tl.num_programs(0)):
-            rows = tl.cast(tile, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-            row_mask = rows < R
-            dot = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
-            for start in range(0, Sk, BLOCK_K):  # pass 1: sum(dy * y)
-                mask = row_mask[:, None] & (start + cols < Sk)[None, :]
-                y = tl.load(Y + rows[:, None] * Sk + start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + rows[:, None] * stride_dy + start + cols[None, :], mask=mask, other=0.0)
-                dot += dy.to(tl.float32) * y
-            row_dot = tl.sum(dot, axis=1)[:, None]
-            for start in range(0, Sk, BLOCK_K):  # pass 2: dx
-                mask = row_mask[:, None] & (start + cols < Sk)[None, :]
-                y = tl.load(Y + rows[:, None] * Sk + start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-                dy = tl.load(DY + rows[:, None] * stride_dy + start + cols[None, :], mask=mask, other=0.0)
-                dx = scale * y * (dy.to(tl.float32) - row_dot)
-                tl.store(DX + rows[:, None] * Sk + start + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        dot = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
+        for start in range(0, Sk, BLOCK_K):  # pass 1: sum(dy * y)
+            mask = row_mask[:, None] & (start + cols < Sk)[None, :]
+            y = tl.load(Y + rows[:, None] * Sk + start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + rows[:, None] * stride_dy + start + cols[None, :], mask=mask, other=0.0)
+            dot += dy.to(tl.float32) * y
+        row_dot = tl.sum(dot, axis=1)[:, None]
+        for start in range(0, Sk, BLOCK_K):  # pass 2: dx
+            mask = row_mask[:, None] & (start + cols < Sk)[None, :]
+            y = tl.load(Y + rows[:, None] * Sk + start + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dy = tl.load(DY + rows[:, None] * stride_dy + start + cols[None, :], mask=mask, other=0.0)
+            dx = scale * y * (dy.to(tl.float32) - row_dot)
+            tl.store(DX + rows[:, None] * Sk + start + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -223,12 +205,8 @@ def _backward(dy: torch.Tensor, y: torch.Tensor, scale: float, traced: bool = Fa
     dy_rows = as_rows(dy)
     rows = dy_rows.shape[0]
     config = tiles(sk)
-    programs = cdiv(rows, config.block_m)
-    if not config.single_pass and LOOPED_BACKWARD_PROGRAMS_PER_SM:  # the interpreter: 4 "SMs"
-        sms = multiprocessors(y.device.index or 0) if y.is_cuda else 4
-        programs = min(programs, LOOPED_BACKWARD_PROGRAMS_PER_SM * sms)
     kernel = wrap_triton(_softmax_backward_kernel) if traced else _softmax_backward_kernel
-    kernel[(programs,)](
+    kernel[(cdiv(rows, config.block_m),)](
         y, dy_rows, dx, rows, sk, dy_rows.stride(0), scale,
         BLOCK_M=config.block_m, BLOCK_K=config.block_d, SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
     )  # fmt: skip
