@@ -9,7 +9,12 @@ Usage (writes one CSV row per kernel and metric):
       gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,\\
 launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size \\
       python3 benchmarks/ncu_memory_bound.py > ncu.csv
+  python3 benchmarks/ncu_memory_bound.py --summary ncu.csv > ncu.md   # one table row per kernel
 """
+
+import csv
+import re
+import sys
 
 import torch
 
@@ -50,6 +55,39 @@ CASES = {
 }
 
 
+def summary(path: str) -> str:
+    """A markdown table of an ncu CSV from the command above: per fastlm kernel, its case (NVTX
+    range), time, DRAM bytes and the bandwidth they imply, L2 bytes, registers and occupancy."""
+    with open(path) as f:
+        rows = [row for row in csv.reader(f) if row]
+    header = next(row for row in rows if row[0] == "ID")
+    kernels: dict[str, dict] = {}
+    for row in rows:
+        if row[0] == "ID" or len(row) != len(header):
+            continue
+        record = dict(zip(header, row, strict=True))
+        if not record["Kernel Name"].startswith("_"):  # PyTorch's own kernels (torch.ones_like)
+            continue
+        ranges = re.findall(r"<default domain>:([^:]+):", record[header[4]])
+        case = ranges[-1] if ranges else ""
+        kernel = kernels.setdefault(record["ID"], {"case": case, "kernel": record["Kernel Name"]})
+        kernel[record["Metric Name"]] = float(record["Metric Value"].replace(",", ""))
+    lines = [
+        "| case | kernel | us | DRAM read MB | DRAM written MB | DRAM GB/s | L2 MB | registers | occupancy % |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for k in kernels.values():
+        us = k["gpu__time_duration.sum"] / 1e3
+        read, written = k["dram__bytes_read.sum"] / 1e6, k["dram__bytes_write.sum"] / 1e6
+        gbps = (read + written) / us * 1e3
+        lines.append(
+            f"| {k['case']} | {k['kernel']} | {us:.1f} | {read:.0f} | {written:.0f} | {gbps:,.0f} "
+            f"| {k['lts__t_bytes.sum'] / 1e6:,.0f} | {k['launch__registers_per_thread']:.0f} "
+            f"| {k['sm__warps_active.avg.pct_of_peak_sustained_active']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main():
     for name, make in CASES.items():
         step = make()
@@ -64,4 +102,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--summary"]:
+        print(summary(sys.argv[2]), end="")
+    else:
+        main()
