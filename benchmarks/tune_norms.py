@@ -1,5 +1,5 @@
-"""Sweep the row-tile size, elements per warp, backward grid and looped-backward rows per chunk of
-the LayerNorm / RMSNorm kernels.
+"""Sweep the row-tile size, elements per warp, backward grid, looped-backward rows per chunk and
+the partial-sum tile of the LayerNorm / RMSNorm kernels.
 
 The benchmark shapes of `fastlm bench norms`, bf16 and fp32. Prints one JSON line per
 configuration with the median ms and the GB/s of the minimum-bytes model; the constants at the
@@ -34,11 +34,15 @@ def report(stage, kind, m, d, dtype, config, fn):
 
 def main():
     settings = (
+        "FORWARD_TILE",
+        "FORWARD_PER_WARP",
         "BACKWARD_TILE",
         "BACKWARD_PER_WARP",
         "BACKWARD_PROGRAMS_PER_SM",
         "LOOPED_PROGRAMS_PER_SM",
         "LOOPED_BACKWARD_ROWS",
+        "SUM_BLOCK_P",
+        "SUM_BLOCK_D",
     )
     defaults = {name: getattr(ln, name) for name in settings}
     widths = {int(arg) for arg in sys.argv[1:]}
@@ -62,6 +66,16 @@ def main():
             report("bwd", kind, m, d, dtype, config, backward)
         for name, value in defaults.items():
             setattr(ln, name, value)
+        # the partial-row sum after the default backward: (partial rows per step, columns per program)
+        for sum_p, sum_d in SUM_CONFIGS:
+            ln.SUM_BLOCK_P, ln.SUM_BLOCK_D = sum_p, sum_d
+            backward = functools.partial(ln._backward, dy, x, w, mean, rstd, rms, True, not rms)
+            report("bwd", kind, m, d, dtype, {"sum_block_p": sum_p, "sum_block_d": sum_d}, backward)
+        for name, value in defaults.items():
+            setattr(ln, name, value)
+
+
+SUM_CONFIGS = ((32, 128), (64, 64), (128, 32), (64, 32), (128, 16), (256, 16))
 
 
 def _backward_configs(d):
