@@ -7,7 +7,7 @@ import sys
 
 TRITON_OPS = {
     "fastlm::norm_forward": ["_norm_forward_kernel"],
-    "fastlm::norm_backward": ["_norm_backward_kernel", "_sum_partials_kernel"],
+    "fastlm::norm_backward": ["_norm_backward_kernel", "_norm_param_grad_kernel", "_sum_partials_kernel"],
     "fastlm::masked_softmax_forward": ["_softmax_forward_kernel"],
     "fastlm::masked_softmax_backward": ["_softmax_backward_kernel"],
     "fastlm::causal_conv1d_forward": ["_conv1d_forward_kernel"],

@@ -19,8 +19,9 @@ bias do not require grad.
 Rows up to FORWARD_BLOCK_MAX / BACKWARD_BLOCK_MAX wide are held in registers (one read of x in
 the forward, one of x and dy in the backward), several narrow rows to a (BLOCK_M, BLOCK_D) tile;
 wider rows (up to 65536 and beyond) loop over column chunks, re-reading the row once per pass
-(forward: statistics, then output; backward: sums, then dx), the backward a few rows per chunk so
-that each update of the dw / db partial rows sums several rows.
+(forward: statistics, then output; backward: sums, then dx), and their dw / db come from a second
+kernel that streams x and dy again by column blocks (4MD more bytes read in bf16, none
+read-modify-written).
 
 Bytes (bf16 x, fp32 statistics, ignoring the small weight): forward 2MD read + 2MD written;
 backward 4MD read (x, dy) + 2MD written (dx).
@@ -193,8 +194,7 @@ def _norm_backward_kernel(
         if BIAS_GRAD:
             tl.store(DB_PARTIAL + partial_row + cols, tl.sum(db, axis=0), mask=col_mask)
     else:
-        # (BLOCK_M, BLOCK_D) chunks of BLOCK_M rows: each read-modify-write of the partial rows below
-        # adds BLOCK_M rows at once, which divides that L2 traffic (4 B x 2 per column per write) by BLOCK_M
+        # dx only: the dw / db partials of wide rows come from _norm_param_grad_kernel
         for tile in range(pid, tl.cdiv(M, BLOCK_M), programs):
             rows = tl.cast(tile, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
             row_mask = rows < M
@@ -210,8 +210,8 @@ def _norm_backward_kernel(
                 gs += g
             mean_gx = (tl.sum(gx, axis=1) / D)[:, None]
             mean_g = 0.0 if RMS else (tl.sum(gs, axis=1) / D)[:, None]
-            # pass 2 re-reads the rows, mostly from L2 (they were read a moment ago)
-            for start in range(0, D, BLOCK_D):  # pass 2: dx, and this program's dw / db partials
+            # pass 2 re-reads the rows, from L2 (they were read a moment ago, and few are in flight)
+            for start in range(0, D, BLOCK_D):  # pass 2: dx
                 x, dy, mask, col_mask = _load_chunk(X, DY, rows, row_mask, start + cols, D, stride_x, stride_dy)
                 w = tl.load(W + start + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else 1.0
                 x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
@@ -219,14 +219,52 @@ def _norm_backward_kernel(
                 tl.store(
                     DX + rows[:, None] * stride_dx + (start + cols)[None, :], dx.to(DX.dtype.element_ty), mask=mask
                 )
-                # the partial row is this program's alone: read-modify-write without atomics
-                if WEIGHT_GRAD:
-                    offsets = DW_PARTIAL + partial_row + start + cols
-                    dw = tl.sum(dy * x_hat, axis=0)
-                    tl.store(offsets, tl.load(offsets, mask=col_mask, other=0.0) + dw, mask=col_mask)
-                if BIAS_GRAD:
-                    offsets = DB_PARTIAL + partial_row + start + cols
-                    tl.store(offsets, tl.load(offsets, mask=col_mask, other=0.0) + tl.sum(dy, axis=0), mask=col_mask)
+
+
+@triton.jit
+def _norm_param_grad_kernel(
+    X,  # (M, D) input rows of the forward
+    DY,  # (M, D) upstream gradient
+    MEAN,  # (M,) fp32 (LayerNorm only)
+    RSTD,  # (M,) fp32
+    DW_PARTIAL,  # (groups, D) fp32: this row group's sum of dy * x_hat
+    DB_PARTIAL,  # (groups, D) fp32: this row group's sum of dy
+    stride_x,
+    stride_dy,
+    M,
+    D,
+    ROWS_PER_GROUP,
+    RMS: tl.constexpr,
+    WEIGHT_GRAD: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """dw / db partials of rows too wide for the single-pass backward. Program (c, g) sums column
+    block c over row group g in (BLOCK_M, BLOCK_D) registers and writes one partial row: x and dy
+    are read a second time, but streamed, where a read-modify-write of a (programs, D) partial per
+    row chunk in the dx kernel made the L2 overflow. Grid (cdiv(D, BLOCK_D), groups)."""
+    cols = tl.program_id(0) * BLOCK_D + tl.arange(0, BLOCK_D)
+    group = tl.program_id(1).to(tl.int64)
+    first = group * ROWS_PER_GROUP
+    end = tl.minimum(first + ROWS_PER_GROUP, M)
+    dw = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    db = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for start in range(first, end, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_mask = rows < end
+        x, dy, mask, _ = _load_chunk(X, DY, rows, row_mask, cols, D, stride_x, stride_dy)
+        if WEIGHT_GRAD:
+            rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]
+            mean = 0.0 if RMS else tl.load(MEAN + rows, mask=row_mask, other=0.0)[:, None]
+            dw += dy * tl.where(mask, (x - mean) * rstd, 0.0)
+        if BIAS_GRAD:
+            db += dy
+    col_mask = cols < D
+    if WEIGHT_GRAD:
+        tl.store(DW_PARTIAL + group * D + cols, tl.sum(dw, axis=0), mask=col_mask)
+    if BIAS_GRAD:
+        tl.store(DB_PARTIAL + group * D + cols, tl.sum(db, axis=0), mask=col_mask)
 
 
 @triton.jit
@@ -276,16 +314,17 @@ BACKWARD_TILE, BACKWARD_PER_WARP = 4096, 512
 BACKWARD_PROGRAMS_PER_SM = 2
 # The partial-row sum: (SUM_BLOCK_P, SUM_BLOCK_D) fp32 tiles, one program per SUM_BLOCK_D columns.
 SUM_BLOCK_P, SUM_BLOCK_D = 32, 128
-# The looped backward (D > BACKWARD_BLOCK_MAX): chunks of LOOPED_BACKWARD_ROWS rows, on
-# LOOPED_PROGRAMS_PER_SM programs per SM. Two costs pull apart: each read-modify-write of a program's
-# fp32 dw / db partial row (L2 traffic, 8 B x 2 per column and gradient) adds a whole chunk, so more
-# rows per chunk cost less there; but pass 2 re-reads the chunk, which must still be in L2, so
-# programs x rows x row bytes, next to the partial rows, must fit the 50 MB L2. At D = 16384 in bf16,
-# 132 programs x 2 rows come to 17 MB of rows and 17 MB of partials. From benchmarks/tune_norms.py
-# on an H100, D = 16384 backward: bf16 LayerNorm 0.97 / RMSNorm 1.46 TB/s against 0.67 / 1.02 with
-# 2 programs per SM and 4 rows (benchmarks/results/norms_tuning_h100.jsonl).
+# The looped backward (D > BACKWARD_BLOCK_MAX) computes dx only: chunks of LOOPED_BACKWARD_ROWS rows
+# on LOOPED_PROGRAMS_PER_SM programs per SM. Its pass 2 re-reads each chunk, which must still be in
+# L2: 132 programs x 2 rows x 16384 x (2 + 2) B is 17 MB in bf16. From benchmarks/tune_norms.py on an
+# H100, D = 16384 (benchmarks/results/norms_tuning_h100.jsonl), swept when this kernel also updated
+# per-program dw / db partial rows.
 LOOPED_BACKWARD_ROWS = 2
 LOOPED_PROGRAMS_PER_SM = 1
+# dw / db of wide rows (_norm_param_grad_kernel): (PARAM_GRAD_BLOCK_M, PARAM_GRAD_BLOCK_D) tiles
+# over PARAM_GRAD_GROUPS row groups, so cdiv(D, 256) x 32 programs and a (32, D) partial to sum.
+PARAM_GRAD_BLOCK_M, PARAM_GRAD_BLOCK_D, PARAM_GRAD_WARPS = 16, 256, 4
+PARAM_GRAD_GROUPS = 32
 
 
 def forward_config(d: int) -> RowTiles:
@@ -345,23 +384,31 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad
         return _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bias_grad, dx, x.shape)
     config = backward_config(d, m, x.device)
     programs = _backward_programs(cdiv(m, config.block_m), x.device, config.single_pass)
-    # the looped kernel accumulates into its partial row, so that one must start at zero
-    alloc = torch.empty if config.single_pass else torch.zeros
-    dw_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if weight_grad else rstd
-    db_partial = alloc((programs, d), dtype=torch.float32, device=x.device) if bias_grad else rstd
+    mean_or_dummy = mean if mean is not None else rstd
+    # partial rows of dw / db: one per backward program (single pass) or per row group (wide rows)
+    partials = programs if config.single_pass else min(PARAM_GRAD_GROUPS, m)
+    dw_partial = torch.empty((partials, d), dtype=torch.float32, device=x.device) if weight_grad else rstd
+    db_partial = torch.empty((partials, d), dtype=torch.float32, device=x.device) if bias_grad else rstd
     kernel = wrap_triton(_norm_backward_kernel) if traced else _norm_backward_kernel
     kernel[(programs,)](
-        rows, weight if weight is not None else rows, dy_rows, dx, mean if mean is not None else rstd, rstd,
+        rows, weight if weight is not None else rows, dy_rows, dx, mean_or_dummy, rstd,
         dw_partial, db_partial, rows.stride(0), dy_rows.stride(0), dx.stride(0), m, d,
         RMS=rms, HAS_WEIGHT=weight is not None, WEIGHT_GRAD=weight_grad, BIAS_GRAD=bias_grad,
         BLOCK_M=config.block_m, BLOCK_D=config.block_d, SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
     )  # fmt: skip
+    if not config.single_pass and (weight_grad or bias_grad):
+        param_grad = wrap_triton(_norm_param_grad_kernel) if traced else _norm_param_grad_kernel
+        param_grad[(cdiv(d, PARAM_GRAD_BLOCK_D), partials)](
+            rows, dy_rows, mean_or_dummy, rstd, dw_partial, db_partial, rows.stride(0), dy_rows.stride(0), m, d,
+            cdiv(m, partials), RMS=rms, WEIGHT_GRAD=weight_grad, BIAS_GRAD=bias_grad,
+            BLOCK_M=PARAM_GRAD_BLOCK_M, BLOCK_D=PARAM_GRAD_BLOCK_D, num_warps=PARAM_GRAD_WARPS,
+        )  # fmt: skip
     dw = torch.empty(d, dtype=weight.dtype, device=x.device) if weight_grad else None
     db = torch.empty(d, dtype=weight.dtype if weight is not None else x.dtype, device=x.device) if bias_grad else None
     if weight_grad or bias_grad:
         kernel = wrap_triton(_sum_partials_kernel) if traced else _sum_partials_kernel
         kernel[(cdiv(d, SUM_BLOCK_D),)](
-            dw_partial, db_partial, dw if weight_grad else db, db if bias_grad else dw, programs, d,
+            dw_partial, db_partial, dw if weight_grad else db, db if bias_grad else dw, partials, d,
             WEIGHT_GRAD=weight_grad, BIAS_GRAD=bias_grad, BLOCK_P=SUM_BLOCK_P, BLOCK_D=SUM_BLOCK_D, num_warps=4,
         )  # fmt: skip
     return dx.view(x.shape), dw, db
