@@ -54,7 +54,7 @@ def test_wide_rows_take_the_looped_path(kind, rows, monkeypatch):
     monkeypatch.setattr(norm_module, "FORWARD_BLOCK_MAX", 64)  # 300 columns: 5 chunks of 64, last one partial
     monkeypatch.setattr(norm_module, "BACKWARD_BLOCK_MAX", 64)
     monkeypatch.setattr(norm_module, "LOOPED_BACKWARD_ROWS", 4)
-    assert norm_module.backward_config(300, rows, torch.device("cpu")).block_m == (2 if rows == 7 else 4)
+    assert norm_module.backward_config(300, rows, torch.device("cpu"), 4).block_m == (2 if rows == 7 else 4)
     x = torch.randn(rows, 300, requires_grad=True)
     weight = torch.randn(300, requires_grad=True)
     bias = torch.randn(300, requires_grad=True) if kind == "layer" else None
@@ -65,7 +65,7 @@ def test_looped_backward_chunks_hold_no_more_rows_than_there_are(monkeypatch):
     monkeypatch.setattr(norm_module, "BACKWARD_BLOCK_MAX", 64)
     monkeypatch.setattr(norm_module, "LOOPED_BACKWARD_ROWS", 4)
     for rows, chunk_rows in ((1, 1), (2, 1), (3, 1), (16, 4), (1000, 4)):  # 4 programs on CPU
-        assert norm_module.backward_config(300, rows, torch.device("cpu")).block_m == chunk_rows
+        assert norm_module.backward_config(300, rows, torch.device("cpu"), 4).block_m == chunk_rows
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -187,9 +187,9 @@ def test_gpu_bf16_and_wide_rows(kind, width):
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 def test_gpu_wide_rows_in_chunks_of_several_rows(kind):
     # enough rows that every backward program gets chunks of LOOPED_BACKWARD_ROWS rows; a partial last one
-    programs = norm_module.LOOPED_PROGRAMS_PER_SM * torch.cuda.get_device_properties(0).multi_processor_count
+    programs = norm_module._backward_programs(1 << 30, torch.device("cuda"), single_pass=False, element_size=2)
     rows = norm_module.LOOPED_BACKWARD_ROWS * programs + 3
-    config = norm_module.backward_config(16384, rows, torch.device("cuda"))
+    config = norm_module.backward_config(16384, rows, torch.device("cuda"), 2)
     assert not config.single_pass and config.block_m == norm_module.LOOPED_BACKWARD_ROWS
     _check_gpu_bf16(kind, rows, 16384)
 

@@ -312,26 +312,29 @@ def _sum_partials_kernel(
 FORWARD_TILE, FORWARD_PER_WARP = 2048, 512
 BACKWARD_TILE, BACKWARD_PER_WARP = 4096, 512
 BACKWARD_PROGRAMS_PER_SM = 2
-# The partial-row sum: (SUM_BLOCK_P, SUM_BLOCK_D) fp32 tiles, one program per SUM_BLOCK_D columns.
-SUM_BLOCK_P, SUM_BLOCK_D = 32, 128
-# The looped backward (D > BACKWARD_BLOCK_MAX) computes dx only: chunks of LOOPED_BACKWARD_ROWS rows
-# on LOOPED_PROGRAMS_PER_SM programs per SM. Its pass 2 re-reads each chunk, which must still be in
-# L2: 132 programs x 2 rows x 16384 x (2 + 2) B is 17 MB in bf16. From benchmarks/tune_norms.py on an
-# H100, D = 16384 (benchmarks/results/norms_tuning_h100.jsonl), swept when this kernel also updated
-# per-program dw / db partial rows.
-LOOPED_BACKWARD_ROWS = 2
-LOOPED_PROGRAMS_PER_SM = 1
+# The partial-row sum: (SUM_BLOCK_P, SUM_BLOCK_D) fp32 tiles, one program per SUM_BLOCK_D columns. Narrow
+# column blocks give enough programs for 1024-wide rows (64 against 8 with 128 columns): the sum of
+# 264 x 1024 partials of dw and db on an H100 takes 10 us against 37 us (benchmarks/tune_norms.py
+# --sweep sum).
+SUM_BLOCK_P, SUM_BLOCK_D = 256, 16
+# The looped backward (D > BACKWARD_BLOCK_MAX) computes dx only, on chunks of LOOPED_BACKWARD_ROWS rows.
+# Its pass 2 re-reads each chunk from L2. Programs per SM: as many as keep LOOPED_BYTES_PER_SM of x and
+# dy chunks in flight, so 2 in bf16 and 1 in fp32 (a second fp32 program measured 9% slower for
+# RMSNorm, a single bf16 one 16% slower). From benchmarks/tune_norms.py --sweep bwd,param 16384 on an
+# H100 (benchmarks/results/norms_tuning_h100.jsonl).
+LOOPED_BACKWARD_ROWS = 1
+LOOPED_BYTES_PER_SM = 64 * 1024
 # dw / db of wide rows (_norm_param_grad_kernel): (PARAM_GRAD_BLOCK_M, PARAM_GRAD_BLOCK_D) tiles
-# over PARAM_GRAD_GROUPS row groups, so cdiv(D, 256) x 32 programs and a (32, D) partial to sum.
-PARAM_GRAD_BLOCK_M, PARAM_GRAD_BLOCK_D, PARAM_GRAD_WARPS = 16, 256, 4
-PARAM_GRAD_GROUPS = 32
+# over PARAM_GRAD_GROUPS row groups, so cdiv(D, 512) x 16 programs and a (16, D) partial to sum.
+PARAM_GRAD_BLOCK_M, PARAM_GRAD_BLOCK_D, PARAM_GRAD_WARPS = 8, 512, 4
+PARAM_GRAD_GROUPS = 16
 
 
 def forward_config(d: int) -> RowTiles:
     return row_tiles(d, FORWARD_TILE, FORWARD_PER_WARP, FORWARD_BLOCK_MAX)
 
 
-def backward_config(d: int, m: int, device: torch.device) -> RowTiles:
+def backward_config(d: int, m: int, device: torch.device, element_size: int) -> RowTiles:
     """Rows up to BACKWARD_BLOCK_MAX wide: stacked tiles, one pass. Wider: chunks of up to
     LOOPED_BACKWARD_ROWS rows x (BACKWARD_BLOCK_MAX / that) columns, fewer rows per chunk when there
     are too few rows to give every backward program a tile of that many."""
@@ -339,16 +342,18 @@ def backward_config(d: int, m: int, device: torch.device) -> RowTiles:
     if tiles.single_pass:
         return tiles
     rows = LOOPED_BACKWARD_ROWS  # a power of two (tl.arange)
-    while rows > 1 and (rows > m or cdiv(m, rows) < _backward_programs(m, device, single_pass=False)):
+    while rows > 1 and (rows > m or cdiv(m, rows) < _backward_programs(m, device, False, element_size)):
         rows //= 2
     return RowTiles(rows, BACKWARD_BLOCK_MAX // rows, False, tiles.num_warps)
 
 
-def _backward_programs(tiles: int, device: torch.device, single_pass: bool) -> int:
-    """A program or two per SM, each striding over the row tiles: few (programs, D) partials."""
+def _backward_programs(tiles: int, device: torch.device, single_pass: bool, element_size: int) -> int:
+    """A few programs per SM, each striding over the row tiles: few (programs, D) partials (single
+    pass), or LOOPED_BYTES_PER_SM of x and dy chunks (BACKWARD_BLOCK_MAX elements each) in flight."""
     if device.type != "cuda":
         return min(tiles, 4)
-    per_sm = BACKWARD_PROGRAMS_PER_SM if single_pass else LOOPED_PROGRAMS_PER_SM
+    chunk_bytes = 2 * BACKWARD_BLOCK_MAX * element_size
+    per_sm = BACKWARD_PROGRAMS_PER_SM if single_pass else max(1, LOOPED_BYTES_PER_SM // chunk_bytes)
     return min(tiles, per_sm * multiprocessors(device.index or 0))
 
 
@@ -382,8 +387,8 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad
     dx = torch.empty((m, d), dtype=x.dtype, device=x.device)
     if m == 0 or not runs_triton(x):
         return _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bias_grad, dx, x.shape)
-    config = backward_config(d, m, x.device)
-    programs = _backward_programs(cdiv(m, config.block_m), x.device, config.single_pass)
+    config = backward_config(d, m, x.device, x.element_size())
+    programs = _backward_programs(cdiv(m, config.block_m), x.device, config.single_pass, x.element_size())
     mean_or_dummy = mean if mean is not None else rstd
     # partial rows of dw / db: one per backward program (single pass) or per row group (wide rows)
     partials = programs if config.single_pass else min(PARAM_GRAD_GROUPS, m)
