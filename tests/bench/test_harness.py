@@ -45,16 +45,17 @@ def _layer_norm_stages(device, copy_gbps=1000.0):
 def test_stages_on_cpu_have_no_graph_replay():
     record, _ = _layer_norm_stages(torch.device("cpu"))
     assert record["status"] == "ok" and record["fwd_bwd_ms"] > 0
-    assert not any(key.startswith("fwd_bwd_graph") for key in record)
+    assert not any("graph" in key for key in record)
 
 
 @pytest.mark.gpu
 def test_gpu_graph_replay_times_the_captured_backward():
     record, leaves = _layer_norm_stages(torch.device("cuda"))
-    assert "fwd_bwd_graph_status" not in record
-    assert 0 < record["fwd_bwd_graph_ms"]
+    assert "fwd_graph_status" not in record and "fwd_bwd_graph_status" not in record
+    assert 0 < record["fwd_graph_ms"] < record["fwd_bwd_graph_ms"]
     gbps = 10**6 / (record["fwd_bwd_graph_ms"] * 1e-3) / 1e9
     assert record["fwd_bwd_graph_fraction_of_copy"] == pytest.approx(gbps / 1000.0)
+    assert record["fwd_graph_fraction_of_copy"] == pytest.approx(1 / (record["fwd_graph_ms"] * 1e-3) / 1e9 / 1000.0)
     assert all(t.grad is None for t in leaves)  # no gradient left pointing into the graph's pool
 
 
@@ -70,15 +71,17 @@ def test_bandwidth_report_shows_the_graph_replay_column_and_ticks(tmp_path):
     records = [
         {**common, "case": "a", "implementation": "fastlm", "status": "ok", "fwd_ms": 0.1, "fwd_bwd_ms": 0.5,
          "fwd_gbps": 2000.0, "fwd_fraction_of_copy": 0.66, "fwd_bwd_gbps": 600.0, "fwd_bwd_fraction_of_copy": 0.2,
+         "fwd_graph_ms": 0.05, "fwd_graph_gbps": 2700.0, "fwd_graph_fraction_of_copy": 0.9,
          "fwd_bwd_graph_ms": 0.14, "fwd_bwd_graph_gbps": 2400.0, "fwd_bwd_graph_fraction_of_copy": 0.8},
         {**common, "case": "a", "implementation": "liger", "status": "ok", "fwd_ms": 0.1, "fwd_bwd_ms": 0.5,
          "fwd_gbps": 2000.0, "fwd_fraction_of_copy": 0.66, "fwd_bwd_gbps": 600.0, "fwd_bwd_fraction_of_copy": 0.2,
-         "fwd_bwd_graph_status": "error: capture failed"},
+         "fwd_graph_status": "error: capture failed", "fwd_bwd_graph_status": "error: capture failed"},
     ]  # fmt: skip
     text = render_bandwidth(records, [("case", "case")], lambda r: r["case"], tmp_path / "plot.png", "t")
     row = next(line for line in text.splitlines() if line.startswith("| a | fastlm"))
+    assert row.split(" | ")[-4] == "90"  # fwd % of copy, CUDA graph
     assert row.split(" | ")[-2] == "80"  # fwd+bwd % of copy, CUDA graph
-    assert "ok; CUDA graph error: capture failed" in text
+    assert "ok; fwd CUDA graph error: capture failed; fwd+bwd CUDA graph error: capture failed" in text
     assert (tmp_path / "plot.png").stat().st_size > 0
 
 

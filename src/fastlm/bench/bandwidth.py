@@ -3,12 +3,12 @@
 Protocol (one run, one device, all baselines side by side): the op's inputs are drawn once, those
 that training differentiates with requires_grad, and an upstream gradient dy of the output's shape.
 fwd is the call as in training (autograd records the graph), bwd is `y.backward(dy)` after an
-untimed forward (CUDA events around the backward only), fwd+bwd both. On a GPU, fwd+bwd is also
-timed as one CUDA-graph replay: the same kernels without the host's dispatch, so a small op whose
-Python and launch cost exceeds its GPU time shows both what eager code pays and what its kernels
-do. GB/s divide each op's *minimum* bytes (every tensor read or written once) by the time, for
-every implementation alike, so they compare as effective bandwidths against the copy bandwidth
-measured in the same run.
+untimed forward (CUDA events around the backward only), fwd+bwd both. On a GPU, fwd and fwd+bwd
+are also timed as CUDA-graph replays: the same kernels without the host's dispatch, so a small op
+whose Python and launch cost exceeds its GPU time shows both what eager code pays and what its
+kernels do (and a slow host on one machine does not read as a slow kernel). GB/s divide each
+op's *minimum* bytes (every tensor read or written once) by the time, for every implementation
+alike, so they compare as effective bandwidths against the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ def measure_stages(
     device: torch.device,
 ) -> dict:
     """Times of fwd, bwd and fwd+bwd of ``fn(*inputs)`` (``{stage}_ms``, ``{stage}_gbps`` from
-    ``stage_bytes``, ``{stage}_fraction_of_copy`` of ``copy_gbps``); on CUDA also stage
-    ``fwd_bwd_graph`` (fwd+bwd replayed as a CUDA graph), or ``fwd_bwd_graph_status`` saying why it
-    could not be timed. {"status": "OOM" | "error: ..."} when the implementation fails."""
+    ``stage_bytes``, ``{stage}_fraction_of_copy`` of ``copy_gbps``); on CUDA also stages
+    ``fwd_graph`` and ``fwd_bwd_graph`` (replayed as CUDA graphs), or ``{stage}_status`` saying why
+    one could not be timed. {"status": "OOM" | "error: ..."} when the implementation fails."""
     leaves = [t for t in inputs if t is not None and t.requires_grad]
 
     def forward_fresh_graph():
@@ -70,12 +70,16 @@ def measure_stages(
     result: dict = {"status": "ok"}
     for stage, timing in stages.items():
         result.update(_stage_fields(stage, timing, stage_bytes[stage], copy_gbps))
-    if device.type == "cuda":
+    graphed = {
+        "fwd_graph": (lambda: fn(*inputs), "fwd"),
+        "fwd_bwd_graph": (lambda: fn(*inputs).backward(dy), "fwd_bwd"),
+    }
+    for stage, (call, eager_stage) in graphed.items() if device.type == "cuda" else ():
         try:
-            timing = measure_graph_replay(lambda: fn(*inputs).backward(dy), device, leaves)
-            result.update(_stage_fields("fwd_bwd_graph", timing, stage_bytes["fwd_bwd"], copy_gbps))
+            timing = measure_graph_replay(call, device, leaves)
+            result.update(_stage_fields(stage, timing, stage_bytes[eager_stage], copy_gbps))
         except RuntimeError as error:  # the row's other stages stand; the table says why this one is empty
-            result["fwd_bwd_graph_status"] = _failure(error)
+            result[f"{stage}_status"] = _failure(error)
     return result
 
 
@@ -91,6 +95,7 @@ def _stage_fields(stage: str, timing: Timing, nbytes: int, copy_gbps: float) -> 
 BANDWIDTH_COLUMNS = [("implementation", "implementation"), ("fwd_ms", "fwd ms"), ("fwd_bwd_ms", "fwd+bwd ms"),
                      ("fwd_gbps", "fwd GB/s"), ("fwd_percent_of_copy", "fwd % of copy"),
                      ("fwd_bwd_gbps", "fwd+bwd GB/s"), ("fwd_bwd_percent_of_copy", "fwd+bwd % of copy"),
+                     ("fwd_graph_percent_of_copy", "fwd % of copy, CUDA graph"),
                      ("fwd_bwd_graph_ms", "fwd+bwd ms, CUDA graph"),
                      ("fwd_bwd_graph_percent_of_copy", "fwd+bwd % of copy, CUDA graph"),
                      ("status", "status")]  # fmt: skip
@@ -109,11 +114,13 @@ def render_bandwidth(
     rows = []
     for r in records:
         row = dict(r)
-        for stage in ("fwd", "fwd_bwd", "fwd_bwd_graph"):
+        for stage in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
             if f"{stage}_fraction_of_copy" in r:
                 row[f"{stage}_percent_of_copy"] = 100 * r[f"{stage}_fraction_of_copy"]
-        if "fwd_bwd_graph_status" in r:
-            row["status"] = f"{r['status']}; CUDA graph {r['fwd_bwd_graph_status']}"
+        failed = [f"{stage.replace('_graph', '').replace('_', '+')} CUDA graph {r[f'{stage}_status']}"
+                  for stage in ("fwd_graph", "fwd_bwd_graph") if f"{stage}_status" in r]  # fmt: skip
+        if failed:
+            row["status"] = "; ".join([r["status"], *failed])
         rows.append(row)
     groups = list(dict.fromkeys(case_label(r) for r in rows))
     implementations = list(dict.fromkeys(r["implementation"] for r in rows))
