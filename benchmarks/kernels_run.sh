@@ -12,10 +12,11 @@ export PYTHONUNBUFFERED=1
 nvidia-smi -L
 python3 -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -1
 [ "${TESTS:-1}" = 0 ] || python3 -m pytest -q -rf -p no:logging tests/ops/test_layer_norm.py \
-  tests/ops/test_masked_softmax.py tests/ops/test_causal_conv1d.py 2>&1 | tail -15
+  tests/ops/test_masked_softmax.py tests/ops/test_causal_conv1d.py tests/bench/test_harness.py 2>&1 | \
+  grep -v "^DEBUG" | tee "$OUT/kernel_tests.log" | tail -15
 pack() { tar -czf "$OUT/kernels_out.tar.gz" -C "$WORK" results reports; }
 for op in norms softmax conv1d xent; do
-  fastlm bench "$op" --out "$WORK" 2>&1 | grep -E "^\|" | grep -E "fastlm|liger|compile|eager" | cut -c1-160
+  fastlm bench "$op" --out "$WORK" 2>&1 | grep -E "^\|" | grep -E "fastlm|liger|compile|eager" | cut -c1-200
   pack
 done
 fastlm bench roofline --out "$WORK" 2>&1 | tail -25
