@@ -54,7 +54,9 @@ def test_wide_rows_take_the_looped_path(kind, rows, monkeypatch):
     monkeypatch.setattr(norm_module, "FORWARD_BLOCK_MAX", 64)  # 300 columns: 5 chunks of 64, last one partial
     monkeypatch.setattr(norm_module, "BACKWARD_BLOCK_MAX", 64)
     monkeypatch.setattr(norm_module, "LOOPED_BACKWARD_ROWS", 4)
-    assert norm_module.backward_config(300, rows, torch.device("cpu"), 4).block_m == (2 if rows == 7 else 4)
+    assert norm_module.backward_config(300, rows, torch.device("cpu"), 4, kind == "rms").block_m == (
+        2 if rows == 7 else 4
+    )
     x = torch.randn(rows, 300, requires_grad=True)
     weight = torch.randn(300, requires_grad=True)
     bias = torch.randn(300, requires_grad=True) if kind == "layer" else None
@@ -65,7 +67,16 @@ def test_looped_backward_chunks_hold_no_more_rows_than_there_are(monkeypatch):
     monkeypatch.setattr(norm_module, "BACKWARD_BLOCK_MAX", 64)
     monkeypatch.setattr(norm_module, "LOOPED_BACKWARD_ROWS", 4)
     for rows, chunk_rows in ((1, 1), (2, 1), (3, 1), (16, 4), (1000, 4)):  # 4 programs on CPU
-        assert norm_module.backward_config(300, rows, torch.device("cpu"), 4).block_m == chunk_rows
+        assert norm_module.backward_config(300, rows, torch.device("cpu"), 4, False).block_m == chunk_rows
+
+
+def test_only_16_bit_rms_norm_keeps_16384_wide_rows_in_registers_in_the_backward():
+    def single_pass(element_size, rms):
+        return norm_module.backward_config(16384, 64, torch.device("cpu"), element_size, rms).single_pass
+
+    assert single_pass(2, rms=True)
+    assert not single_pass(4, rms=True) and not single_pass(2, rms=False) and not single_pass(4, rms=False)
+    assert not norm_module.backward_config(32768, 64, torch.device("cpu"), 2, True).single_pass
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -177,7 +188,7 @@ def test_bad_inputs_raise_one_clear_error(args, error, message):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("width", [1024, 4096, 65536])
+@pytest.mark.parametrize("width", [1024, 4096, 16384, 65536])
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 def test_gpu_bf16_and_wide_rows(kind, width):
     _check_gpu_bf16(kind, 64, width)
@@ -187,11 +198,13 @@ def test_gpu_bf16_and_wide_rows(kind, width):
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 def test_gpu_wide_rows_in_chunks_of_several_rows(kind):
     # enough rows that every backward program gets chunks of LOOPED_BACKWARD_ROWS rows; a partial last one
-    programs = norm_module._backward_programs(1 << 30, torch.device("cuda"), single_pass=False, element_size=2)
+    width = 32768  # looped for both norms in bf16
+    chunks = norm_module.backward_config(width, 1 << 20, torch.device("cuda"), 2, kind == "rms")
+    programs = norm_module._backward_programs(1 << 30, torch.device("cuda"), chunks, element_size=2)
     rows = norm_module.LOOPED_BACKWARD_ROWS * programs + 3
-    config = norm_module.backward_config(16384, rows, torch.device("cuda"), 2)
+    config = norm_module.backward_config(width, rows, torch.device("cuda"), 2, kind == "rms")
     assert not config.single_pass and config.block_m == norm_module.LOOPED_BACKWARD_ROWS
-    _check_gpu_bf16(kind, rows, 16384)
+    _check_gpu_bf16(kind, rows, width)
 
 
 def _check_gpu_bf16(kind, rows, width):

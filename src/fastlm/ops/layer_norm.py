@@ -16,12 +16,12 @@ sums to their own row of a (programs, D) fp32 buffer, which a second small kerne
 column in a fixed order and casts to the parameters' dtype; they are skipped when the weight /
 bias do not require grad.
 
-Rows up to FORWARD_BLOCK_MAX / BACKWARD_BLOCK_MAX wide are held in registers (one read of x in
-the forward, one of x and dy in the backward), several narrow rows to a (BLOCK_M, BLOCK_D) tile;
-wider rows (up to 65536 and beyond) loop over column chunks, re-reading the row once per pass
-(forward: statistics, then output; backward: sums, then dx), and their dw / db come from a second
-kernel that streams x and dy again by column blocks (4MD more bytes read in bf16, none
-read-modify-written).
+Rows up to FORWARD_BLOCK_MAX / BACKWARD_BLOCK_MAX (16-bit RMSNorm: RMS_16BIT_BACKWARD_BLOCK_MAX)
+wide are held in registers (one read of x in the forward, one of x and dy in the backward),
+several narrow rows to a (BLOCK_M, BLOCK_D) tile; wider rows (up to 65536 and beyond) loop over
+column chunks, re-reading the row once per pass (forward: statistics, then output; backward: sums,
+then dx), and their dw / db come from a second kernel that streams x and dy again by column blocks
+(4MD more bytes read in bf16, none read-modify-written).
 
 Bytes (bf16 x, fp32 statistics, ignoring the small weight): forward 2MD read + 2MD written;
 backward 4MD read (x, dy) + 2MD written (dx).
@@ -50,6 +50,11 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The backward keeps more per element (x, dy, the dw / db accumulators), so its limit is lower.
 FORWARD_BLOCK_MAX = 16384
 BACKWARD_BLOCK_MAX = 8192
+# RMSNorm of 16-bit rows keeps rows up to this wide in registers in the backward too: x, dy and its
+# one dw accumulator, 32 values each per thread at 16 warps. On an H100 at 4096x16384 bf16 it takes
+# 0.186 ms against 0.277 ms looped; LayerNorm (a db accumulator and the mean more) and fp32 rows
+# spill at that width (0.17-0.52 TB/s; benchmarks/results/norms_tuning_h100.jsonl).
+RMS_16BIT_BACKWARD_BLOCK_MAX = 16384
 
 
 # ----------------------------------------------------------------------------------------------
@@ -334,26 +339,35 @@ def forward_config(d: int) -> RowTiles:
     return row_tiles(d, FORWARD_TILE, FORWARD_PER_WARP, FORWARD_BLOCK_MAX)
 
 
-def backward_config(d: int, m: int, device: torch.device, element_size: int) -> RowTiles:
-    """Rows up to BACKWARD_BLOCK_MAX wide: stacked tiles, one pass. Wider: chunks of up to
-    LOOPED_BACKWARD_ROWS rows x (BACKWARD_BLOCK_MAX / that) columns, fewer rows per chunk when there
-    are too few rows to give every backward program a tile of that many."""
-    tiles = row_tiles(d, BACKWARD_TILE, BACKWARD_PER_WARP, BACKWARD_BLOCK_MAX)
+def backward_config(d: int, m: int, device: torch.device, element_size: int, rms: bool) -> RowTiles:
+    """Rows up to BACKWARD_BLOCK_MAX wide (RMS_16BIT_BACKWARD_BLOCK_MAX for 16-bit RMSNorm): stacked
+    tiles, one pass. Wider: chunks of up to LOOPED_BACKWARD_ROWS rows x (BACKWARD_BLOCK_MAX / that)
+    columns, fewer rows per chunk when there are too few rows to give every backward program a tile
+    of that many."""
+    block_max = RMS_16BIT_BACKWARD_BLOCK_MAX if rms and element_size == 2 else BACKWARD_BLOCK_MAX
+    tiles = row_tiles(d, BACKWARD_TILE, BACKWARD_PER_WARP, block_max)
     if tiles.single_pass:
         return tiles
     rows = LOOPED_BACKWARD_ROWS  # a power of two (tl.arange)
-    while rows > 1 and (rows > m or cdiv(m, rows) < _backward_programs(m, device, False, element_size)):
+    while rows > 1:
+        chunks = RowTiles(rows, BACKWARD_BLOCK_MAX // rows, False, tiles.num_warps)
+        if rows <= m and cdiv(m, rows) >= _backward_programs(m, device, chunks, element_size):
+            return chunks
         rows //= 2
-    return RowTiles(rows, BACKWARD_BLOCK_MAX // rows, False, tiles.num_warps)
+    return RowTiles(1, BACKWARD_BLOCK_MAX, False, tiles.num_warps)
 
 
-def _backward_programs(tiles: int, device: torch.device, single_pass: bool, element_size: int) -> int:
+def _backward_programs(tiles: int, device: torch.device, config: RowTiles, element_size: int) -> int:
     """A few programs per SM, each striding over the row tiles: few (programs, D) partials (single
-    pass), or LOOPED_BYTES_PER_SM of x and dy chunks (BACKWARD_BLOCK_MAX elements each) in flight."""
+    pass), or LOOPED_BYTES_PER_SM of x and dy chunks in flight (looped)."""
     if device.type != "cuda":
         return min(tiles, 4)
-    chunk_bytes = 2 * BACKWARD_BLOCK_MAX * element_size
-    per_sm = BACKWARD_PROGRAMS_PER_SM if single_pass else max(1, LOOPED_BYTES_PER_SM // chunk_bytes)
+    if not config.single_pass:
+        per_sm = max(1, LOOPED_BYTES_PER_SM // (2 * config.block_m * config.block_d * element_size))
+    elif config.block_d > BACKWARD_BLOCK_MAX:
+        per_sm = 1  # a 16384-wide program's registers fill an SM: a second one only waits (6% slower)
+    else:
+        per_sm = BACKWARD_PROGRAMS_PER_SM
     return min(tiles, per_sm * multiprocessors(device.index or 0))
 
 
@@ -387,8 +401,8 @@ def _backward(dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad
     dx = torch.empty((m, d), dtype=x.dtype, device=x.device)
     if m == 0 or not runs_triton(x):
         return _reference_backward(dy_rows, rows, weight, mean, rstd, rms, weight_grad, bias_grad, dx, x.shape)
-    config = backward_config(d, m, x.device, x.element_size())
-    programs = _backward_programs(cdiv(m, config.block_m), x.device, config.single_pass, x.element_size())
+    config = backward_config(d, m, x.device, x.element_size(), rms)
+    programs = _backward_programs(cdiv(m, config.block_m), x.device, config, x.element_size())
     mean_or_dummy = mean if mean is not None else rstd
     # partial rows of dw / db: one per backward program (single pass) or per row group (wide rows)
     partials = programs if config.single_pass else min(PARAM_GRAD_GROUPS, m)
