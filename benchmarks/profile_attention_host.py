@@ -65,7 +65,7 @@ def main():
     for name, forward in implementations.items():
         host = host_us(forward, busy)
         gpu_fwd = graph_us(forward, (q, k, v))
-        gpu_fwd_bwd = graph_us(lambda: forward().backward(dy), (q, k, v))
+        gpu_fwd_bwd = graph_us(lambda forward=forward: forward().backward(dy), (q, k, v))
         gpu = f"GPU {gpu_fwd:.1f} us forward, {gpu_fwd_bwd:.1f} us fwd+bwd"
         print(f"{name}: host {host:.1f} us per forward call; {gpu}")
 
