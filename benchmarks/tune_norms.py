@@ -1,5 +1,5 @@
-"""Sweep the row-tile size, elements per warp, backward grid, looped-backward rows per chunk and
-the wide-row dw / db kernel and the partial-sum tile of the LayerNorm / RMSNorm kernels.
+"""Sweep the row-tile size, elements per warp, backward grid, looped-backward rows per chunk, the
+wide-row dw / db kernel and the partial-sum tile of the LayerNorm / RMSNorm kernels.
 
 The benchmark shapes of `fastlm bench norms`, bf16 and fp32. Prints one JSON line per
 configuration with the median ms and the GB/s of the minimum-bytes model; the constants at the
@@ -53,7 +53,7 @@ def main():
     parser = argparse.ArgumentParser(description="Sweep the launch constants of the LayerNorm / RMSNorm kernels.")
     parser.add_argument(
         "--sweep",
-        default="fwd,bwd,sum",
+        default="fwd,bwd,param,sum",
         help="comma-separated: fwd, bwd, param (dw / db of wide rows), sum (partial sums)",
     )
     parser.add_argument("widths", nargs="*", type=int, help="only the benchmark shapes of these row widths")
