@@ -71,7 +71,8 @@ def main():
             forward = functools.partial(ln._forward, x, w, b, 1e-5, rms, x.dtype)
             report("fwd", kind, m, d, dtype, {"tile": tile, "per_warp": per_warp}, forward)
         _, mean, rstd = ln._forward(x, w, b, 1e-5, rms, x.dtype)
-        for config in _backward_configs(d) if "bwd" in sweeps else ():
+        looped = not ln.backward_config(d, m, x.device, dtype.itemsize, rms).single_pass
+        for config in _backward_configs(looped) if "bwd" in sweeps else ():
             ln.BACKWARD_TILE, ln.BACKWARD_PER_WARP = config["tile"], config["per_warp"]
             ln.BACKWARD_PROGRAMS_PER_SM = config["per_sm"]
             ln.LOOPED_BYTES_PER_SM = config["per_sm"] * 2 * ln.BACKWARD_BLOCK_MAX * dtype.itemsize
@@ -80,10 +81,8 @@ def main():
             report("bwd", kind, m, d, dtype, config, backward)
         for name, value in defaults.items():
             setattr(ln, name, value)
-        # the dw / db kernel of rows wider than BACKWARD_BLOCK_MAX: tile, warps, row groups
-        for (block_m, block_d), warps, groups in (
-            PARAM_CONFIGS if "param" in sweeps and d > ln.BACKWARD_BLOCK_MAX else ()
-        ):
+        # the dw / db kernel of the looped backward: tile, warps, row groups
+        for (block_m, block_d), warps, groups in PARAM_CONFIGS if "param" in sweeps and looped else ():
             ln.PARAM_GRAD_BLOCK_M, ln.PARAM_GRAD_BLOCK_D, ln.PARAM_GRAD_WARPS = block_m, block_d, warps
             ln.PARAM_GRAD_GROUPS = groups
             backward = functools.partial(ln._backward, dy, x, w, mean, rstd, rms, True, not rms)
@@ -104,10 +103,10 @@ PARAM_CONFIGS = tuple(itertools.product(((8, 512), (16, 256), (32, 128)), (4, 8)
 SUM_CONFIGS = ((32, 128), (64, 64), (128, 32), (64, 32), (128, 16), (256, 16))
 
 
-def _backward_configs(d):
-    """Single-pass rows: tile x elements per warp x programs per SM. Looped rows (wider than
-    BACKWARD_BLOCK_MAX), where tile and elements per warp do not apply: programs per SM x rows per chunk."""
-    if d > ln.BACKWARD_BLOCK_MAX:
+def _backward_configs(looped: bool):
+    """Single-pass rows: tile x elements per warp x programs per SM. Looped rows (too wide for one
+    pass), where tile and elements per warp do not apply: programs per SM x rows per chunk."""
+    if looped:
         grid = itertools.product((ln.BACKWARD_TILE,), (ln.BACKWARD_PER_WARP,), (1, 2, 4), (1, 2, 4, 8))
     else:
         grid = itertools.product((2048, 4096, 8192), (256, 512), (1, 2, 4), (ln.LOOPED_BACKWARD_ROWS,))
