@@ -70,6 +70,22 @@ def multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def _cuda_arch(device_index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return 10 * major + minor
+
+
+def device_arch(device: torch.device) -> int:
+    """Compute capability as one number (80 A100, 90 H100 / H200), the key of the ops' launch-config
+    tables; 0 for a CPU (the interpreter), which takes each table's default. Cached per device."""
+    return (
+        _cuda_arch(device.index if device.index is not None else torch.cuda.current_device())
+        if device.type == "cuda"
+        else 0
+    )
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b), for grids. In Triton 3.6 `triton.cdiv` is a constexpr function, and a call from
     Python costs about 4 us of argument unwrapping: several per launch on every eager step."""

@@ -1,0 +1,106 @@
+"""Eager kernel launches with as little Python per call as a launch can have.
+
+`kernel[grid](*args, **constexprs)` on a `@triton.jit` function goes through Triton's dispatcher
+on every call: it binds the arguments, reads its settings, builds a string key of the options,
+looks the binary up, checks the kernel's globals, then launches. `eager_kernel(kernel)[grid](...)`
+takes the same arguments and does that once per specialization: the first call goes through
+Triton (which compiles or loads the binary and launches it), later calls with the same
+specialization launch the cached binary directly, exactly as Triton's dispatcher does last.
+
+The specialization key covers everything Triton specializes a binary on, so a cached binary is
+never used where Triton would pick another: each tensor's dtype and 16-byte alignment, each
+integer's value class (== 1, multiple of 16, 32- or 64-bit), the type of other values, and the
+constexprs and options by value. Runtime arguments are passed positionally, constexprs and
+options (num_warps, num_stages) by keyword, as every fastlm launcher does.
+
+The direct launch uses the launch call of Triton >= 3.4 (`triton.knobs`); with older Triton, under
+the interpreter (TRITON_INTERPRET=1) and for kernels not called that way, every call goes
+through Triton's dispatcher. Inside a `torch.library.triton_op` the launchers use `wrap_triton`
+instead: there Inductor launches the kernels from its own generated code.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+from triton.runtime.jit import JITFunction
+
+try:  # Triton >= 3.4: launch hooks live in triton.knobs
+    from triton import knobs as _knobs
+except ImportError:  # older Triton: Triton's dispatcher launches every call
+    _knobs = None
+
+_INT32_MIN, _INT32_MAX, _UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
+
+
+def _specialization(args: tuple) -> tuple:
+    """What Triton's binary choice depends on, per runtime argument (a few us for 30 arguments)."""
+    return tuple(
+        [
+            (a.dtype, not a.data_ptr() & 15)
+            if isinstance(a, torch.Tensor)
+            else (a == 1, not a & 15, _INT32_MIN <= a <= _INT32_MAX, a <= _UINT64_MAX)
+            if type(a) is int
+            else type(a)
+            for a in args
+        ]
+    )
+
+
+class EagerKernel:
+    """A `@triton.jit` kernel launched through its cached binaries (see the module docstring)."""
+
+    def __init__(self, fn: JITFunction):
+        self.fn = fn
+        self.direct = _knobs is not None and isinstance(fn, JITFunction)
+        # (device, specialization, constexprs) -> (binary, constexpr values in signature order);
+        # None marks a call shape that must go through Triton every time
+        self._binaries: dict[tuple, tuple | None] = {}
+        if self.direct:
+            self._param_names = [p.name for p in fn.params]
+            self._runtime_params = sum(1 for p in fn.params if not p.is_constexpr)
+            self._all_constexpr_after = all(p.is_constexpr for p in fn.params[self._runtime_params :])
+            self._defaults = {p.name: p.default for p in fn.params}
+
+    def __getitem__(self, grid: tuple[int, ...]):
+        return functools.partial(self.launch, grid)
+
+    def launch(self, grid: tuple[int, ...], *args, **kwargs):
+        if not self.direct:
+            return self.fn[grid](*args, **kwargs)
+        device = torch.cuda.current_device()
+        key = (device, _specialization(args), tuple(kwargs.items()))
+        entry = self._binaries.get(key, False)
+        if not entry:
+            binary = self.fn[grid](*args, **kwargs)  # Triton compiles or finds the binary, and launches
+            if entry is False:
+                self._binaries[key] = self._entry(binary, args, kwargs)
+            return binary
+        binary, constexprs = entry
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        full = (*args, *constexprs)
+        grid_1 = grid[1] if len(grid) > 1 else 1
+        grid_2 = grid[2] if len(grid) > 2 else 1
+        runtime = _knobs.runtime
+        binary.run(grid[0], grid_1, grid_2, stream, binary.function, binary.packed_metadata,
+                   binary.launch_metadata(grid, stream, *full), runtime.launch_enter_hook, runtime.launch_exit_hook,
+                   *full)  # fmt: skip
+        return binary
+
+    def _entry(self, binary, args: tuple, kwargs: dict) -> tuple | None:
+        """The cache entry for a call just launched through Triton, or None when this call shape
+        cannot launch directly (a constexpr passed positionally, a runtime argument by keyword)."""
+        if binary is None or len(args) != self._runtime_params or not self._all_constexpr_after:
+            return None
+        names = self._param_names[len(args) :]
+        if any(name not in kwargs and self._defaults[name] is inspect.Parameter.empty for name in names):
+            return None
+        return binary, tuple(kwargs[name] if name in kwargs else self._defaults[name] for name in names)
+
+
+@functools.cache
+def eager_kernel(fn) -> EagerKernel:
+    """The EagerKernel of ``fn``, made once per kernel: ``eager_kernel(k)[grid](*args, **constexprs)``."""
+    return EagerKernel(fn)
