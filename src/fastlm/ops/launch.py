@@ -14,8 +14,9 @@ constexprs and options by value. Runtime arguments are passed positionally, cons
 options (num_warps, num_stages) by keyword, as every fastlm launcher does.
 
 The direct launch uses the launch call of Triton >= 3.4 (`triton.knobs`); with older Triton, under
-the interpreter (TRITON_INTERPRET=1) and for kernels not called that way, every call goes
-through Triton's dispatcher. Inside a `torch.library.triton_op` the launchers use `wrap_triton`
+the interpreter (TRITON_INTERPRET=1), for kernels not called that way, and in a process started
+with FASTLM_LAUNCH=triton (to measure one against the other), every call goes through Triton's
+dispatcher. Inside a `torch.library.triton_op` the launchers use `wrap_triton`
 instead: there Inductor launches the kernels from its own generated code.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 
 import torch
 from triton.runtime.jit import JITFunction
@@ -32,6 +34,8 @@ try:  # Triton >= 3.4: launch hooks live in triton.knobs
 except ImportError:  # older Triton: Triton's dispatcher launches every call
     _knobs = None
 
+# Read once: which launch path this process uses (see the module docstring).
+DIRECT_LAUNCH = _knobs is not None and os.environ.get("FASTLM_LAUNCH", "direct") != "triton"
 _INT32_MIN, _INT32_MAX, _UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
 
 
@@ -54,7 +58,7 @@ class EagerKernel:
 
     def __init__(self, fn: JITFunction):
         self.fn = fn
-        self.direct = _knobs is not None and isinstance(fn, JITFunction)
+        self.direct = DIRECT_LAUNCH and isinstance(fn, JITFunction)
         # (device, specialization, constexprs) -> (binary, constexpr values in signature order);
         # None marks a call shape that must go through Triton every time
         self._binaries: dict[tuple, tuple | None] = {}
