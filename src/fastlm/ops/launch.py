@@ -7,11 +7,12 @@ takes the same arguments and does that once per specialization: the first call g
 Triton (which compiles or loads the binary and launches it), later calls with the same
 specialization launch the cached binary directly, exactly as Triton's dispatcher does last.
 
-The specialization key covers everything Triton specializes a binary on, so a cached binary is
-never used where Triton would pick another: each tensor's dtype and 16-byte alignment, each
-integer's value class (== 1, multiple of 16, 32- or 64-bit), the type of other values, and the
-constexprs and options by value. Runtime arguments are passed positionally, constexprs and
-options (num_warps, num_stages) by keyword, as every fastlm launcher does.
+The cache key is finer than Triton's specialization, so a cached binary is never used where
+Triton would pick another: each tensor's dtype and address modulo 16 (Triton specializes on 16-byte
+alignment), every other runtime argument by value (shapes and strides: one entry per shape, at
+most MAX_ENTRIES per kernel), and the constexprs and options by name and value. Runtime arguments
+are passed positionally, constexprs and options (num_warps, num_stages) by keyword, as every
+fastlm launcher does.
 
 The direct launch uses the launch call of Triton >= 3.4 (`triton.knobs`); with older Triton, under
 the interpreter (TRITON_INTERPRET=1), for kernels not called that way, and in a process started
@@ -36,21 +37,19 @@ except ImportError:  # older Triton: Triton's dispatcher launches every call
 
 # Read once: which launch path this process uses (see the module docstring).
 DIRECT_LAUNCH = _knobs is not None and os.environ.get("FASTLM_LAUNCH", "direct") != "triton"
-_INT32_MIN, _INT32_MAX, _UINT64_MAX = -(2**31), 2**31 - 1, 2**64 - 1
+# Cached specializations per kernel; a workload with ever-new shapes starts over past this.
+MAX_ENTRIES = 1024
 
 
 def _specialization(args: tuple) -> tuple:
-    """What Triton's binary choice depends on, per runtime argument (a few us for 30 arguments)."""
-    return tuple(
-        [
-            (a.dtype, not a.data_ptr() & 15)
-            if isinstance(a, torch.Tensor)
-            else (a == 1, not a & 15, _INT32_MIN <= a <= _INT32_MAX, a <= _UINT64_MAX)
-            if type(a) is int
-            else type(a)
-            for a in args
-        ]
-    )
+    """The runtime arguments as a key: one isinstance and at most one method call per argument, the
+    whole cost of a direct launch beyond the launch itself."""
+    return tuple([(a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else a for a in args])
+
+
+def _hook_set(hook) -> bool:
+    """A launch hook that would run: Triton 3.4 keeps a callable or None, later ones a HookChain."""
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 class EagerKernel:
@@ -80,16 +79,21 @@ class EagerKernel:
         if not entry:
             binary = self.fn[grid](*args, **kwargs)  # Triton compiles or finds the binary, and launches
             if entry is False:
+                if len(self._binaries) >= MAX_ENTRIES:
+                    self._binaries.clear()
                 self._binaries[key] = self._entry(binary, args, kwargs)
             return binary
         binary, constexprs = entry
         stream = torch._C._cuda_getCurrentRawStream(device)
         full = (*args, *constexprs)
+        enter, exit_ = _knobs.runtime.launch_enter_hook, _knobs.runtime.launch_exit_hook
+        if _hook_set(enter) or _hook_set(exit_):  # a profiler listens: give it what Triton gives it
+            metadata = binary.launch_metadata(grid, stream, *full)
+        else:  # no hook: the launcher calls none (what launch_metadata's LazyDict is for)
+            metadata = enter = exit_ = None
         grid_1 = grid[1] if len(grid) > 1 else 1
         grid_2 = grid[2] if len(grid) > 2 else 1
-        runtime = _knobs.runtime
-        binary.run(grid[0], grid_1, grid_2, stream, binary.function, binary.packed_metadata,
-                   binary.launch_metadata(grid, stream, *full), runtime.launch_enter_hook, runtime.launch_exit_hook,
+        binary.run(grid[0], grid_1, grid_2, stream, binary.function, binary.packed_metadata, metadata, enter, exit_,
                    *full)  # fmt: skip
         return binary
 
