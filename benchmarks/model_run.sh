@@ -11,6 +11,14 @@
 #                 repository's docs and sources, in each COMPILE mode (default eager; comma list)
 #   PART=switch   SWITCH=norm|attention|loss: the compiled training step of PRESETS (default xl)
 #                 with PyTorch kernels, then with only that switch on fastlm (which kernel costs what)
+#   PART=e2e      the end-to-end matrix in one run: PRESETS (default xl) at BATCH (default 4) x
+#                 context 512, train, bf16, torch and fastlm kernels x COMPILE (default eager,compile,
+#                 cudagraphs), plus HF Llama (HF=0 leaves it out), ROUNDS rounds (default 3),
+#                 interleaved when every model fits in memory at once (the records say which)
+#   PART=e2e-warm the same matrix, 1 round of 1 step, records thrown away: fills the Inductor and Triton
+#                 caches that PART=e2e then hits. Cold, xl compiles for 2-4 minutes per (model, compile
+#                 mode), over 15 minutes for the matrix: repeat until it prints "warm: done" (each call
+#                 stops after LAST_S, default 540 s, and resumes from the cache)
 # Records, reports and plots are packed into $OUT/model_out.tar.gz (bulky traces and snapshots
 # stay on the machine; their sizes are listed).
 set -uo pipefail
@@ -74,6 +82,20 @@ switch)
   esac
   fastlm bench model --preset "${PRESETS:-xl}" --batch "${BATCH:-4}" --mode train --precision bf16 \
     --compile compile --kernels torch,fastlm $pin --out "$WORK" 2>&1 | tail -8
+  ;;
+e2e|e2e-warm)
+  export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-cache"  # shared by the warm-up and the measured run
+  hf=$([ "${HF:-1}" = 1 ] && echo --hf)
+  matrix=(--preset "${PRESETS:-xl}" --batch "${BATCH:-4}" --context 512 --mode train --precision bf16
+          --kernels torch,fastlm --compile "${COMPILE:-eager,compile,cudagraphs}" $hf)
+  if [ "$PART" = e2e-warm ]; then
+    timeout "${LAST_S:-540}" fastlm bench model "${matrix[@]}" --rounds 1 --warmup 0 --steps 1 --no-interleave \
+      --out "$WORK/warm" 2>&1 | tail -3
+    [ "${PIPESTATUS[0]}" = 0 ] && echo "warm: done" || echo "warm: not done, run PART=e2e-warm again"
+  else
+    timeout "${LAST_S:-570}" fastlm bench model "${matrix[@]}" --rounds "${ROUNDS:-3}" --warmup 5 --steps 10 \
+      --out "$WORK" 2>&1 | tail -40
+  fi
   ;;
 esac
 ls -la "$WORK"/traces "$WORK"/snapshots 2>/dev/null

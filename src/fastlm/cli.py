@@ -7,6 +7,7 @@ clear sentence and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -174,6 +175,65 @@ def cmd_bench_conv1d(args) -> None:
     _show_report(run_bandwidth_benchmark(args.out, conv1d, "conv1d", "Causal conv1d benchmark"))
 
 
+@contextlib.contextmanager
+def _steps(name: str, total: int):
+    """Yields ``step(done)`` for a long run: a progress bar on a terminal; one plain line per step when
+    the output is piped or logged (where a bar would show only once, at the end)."""
+    if console.is_terminal:
+        with _progress() as progress:
+            task = progress.add_task(name, total=total)
+            yield lambda done: progress.update(task, description=f"{name} (done: {done})", advance=1)
+        return
+    count = 0
+
+    def step(done: str) -> None:
+        nonlocal count
+        count += 1
+        console.print(f"{name} {count}/{total}: {done}", markup=False, highlight=False)
+
+    yield step
+
+
+def _host_ops(text: str) -> tuple[str, ...]:
+    from fastlm.bench.host import OPS  # imported on use: it loads torch and the kernels
+
+    return _choice_list(OPS, "op")(text)
+
+
+def _rounds(text: str) -> int:
+    from fastlm.bench.host import MIN_ROUNDS
+
+    value = _positive_int(text)
+    if value < MIN_ROUNDS:
+        raise argparse.ArgumentTypeError(f"expected at least {MIN_ROUNDS} rounds (a median and a spread), got {value}")
+    return value
+
+
+def run_host_benchmark(
+    out: Path, ops: Sequence[str] | None, modes: Sequence[str], rounds: int | None, calls: int | None
+) -> Path:
+    """Host cost per call of each op vs its PyTorch op (`fastlm.bench.host`); returns the report path.
+    ``None`` picks all ops, and the rounds and calls of this device (fewer on CPU)."""
+    from fastlm.bench import host
+
+    device = _device()
+    on_gpu = device.type == "cuda"
+    cases = [host.CASES[name] for name in (ops or host.OPS)]
+    if not on_gpu:
+        console.print(host.CPU_NOTE)
+    with _steps("host cost", len(cases) * len(modes)) as step:
+        host.run(cases, modes, device, out / "results", progress=step,
+                 rounds=rounds or (host.GPU_ROUNDS if on_gpu else host.CPU_ROUNDS),
+                 calls=calls or (host.GPU_CALLS if on_gpu else host.CPU_CALLS),
+                 warmup=host.GPU_WARMUP if on_gpu else host.CPU_WARMUP)  # fmt: skip
+    body = host.render(out / "results", out / "reports")
+    return _write_report(out / "reports" / "host.md", "Host cost per call: fastlm vs PyTorch", body)
+
+
+def cmd_bench_host(args) -> None:
+    _show_report(run_host_benchmark(args.out, args.ops, args.compile, args.rounds, args.calls))
+
+
 def _sweep_list(text: str) -> tuple[str, ...]:
     from fastlm.bench.attention import SWEEPS  # imported on use: it loads torch and the kernels
 
@@ -244,8 +304,13 @@ def model_configs(args) -> list[tuple[str, ModelConfig]]:
     return configs
 
 
-def run_model_benchmark(out: Path, configs, rows, *, batch: int, warmup: int, steps: int, hf: bool) -> Path:
-    """Measure the model rows, then write their markdown report; returns the report path."""
+def run_model_benchmark(
+    out: Path, configs, rows, *, batch: int, warmup: int, steps: int, hf: bool, rounds: int = 1,
+    interleave: bool | None = None,
+) -> Path:  # fmt: skip
+    """Measure the model rows for ``rounds`` rounds (interleaved across configurations unless
+    ``interleave`` is False, or None and the models would not fit in memory together), then write
+    their markdown report; returns the report path."""
     from fastlm.bench import model as model_bench
 
     device = _device()
@@ -257,14 +322,15 @@ def run_model_benchmark(out: Path, configs, rows, *, batch: int, warmup: int, st
             raise UserError("--hf needs the transformers package: pip install transformers") from None
     results_dir, reports_dir = out / "results", out / "reports"
     with _progress() as progress:
-        hf_shapes = {(c.d_model, c.d_ff, c.num_layers, c.num_heads) for _, c in configs} if hf else set()
-        task = progress.add_task("model", total=(len(configs) + len(hf_shapes)) * len(rows))
+        subjects = model_bench.subjects(configs, implementations)
+        task = progress.add_task("model", total=len(subjects) * len(rows) * rounds)
 
         def step(done: str) -> None:
             progress.update(task, description=f"model (done: {done})", advance=1)
 
         model_bench.run(configs, rows, batch=batch, warmup=warmup, steps=steps, device=device,
-                        results_dir=results_dir, implementations=implementations, progress=step)  # fmt: skip
+                        results_dir=results_dir, implementations=implementations, rounds=rounds,
+                        interleave=interleave, progress=step)  # fmt: skip
     report = _write_report(reports_dir / "model.md", "Model benchmark", model_bench.render(results_dir, reports_dir))
     return report
 
@@ -283,7 +349,8 @@ def cmd_bench_model(args) -> None:
         )
     row_list = rows(args.mode or ("train",), args.precision or ("bf16",), args.compile or ("eager",))
     report = run_model_benchmark(args.out, model_configs(args), row_list, batch=args.batch, warmup=args.warmup,
-                                 steps=args.steps, hf=args.hf)  # fmt: skip
+                                 steps=args.steps, hf=args.hf, rounds=args.rounds,
+                                 interleave=args.interleave)  # fmt: skip
     _show_report(report)
 
 
@@ -848,6 +915,9 @@ def cmd_report(args) -> None:
                                 (conv1d, "conv1d", "Causal conv1d")):  # fmt: skip
         section = run_bandwidth_benchmark(args.out, module, name, title).read_text()
         lines += ["", section.replace(f"# {title}", f"## {title}", 1)]
+    host_modes = ("eager", "compile") if device.type == "cuda" else ("eager",)
+    host_section = run_host_benchmark(args.out, None, host_modes, None, None).read_text().replace("\n## ", "\n### ")
+    lines += ["", host_section.replace("# Host cost per call", "## Host cost per call", 1)]
     lines += ["", run_roofline(args.out).read_text().replace("# Roofline", "## Roofline", 1)]
     report = args.out / "reports" / "report.md"
     report.write_text("\n".join(lines))
@@ -918,6 +988,22 @@ def build_parser() -> argparse.ArgumentParser:
         p = bench.add_parser(name, help=help_text)
         add_out(p)
         p.set_defaults(func=func)
+    from fastlm.bench import host
+
+    p = bench.add_parser("host", help="host (CPU) time per call of each op vs the PyTorch op it replaces, "
+                         "at small shapes where the host dominates")  # fmt: skip
+    p.add_argument("--ops", type=_host_ops, default=None, help=f"comma list among {','.join(host.OPS)} (default all)")
+    p.add_argument("--compile", type=_choice_list(host.COMPILE_MODES, "compile mode"), default=("eager",),
+                   help="comma list of eager, compile (torch.compile(fullgraph=True) of each implementation, "
+                   "fwd and bwd) (default eager)")  # fmt: skip
+    p.add_argument("--rounds", type=_rounds, default=None,
+                   help=f"rounds, each timing every implementation and direction (default {host.GPU_ROUNDS} on a "
+                   f"GPU, {host.CPU_ROUNDS} without one; at least {host.MIN_ROUNDS})")  # fmt: skip
+    p.add_argument("--calls", type=_positive_int, default=None,
+                   help=f"calls per round and timing (default {host.GPU_CALLS} on a GPU, {host.CPU_CALLS} without "
+                   "one)")  # fmt: skip
+    add_out(p)
+    p.set_defaults(func=cmd_bench_host)
     p = bench.add_parser("model", help="LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)")
     add_model_arguments(p)
     p.add_argument("--mode", type=_choice_list(("fwd", "fwd+bwd", "train")), default=None,
@@ -927,8 +1013,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", type=_choice_list(COMPILE_MODES), default=None,
                    help="comma list of eager, compile (torch.compile), cudagraphs (torch.compile with "
                    "mode='reduce-overhead') (default eager; the sweep: eager, compile)")  # fmt: skip
-    p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed steps first (default 5)")
-    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps (default 10)")
+    p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed steps first, every round (default 5)")
+    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps per round (default 10)")
+    p.add_argument("--rounds", type=_positive_int, default=3,
+                   help="rounds of warm-up + timed steps per row; the median over rounds is reported, with "
+                   "the lowest and highest round's (default 3)")  # fmt: skip
+    p.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
+                   help="round 1 of every row, then round 2, ..., every model kept (default: when the "
+                   "models fit in memory together; else each row's rounds back to back)")  # fmt: skip
     p.add_argument("--sweep", action="store_true",
                    help="every preset but tiny x fwd, fwd+bwd, train x fp32, bf16 x eager, compile")  # fmt: skip
     p.add_argument("--hf", action="store_true", help="also measure transformers' LlamaForCausalLM of the same dims")

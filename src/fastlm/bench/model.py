@@ -1,11 +1,15 @@
 """`fastlm bench model`: end-to-end step timings of the language model.
 
-Protocol for one row: a random batch of token ids (batch, context); `warmup` untimed steps, then
-`steps` timed ones, each bracketed by `timeit.default_timer()` with `torch.cuda.synchronize()`
-before the clock stops, so the time is the GPU's, not the launch queue's. The row reports the
-first step separately (it pays for compilation, autotuning and allocator growth: with
-`--warmup 0` it is one of the timed steps, which shows in the mean and std), mean / std / median
-of the timed steps, tokens/s from the median, MFU (`fastlm.analysis.model`) and peak memory.
+Protocol for one round of a row: a random batch of token ids (batch, context); `warmup` untimed
+steps, then `steps` timed ones, each bracketed by `timeit.default_timer()` with
+`torch.cuda.synchronize()` before the clock stops, so the time is the GPU's, not the launch queue's.
+Each row runs `rounds` rounds; the record gives each round's median, their median (tokens/s and MFU
+(`fastlm.analysis.model`) come from it) and its spread (lowest and highest round median), p20 / p80,
+mean and std of every timed step, the first step of round 1 on its own (it pays for compilation,
+autotuning and allocator growth: with `--warmup 0` it is one of the timed steps, which shows in the
+mean and std) and peak memory. Rounds are interleaved across all rows of all models (round 1 of
+every row, then round 2, ...), so drift of the machine favours none of them, unless every model
+would not fit in memory at once: then each row's rounds run back to back (`choose_schedule`).
 
 Modes: `fwd` is the training forward (autograd records the graph, loss included), `fwd+bwd` adds
 the backward, `train` adds AdamW's step (fused AdamW on CUDA, for every model). Precision `bf16` is
@@ -15,8 +19,8 @@ context. `compile` wraps the model in `torch.compile`; `cudagraphs` in `torch.co
 pay for launching each kernel from the CPU (what bounds small batches); the optimizer step stays
 eager in both. Out-of-memory ends that row with the status "out of memory"; the sweep goes on.
 
-A preset's model is built once and shared by its rows (eager, then each compile mode), so one
-compilation per compile mode and precision serves every step mode.
+A model is built once and shared by its rows (eager, then each compile mode) and its rounds, so one
+compilation per compile mode and precision serves every step mode and every round.
 """
 
 from __future__ import annotations
@@ -117,16 +121,32 @@ def time_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.
     return times
 
 
-def summarize(times: list[float], warmup: int, tokens_per_step: int) -> dict:
-    timed = times[warmup:]
-    median = statistics.median(timed)
+def summarize_rounds(round_times: Sequence[Sequence[float]], warmup: int, tokens_per_step: int) -> dict:
+    """Step-time summary of one configuration's rounds (each: ``warmup`` + timed steps, in ms).
+
+    The median is taken per round, then over the rounds; the spread is the lowest and highest round
+    median, and p20 / p80 of every timed step pooled. tokens/s comes from the median over rounds."""
+    round_median_ms = [statistics.median(times[warmup:]) for times in round_times]
+    timed = [t for times in round_times for t in times[warmup:]]
+    median = statistics.median(round_median_ms)
+    deciles = statistics.quantiles(timed, n=10, method="inclusive") if len(timed) > 1 else [timed[0]] * 9
     return {
-        "first_step_ms": times[0],
+        "first_step_ms": round_times[0][0],  # compilation, autotuning, allocator growth: round 1 pays them
         "mean_ms": statistics.mean(timed),
         "std_ms": statistics.stdev(timed) if len(timed) > 1 else 0.0,
+        "p20_ms": deciles[1],
+        "p80_ms": deciles[7],
+        "round_median_ms": round_median_ms,
         "median_ms": median,
+        "median_min_ms": min(round_median_ms),
+        "median_max_ms": max(round_median_ms),
         "tokens_per_s": tokens_per_step / (median / 1e3),
     }
+
+
+def summarize(times: list[float], warmup: int, tokens_per_step: int) -> dict:
+    """`summarize_rounds` of a single round."""
+    return summarize_rounds([times], warmup, tokens_per_step)
 
 
 def build_hf_llama(config: ModelConfig) -> torch.nn.Module:
@@ -154,22 +174,230 @@ def build_hf_llama(config: ModelConfig) -> torch.nn.Module:
     return LlamaForCausalLM(hf_config)
 
 
-def _build(implementation: str, config: ModelConfig, device: torch.device) -> torch.nn.Module:
-    if implementation == "fastlm":
-        return TransformerLM(config).to(device)
-    return build_hf_llama(config).to(device)
+@dataclass(frozen=True)
+class Subject:
+    """One model to build: our TransformerLM of a configuration, or HF Llama of its dimensions."""
+
+    preset: str
+    config: ModelConfig
+    implementation: str = "fastlm"
 
 
-def _loss_fn(implementation: str, module: torch.nn.Module) -> LossFn:
-    if implementation == "fastlm":
-        return module
-    return lambda tokens, targets: module(input_ids=tokens, labels=targets).loss
+def subjects(configs: Iterable[tuple[str, ModelConfig]], implementations: Sequence[str]) -> list[Subject]:
+    """Every (configuration, implementation); HF Llama once per shape, since the kernel switches do
+    not apply to it."""
+    result, hf_shapes = [], set()
+    for preset, config in configs:
+        for implementation in implementations:
+            shape = (config.d_model, config.d_ff, config.num_layers, config.num_heads)
+            if implementation == "hf-llama":
+                if shape in hf_shapes:
+                    continue
+                hf_shapes.add(shape)
+            result.append(Subject(preset, config, implementation))
+    return result
 
 
 def _free_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+
+
+class BuiltModel:
+    """A subject's model, its batch of tokens and one compiled module per compile mode, built on first
+    use and kept until `release`: later rounds reuse the compiled step (and its CUDA graphs). Between
+    rounds only the parameters stay: gradients and the optimizer (with its AdamW state) are made
+    anew each round and freed after it."""
+
+    def __init__(self, subject: Subject, batch: int, device: torch.device) -> None:
+        self.subject, self.batch, self.device = subject, batch, device
+        self.model: torch.nn.Module | None = None
+        self.compiled: dict[str, torch.nn.Module] = {}
+
+    def _build(self) -> None:
+        config = self.subject.config
+        with torch.device(self.device):  # initialized in place: no 8 GB host-side init and copy for xl
+            model = TransformerLM(config) if self.subject.implementation == "fastlm" else build_hf_llama(config)
+            self.tokens = torch.randint(0, config.vocab_size, (self.batch, config.context_length))
+            self.targets = torch.randint(0, config.vocab_size, (self.batch, config.context_length))
+        self.model = model
+        self.resident_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+    def _module(self, compile_mode: str) -> torch.nn.Module:
+        if compile_mode == "eager":
+            return self.model
+        if compile_mode not in self.compiled:
+            self.compiled[compile_mode] = torch.compile(self.model, mode=TORCH_COMPILE_MODE[compile_mode])
+        return self.compiled[compile_mode]
+
+    def _loss_fn(self, module: torch.nn.Module) -> LossFn:
+        if self.subject.implementation == "fastlm":
+            return module
+        return lambda tokens, targets: module(input_ids=tokens, labels=targets).loss
+
+    def round(self, row: Row, warmup: int, steps: int) -> tuple[list[float], float | None]:
+        """One round of ``row``: the ms of its warmup + steps calls, and its peak memory in bytes
+        (CUDA) less what other kept models held when it began. Out of memory propagates."""
+        if self.model is None:
+            self._build()
+        on_cuda = self.device.type == "cuda"
+        others_bytes = torch.cuda.memory_allocated() - self.resident_bytes if on_cuda else 0
+        if on_cuda:
+            torch.cuda.reset_peak_memory_stats()
+        optimizer = make_optimizer(self.model) if row.mode == "train" else None
+        try:
+            step = make_step(self._loss_fn(self._module(row.compile)), self.model, row, self.tokens, self.targets,
+                             optimizer)  # fmt: skip
+            times = time_steps(step, warmup, steps, self.device)
+            peak = torch.cuda.max_memory_allocated() - others_bytes if on_cuda else None
+        finally:
+            del optimizer
+            self.model.zero_grad(set_to_none=True)
+            _free_memory(self.device)
+        return times, peak
+
+    def release(self) -> None:
+        self.model, self.compiled, self.tokens, self.targets = None, {}, None, None
+        _free_memory(self.device)
+
+
+def row_memory_estimate(config: ModelConfig, row: Row, batch: int) -> int:
+    """Napkin bytes one row needs on top of its model's fp32 parameters: gradients (4 bytes per
+    parameter) unless forward only, AdamW's two moments (8) in training, autocast's bf16 weight
+    copies (2); activations at 34 bytes per token, d_model and layer in 16-bit, twice that in fp32
+    (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models": sbh·34
+    per layer, without the 5·a·s/h attention-score term that SDPA and flash attention never store);
+    fp32 logits and their gradient. The measured xl training step (batch 4, bf16) peaks at 36 GB
+    against 42 GB estimated here: the estimate errs on the safe side."""
+    parameters = config.num_parameters()
+    gradients, adamw, casts = row.mode != "fwd", row.mode == "train", row.precision == "bf16"
+    weights = 4 * gradients + 8 * adamw + 2 * casts
+    tokens = batch * config.context_length
+    activations = 34 * tokens * config.d_model * config.num_layers * (1 if row.precision == "bf16" else 2)
+    return weights * parameters + activations + 8 * tokens * config.vocab_size
+
+
+def interleaved_memory_estimate(subject_list: Sequence[Subject], row_list: Sequence[Row], batch: int) -> int:
+    """Napkin bytes of an interleaved run: every model's fp32 parameters (kept across rounds), the
+    largest row's own memory, and, with CUDA graphs, one pool holding a step's gradients and
+    activations (CUDA Graph Trees share one pool per device between all graphed models)."""
+    kept = sum(4 * s.config.num_parameters() for s in subject_list)
+    largest_row = max(row_memory_estimate(s.config, row, batch) for s in subject_list for row in row_list)
+    graph_pool = 0
+    if any(row.compile == "cudagraphs" for row in row_list):
+        graph_pool = max(row_memory_estimate(s.config, Row("fwd+bwd", "bf16", "cudagraphs"), batch)
+                         - 2 * s.config.num_parameters() for s in subject_list)  # fmt: skip
+    return kept + largest_row + graph_pool
+
+
+def choose_schedule(
+    subject_list: Sequence[Subject],
+    row_list: Sequence[Row],
+    batch: int,
+    device_memory_bytes: int | None,
+    interleave: bool | None,
+) -> tuple[str, str]:
+    """("interleaved" | "back to back", why). ``interleave`` None: interleave where the memory
+    estimate fits in 90% of the device's memory; always without a device memory (CPU, where the
+    timings are not the point)."""
+    if interleave is not None:
+        return ("interleaved", "--interleave") if interleave else ("back to back", "--no-interleave")
+    if device_memory_bytes is None or len(subject_list) < 2:
+        return "interleaved", "auto"
+    need, have = interleaved_memory_estimate(subject_list, row_list, batch) / 1e9, device_memory_bytes / 1e9
+    if need <= 0.9 * have:
+        return "interleaved", f"auto: every model kept needs about {need:.0f} of {have:.0f} GB"
+    return "back to back", f"auto: every model kept would need about {need:.0f} of {have:.0f} GB"
+
+
+@contextlib.contextmanager
+def _compile_caches_for_many_models():
+    """Fresh Dynamo caches, large enough for every (model, compile mode) of a run: models stay
+    compiled across rounds, so nothing is reset between them; hitting the limit raises rather than
+    silently running eager code."""
+    torch._dynamo.reset()
+    limits = {"recompile_limit": 256, "accumulated_recompile_limit": 4096, "fail_on_recompile_limit_hit": True}
+    with torch._dynamo.config.patch({k: v for k, v in limits.items() if hasattr(torch._dynamo.config, k)}):
+        try:
+            yield
+        finally:
+            torch._dynamo.reset()
+
+
+def measure_subjects(
+    subject_list: Sequence[Subject],
+    row_list: Sequence[Row],
+    *,
+    batch: int,
+    warmup: int,
+    steps: int,
+    rounds: int,
+    device: torch.device,
+    interleave: bool | None = None,
+    on_records: Callable[[list[dict]], None] = lambda records: None,
+    progress: Callable[[str], None] = lambda done: None,
+) -> list[dict]:
+    """Every (subject, row) for ``rounds`` rounds; one record per (subject, row).
+
+    Interleaved: round 1 of every configuration, then round 2, ..., with every model and its
+    compiled modules kept, so slow drift of the machine (clocks, temperature, other tenants) is
+    spread over all configurations alike. Back to back: the rounds of one configuration follow
+    each other and a model is freed once its rows are done. A model's records go to ``on_records``
+    once its last round is measured. A configuration that runs out of memory is not retried in
+    later rounds; its record says "out of memory"."""
+    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    schedule, why = choose_schedule(subject_list, row_list, batch, memory, interleave)
+    if schedule == "interleaved":
+        plan = [(r, s, row) for r in range(rounds) for s in range(len(subject_list)) for row in row_list]
+    else:
+        plan = [(r, s, row) for s in range(len(subject_list)) for row in row_list for r in range(rounds)]
+    last_use = {s: i for i, (_, s, _) in enumerate(plan)}
+    built = [BuiltModel(subject, batch, device) for subject in subject_list]
+    times: dict[tuple[int, Row], list[list[float]]] = {(s, row): [] for s in range(len(built)) for row in row_list}
+    peaks: dict[tuple[int, Row], list[float]] = {key: [] for key in times}
+    out_of_memory: set[tuple[int, Row]] = set()
+    spec = spec_for_device_name(current_device_name())
+    records = []
+    with _compile_caches_for_many_models():
+        for i, (r, s, row) in enumerate(plan):
+            subject = subject_list[s]
+            if (s, row) not in out_of_memory:
+                try:
+                    round_times, peak = built[s].round(row, warmup, steps)
+                    times[s, row].append(round_times)
+                    if peak is not None:
+                        peaks[s, row].append(peak)
+                except RuntimeError as error:
+                    if not is_out_of_memory(error):
+                        raise
+                    out_of_memory.add((s, row))
+                    _free_memory(device)
+            progress(f"{subject.preset} {row.mode} {row.precision} {row.compile} round {r + 1}/{rounds}")
+            if last_use[s] != i:
+                continue
+            built[s].release()
+            if schedule == "back to back":
+                torch._dynamo.reset()  # its compiled code and CUDA graphs go with it
+            base = {"op": "model", "implementation": subject.implementation, "preset": subject.preset,
+                    **dataclasses.asdict(subject.config), "batch": batch, "warmup": warmup, "steps": steps,
+                    "rounds": rounds, "schedule": schedule, "schedule_reason": why}  # fmt: skip
+            model_records = []
+            for row in row_list:
+                record = {**base, **dataclasses.asdict(row)}
+                if (s, row) in out_of_memory or not times[s, row]:
+                    record["status"] = "out of memory"
+                else:
+                    record.update(status="ok", **summarize_rounds(times[s, row], warmup,
+                                                                  batch * subject.config.context_length))  # fmt: skip
+                    if spec is not None:
+                        record["mfu"] = mfu(subject.config, row.mode, record["tokens_per_s"], spec)
+                    if peaks[s, row]:
+                        record["peak_memory_gib"] = max(peaks[s, row]) / 2**30
+                model_records.append(with_environment(record))
+            on_records(model_records)
+            records += model_records
+    return records
 
 
 def measure_config(
@@ -182,63 +410,12 @@ def measure_config(
     steps: int,
     device: torch.device,
     implementation: str = "fastlm",
+    rounds: int = 1,
     progress: Callable[[str], None] = lambda done: None,
 ) -> list[dict]:
     """Every row for one model configuration; one record per row."""
-    base = {
-        "op": "model",
-        "implementation": implementation,
-        "preset": preset,
-        **dataclasses.asdict(config),
-        "batch": batch,
-        "warmup": warmup,
-        "steps": steps,
-    }
-    spec = spec_for_device_name(current_device_name())
-    records = []
-    model = None
-    compiled: dict[str, torch.nn.Module] = {}
-    try:
-        model = _build(implementation, config, device)
-        tokens = torch.randint(0, config.vocab_size, (batch, config.context_length), device=device)
-        targets = torch.randint(0, config.vocab_size, (batch, config.context_length), device=device)
-    except RuntimeError as error:
-        if not is_out_of_memory(error):
-            raise
-        model = None
-    for row in row_list:
-        record = {**base, **dataclasses.asdict(row)}
-        if model is None:
-            records.append(with_environment({**record, "status": "out of memory"}))
-            progress(f"{preset} {row.mode} {row.precision} {row.compile}")
-            continue
-        if row.compile != "eager" and row.compile not in compiled:
-            torch._dynamo.reset()  # a fresh cache per compilation: never fall back to eager on cache limits
-            compiled = {row.compile: torch.compile(model, mode=TORCH_COMPILE_MODE[row.compile])}
-        module = compiled[row.compile] if row.compile != "eager" else model
-        optimizer = make_optimizer(model) if row.mode == "train" else None
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        try:
-            step = make_step(_loss_fn(implementation, module), model, row, tokens, targets, optimizer)
-            times = time_steps(step, warmup, steps, device)
-            record.update(status="ok", **summarize(times, warmup, batch * config.context_length))
-            if spec is not None:
-                record["mfu"] = mfu(config, row.mode, record["tokens_per_s"], spec)
-            if device.type == "cuda":
-                record["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
-        except RuntimeError as error:
-            if not is_out_of_memory(error):
-                raise
-            record["status"] = "out of memory"
-        del optimizer
-        model.zero_grad(set_to_none=True)
-        _free_memory(device)
-        records.append(with_environment(record))
-        progress(f"{preset} {row.mode} {row.precision} {row.compile}")
-    del model, compiled
-    _free_memory(device)
-    return records
+    return measure_subjects([Subject(preset, config, implementation)], row_list, batch=batch, warmup=warmup,
+                            steps=steps, rounds=rounds, device=device, progress=progress)  # fmt: skip
 
 
 def run(
@@ -251,24 +428,15 @@ def run(
     device: torch.device,
     results_dir: Path,
     implementations: Sequence[str] = ("fastlm",),
+    rounds: int = 1,
+    interleave: bool | None = None,
     progress: Callable[[str], None] = lambda done: None,
 ) -> list[dict]:
-    """Measure every (configuration, implementation, row); records are appended as each
-    configuration finishes, so an interrupted sweep keeps what it measured."""
-    records = []
-    hf_measured = set()  # the kernel switches do not apply to the HF model: one measurement per shape
-    for preset, config in configs:
-        for implementation in implementations:
-            shape = (config.d_model, config.d_ff, config.num_layers, config.num_heads)
-            if implementation == "hf-llama" and shape in hf_measured:
-                continue
-            if implementation == "hf-llama":
-                hf_measured.add(shape)
-            measured = measure_config(config, preset, row_list, batch=batch, warmup=warmup, steps=steps,
-                                      device=device, implementation=implementation, progress=progress)  # fmt: skip
-            append_records(results_dir / RESULTS_FILE, measured)
-            records += measured
-    return records
+    """Measure every (configuration, implementation, row) in one process; a model's records are
+    appended as soon as its last round is measured, so an interrupted run keeps what it finished."""
+    return measure_subjects(subjects(configs, implementations), row_list, batch=batch, warmup=warmup, steps=steps,
+                            rounds=rounds, device=device, interleave=interleave, progress=progress,
+                            on_records=lambda records: append_records(results_dir / RESULTS_FILE, records))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,14 +451,42 @@ COLUMNS = [
     ("precision", "precision"),
     ("compile", "compile"),
     ("first_step_ms", "first step ms"),
-    ("mean_ms", "mean ms"),
-    ("std_ms", "std ms"),
-    ("median_ms", "median ms"),
+    ("step_ms", "step ms: median (rounds min-max)"),
+    ("p20_p80_ms", "step ms p20-p80"),
     ("tokens_per_s", "tokens/s"),
     ("mfu_percent", "MFU %"),
     ("peak_memory_gib", "peak GiB"),
     ("status", "status"),
 ]
+
+RATIO_COLUMNS = [
+    ("preset", "preset"),
+    ("mode", "mode"),
+    ("precision", "precision"),
+    ("compile", "compile"),
+    ("model", "model / kernels"),
+    ("tokens_per_s", "tokens/s"),
+    ("vs_torch_kernels", "tokens/s vs PyTorch kernels"),
+    ("vs_hf", "tokens/s vs HF Llama"),
+]
+
+
+def _number(value: float) -> str:
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
+
+
+def with_spread(value: float, low: float, high: float, unit: str = "") -> str:
+    """'101.8 (98.9-104.0)': a value and its spread, the spread left out where it is empty."""
+    if low == high:
+        return f"{_number(value)}{unit}"
+    return f"{_number(value)}{unit} ({_number(low)}-{_number(high)})"
+
+
+def round_medians(record: dict) -> list[float]:
+    """The per-round median step times; one round for records written before rounds existed."""
+    return record.get("round_median_ms") or [record["median_ms"]]
 
 
 def _display(record: dict) -> dict:
@@ -298,9 +494,64 @@ def _display(record: dict) -> dict:
     row["kernels"] = f"{record['attention']} / {record['norm']} / {record['loss']}"
     if record.get("implementation") == "hf-llama":
         row["kernels"] = "transformers (sdpa)"
+    if record.get("status") != "ok":
+        return row
+    median, low, high = record["median_ms"], min(round_medians(record)), max(round_medians(record))
+    row["step_ms"] = with_spread(median, low, high)
+    if record.get("p20_ms") is not None:
+        row["p20_p80_ms"] = f"{_number(record['p20_ms'])}-{_number(record['p80_ms'])}"
+    # tokens/s and MFU scale with 1 / step time: the slowest round gives the low end
+    row["tokens_per_s"] = with_spread(record["tokens_per_s"], record["tokens_per_s"] * median / high,
+                                      record["tokens_per_s"] * median / low)  # fmt: skip
     if record.get("mfu") is not None:
-        row["mfu_percent"] = 100 * record["mfu"]
+        mfu_percent = 100 * record["mfu"]
+        row["mfu_percent"] = with_spread(mfu_percent, mfu_percent * median / high, mfu_percent * median / low)
     return row
+
+
+def speed_ratio(record: dict, baseline: dict) -> tuple[float, float, float]:
+    """tokens/s of ``record`` over ``baseline``'s: (value, low, high). Interleaved rounds pair up,
+    so the value is the median of the per-round ratios and the spread their min and max; rounds run
+    back to back do not pair, so the value is the ratio of the medians and the spread the extremes
+    (fastest against slowest round)."""
+    ours, theirs = round_medians(record), round_medians(baseline)
+    paired = record.get("schedule") == baseline.get("schedule") == "interleaved" and len(ours) == len(theirs)
+    if paired:
+        ratios = [b / a for a, b in zip(ours, theirs, strict=True)]
+        return statistics.median(ratios), min(ratios), max(ratios)
+    return baseline["median_ms"] / record["median_ms"], min(theirs) / max(ours), max(theirs) / min(ours)
+
+
+def _is_torch_kernels(record: dict) -> bool:
+    return (record["implementation"] == "fastlm" and record["attention"] == "sdpa" and record["norm"] == "torch"
+            and record["loss"] == "torch")  # fmt: skip
+
+
+def ratio_rows(records: list[dict]) -> list[dict]:
+    """For each (preset, mode, precision, compile) measured with more than one model or kernel set:
+    every row's tokens/s against our model with PyTorch kernels and against HF Llama."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r.get("status") == "ok":
+            key = (r["preset"], r["d_model"], r["num_layers"], r["batch"], r["mode"], r["precision"], r["compile"])
+            groups.setdefault(key, []).append(r)
+    rows_out = []
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        torch_kernels = next((r for r in group if _is_torch_kernels(r)), None)
+        hf = next((r for r in group if r["implementation"] == "hf-llama"), None)
+        for r in group:
+            display = _display(r)
+            row = {k: r[k] for k in ("preset", "mode", "precision", "compile")}
+            row["model"] = "HF Llama" if r is hf else f"fastlm, {display['kernels']}"
+            row["tokens_per_s"] = display["tokens_per_s"]
+            if torch_kernels is not None and r is not torch_kernels and r is not hf:
+                row["vs_torch_kernels"] = with_spread(*speed_ratio(r, torch_kernels), unit="x")
+            if hf is not None and r is not hf:
+                row["vs_hf"] = with_spread(*speed_ratio(r, hf), unit="x")
+            rows_out.append(row)
+    return rows_out
 
 
 def _mfu_plot(records: list[dict], reports_dir: Path) -> Path | None:
@@ -341,14 +592,30 @@ def render(results_dir: Path, reports_dir: Path, runs: int = 1) -> str:
     lines = []
     for records in selected:
         first = records[0]
+        rounds = first.get("rounds", 1)
+        schedule = f", {rounds} rounds {first['schedule']} ({first['schedule_reason']})" if rounds > 1 else ""
         lines += [
             f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · {first['date']} · "
             f"batch {first['batch']} x context {first['context_length']}, vocab {first['vocab_size']}, "
-            f"{first['warmup']} warm-up + {first['steps']} timed steps per row",
+            f"{first['warmup']} warm-up + {first['steps']} timed steps per row and round{schedule}",
             "",
             markdown_table([_display(r) for r in records], COLUMNS),
             "",
         ]
+        ratios = ratio_rows(records)
+        if ratios:
+            if rounds == 1:
+                spread = "one round, so no spread"
+            elif first["schedule"] == "interleaved":
+                spread = "in brackets the lowest and highest per-round ratio (rounds interleaved, so paired)"
+            else:
+                spread = "in brackets the slowest and fastest round against each other (rounds back to back)"
+            lines += [
+                f"tokens/s ratios within this run, from the medians over rounds; {spread}:",
+                "",
+                markdown_table(ratios, RATIO_COLUMNS),
+                "",
+            ]
     plot = _mfu_plot([r for records in selected for r in records], reports_dir)
     if plot is not None:
         lines.append(f"![training-step MFU]({plot.name})")

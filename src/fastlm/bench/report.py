@@ -46,10 +46,12 @@ def grouped_bar_plot(
     title: str,
     reference_line: tuple[float, str] | None = None,
     markers: tuple[dict[str, Sequence[float | None]], str] | None = None,
+    reference_lines: Sequence[tuple[float, str]] = (),
 ) -> Path:
     """One group of bars per entry of ``groups`` and one bar colour per series; None is a gap.
     ``markers`` = (values per series, legend label): a second quantity drawn as a black tick on
-    each series' bars (e.g. the same work timed another way)."""
+    each series' bars (e.g. the same work timed another way). ``reference_line`` and each of
+    ``reference_lines`` = (value, label): a dashed horizontal line across the plot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,8 +68,7 @@ def grouped_bar_plot(
             points = [(x, v) for x, v in zip(xs, markers[0].get(name, ()), strict=False) if v is not None]
             ax.scatter([x for x, _ in points], [v for _, v in points], marker="_", s=width * 400, color="black",
                        linewidths=2, zorder=3, label=markers[1] if i == 0 else None)  # fmt: skip
-    if reference_line is not None:
-        value, label = reference_line
+    for value, label in ([reference_line] if reference_line is not None else []) + list(reference_lines):
         ax.axhline(value, color="black", linestyle="--", linewidth=1)
         ax.annotate(label, (len(groups) - 0.5, value), ha="right", va="bottom", fontsize=8)
     ax.set_xticks(range(len(groups)), groups)
