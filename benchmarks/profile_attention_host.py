@@ -1,9 +1,12 @@
 """Eager attention at the small preset's shape (B=8, H=12, L=512, D=64, causal, bf16): fastlm's
-flash attention against `scaled_dot_product_attention`, host time per forward call and GPU time
-of the forward and of forward+backward (CUDA-graph replays, so no host cost).
+flash attention against `scaled_dot_product_attention`, host time per forward call and per
+forward+backward call, and GPU time of the same two (CUDA-graph replays, so no host cost).
 
-The host time is the wall time of 100 calls enqueued behind about 150 ms of queued matmuls, so the
-GPU never waits on them and the loop measures the Python / dispatch path alone.
+The host time is the wall time of 100 forward calls (20 forward+backward calls) enqueued behind
+about 150 ms of queued matmuls, so the GPU never waits on them and the loop measures the Python /
+dispatch path alone (the backward's too: autograd's device thread enqueues it, and the call returns
+once it is enqueued). Fewer forward+backward calls, since each enqueues several kernels: with
+100 of them behind the matmuls the launch queue fills, and launches wait for the GPU.
 Usage: python benchmarks/profile_attention_host.py  (a CUDA GPU)
 """
 
@@ -63,11 +66,16 @@ def main():
     }
     print(f"{torch.cuda.get_device_name()}, B={B} H={H} L={L} D={D} causal bf16")
     for name, forward in implementations.items():
-        host = host_us(forward, busy)
-        gpu_fwd = graph_us(forward, (q, k, v))
-        gpu_fwd_bwd = graph_us(lambda forward=forward: forward().backward(dy), (q, k, v))
-        gpu = f"GPU {gpu_fwd:.1f} us forward, {gpu_fwd_bwd:.1f} us fwd+bwd"
-        print(f"{name}: host {host:.1f} us per forward call; {gpu}")
+
+        def forward_backward(forward=forward):
+            forward().backward(dy)
+
+        host = [host_us(forward, busy, n=100), host_us(forward_backward, busy, n=20)]
+        for t in (q, k, v):
+            t.grad = None
+        gpu = [graph_us(call, (q, k, v)) for call in (forward, forward_backward)]
+        print(f"{name}: host {host[0]:.1f} us forward, {host[1]:.1f} us fwd+bwd per call; "
+              f"GPU {gpu[0]:.1f} us forward, {gpu[1]:.1f} us fwd+bwd")  # fmt: skip
 
 
 if __name__ == "__main__":

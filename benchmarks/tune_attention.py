@@ -1,12 +1,14 @@
 """Sweep tile sizes, warps and pipeline stages of the FlashAttention kernels on the GPU.
 
 Model-like shape: batch 8, 16 heads, 4096 tokens, causal. For each head dim and dtype it times
-the forward kernel and the backward with one kernel's tiles varied at a time, printing one JSON
-line per configuration (median ms and TFLOP/s, forward FLOPs 2*B*H*N^2*D causal, backward 2.5x).
-The FORWARD_TILES / DKDV_TILES / DQ_TILES tables in fastlm/ops/flash_attention.py are set from
-these runs. Usage: python benchmarks/tune_attention.py [head_dim,...] > tune_attention.jsonl
+the forward kernel and the backward with one kernel's tiles varied at a time (the others at the
+GPU's default `attention_config`), printing one JSON line per configuration (median ms and TFLOP/s,
+forward FLOPs 2*B*H*N^2*D causal, backward 2.5x), then, on stderr, the best AttentionConfig found
+as a Python expression: the entry for the architecture's table in fastlm/ops/flash_attention.py.
+Usage: python benchmarks/tune_attention.py [head_dim,...] > tune_attention.jsonl
 """
 
+import dataclasses
 import itertools
 import json
 import sys
@@ -15,6 +17,7 @@ import torch
 import triton.testing
 
 from fastlm.ops import flash_attention as fa
+from fastlm.ops.common import device_arch
 
 BATCH, HEADS, SEQ = 8, 16, 4096
 FORWARD = {
@@ -34,36 +37,50 @@ def bench(fn):
         return str(error).splitlines()[0][:160]
 
 
-def emit(kernel, dim, dtype, tiles, ms, flops):
+def emit(kernel, dim, dtype, tiles: fa.AttentionTiles, ms, flops):
     result = {"ms": ms, "tflops": flops / ms / 1e9} if isinstance(ms, float) else {"error": ms}
-    block_m, block_n = tiles[0]
     print(json.dumps({"kernel": kernel, "head_dim": dim, "dtype": str(dtype).removeprefix("torch."),
-                      "block_m": block_m, "block_n": block_n, "warps": tiles[1], "stages": tiles[2], **result}),
-          flush=True)  # fmt: skip
+                      "block_m": tiles.block_m, "block_n": tiles.block_n, "warps": tiles.num_warps,
+                      "stages": tiles.num_stages, **result}), flush=True)  # fmt: skip
+
+
+def sweep(kernel, default, candidates, run, dim, dtype, flops) -> fa.AttentionTiles:
+    """Time ``run(config)`` with ``kernel``'s tiles set to each candidate; the fastest tiles."""
+    best, best_ms = getattr(default, kernel), float("inf")
+    for (block_m, block_n), warps, stages in candidates:
+        tiles = fa.AttentionTiles(block_m, block_n, warps, stages)
+        config = dataclasses.replace(default, **{kernel: tiles})
+        ms = bench(lambda config=config: run(config))
+        emit(kernel, dim, dtype, tiles, ms, flops)
+        if isinstance(ms, float) and ms < best_ms:
+            best, best_ms = tiles, ms
+    return best
 
 
 def main():
     dims = [int(d) for d in sys.argv[1].split(",")] if len(sys.argv) > 1 else [128, 64]
+    arch = device_arch(torch.device("cuda"))
     for dtype, dim in itertools.product((torch.bfloat16, torch.float32), dims):
-        size = min(torch.tensor([], dtype=dtype).element_size(), 4)
-        key = (fa._block_d(dim), size)
+        size = min(dtype.itemsize, 4)
         q, k, v, do = (torch.randn(BATCH, HEADS, SEQ, dim, device="cuda", dtype=dtype) for _ in range(4))
         scale = dim**-0.5
         fwd_flops = 2 * BATCH * HEADS * SEQ * SEQ * dim
-        default = fa.FORWARD_TILES[key]
-        for tiles in FORWARD[size]:
-            fa.FORWARD_TILES[key] = (*tiles[0], tiles[1], tiles[2])
-            emit("forward", dim, dtype, tiles, bench(lambda: fa._launch_forward(q, k, v, True, scale)), fwd_flops)
-        fa.FORWARD_TILES[key] = default
-        o, lse = fa._launch_forward(q, k, v, True, scale)
-        for table_name in ("DKDV_TILES", "DQ_TILES"):
-            table = getattr(fa, table_name)
-            default = table[key]
-            for tiles in BACKWARD[size]:
-                table[key] = (*tiles[0], tiles[1], tiles[2])
-                ms = bench(lambda: fa._launch_backward(do, q, k, v, o, lse, True, scale))
-                emit(table_name.removesuffix("_TILES").lower(), dim, dtype, tiles, ms, 2.5 * fwd_flops)
-            table[key] = default
+        default = fa.attention_config(arch, dtype, dim)
+        o, lse = fa._launch_forward(q, k, v, True, scale, default)
+
+        def forward(config):
+            return fa._launch_forward(q, k, v, True, scale, config)
+
+        def backward(config):
+            return fa._launch_backward(do, q, k, v, o, lse, True, scale, config)
+
+        best = {
+            "forward": sweep("forward", default, FORWARD[size], forward, dim, dtype, fwd_flops),
+            "dkdv": sweep("dkdv", default, BACKWARD[size], backward, dim, dtype, 2.5 * fwd_flops),
+            "dq": sweep("dq", default, BACKWARD[size], backward, dim, dtype, 2.5 * fwd_flops),
+        }
+        print(f"sm{arch} {str(dtype).removeprefix('torch.')} head dim {dim}: {fa.AttentionConfig(**best)!r}",
+              file=sys.stderr)  # fmt: skip
 
 
 if __name__ == "__main__":

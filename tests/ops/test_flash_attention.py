@@ -5,17 +5,30 @@ through the interpreter on small shapes; the `gpu` tests repeat the checks at a 
 tokens with tight tolerances, and check bit-for-bit reproducible gradients.
 """
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 import fastlm
-from fastlm.ops.flash_attention import FORWARD_TILES, FlashAttentionTorch, FlashAttentionTriton, flash_attention_ref
+from fastlm.ops.flash_attention import (
+    MAX_HEAD_DIM,
+    AttentionConfig,
+    AttentionTiles,
+    FlashAttentionTorch,
+    FlashAttentionTriton,
+    _flash_backward_dkdv_kernel,
+    _flash_backward_dq_kernel,
+    _flash_forward_kernel,
+    attention_config,
+    flash_attention_ref,
+)
+from fastlm.ops.launch import eager_kernel
 
 from .reference import compiled_code_launches
 
-# (batch, heads, kv heads, Nq, Nk, head dim). Tiles are 64-128 rows (FORWARD_TILES), so 131 and
+# (batch, heads, kv heads, Nq, Nk, head dim). Tiles are 64-128 rows (attention_config), so 131 and
 # 200 run a whole tile, a masked diagonal tile and a partial last tile; 37 is a prime inside one
 # tile; 1 is the degenerate length. Nq > Nk (causal) leaves the first Nq - Nk rows with no key.
 CASES = [
@@ -137,6 +150,41 @@ def test_backward_is_deterministic(device):
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
+# Tiles far smaller than the defaults: at 200 x 150 every kernel runs several whole, diagonal and
+# partial tiles, with different tile shapes in each direction (fp32 tl.dot needs edges >= 16).
+SMALL_TILES = AttentionConfig(
+    forward=AttentionTiles(16, 32, 4, 1), dkdv=AttentionTiles(32, 16, 4, 1), dq=AttentionTiles(16, 16, 2, 1)
+)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_explicit_config_matches_reference(causal, device):
+    q, k, v = make_qkv(1, 4, 2, 200, 150, 32, torch.float32, device)
+    check_against_reference(lambda *a: FlashAttentionTriton.apply(*a, causal, None, SMALL_TILES), q, k, v, causal,
+                            torch.float32)  # fmt: skip
+    out = FlashAttentionTriton.apply(q, k, v, causal, None, SMALL_TILES)
+    assert out.grad_fn.options[-1] is SMALL_TILES  # the backward launches with the forward's tiles
+
+
+def test_config_with_one_direction_replaced(device):
+    """Tuning replaces one kernel's tiles of the default config (benchmarks/tune_attention.py)."""
+    q, k, v = make_qkv(1, 2, 1, 70, 70, 16, torch.float32, device)
+    config = dataclasses.replace(attention_config(0, torch.float32, 16), dkdv=AttentionTiles(16, 32, 4, 1))
+    check_against_reference(lambda *a: FlashAttentionTriton.apply(*a, True, None, config), q, k, v, True,
+                            torch.float32)  # fmt: skip
+
+
+def test_attention_config_covers_every_arch_dtype_and_head_dim():
+    """Other GPUs (80, 120) and the interpreter (0) get the sm90 tiles, never an error; cached."""
+    for arch in (0, 80, 90, 120):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for dim in range(1, MAX_HEAD_DIM + 1):
+                config = attention_config(arch, dtype, dim)
+                assert config == attention_config(90, dtype, dim) and isinstance(config, AttentionConfig)
+    assert attention_config(90, torch.bfloat16, 128) is attention_config(90, torch.bfloat16, 128)
+    assert attention_config(90, torch.bfloat16, 128).forward == AttentionTiles(128, 128, 8, 3)  # tuned on sm90
+
+
 def test_outputs_are_fully_written(device):
     """Outputs come from torch.empty; poison the caching allocator's blocks with NaN first so any
     element a kernel fails to write shows up."""
@@ -178,8 +226,11 @@ def test_bad_dtype_device_and_scale_raise_clear_errors():
         fastlm.flash_attention(q, q, q.to("meta"))
 
 
-def test_registered_ops_pass_opcheck(device):
+@pytest.mark.parametrize("heads", [2, 0], ids=["4d-gqa2", "3d"])  # 0: 3-D inputs, read as one head
+def test_registered_ops_pass_opcheck(heads, device):
     q, k, v = make_qkv(1, 2, 1, 40, 40, 32, torch.float32, device)
+    if not heads:
+        q, k, v = (t.detach()[:, 0].requires_grad_(True) for t in (q, k, v))
     torch.library.opcheck(torch.ops.fastlm.flash_attention_forward, (q, k, v, True, 0.2))
 
 
@@ -214,8 +265,7 @@ def test_torch_compile_fullgraph(device):
 @pytest.mark.gpu
 def test_gpu_inductor_launches_the_kernels_from_its_code():
     q, k, v = make_qkv(2, 4, 4, 256, 256, 64, torch.bfloat16, "cuda")
-    kernels = ("_flash_forward_kernel", "_flash_backward_delta_kernel", "_flash_backward_dkdv_kernel",
-               "_flash_backward_dq_kernel")  # fmt: skip
+    kernels = ("_flash_forward_kernel", "_flash_backward_dq_kernel", "_flash_backward_dkdv_kernel")
     out = compiled_code_launches(lambda q: fastlm.flash_attention(q * 2, k, v, causal=True), (q,), kernels=kernels,
                                  ops=("fastlm.flash_attention_forward", "fastlm.flash_attention_backward"))  # fmt: skip
     expected = flash_attention_ref(q * 2, k, v, causal=True)
@@ -261,5 +311,48 @@ def test_gpu_backward_bit_identical():
 
 
 @pytest.mark.gpu
-def test_gpu_tile_table_covers_every_head_dim():
-    assert {d for d, _ in FORWARD_TILES} == {16, 32, 64, 128, 256}
+@pytest.mark.parametrize("heads", [4, 0], ids=["4d-gqa2", "3d"])  # 0: 3-D inputs
+def test_gpu_eager_launch_matches_compiled(heads):
+    """The eager path (eager_kernel launches) and the traced one (Inductor launches the same
+    kernels with the same tiles) give the same output and gradients, bit for bit."""
+    q, k, v = make_qkv(2, max(heads, 1), max(heads // 2, 1), 131, 131, 64, torch.bfloat16, "cuda")
+    if not heads:
+        q, k, v = (t.detach()[:, 0].requires_grad_(True) for t in (q, k, v))
+    grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+
+    def attend(q, k, v):
+        return fastlm.flash_attention(q, k, v, causal=True)
+
+    torch._dynamo.reset()
+    runs = []
+    for fn in (attend, torch.compile(attend, fullgraph=True)):
+        out = fn(q, k, v)
+        runs.append((out, *torch.autograd.grad(out, (q, k, v), grad_out)))
+    for name, eager, compiled in zip(("out", "dq", "dk", "dv"), *runs, strict=True):
+        assert torch.equal(eager, compiled), name
+
+
+@pytest.mark.gpu
+def test_gpu_direct_launch_matches_triton_dispatch():
+    """eager_kernel sends the first call of each specialization through Triton's dispatcher and
+    launches the cached binary itself after that: the two give the same bits, here on inputs that
+    are neither 16-byte aligned (one element in) nor unit-strided but in D ((B, N, H, D+1) memory)."""
+
+    def odd_layout(heads, length):
+        memory = torch.randn(2 * length * heads * 65 + 1, device="cuda", dtype=torch.bfloat16)[1:]
+        return memory.view(2, length, heads, 65)[..., :64].transpose(1, 2).requires_grad_(True)
+
+    q, k, v = odd_layout(4, 150), odd_layout(2, 150), odd_layout(2, 150)
+    assert q.data_ptr() % 16 and q.stride() == (150 * 4 * 65, 65, 4 * 65, 1)
+    grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
+    eager_kernel.cache_clear()  # fresh EagerKernels: the first run below goes through Triton
+    runs = []
+    for _ in range(2):
+        out = fastlm.flash_attention(q, k, v, causal=True)
+        runs.append((out, *torch.autograd.grad(out, (q, k, v), grad_out)))
+    for kernel in (_flash_forward_kernel, _flash_backward_dq_kernel, _flash_backward_dkdv_kernel):
+        entries = eager_kernel(kernel)._binaries.values()
+        assert any(entry is not None for entry in entries), f"{kernel.__name__} never launched directly"
+    for name, first, second in zip(("out", "dq", "dk", "dv"), *runs, strict=True):
+        assert torch.equal(first, second), name
+    check_against_reference(lambda *a: fastlm.flash_attention(*a, causal=True), q, k, v, True, torch.bfloat16)

@@ -14,12 +14,16 @@ Causal masking: query i sees key j iff j <= i + (N - M), i.e. the mask is aligne
 as in FlashAttention-2 (for M == N it is the usual j <= i). When M > N the first M - N query
 rows see no key; they return 0 and have L = -inf. Masked scores are -inf, never NaN.
 
-Cost model, one head (bytes of q/k/v elements ``s``):
+Cost model, one head (bytes of q/k/v elements ``s``); three launches for a forward and backward:
     forward   4*M*N*D FLOPs (two matmuls; half of it under a causal mask when M == N),
               reads (M + 2N)*D*s, writes M*D*s + 4M             -> compute bound for N >> D
-    backward  dK/dV kernel: 4 matmuls per tile (S, dP, dV, dK); dQ kernel: 3 (S, dP, dQ).
-              That is 7 matmuls where an atomic-add backward needs 5: the price of gradients that
-              are bit-for-bit reproducible. Benchmarks count the conventional 2.5x forward FLOPs.
+    backward  two launches, in this order (the stream orders them: the second reads what the
+              first wrote). dQ kernel: 3 matmuls per tile (S, dP, dQ); each program reads its
+              Q, dO and O tiles once (O only for Dlt = rowsum(dO * O): M*D*s per head in all),
+              writes dQ and stores Dlt (4M bytes). dK/dV kernel: 4 matmuls per tile (S, dP, dV,
+              dK), reads L and that Dlt. That is 7 matmuls where an atomic-add backward needs 5:
+              the price of gradients that are bit-for-bit reproducible. Benchmarks count the
+              conventional 2.5x forward FLOPs.
 
 Grouped-query attention: query head h reads key/value head h // (H // Hkv). The dK/dV kernel
 loops over the H // Hkv query heads of its group, so no two programs write the same gradient.
@@ -27,14 +31,17 @@ loops over the H // Hkv query heads of its group, so no two programs write the s
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import cdiv, check_dtype, check_same_device, next_power_of_2, runs_triton
+from fastlm.ops.common import cdiv, check_dtype, check_same_device, device_arch, next_power_of_2, runs_triton
+from fastlm.ops.launch import eager_kernel
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -141,16 +148,15 @@ def _forward_tiles(
 @triton.jit
 def _flash_forward_kernel(
     Q, K, V,  # (Z, H, M, D), (Z, Hkv, N, D), (Z, Hkv, N, D); any strides
-    Out,  # (Z, H, M, D) output, strides as given
+    Out,  # (Z, H, M, D) output, contiguous
     LSE,  # (Z, H, M) fp32 logsumexp of the scaled scores (natural log), contiguous
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
-    stride_oz, stride_oh, stride_om, stride_od,
     H,  # query heads
     GROUP,  # H // Hkv: query heads per key/value head
     M, N,  # query and key lengths
-    qk_scale,  # scale * log2(e)
+    sm_scale,  # c, the scale of the scores
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -159,7 +165,7 @@ def _flash_forward_kernel(
     Query tiles run last-first: under a causal mask the last tiles see the most keys, and
     starting the longest programs first keeps the GPU busy to the end of the grid.
     """
-    qk_scale = tl.cast(qk_scale, tl.float32)  # torch.compile passes Python floats as fp64
+    qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E  # scores in log2 units; fp64 under torch.compile
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_zh = tl.program_id(1)
     z = (pid_zh // H).to(tl.int64)
@@ -191,33 +197,10 @@ def _flash_forward_kernel(
     l_safe = tl.where(empty, 1.0, l_i)
     acc = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
-    o_base = Out + z * stride_oz + h * stride_oh
-    _store_tile(o_base + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od, acc.to(Out.dtype.element_ty),
-                offs_m, M, HEAD_DIM, BLOCK_D)  # fmt: skip
-    tl.store(LSE + pid_zh.to(tl.int64) * M + offs_m, lse, mask=offs_m < M)
-
-
-@triton.jit
-def _flash_backward_delta_kernel(
-    Out, DO,  # (Z, H, M, D) output and its gradient, any strides
-    DELTA,  # (Z, H, M) fp32 out: rowsum(dO * O), contiguous
-    stride_oz, stride_oh, stride_om, stride_od,
-    stride_dz, stride_dh, stride_dm, stride_dd,
-    H, M,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-):  # fmt: skip
-    """Dlt = rowsum(dO * O) in fp32; grid (cdiv(M, BLOCK_M), Z * H). Reads 2*M*D elements."""
-    pid_zh = tl.program_id(1)
-    z = (pid_zh // H).to(tl.int64)
-    h = (pid_zh % H).to(tl.int64)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    o = _load_tile(Out + z * stride_oz + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-                   offs_m, M, True, HEAD_DIM, BLOCK_D)  # fmt: skip
-    do = _load_tile(DO + z * stride_dz + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
-                    offs_m, M, True, HEAD_DIM, BLOCK_D)  # fmt: skip
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + pid_zh.to(tl.int64) * M + offs_m, delta, mask=offs_m < M)
+    rows = pid_zh.to(tl.int64) * M + offs_m
+    _store_tile(Out + rows[:, None] * HEAD_DIM + offs_d[None, :], acc.to(Out.dtype.element_ty), offs_m, M, HEAD_DIM,
+                BLOCK_D)  # fmt: skip
+    tl.store(LSE + rows, lse, mask=offs_m < M)
 
 
 @triton.jit
@@ -264,15 +247,16 @@ def _dkdv_tiles(
 
 @triton.jit
 def _flash_backward_dkdv_kernel(
-    Q, K, V, DO,  # as in the forward; DO like Q
-    LSE, DELTA,  # (Z, H, M) fp32, contiguous
+    Q, K, V, DO,  # as in the forward; DO (Z, H, M, D) like Q, any strides
+    LSE,  # (Z, H, M) fp32 L of the forward, contiguous
+    DELTA,  # (Z, H, M) fp32 Dlt = rowsum(dO * O), contiguous, stored by the dQ kernel launched before
     DK, DV,  # (Z, Hkv, N, D) out, contiguous
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_dz, stride_dh, stride_dm, stride_dd,
     HKV, GROUP, M, N,
-    qk_scale, sm_scale,
+    sm_scale,  # c
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -280,9 +264,11 @@ def _flash_backward_dkdv_kernel(
 
     Loops over the GROUP query heads sharing this key/value head and, for each, over the query
     tiles that see the key tile: masked tiles along the causal diagonal, whole tiles below it,
-    then the partial last query tile. Writes dK and dV once, no atomics.
+    then the partial last query tile. Writes dK and dV once, no atomics. Per program it reads
+    its K and V tiles once and, per query head, Q, dO, L and Dlt once.
     """
-    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
+    sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
+    qk_scale = sm_scale * LOG2E
     pid_n = tl.program_id(0)
     pid_zk = tl.program_id(1)
     z = (pid_zk // HKV).to(tl.int64)
@@ -361,20 +347,30 @@ def _dq_tiles(
 
 @triton.jit
 def _flash_backward_dq_kernel(
-    Q, K, V, DO, LSE, DELTA,
+    Q, K, V,  # as in the forward
+    Out,  # (Z, H, M, D) output of the forward, contiguous
+    DO,  # (Z, H, M, D) its gradient, any strides
+    LSE,  # (Z, H, M) fp32 L of the forward, contiguous
+    DELTA,  # (Z, H, M) fp32 out: Dlt = rowsum(dO * O), contiguous, for the dK/dV kernel launched next
     DQ,  # (Z, H, M, D) out, contiguous
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_dz, stride_dh, stride_dm, stride_dd,
     H, GROUP, M, N,
-    qk_scale, sm_scale,
+    sm_scale,  # c
     CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, batch x head), same key loop as the forward; grid
-    (cdiv(M, BLOCK_M), Z * H), longest programs first."""
-    qk_scale, sm_scale = tl.cast(qk_scale, tl.float32), tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
+    (cdiv(M, BLOCK_M), Z * H), longest programs first.
+
+    The first kernel of the backward: every query row belongs to one program, which forms Dlt
+    for its rows from the dO tile it needs anyway and the O tile (read once, not kept), uses it
+    for dS and stores it for the dK/dV kernel.
+    """
+    sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
+    qk_scale = sm_scale * LOG2E
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     pid_zh = tl.program_id(1)
     z = (pid_zh // H).to(tl.int64)
@@ -388,8 +384,10 @@ def _flash_backward_dq_kernel(
     do = _load_tile(DO + z * stride_dz + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
                     offs_m, M, True, HEAD_DIM, BLOCK_D)  # fmt: skip
     rows = pid_zh.to(tl.int64) * M + offs_m
+    o = _load_tile(Out + rows[:, None] * HEAD_DIM + offs_d[None, :], offs_m, M, True, HEAD_DIM, BLOCK_D)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # rows past M: 0
+    tl.store(DELTA + rows, delta, mask=offs_m < M)
     lse2 = tl.load(LSE + rows, mask=offs_m < M, other=0.0) * LOG2E
-    delta = tl.load(DELTA + rows, mask=offs_m < M, other=0.0)
     k_base = K + z * stride_kz + hkv * stride_kh
     v_base = V + z * stride_vz + hkv * stride_vh
 
@@ -407,70 +405,88 @@ def _flash_backward_dq_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# Launchers
+# Launch configuration
 # ----------------------------------------------------------------------------------------------
 
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple[torch.dtype, ...] = DTYPES) -> None:
-    """One clear error for each way q, k, v can be wrong."""
-    if q.dim() not in (3, 4):
-        raise ValueError(f"q must be (B, N, D) or (B, H, N, D), got shape {tuple(q.shape)}")
-    if k.dim() != q.dim() or v.dim() != q.dim():
-        raise ValueError(
-            f"q, k and v must have the same number of dims, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
-        )
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[0] != k.shape[0]:
-        raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same head dim, got {q.shape[-1]} and {k.shape[-1]}")
-    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
-        raise ValueError(f"head dim must lie in [1, {MAX_HEAD_DIM}], got {q.shape[-1]}")
-    if q.dim() == 4 and q.shape[1] % k.shape[1] != 0:
-        raise ValueError(
-            f"query heads ({q.shape[1]}) must be a multiple of key/value heads ({k.shape[1]}) "
-            "for grouped-query attention"
-        )
-    check_same_device(q=q, k=k, v=v)
-    for name, tensor in (("q", q), ("k", k), ("v", v)):
-        check_dtype(name, tensor, dtypes)
-    if not q.dtype == k.dtype == v.dtype:
-        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+@dataclass(frozen=True)
+class AttentionTiles:
+    """How one kernel covers the (queries x keys) plane."""
+
+    block_m: int  # query rows per tile: a program's tile (forward, dQ) or the dK/dV loop's step
+    block_n: int  # key rows per tile: the forward / dQ loop's step, or the dK/dV program's tile
+    num_warps: int  # warps per program
+    num_stages: int  # software-pipelining depth of the tile loop (shared-memory buffers)
 
 
-def default_scale(head_dim: int, scale: float | None) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if not scale > 0:
-        raise ValueError(f"scale must be positive, got {scale}")
-    return float(scale)
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tiles of the three kernels for one (GPU architecture, dtype, head dim)."""
+
+    forward: AttentionTiles  # _flash_forward_kernel
+    dkdv: AttentionTiles  # _flash_backward_dkdv_kernel
+    dq: AttentionTiles  # _flash_backward_dq_kernel (which also forms Dlt)
 
 
-# Tile sizes by (padded head dim, bytes per element), as (BLOCK_M, BLOCK_N, warps, stages) with
-# BLOCK_M query rows and BLOCK_N key rows per tile. The dK/dV kernel owns a key tile of BLOCK_N
-# rows and loops over query tiles of BLOCK_M. bf16/fp16 at head dims 64 and 128 and the fp32
-# forward are the fastest measured by benchmarks/tune_attention.py on an H200 (B=8, H=16, N=4096,
-# causal; benchmarks/results/attention_tuning_h200.jsonl); the other entries are scaled from them
-# to fit registers and shared memory, and are checked by the GPU tests, not tuned.
-FORWARD_TILES = {
-    (16, 2): (64, 64, 4, 3), (32, 2): (64, 64, 4, 3), (64, 2): (64, 64, 4, 3),
-    (128, 2): (128, 128, 8, 3), (256, 2): (64, 32, 4, 2),
-    (16, 4): (32, 64, 8, 2), (32, 4): (32, 64, 8, 2), (64, 4): (32, 64, 8, 2),
-    (128, 4): (32, 64, 8, 2), (256, 4): (32, 32, 4, 1),
-}  # fmt: skip
-DKDV_TILES = {
-    (16, 2): (128, 64, 4, 2), (32, 2): (128, 64, 4, 2), (64, 2): (128, 64, 4, 2),
-    (128, 2): (64, 128, 8, 3), (256, 2): (32, 32, 4, 1),
-    (16, 4): (32, 32, 4, 2), (32, 4): (32, 32, 4, 2), (64, 4): (32, 32, 4, 2),
-    (128, 4): (32, 32, 4, 2), (256, 4): (16, 16, 4, 1),
-}  # fmt: skip
-# dQ shares the dK/dV tiles except where the sweep found better ones (bf16/fp16, head dim <= 128).
-DQ_TILES = {**DKDV_TILES, **{(d, 2): (128, 64, 8, 3) for d in (16, 32, 64, 128)}}
+def _entry(forward: tuple, dkdv: tuple, dq: tuple) -> AttentionConfig:
+    """A table entry from each kernel's (block_m, block_n, num_warps, num_stages)."""
+    return AttentionConfig(AttentionTiles(*forward), AttentionTiles(*dkdv), AttentionTiles(*dq))
 
 
+# sm90 (H100 / H200), by (padded head dim, bytes per element), each kernel's tiles as (BLOCK_M,
+# BLOCK_N, warps, stages). bf16/fp16 at head dims 64 and 128 and the fp32 forward are the fastest
+# measured by benchmarks/tune_attention.py on an H200 (B=8, H=16, N=4096, causal;
+# benchmarks/results/attention_tuning_h200.jsonl); dQ shares the dK/dV tiles except where that sweep
+# found better ones (bf16/fp16, head dim <= 128). The other entries are scaled from them to fit
+# registers and shared memory, and are checked by the GPU tests, not tuned.
+SM90_TILES = {
+    (16, 2): _entry((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3)),
+    (32, 2): _entry((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3)),
+    (64, 2): _entry((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3)),
+    (128, 2): _entry((128, 128, 8, 3), (64, 128, 8, 3), (128, 64, 8, 3)),
+    (256, 2): _entry((64, 32, 4, 2), (32, 32, 4, 1), (32, 32, 4, 1)),
+    (16, 4): _entry((32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
+    (32, 4): _entry((32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
+    (64, 4): _entry((32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
+    (128, 4): _entry((32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
+    (256, 4): _entry((32, 32, 4, 1), (16, 16, 4, 1), (16, 16, 4, 1)),
+}
+# Tables by compute capability. Other GPUs, and 0 (the interpreter, where tiles only set which
+# masking paths the tests exercise), take the sm90 tiles: no other architecture was measured.
+TILES_BY_ARCH = {90: SM90_TILES}
+
+
+@functools.cache
 def _block_d(head_dim: int) -> int:
+    """Head dim padded to a power of two of at least 16, the smallest `tl.dot` operand."""
     return max(16, next_power_of_2(head_dim))
+
+
+@functools.cache
+def attention_config(arch: int, dtype: torch.dtype, head_dim: int) -> AttentionConfig:
+    """The tiles for a GPU of compute capability ``arch`` (``device_arch``), inputs of ``dtype`` and
+    a head dim in [1, MAX_HEAD_DIM]; cached, so a call costs one dict lookup."""
+    table = TILES_BY_ARCH.get(arch, SM90_TILES)
+    return table[(_block_d(head_dim), min(dtype.itemsize, 4))]
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers: q (Z, H, M, D) and k, v (Z, Hkv, N, D), or 3-D (Z, M, D), (Z, N, D) read as one head
+# (head stride 0), any strides. Eager calls launch through eager_kernel; inside the triton_ops
+# (``traced``) Inductor launches the kernels named in wrap_triton from its own code.
+# ----------------------------------------------------------------------------------------------
+
+
+def _dims(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """(Z, heads, rows, D) of a 4-D tensor; a 3-D one is a single head."""
+    shape = t.shape
+    return (shape[0], 1, shape[1], shape[2]) if len(shape) == 3 else shape
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """Strides of ``_dims(t)``."""
+    stride = t.stride()
+    return (stride[0], 0, stride[1], stride[2]) if len(stride) == 3 else stride
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -478,65 +494,58 @@ def _precision(dtype: torch.dtype) -> str:
     return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
 
-def _strides4(t: torch.Tensor) -> tuple[int, int, int, int]:
-    return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
-
-
-def _launch_forward(q, k, v, causal: bool, scale: float, traced: bool = False):
-    """q (Z, H, M, D), k/v (Z, Hkv, N, D) -> O (Z, H, M, D) in q's dtype, L (Z, H, M) fp32;
-    ``traced`` inside the triton_op."""
-    Z, H, M, D = q.shape
-    Hkv, N = k.shape[1], k.shape[2]
-    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    lse = torch.empty((Z, H, M), device=q.device, dtype=torch.float32)
-    if o.numel() == 0:
-        return o, lse.fill_(float("-inf"))
+def _launch_forward(q, k, v, causal: bool, scale: float, config: AttentionConfig | None = None, traced: bool = False):
+    """-> O (q's shape and dtype, contiguous), L (q.shape[:-1], fp32, contiguous); ``config`` None
+    picks ``attention_config``."""
+    Z, H, M, D = _dims(q)
+    _, Hkv, N, _ = _dims(k)
+    D = int(D)  # a constexpr of the kernels (and a config key): specialized in a trace with dynamic shapes
+    o = q.new_empty(q.shape)
+    lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
+    if Z * H * M == 0:
+        return o, lse
     if N == 0:  # no keys at all: every row is empty
         return o.zero_(), lse.fill_(float("-inf"))
-    block_d = _block_d(D)
-    block_m, block_n, warps, stages = FORWARD_TILES[(block_d, min(q.element_size(), 4))]
-    kernel = wrap_triton(_flash_forward_kernel) if traced else _flash_forward_kernel
-    kernel[(cdiv(M, block_m), Z * H)](
-        q, k, v, o, lse, *_strides4(q), *_strides4(k), *_strides4(v), *_strides4(o),
-        H, H // Hkv, M, N, scale * math.log2(math.e),
-        CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n,
-        PRECISION=_precision(q.dtype), num_warps=warps, num_stages=stages,
+    if config is None:
+        config = attention_config(device_arch(q.device), q.dtype, D)
+    tiles = config.forward
+    kernel = wrap_triton(_flash_forward_kernel) if traced else eager_kernel(_flash_forward_kernel)
+    kernel[(cdiv(M, tiles.block_m), Z * H)](
+        q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), H, H // Hkv, M, N, scale,
+        CAUSAL=causal, HEAD_DIM=D, BLOCK_D=_block_d(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+        PRECISION=_precision(q.dtype), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return o, lse
 
 
-def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, traced: bool = False):
-    """Gradients (dq, dk, dv), contiguous, in the inputs' dtype; ``traced`` inside the triton_op."""
-    Z, H, M, D = q.shape
-    Hkv, N = k.shape[1], k.shape[2]
-    dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
-    dv = torch.empty(v.shape, device=v.device, dtype=v.dtype)
-    if M == 0 or N == 0 or Z == 0 or H == 0:
+def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, config: AttentionConfig | None = None,
+                     traced: bool = False):  # fmt: skip
+    """Gradients (dq, dk, dv), contiguous, in the inputs' dtype, from the forward's O and L (both
+    contiguous, as the forward makes them). Two launches: dQ (which stores Dlt), then dK/dV."""
+    Z, H, M, D = _dims(q)
+    _, Hkv, N, _ = _dims(k)
+    D = int(D)  # as in _launch_forward
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    if Z * H * M == 0 or N == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    block_d = _block_d(D)
-    key = (block_d, min(q.element_size(), 4))
-    delta = torch.empty((Z, H, M), device=q.device, dtype=torch.float32)
-    lse = lse.contiguous()
-    kernel = wrap_triton(_flash_backward_delta_kernel) if traced else _flash_backward_delta_kernel
-    kernel[(cdiv(M, 64), Z * H)](
-        o, grad_out, delta, *_strides4(o), *_strides4(grad_out), H, M,
-        HEAD_DIM=D, BLOCK_D=block_d, BLOCK_M=64,
+    if config is None:
+        config = attention_config(device_arch(q.device), q.dtype, D)
+    delta = lse.new_empty(lse.shape)
+    strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(grad_out))  # both kernels take these
+    common = dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype))
+    tiles = config.dq
+    kernel = wrap_triton(_flash_backward_dq_kernel) if traced else eager_kernel(_flash_backward_dq_kernel)
+    kernel[(cdiv(M, tiles.block_m), Z * H)](
+        q, k, v, o, grad_out, lse, delta, dq, *strides, H, H // Hkv, M, N, scale,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **common,
     )  # fmt: skip
-    common = dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=block_d, PRECISION=_precision(q.dtype))
-    strides = (*_strides4(q), *_strides4(k), *_strides4(v), *_strides4(grad_out))
-    qk_scale = scale * math.log2(math.e)
-    block_m, block_n, warps, stages = DKDV_TILES[key]
-    kernel = wrap_triton(_flash_backward_dkdv_kernel) if traced else _flash_backward_dkdv_kernel
-    kernel[(cdiv(N, block_n), Z * Hkv)](
-        q, k, v, grad_out, lse, delta, dk, dv, *strides, Hkv, H // Hkv, M, N, qk_scale, scale,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, **common,
-    )  # fmt: skip
-    block_m, block_n, warps, stages = DQ_TILES[key]
-    kernel = wrap_triton(_flash_backward_dq_kernel) if traced else _flash_backward_dq_kernel
-    kernel[(cdiv(M, block_m), Z * H)](
-        q, k, v, grad_out, lse, delta, dq, *strides, H, H // Hkv, M, N, qk_scale, scale,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages, **common,
+    tiles = config.dkdv
+    kernel = wrap_triton(_flash_backward_dkdv_kernel) if traced else eager_kernel(_flash_backward_dkdv_kernel)
+    kernel[(cdiv(N, tiles.block_n), Z * Hkv)](
+        q, k, v, grad_out, lse, delta, dk, dv, *strides, Hkv, H // Hkv, M, N, scale,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **common,
     )  # fmt: skip
     return dq, dk, dv
 
@@ -544,8 +553,14 @@ def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, trac
 # ----------------------------------------------------------------------------------------------
 # The algorithm in plain PyTorch (FlashAttentionTorch): same tiling and online softmax as the
 # kernels, fp32 accumulation, runs anywhere. Slow (Python loops over tiles); for reading,
-# debugging, and the CPU reference path.
+# debugging, and the CPU reference path. Same contract as the launchers, the tile edge in place
+# of their config.
 # ----------------------------------------------------------------------------------------------
+
+
+def _as_4d(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """(B, N, D) -> (B, 1, N, D) views; 4-D tensors pass through."""
+    return [t.unsqueeze(1) if t.dim() == 3 else t for t in tensors]
 
 
 def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -565,6 +580,9 @@ def _visible(rows: torch.Tensor, cols: torch.Tensor, diag: int) -> torch.Tensor:
 
 
 def _tiled_forward(q, k, v, causal: bool, scale: float, tile: int = TORCH_TILE):
+    if q.dim() == 3:
+        o, lse = _tiled_forward(*_as_4d(q, k, v), causal, scale, tile)
+        return o.squeeze(1), lse.squeeze(1)
     Z, H, M, D = q.shape
     N = k.shape[2]
     k, v = _expand_kv(k, H).float(), _expand_kv(v, H).float()
@@ -599,6 +617,9 @@ def _tiled_forward(q, k, v, causal: bool, scale: float, tile: int = TORCH_TILE):
 
 
 def _tiled_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, tile: int = TORCH_TILE):
+    if q.dim() == 3:
+        grads = _tiled_backward(*_as_4d(grad_out, q, k, v, o), lse.unsqueeze(1), causal, scale, tile)
+        return tuple(g.squeeze(1) for g in grads)
     Z, H, M, D = q.shape
     Hkv, N = k.shape[1], k.shape[2]
     qf, dof = q.float(), grad_out.float()
@@ -630,7 +651,7 @@ def _tiled_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, tile:
 
 
 # ----------------------------------------------------------------------------------------------
-# Dispatch, torch.library ops, autograd
+# torch.library ops (traced), autograd.Functions (eager)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -638,8 +659,8 @@ def _tiled_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, tile:
 def _forward_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, L) for 4-D q (Z, H, M, D), k/v (Z, Hkv, N, D): the kernels or, off the Triton path,
-    the tiled twin."""
+    """(O, L) for q (Z, H, M, D) or (Z, M, D), k/v (Z, Hkv, N, D) or (Z, N, D): the kernels or,
+    off the Triton path, the tiled twin."""
     if runs_triton(q):
         return _launch_forward(q, k, v, causal, scale, traced=True)
     return _tiled_forward(q, k, v, causal, scale)
@@ -656,8 +677,8 @@ def _backward_op(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if runs_triton(q):
-        return _launch_backward(grad_out, q, k, v, o, lse, causal, scale, traced=True)
+    if runs_triton(q):  # O and L as the op's caller passes them: the kernels index them as contiguous
+        return _launch_backward(grad_out, q, k, v, o.contiguous(), lse.contiguous(), causal, scale, traced=True)
     return _tiled_backward(grad_out, q, k, v, o, lse, causal, scale)
 
 
@@ -677,73 +698,127 @@ def _op_backward(ctx, grad_out, _grad_lse):
 torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_setup_context)
 
 
-def _as_4d(*tensors: torch.Tensor) -> list[torch.Tensor]:
-    """(B, N, D) -> (B, 1, N, D) views; 4-D tensors pass through."""
-    return [t.unsqueeze(1) if t.dim() == 3 else t for t in tensors]
-
-
-def _like_input(t: torch.Tensor, three_d: bool) -> torch.Tensor:
-    return t.squeeze(1) if three_d else t
-
-
-def _autograd_forward(ctx, forward_impl, q, k, v, is_causal, scale):
-    """Shared forward of the two autograd.Functions: 3-D or 4-D inputs; saves exactly
-    (L, Q, K, V, O), L of shape (B, Nq) or (B, H, Nq) in fp32."""
-    check_inputs(q, k, v)
-    scale = default_scale(q.shape[-1], scale)
-    three_d = q.dim() == 3
-    o, lse = forward_impl(*_as_4d(q, k, v), bool(is_causal), scale)
-    o, lse = _like_input(o, three_d), _like_input(lse, three_d)
+def _autograd_forward(ctx, forward, q, k, v, causal: bool, scale: float, config):
+    """Shared forward of the autograd.Functions (``config``: the kernels' AttentionConfig or the
+    twin's tile edge): saves exactly (L, Q, K, V, O), and what the backward needs besides, so
+    that it recomputes nothing."""
+    o, lse = forward(q, k, v, causal, scale, config)
     ctx.save_for_backward(lse, q, k, v, o)
-    ctx.options = (bool(is_causal), scale, three_d)
+    ctx.options = (causal, scale, config)
     return o
 
 
-def _autograd_backward(ctx, backward_impl, grad_out):
+def _autograd_backward(ctx, backward, grad_out):
     lse, q, k, v, o = ctx.saved_tensors
-    causal, scale, three_d = ctx.options
-    lse4 = lse.unsqueeze(1) if three_d else lse
-    grads = backward_impl(*_as_4d(grad_out, q, k, v, o), lse4, causal, scale)
-    dq, dk, dv = (_like_input(g, three_d) for g in grads)
-    return dq, dk, dv, None, None
+    dq, dk, dv = backward(grad_out, q, k, v, o, lse, *ctx.options)
+    return dq, dk, dv, None, None, None
 
 
-class FlashAttentionTorch(torch.autograd.Function):
-    """FlashAttention-2 tiled in plain PyTorch (tiles of TORCH_TILE, online softmax, backward from
-    L and Dlt = rowsum(dO * O)). Runs on any device; the readable version of the kernels.
-
-    ``apply(q, k, v, is_causal=False, scale=None)``; q, k, v as in ``flash_attention``.
-    """
+class _FlashAttentionKernels(torch.autograd.Function):
+    """The Triton kernels for inputs already checked: ``apply(q, k, v, causal, scale, config)``
+    with a bool, a float and an AttentionConfig or None (picked for q). ``flash_attention``'s
+    eager path."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, scale=None):
-        return _autograd_forward(ctx, _tiled_forward, q, k, v, is_causal, scale)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        return _autograd_backward(ctx, _tiled_backward, grad_out)
-
-
-class FlashAttentionTriton(torch.autograd.Function):
-    """FlashAttention-2 in Triton: the fast path. CUDA tensors, or CPU under TRITON_INTERPRET=1.
-
-    ``apply(q, k, v, is_causal=False, scale=None)``; q, k, v as in ``flash_attention``.
-    """
-
-    @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, scale=None):
-        if not runs_triton(q):
-            raise ValueError(f"FlashAttentionTriton needs CUDA tensors (or TRITON_INTERPRET=1 for CPU), got {q.device}")
-        return _autograd_forward(ctx, _launch_forward, q, k, v, is_causal, scale)
+    def forward(ctx, q, k, v, causal, scale, config):
+        if config is None:  # picked here, not in the launcher: the backward reuses it
+            config = attention_config(device_arch(q.device), q.dtype, q.shape[-1])
+        return _autograd_forward(ctx, _launch_forward, q, k, v, causal, scale, config)
 
     @staticmethod
     def backward(ctx, grad_out):
         return _autograd_backward(ctx, _launch_backward, grad_out)
 
 
+class _FlashAttentionTiled(torch.autograd.Function):
+    """The tiled twin for inputs already checked: ``apply(q, k, v, causal, scale, tile)``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, tile):
+        return _autograd_forward(ctx, _tiled_forward, q, k, v, causal, scale, tile)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return _autograd_backward(ctx, _tiled_backward, grad_out)
+
+
+class FlashAttentionTorch(_FlashAttentionTiled):
+    """FlashAttention-2 tiled in plain PyTorch (tiles of TORCH_TILE, online softmax, backward from
+    L and Dlt = rowsum(dO * O)). Runs on any device; the readable version of the kernels.
+
+    ``apply(q, k, v, is_causal=False, scale=None)``; q, k, v as in ``flash_attention``, checked.
+    Saves exactly (L, Q, K, V, O), L of shape (B, Nq) or (B, H, Nq) in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False, scale=None):
+        check_inputs(q, k, v)
+        scale = default_scale(q.shape[-1], scale)
+        return _FlashAttentionTiled.forward(ctx, q, k, v, bool(is_causal), scale, TORCH_TILE)
+
+
+class FlashAttentionTriton(_FlashAttentionKernels):
+    """FlashAttention-2 in Triton: the fast path. CUDA tensors, or CPU under TRITON_INTERPRET=1.
+
+    ``apply(q, k, v, is_causal=False, scale=None, config=None)``; q, k, v as in ``flash_attention``,
+    checked; ``config`` an AttentionConfig (None: ``attention_config`` for q's GPU, dtype and head
+    dim). Saves exactly (L, Q, K, V, O), L of shape (B, Nq) or (B, H, Nq) in fp32.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False, scale=None, config=None):
+        if not runs_triton(q):
+            raise ValueError(f"FlashAttentionTriton needs CUDA tensors (or TRITON_INTERPRET=1 for CPU), got {q.device}")
+        check_inputs(q, k, v)
+        scale = default_scale(q.shape[-1], scale)
+        return _FlashAttentionKernels.forward(ctx, q, k, v, bool(is_causal), scale, config)
+
+
 # ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple[torch.dtype, ...] = DTYPES) -> None:
+    """One clear error for each way q, k, v can be wrong; about 1 us when nothing is."""
+    q_shape, k_shape = q.shape, k.shape
+    rank = len(q_shape)
+    if rank not in (3, 4):
+        raise ValueError(f"q must be (B, N, D) or (B, H, N, D), got shape {tuple(q_shape)}")
+    if len(k_shape) != rank or v.dim() != rank:
+        raise ValueError(
+            f"q, k and v must have the same number of dims, got {tuple(q_shape)}, {tuple(k_shape)}, {tuple(v.shape)}"
+        )
+    if k_shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k_shape)} and {tuple(v.shape)}")
+    if q_shape[0] != k_shape[0]:
+        raise ValueError(f"q and k must have the same batch size, got {q_shape[0]} and {k_shape[0]}")
+    if q_shape[-1] != k_shape[-1]:
+        raise ValueError(f"q and k must have the same head dim, got {q_shape[-1]} and {k_shape[-1]}")
+    if not 1 <= q_shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim must lie in [1, {MAX_HEAD_DIM}], got {q_shape[-1]}")
+    if rank == 4 and (q_shape[1] % k_shape[1] != 0 if k_shape[1] else q_shape[1] != 0):
+        raise ValueError(
+            f"query heads ({q_shape[1]}) must be a multiple of key/value heads ({k_shape[1]}) "
+            "for grouped-query attention"
+        )
+    device = q.device
+    if k.device != device or v.device != device:
+        check_same_device(q=q, k=k, v=v)
+    dtype = q.dtype
+    if dtype not in dtypes or k.dtype != dtype or v.dtype != dtype:
+        for name, tensor in (("q", q), ("k", k), ("v", v)):
+            check_dtype(name, tensor, dtypes)
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def default_scale(head_dim: int, scale: float | None) -> float:
+    """``scale``, checked, or 1 / sqrt(head_dim) for None."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if not scale > 0:
+        raise ValueError(f"scale must be positive, got {scale}")
+    return float(scale)
 
 
 def flash_attention(
@@ -761,14 +836,14 @@ def flash_attention(
     Returns the output with q's shape and dtype. fp32 inputs use TF32 matmuls only when
     ``torch.backends.cuda.matmul.allow_tf32`` is set, as torch's own matmuls do.
     """
+    check_inputs(q, k, v)  # once: the autograd.Functions below take checked inputs
+    scale = default_scale(q.shape[-1], scale)
+    causal = bool(causal)
     if torch.compiler.is_compiling():
-        check_inputs(q, k, v)  # eager calls check inside the autograd.Function
-        scale = default_scale(q.shape[-1], scale)
-        three_d = q.dim() == 3
-        o, _ = _forward_op(*_as_4d(q, k, v), bool(causal), scale)
-        return _like_input(o, three_d)
-    function = FlashAttentionTriton if runs_triton(q) else FlashAttentionTorch
-    return function.apply(q, k, v, causal, scale)
+        return _forward_op(q, k, v, causal, scale)[0]
+    if runs_triton(q):
+        return _FlashAttentionKernels.apply(q, k, v, causal, scale, None)
+    return _FlashAttentionTiled.apply(q, k, v, causal, scale, TORCH_TILE)
 
 
 def flash_attention_ref(
@@ -787,4 +862,5 @@ def flash_attention_ref(
         rows = torch.arange(M, device=q.device)
         s = s.masked_fill(~_visible(rows, torch.arange(N, device=q.device), N - M), float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key: all -inf -> 0
-    return _like_input(p @ v4, q.dim() == 3)
+    out = p @ v4
+    return out.squeeze(1) if q.dim() == 3 else out

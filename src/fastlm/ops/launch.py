@@ -108,7 +108,13 @@ class EagerKernel:
         return binary, tuple(kwargs[name] if name in kwargs else self._defaults[name] for name in names)
 
 
-@functools.cache
+_EAGER_KERNELS: dict[int, EagerKernel] = {}  # by id: hashing a JITFunction takes a lock
+
+
 def eager_kernel(fn) -> EagerKernel:
-    """The EagerKernel of ``fn``, made once per kernel: ``eager_kernel(k)[grid](*args, **constexprs)``."""
-    return EagerKernel(fn)
+    """The EagerKernel of ``fn``, made once per kernel: ``eager_kernel(k)[grid](*args, **constexprs)``.
+    Kernels are module-level functions that live as long as the process, so their ids stay theirs."""
+    kernel = _EAGER_KERNELS.get(id(fn))
+    if kernel is None:
+        kernel = _EAGER_KERNELS[id(fn)] = EagerKernel(fn)
+    return kernel
