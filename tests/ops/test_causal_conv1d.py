@@ -1,20 +1,27 @@
 """Depthwise causal conv1d kernels against F.conv1d (groups=D) in fp64: outputs, all gradients."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import fastlm
 from fastlm.ops import causal_conv1d as conv_module
-from fastlm.ops.causal_conv1d import causal_conv1d, causal_conv1d_ref
+from fastlm.ops.causal_conv1d import CausalConv1dFunction, causal_conv1d, causal_conv1d_config, causal_conv1d_ref
+from fastlm.ops.launch import eager_kernel
 
 from .reference import check_against_reference, compiled_code_launches
 
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 
 
-def _check(u, weight, bias=None, activation=None, *, tolerance=None, backend="triton"):
+def _check(u, weight, bias=None, activation=None, *, tolerance=None, backend="triton", config=None):
+    """Output and every gradient vs the fp64 reference; with ``config``, through the eager
+    autograd.Function with that launch configuration."""
     return check_against_reference(
-        lambda u, w, b: causal_conv1d(u, w, b, activation, backend=backend),
+        lambda u, w, b: CausalConv1dFunction.apply(u, w, b, activation == "silu", backend, config)
+        if config is not None
+        else causal_conv1d(u, w, b, activation, backend=backend),
         lambda u, w, b: causal_conv1d_ref(u, w, b, activation),
         (u, weight, bias), tolerance or TOLERANCES[u.dtype],
     )  # fmt: skip
@@ -37,14 +44,26 @@ def test_definition_by_hand():
     assert out.flatten().tolist() == [1000.5, 2100.5, 3210.5, 4320.5]
 
 
-def test_backward_spans_chunks_and_frozen_parameters(monkeypatch):
-    monkeypatch.setattr(conv_module, "BACKWARD_CHUNK_L", 16)  # 3 chunks of rows per sequence
-    monkeypatch.setattr(conv_module, "BACKWARD_BLOCK_L", 8)
+def test_backward_spans_chunks_and_frozen_parameters():
+    # 3 chunks of 16 rows per sequence of 40 (the last partial), 2 steps of 8 per chunk; 8-channel
+    # blocks over 12 channels (the second partial) in every kernel
+    config = dataclasses.replace(conv_module.DEFAULT_CONFIG, backward_chunk_l=16, backward_block_l=8,
+                                 backward_block_d=8, forward_block_l=16, forward_block_d=8)  # fmt: skip
     u = torch.randn(2, 40, 12, requires_grad=True)
-    _check(u, torch.randn(12, 4, requires_grad=True), torch.randn(12, requires_grad=True), "silu")
-    _check(u, torch.randn(12, 4), torch.randn(12), "silu")  # frozen weight and bias: only du
-    _check(u, torch.randn(12, 3, requires_grad=True), None)  # no bias
-    _check(u, torch.randn(12, 3), None)  # no activation, frozen weight: du from dout alone (one launch)
+    _check(u, torch.randn(12, 4, requires_grad=True), torch.randn(12, requires_grad=True), "silu", config=config)
+    _check(u, torch.randn(12, 4), torch.randn(12), "silu", config=config)  # frozen weight and bias: only du
+    _check(u, torch.randn(12, 3, requires_grad=True), None, config=config)  # no bias
+    _check(u, torch.randn(12, 3), None, config=config)  # no activation, frozen weight: du from dout alone
+
+
+def test_config_checks_and_architectures():
+    with pytest.raises(ValueError, match="backward_chunk_l .* must be a multiple of backward_block_l"):
+        dataclasses.replace(conv_module.DEFAULT_CONFIG, backward_chunk_l=100, backward_block_l=64)
+    # measured on sm90; any other architecture and the interpreter (0) get the default, never an error
+    for arch in (0, 75, 80, 90, 100, 120):
+        config = causal_conv1d_config(arch, torch.bfloat16)
+        assert config.backward_chunk_l % config.backward_block_l == 0
+    assert causal_conv1d_config(75, torch.float32) == conv_module.DEFAULT_CONFIG
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -126,6 +145,48 @@ def test_gpu_inductor_launches_the_kernels_from_its_code():
     want = torch.autograd.grad(expected.sum(), (u, weight, bias))
     for got, w in zip((u.grad, weight.grad, bias.grad), want, strict=True):
         torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_direct_launch_matches_tritons_dispatcher(monkeypatch):
+    kernels = (conv_module._conv1d_forward_kernel, conv_module._conv1d_dz_kernel, conv_module._conv1d_input_grad_kernel)
+
+    def forward_and_grads(u, weight, bias):
+        out = causal_conv1d(u, weight, bias, "silu")
+        return out, *torch.autograd.grad(out, (u, weight, bias), torch.ones_like(out).cumsum(1))
+
+    def params(k):
+        return torch.randn(40, k, device="cuda", requires_grad=True), torch.randn(40, device="cuda", requires_grad=True)
+
+    forward_and_grads(torch.randn(2, 50, 40, device="cuda", requires_grad=True), *params(4))  # aligned binaries
+    # u 4 bytes past a 16-byte boundary with odd strides; weight and bias read through their strides
+    u = torch.randn(2 * 50 * 41 + 1, device="cuda")[1:].view(2, 50, 41)[..., :40].requires_grad_()
+    table = torch.randn(40, 7, device="cuda")
+    weight, bias = table[:, 1:5].requires_grad_(), table[:, 6].requires_grad_()
+    forward_and_grads(u, weight, bias)  # through Triton, which compiles these specializations
+    direct = forward_and_grads(u, weight, bias)  # the cached binaries, launched directly
+    assert all(any(eager_kernel(kernel)._binaries.values()) for kernel in kernels)  # (None: not direct)
+    for kernel in kernels:
+        monkeypatch.setattr(eager_kernel(kernel), "direct", False)
+    for got, want in zip(direct, forward_and_grads(u, weight, bias), strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_gpu_compiles_with_dynamic_shapes():
+    # sizes are SymInts inside the traced launchers: nothing may hash them (the config caches)
+    def fn(u, weight, bias):
+        return causal_conv1d(u, weight, bias, "silu").square().sum()
+
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True)
+    weight = torch.randn(64, 4, device="cuda", requires_grad=True)
+    bias = torch.randn(64, device="cuda", requires_grad=True)
+    for length in (300, 700):
+        u = torch.randn(2, length, 64, device="cuda", requires_grad=True)
+        got = torch.autograd.grad(compiled(u, weight, bias), (u, weight, bias))
+        want = torch.autograd.grad(fn(u, weight, bias), (u, weight, bias))
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-3)
 
 
 def test_ops_pass_opcheck():

@@ -1,21 +1,27 @@
 """Masked softmax kernels against an fp64 reference: outputs, gradients, masks, edge cases."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import fastlm
 from fastlm.ops import masked_softmax as softmax_module
-from fastlm.ops.masked_softmax import masked_softmax, masked_softmax_ref
+from fastlm.ops.launch import eager_kernel
+from fastlm.ops.masked_softmax import MaskedSoftmaxFunction, masked_softmax, masked_softmax_config, masked_softmax_ref
 
 from .reference import check_against_reference, compiled_code_launches
 
 TOLERANCES = {torch.float32: (1e-5, 1e-6), torch.float16: (1e-2, 1e-3), torch.bfloat16: (5e-2, 1e-2)}
 
 
-def _check(x, mask=None, *, scale=1.0, causal=False, dtype_tol=None):
-    """Output and the gradients of x (and of the mask when it requires grad) vs the fp64 reference."""
+def _check(x, mask=None, *, scale=1.0, causal=False, dtype_tol=None, config=None):
+    """Output and the gradients of x (and of the mask when it requires grad) vs the fp64 reference;
+    with ``config``, through the eager autograd.Function with that launch configuration."""
     return check_against_reference(
-        lambda x, mask: masked_softmax(x, mask, scale=scale, causal=causal),
+        lambda x, mask: MaskedSoftmaxFunction.apply(x, mask, scale, causal, config)
+        if config is not None
+        else masked_softmax(x, mask, scale=scale, causal=causal),
         lambda x, mask: masked_softmax_ref(x, mask, scale=scale, causal=causal),
         (x, mask), dtype_tol or TOLERANCES[x.dtype],
     )  # fmt: skip
@@ -72,12 +78,30 @@ def test_fully_masked_rows_are_zero_with_zero_gradient():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_long_rows_take_the_looped_path(causal, monkeypatch):
-    monkeypatch.setattr(softmax_module, "BLOCK_MAX", 64)  # 300 keys: 5 chunks of 64, last one partial
+def test_long_rows_take_the_looped_path(causal):
+    config = dataclasses.replace(softmax_module.DEFAULT_CONFIG, block_max=64)  # 300 keys: 5 chunks of 64
+    assert not config.tiles(300).single_pass and config.tiles(300).block_d == 64  # the last chunk partial
     x = torch.randn(1, 2, 7, 300, requires_grad=True)
     mask = torch.where(torch.rand(1, 1, 1, 300) < 0.2, float("-inf"), 0.0)
     mask[..., :100] = float("-inf")  # the first chunks fully masked: the online max starts at -inf
-    _check(x, mask, causal=causal, scale=0.3)
+    _check(x, mask, causal=causal, scale=0.3, config=config)
+    _check(x, mask.requires_grad_(), causal=causal, scale=0.3, config=config)  # dmask: the backward at scale 1
+
+
+def test_small_tiles_stack_rows():
+    # 40-key rows in 256-element tiles: 4 rows of 64 per program over 2*3*9 = 54 rows, the last
+    # program partial; 64 elements per warp: 4 warps
+    config = dataclasses.replace(softmax_module.DEFAULT_CONFIG, tile=256, per_warp=64)
+    tiles = config.tiles(40)
+    assert (tiles.block_m, tiles.block_d, tiles.single_pass, tiles.num_warps) == (4, 64, True, 4)
+    _check(torch.randn(2, 3, 9, 40, requires_grad=True), torch.randn(1, 3, 1, 40), scale=0.5, config=config)
+
+
+def test_config_for_every_architecture():
+    # measured on sm90; any other architecture and the interpreter (0) get the default, never an error
+    for arch in (0, 75, 80, 90, 100, 120):
+        assert masked_softmax_config(arch, torch.bfloat16).tiles(65536).block_d <= 65536
+    assert masked_softmax_config(75, torch.float32) == softmax_module.DEFAULT_CONFIG
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -153,6 +177,44 @@ def test_gpu_inductor_launches_the_kernels_from_its_code():
     torch.testing.assert_close(out, expected.square(), rtol=1e-5, atol=1e-6)
     (want,) = torch.autograd.grad(expected.square().sum(), x)
     torch.testing.assert_close(x.grad, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_direct_launch_matches_tritons_dispatcher(monkeypatch):
+    kernels = (softmax_module._softmax_forward_kernel, softmax_module._softmax_backward_kernel)
+
+    def forward_and_grad(x, mask):
+        out = masked_softmax(x, mask, scale=0.3, causal=True)
+        return out, *torch.autograd.grad(out, x, torch.ones_like(out).cumsum(-1))
+
+    mask = torch.randn(2, 1, 1, 37, device="cuda")
+    forward_and_grad(torch.randn(2, 3, 5, 37, device="cuda", requires_grad=True), mask)  # aligned binaries first
+    # x 4 bytes past a 16-byte boundary with odd strides (and permuted), the mask too
+    x = torch.randn(2 * 5 * 3 * 41 + 1, device="cuda")[1:].view(2, 5, 3, 41)[..., :37].transpose(1, 2)
+    x.requires_grad_()
+    mask = torch.randn(2 * 39 + 1, device="cuda")[1:].view(2, 1, 1, 39)[..., :37]
+    forward_and_grad(x, mask)  # through Triton, which compiles these specializations
+    direct = forward_and_grad(x, mask)  # the cached binaries, launched directly
+    assert all(any(eager_kernel(kernel)._binaries.values()) for kernel in kernels)  # (None: not direct)
+    for kernel in kernels:
+        monkeypatch.setattr(eager_kernel(kernel), "direct", False)
+    for got, want in zip(direct, forward_and_grad(x, mask), strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.gpu
+def test_gpu_compiles_with_dynamic_shapes():
+    # sizes are SymInts inside the traced launchers: nothing may hash them (the config caches)
+    def fn(x, mask):
+        return masked_softmax(x, mask, scale=0.25, causal=True).square().sum()
+
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True)
+    for sq in (64, 100):
+        x = torch.randn(2, 3, sq, 128, device="cuda", requires_grad=True)
+        mask = torch.randn(2, 1, 1, 128, device="cuda")
+        (got,) = torch.autograd.grad(compiled(x, mask), x)
+        (want,) = torch.autograd.grad(fn(x, mask), x)
+        torch.testing.assert_close(got, want)
 
 
 def test_ops_pass_opcheck():

@@ -14,7 +14,7 @@ activation) or dout * silu'(z) (z recomputed from u, not stored):
 
 Programs own a (BLOCK_L, BLOCK_D) tile (forward, backward part 2) or a column block of a chunk of
 rows (backward part 1), so the K shifted reads of a row hit the cache; weight and bias gradients
-are summed per program into (programs, K, D) / (programs, D) fp32 partials and reduced
+are summed per program into (programs, D, K) / (programs, D) fp32 partials and reduced
 deterministically, no atomics. The backward computes dz once per row (part 1, which writes it with
 SILU) and du from it (part 2): one kernel that recomputed z at the K shifts of every row needed
 K x K loads per element and, at K = 4, 255 registers and spills (Nsight Compute on an H100: 1.2 GB
@@ -27,24 +27,21 @@ SILU (dz written and read back) and 4*B*L*D*s without (dout read twice).
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import cdiv, check_dtype, check_same_device, next_power_of_2, runs_triton
+from fastlm.ops.common import cdiv, check_dtype, check_same_device, device_arch, next_power_of_2, runs_triton
+from fastlm.ops.launch import eager_kernel
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KERNEL_SIZE = 8
 ACTIVATIONS = (None, "silu")
 BACKENDS = ("triton", "cuda")
-FORWARD_BLOCK_L, FORWARD_BLOCK_D, FORWARD_WARPS = 32, 128, 4
-# backward part 1 (dz and the weight / bias partials), from benchmarks/tune_conv1d.py on an H100
-# (best geometric mean over the two benchmark shapes: both parts 0.46 and 0.38 ms against 0.68 and
-# 0.57 with the forward's 32 x 128 tile and 4 warps; benchmarks/results/conv1d_tuning_h100.jsonl,
-# the records marked "two-part"). Part 2 (du) uses the forward's tile.
-BACKWARD_BLOCK_L, BACKWARD_BLOCK_D, BACKWARD_WARPS = 64, 64, 2
-BACKWARD_CHUNK_L = 512  # rows per part-1 program: the weight-gradient partials are (B * L / 512, K, D)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -61,23 +58,23 @@ def _shifted(U, base, rows, cols, shift, L, stride_l, col_mask):
 
 
 @triton.jit
-def _conv(U, W, BIAS, base, rows, cols, col_mask, shift, L, stride_ul, stride_wd,
+def _conv(U, W, BIAS, base, rows, cols, col_mask, shift, L, stride_ul, stride_wd, stride_wk, stride_bias,
           K: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
     """z at rows + shift: bias + sum_k w[:, k] * u[rows + shift - (K - 1) + k]."""
     w = tl.load(W + cols * stride_wd, mask=col_mask, other=0.0).to(tl.float32)
     z = w[None, :] * _shifted(U, base, rows, cols, shift - (K - 1), L, stride_ul, col_mask)
     for k in tl.static_range(1, K):
-        w = tl.load(W + cols * stride_wd + k, mask=col_mask, other=0.0).to(tl.float32)
+        w = tl.load(W + cols * stride_wd + k * stride_wk, mask=col_mask, other=0.0).to(tl.float32)
         z += w[None, :] * _shifted(U, base, rows, cols, shift - (K - 1) + k, L, stride_ul, col_mask)
     if HAS_BIAS:
-        z += tl.load(BIAS + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        z += tl.load(BIAS + cols * stride_bias, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     return z
 
 
 @triton.jit
 def _conv1d_forward_kernel(
-    U, W, BIAS, OUT,  # u (B, L, D) with unit stride in D; weight (D, K) unit stride in K; bias (D,); out (B, L, D)
-    L, D, stride_ub, stride_ul, stride_wd,
+    U, W, BIAS, OUT,  # u (B, L, D) with unit stride in D; weight (D, K); bias (D,); out (B, L, D) contiguous
+    L, D, stride_ub, stride_ul, stride_wd, stride_wk, stride_bias,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -85,7 +82,8 @@ def _conv1d_forward_kernel(
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     batch = tl.program_id(2).to(tl.int64)
     col_mask = cols < D
-    z = _conv(U, W, BIAS, batch * stride_ub, rows, cols, col_mask, 0, L, stride_ul, stride_wd, K, HAS_BIAS)
+    z = _conv(U, W, BIAS, batch * stride_ub, rows, cols, col_mask, 0, L, stride_ul, stride_wd, stride_wk, stride_bias,
+              K, HAS_BIAS)  # fmt: skip
     if SILU:
         z = z * tl.sigmoid(z)
     out = OUT + batch * L * D + rows[:, None] * D + cols[None, :]
@@ -95,9 +93,9 @@ def _conv1d_forward_kernel(
 @triton.jit
 def _conv1d_dz_kernel(
     U, W, BIAS, DOUT, DZ,  # dout (B, L, D) unit stride in D; dz (B, L, D) contiguous, written with SILU only
-    DW_PARTIAL,  # (programs, K, D) fp32, program = batch * chunks + chunk
+    DW_PARTIAL,  # (programs, D, K) fp32, program = batch * chunks + chunk: sums to dweight's (D, K) layout
     DB_PARTIAL,  # (programs, D) fp32
-    L, D, stride_ub, stride_ul, stride_wd, stride_ob, stride_ol,
+    L, D, stride_ub, stride_ul, stride_wd, stride_wk, stride_bias, stride_ob, stride_ol,
     K: tl.constexpr, K_POW2: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
     WEIGHT_GRAD: tl.constexpr, BIAS_GRAD: tl.constexpr,
     BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr, CHUNK_L: tl.constexpr,
@@ -115,7 +113,8 @@ def _conv1d_dz_kernel(
         rows = tl.cast(start, tl.int64) + tl.arange(0, BLOCK_L)  # int64: L * D may pass 2^31
         dz = _shifted(DOUT, dout_base, rows, cols, 0, L, stride_ol, col_mask)
         if SILU:  # dz = dout * silu'(z), z recomputed from u
-            z = _conv(U, W, BIAS, u_base, rows, cols, col_mask, 0, L, stride_ul, stride_wd, K, HAS_BIAS)
+            z = _conv(U, W, BIAS, u_base, rows, cols, col_mask, 0, L, stride_ul, stride_wd, stride_wk, stride_bias,
+                      K, HAS_BIAS)  # fmt: skip
             sig = tl.sigmoid(z)
             dz = dz * sig * (1.0 + z * (1.0 - sig))
             dz_ptr = DZ + batch * L * D + rows[:, None] * D + cols[None, :]
@@ -128,7 +127,7 @@ def _conv1d_dz_kernel(
                 dw += tl.where(taps[:, None] == k, tl.sum(dz * u, axis=0)[None, :], 0.0)
     program = batch * tl.num_programs(0) + chunk
     if WEIGHT_GRAD:
-        dw_ptr = DW_PARTIAL + program * K * D + taps[:, None] * D + cols[None, :]
+        dw_ptr = DW_PARTIAL + program * D * K + cols[None, :] * K + taps[:, None]  # one block of BLOCK_D * K
         tl.store(dw_ptr, dw, mask=(taps < K)[:, None] & col_mask[None, :])
     if BIAS_GRAD:
         tl.store(DB_PARTIAL + program * D + cols, db, mask=col_mask)
@@ -136,8 +135,8 @@ def _conv1d_dz_kernel(
 
 @triton.jit
 def _conv1d_input_grad_kernel(
-    DZ, W, DU,  # dz (B, L, D) unit stride in D (dout itself without SILU); du (B, L, D) contiguous
-    L, D, stride_zb, stride_zl, stride_wd,
+    DZ, W, DU,  # dz (B, L, D) unit stride in D (dout itself without SILU); weight (D, K); du (B, L, D) contiguous
+    L, D, stride_zb, stride_zl, stride_wd, stride_wk,
     K: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Backward, part 2: du(l) = sum_j w[:, K - 1 - j] * dz(l + j), dz = 0 past the end; tiled like
@@ -148,80 +147,128 @@ def _conv1d_input_grad_kernel(
     col_mask = cols < D
     du = tl.zeros((BLOCK_L, BLOCK_D), tl.float32)
     for j in tl.static_range(K):
-        w = tl.load(W + cols * stride_wd + (K - 1 - j), mask=col_mask, other=0.0).to(tl.float32)
+        w = tl.load(W + cols * stride_wd + (K - 1 - j) * stride_wk, mask=col_mask, other=0.0).to(tl.float32)
         du += w[None, :] * _shifted(DZ, batch * stride_zb, rows, cols, j, L, stride_zl, col_mask)
     du_ptr = DU + batch * L * D + rows[:, None] * D + cols[None, :]
     tl.store(du_ptr, du.to(DU.dtype.element_ty), mask=(rows < L)[:, None] & col_mask[None, :])
 
 
 # ----------------------------------------------------------------------------------------------
-# Launchers
+# Launch configuration
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Conv1dConfig:
+    """Tiles and warps of the three kernels: the forward and backward part 2 (du) share one
+    (BLOCK_L, BLOCK_D) tile; part 1 (dz, weight / bias partials) has its own, over chunks of rows."""
+
+    forward_block_l: int  # positions per forward / du tile (a power of two)
+    forward_block_d: int  # channels per forward / du tile (a power of two)
+    forward_warps: int  # warps per forward / du program
+    backward_block_l: int  # positions per step of a part-1 program (a power of two)
+    backward_block_d: int  # channels per part-1 program (a power of two)
+    backward_warps: int  # warps per part-1 program
+    backward_chunk_l: int  # positions per part-1 program: the partials are (B * L / this, D, K)
+
+    def __post_init__(self):
+        if self.backward_chunk_l % self.backward_block_l:  # a step must not cross into the next program's rows
+            raise ValueError(f"backward_chunk_l ({self.backward_chunk_l}) must be a multiple of backward_block_l "
+                             f"({self.backward_block_l})")  # fmt: skip
+
+
+# By device_arch. H100 / H200 (90): backward part 1 from benchmarks/tune_conv1d.py on an H100, the
+# best geometric mean over the two `fastlm bench conv1d` shapes, well ahead of the forward's
+# 32 x 128 tile with 4 warps (benchmarks/results/conv1d_tuning_h100.jsonl, the records marked
+# "two-part"); the forward's tile is not swept.
+_CONFIGS = {
+    90: Conv1dConfig(forward_block_l=32, forward_block_d=128, forward_warps=4, backward_block_l=64,
+                     backward_block_d=64, backward_warps=2, backward_chunk_l=512),
+}  # fmt: skip
+DEFAULT_CONFIG = _CONFIGS[90]  # GPUs nobody measured, and the interpreter (0)
+
+
+@functools.cache
+def causal_conv1d_config(arch: int, dtype: torch.dtype) -> Conv1dConfig:
+    """The launch configuration for GPU architecture ``arch`` (`device_arch`) and ``dtype``; no
+    entry depends on the dtype or the shape (the sweep's two shapes agreed). Cached: one dict
+    lookup per call; sizes stay out of the key, since inside the triton_op they may be SymInts."""
+    return _CONFIGS.get(arch, DEFAULT_CONFIG)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers: one per direction, shared by the eager autograd.Function and the triton_ops
 # ----------------------------------------------------------------------------------------------
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
+    """t with unit stride in D: with a strided D every load of the kernels would be a gather, so
+    such an input is copied once (weight and bias are small and read through their strides)."""
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _forward(u, weight, bias, silu: bool, traced: bool = False) -> torch.Tensor:
-    """out (B, L, D) contiguous in u's dtype; ``traced`` inside the triton_op."""
+def _forward(u, weight, bias, silu: bool, config: Conv1dConfig | None = None, traced: bool = False) -> torch.Tensor:
+    """out (B, L, D) contiguous in u's dtype; ``config`` None picks it; ``traced`` inside the triton_op."""
     if not runs_triton(u):
         return _reference(u, weight, bias, "silu" if silu else None).to(u.dtype)
-    u, weight = _unit_stride(u), _unit_stride(weight)
-    bias = bias.contiguous() if bias is not None else None
+    u = _unit_stride(u)
     batch, length, d = u.shape
     out = torch.empty((batch, length, d), dtype=u.dtype, device=u.device)
     if out.numel() == 0:
         return out
-    grid = (cdiv(length, FORWARD_BLOCK_L), cdiv(d, FORWARD_BLOCK_D), batch)
-    kernel = wrap_triton(_conv1d_forward_kernel) if traced else _conv1d_forward_kernel
+    config = config or causal_conv1d_config(device_arch(u.device), u.dtype)
+    grid = (cdiv(length, config.forward_block_l), cdiv(d, config.forward_block_d), batch)
+    kernel = wrap_triton(_conv1d_forward_kernel) if traced else eager_kernel(_conv1d_forward_kernel)
     kernel[grid](
-        u, weight, bias if bias is not None else weight, out, length, d, u.stride(0), u.stride(1), weight.stride(0),
-        K=weight.shape[1], HAS_BIAS=bias is not None, SILU=silu, BLOCK_L=FORWARD_BLOCK_L, BLOCK_D=FORWARD_BLOCK_D,
-        num_warps=FORWARD_WARPS,
+        u, weight, bias if bias is not None else weight, out, length, d, u.stride(0), u.stride(1), *weight.stride(),
+        bias.stride(0) if bias is not None else 0,
+        K=weight.shape[1], HAS_BIAS=bias is not None, SILU=silu, BLOCK_L=config.forward_block_l,
+        BLOCK_D=config.forward_block_d, num_warps=config.forward_warps,
     )  # fmt: skip
     return out
 
 
-def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: bool, traced: bool = False):
-    """(du, dweight or None, dbias or None); ``traced`` inside the triton_op. Two launches: dz and
-    the weight / bias partials, then du from dz (dout itself without SILU, and part 1 is skipped
-    when it has nothing to do). With SILU, dz is stored in u's dtype, as PyTorch's own SiLU backward
-    hands its gradient to the conv."""
+def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: bool,
+              config: Conv1dConfig | None = None, traced: bool = False):  # fmt: skip
+    """(du, dweight or None, dbias or None); ``config`` None picks it; ``traced`` inside the
+    triton_op. Two launches: dz and the weight / bias partials, then du from dz (dout itself without
+    SILU, and part 1 is skipped when it has nothing to do); then one sum (and cast) per parameter
+    gradient. With SILU, dz is stored in u's dtype, as PyTorch's own SiLU backward hands its
+    gradient to the conv."""
     if not runs_triton(u):
         return _reference_backward(dout, u, weight, bias, silu, weight_grad, bias_grad)
-    u, weight, dout = _unit_stride(u), _unit_stride(weight), _unit_stride(dout)
-    bias = bias.contiguous() if bias is not None else None
+    u, dout = _unit_stride(u), _unit_stride(dout)
     batch, length, d = u.shape
     k = weight.shape[1]
     du = torch.empty((batch, length, d), dtype=u.dtype, device=u.device)
     if du.numel() == 0:
         dw = torch.zeros_like(weight) if weight_grad else None
         return du, dw, (torch.zeros_like(bias) if bias_grad else None)
-    if BACKWARD_CHUNK_L % BACKWARD_BLOCK_L:  # a tile must not cross into the next program's rows
-        raise RuntimeError(f"BACKWARD_CHUNK_L ({BACKWARD_CHUNK_L}) must be a multiple of BACKWARD_BLOCK_L")
-    chunks = cdiv(length, BACKWARD_CHUNK_L)
+    config = config or causal_conv1d_config(device_arch(u.device), u.dtype)
+    chunks = cdiv(length, config.backward_chunk_l)
     programs = batch * chunks
     dz = torch.empty_like(du) if silu else dout
-    dw_partial = torch.empty((programs, k, d), dtype=torch.float32, device=u.device) if weight_grad else du
+    # every program writes its whole block of partials, so empty suffices
+    dw_partial = torch.empty((programs, d, k), dtype=torch.float32, device=u.device) if weight_grad else du
     db_partial = torch.empty((programs, d), dtype=torch.float32, device=u.device) if bias_grad else du
     if silu or weight_grad or bias_grad:
-        grid = (chunks, cdiv(d, BACKWARD_BLOCK_D), batch)
-        kernel = wrap_triton(_conv1d_dz_kernel) if traced else _conv1d_dz_kernel
+        grid = (chunks, cdiv(d, config.backward_block_d), batch)
+        kernel = wrap_triton(_conv1d_dz_kernel) if traced else eager_kernel(_conv1d_dz_kernel)
         kernel[grid](
             u, weight, bias if bias is not None else weight, dout, dz, dw_partial, db_partial,
-            length, d, u.stride(0), u.stride(1), weight.stride(0), dout.stride(0), dout.stride(1),
+            length, d, u.stride(0), u.stride(1), *weight.stride(), bias.stride(0) if bias is not None else 0,
+            dout.stride(0), dout.stride(1),
             K=k, K_POW2=next_power_of_2(k), HAS_BIAS=bias is not None, SILU=silu, WEIGHT_GRAD=weight_grad,
-            BIAS_GRAD=bias_grad, BLOCK_L=BACKWARD_BLOCK_L, BLOCK_D=BACKWARD_BLOCK_D, CHUNK_L=BACKWARD_CHUNK_L,
-            num_warps=BACKWARD_WARPS,
+            BIAS_GRAD=bias_grad, BLOCK_L=config.backward_block_l, BLOCK_D=config.backward_block_d,
+            CHUNK_L=config.backward_chunk_l, num_warps=config.backward_warps,
         )  # fmt: skip
-    grid = (cdiv(length, FORWARD_BLOCK_L), cdiv(d, FORWARD_BLOCK_D), batch)
-    kernel = wrap_triton(_conv1d_input_grad_kernel) if traced else _conv1d_input_grad_kernel
+    grid = (cdiv(length, config.forward_block_l), cdiv(d, config.forward_block_d), batch)
+    kernel = wrap_triton(_conv1d_input_grad_kernel) if traced else eager_kernel(_conv1d_input_grad_kernel)
     kernel[grid](
-        dz, weight, du, length, d, dz.stride(0), dz.stride(1), weight.stride(0),
-        K=k, BLOCK_L=FORWARD_BLOCK_L, BLOCK_D=FORWARD_BLOCK_D, num_warps=FORWARD_WARPS,
+        dz, weight, du, length, d, dz.stride(0), dz.stride(1), *weight.stride(),
+        K=k, BLOCK_L=config.forward_block_l, BLOCK_D=config.forward_block_d, num_warps=config.forward_warps,
     )  # fmt: skip
-    dw = dw_partial.sum(dim=0).t().contiguous().to(weight.dtype) if weight_grad else None
+    dw = dw_partial.sum(dim=0).to(weight.dtype) if weight_grad else None
     db = db_partial.sum(dim=0).to(bias.dtype) if bias_grad else None
     return du, dw, db
 
@@ -310,20 +357,24 @@ torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_set
 
 
 class CausalConv1dFunction(torch.autograd.Function):
-    """Eager path: the launchers behind a plain autograd.Function; ``backend`` picks the forward."""
+    """Eager path: ``CausalConv1dFunction.apply(u, weight, bias, silu, backend, config)``, the
+    launchers behind a plain autograd.Function; ``backend`` picks the forward. The inputs were
+    checked by the public function, and the backward checks nothing again."""
 
     @staticmethod
-    def forward(ctx, u, weight, bias, silu, backend):
+    def forward(ctx, u, weight, bias, silu, backend, config):
         ctx.save_for_backward(u, weight, bias)
-        ctx.silu = silu
-        return _cuda_forward(u, weight, bias, silu) if backend == "cuda" else _forward(u, weight, bias, silu)
+        ctx.silu, ctx.config = silu, config
+        if backend == "cuda":
+            return _cuda_forward(u, weight, bias, silu)
+        return _forward(u, weight, bias, silu, config)
 
     @staticmethod
     def backward(ctx, dout):
         u, weight, bias = ctx.saved_tensors
         weight_grad, bias_grad = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        du, dw, db = _backward(dout, u, weight, bias, ctx.silu, weight_grad, bias_grad)
-        return du, dw, db, None, None
+        du, dw, db = _backward(dout, u, weight, bias, ctx.silu, weight_grad, bias_grad, ctx.config)
+        return du, dw, db, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -370,7 +421,7 @@ def causal_conv1d(
     silu = activation == "silu"
     if torch.compiler.is_compiling() and backend == "triton":
         return _forward_op(u, weight, bias, silu)
-    return CausalConv1dFunction.apply(u, weight, bias, silu, backend)
+    return CausalConv1dFunction.apply(u, weight, bias, silu, backend, None)
 
 
 def causal_conv1d_ref(u, weight, bias=None, activation=None):

@@ -12,9 +12,9 @@ when Sq == Sk); masked keys are not even loaded. A row with no visible key (ever
 gives y = 0 and dx = 0, not NaN.
 
 x is viewed as (B, H, Sq, Sk) (leading dimensions beyond two fold into B) and read through its
-strides. Rows up to BLOCK_MAX (16384) wide are held in registers, several short rows per
-(BLOCK_M, BLOCK_K) tile; longer rows (65536 and beyond are tested) take two passes: an online
-max / sum, then the output (the backward: the row sum, then dx).
+strides. Rows up to `SoftmaxConfig.block_max` (16384) wide are held in registers, several short
+rows per (BLOCK_M, BLOCK_K) tile; longer rows (65536 and beyond are tested) take two passes: an
+online max / sum, then the output (the backward: the row sum, then dx).
 
 Bytes (minimum, x of element size s, R = B*H*Sq rows): forward R*Sk*s read + R*Sk*s written (+ the
 mask's own size); backward 2*R*Sk*s read (y, dy) + R*Sk*s written (dx).
@@ -22,24 +22,27 @@ mask's own size); backward 2*R*Sk*s read (y, dy) + R*Sk*s written (dx).
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import RowTiles, as_rows, cdiv, check_dtype, check_same_device, row_tiles, runs_triton
+from fastlm.ops.common import (
+    RowTiles,
+    as_rows,
+    cdiv,
+    check_dtype,
+    check_same_device,
+    device_arch,
+    row_tiles,
+    runs_triton,
+)
+from fastlm.ops.launch import eager_kernel
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-BLOCK_MAX = 16384  # widest row held in registers; longer rows loop over chunks of this size
-# Elements per (BLOCK_M, BLOCK_K) tile and per warp (the tuning of the norm kernels, which move
-# the same bytes per element).
-TILE, PER_WARP = 8192, 512
-# Warps of a looped (long-row) program: with 32 the registers allow twice the warps per SM of 16,
-# which hides more load latency (ncu: the 16-warp forward read only the minimum bytes from DRAM
-# but ran at 24% occupancy). From benchmarks/tune_softmax.py on an H100: 65536-wide rows,
-# 2048 of them, no mask, bf16 forward 2.35 against 2.11 TB/s (benchmarks/results/softmax_tuning_h100.jsonl);
-# with `fastlm bench softmax`'s key-padding mask the forward stayed at 0.27 ms.
-LOOPED_WARPS = 32
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -157,12 +160,46 @@ def _softmax_backward_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# Launchers
+# Launch configuration
 # ----------------------------------------------------------------------------------------------
 
 
-def tiles(sk: int) -> RowTiles:
-    return row_tiles(sk, TILE, PER_WARP, BLOCK_MAX, LOOPED_WARPS)
+@dataclass(frozen=True)
+class SoftmaxConfig:
+    """How both kernels cover rows of Sk keys (`fastlm.ops.common.row_tiles`): short rows stack into
+    (BLOCK_M, BLOCK_K) tiles held in registers, wider rows loop over chunks, one row per program."""
+
+    block_max: int  # widest row held in registers (a power of two); wider rows loop over chunks this wide
+    tile: int  # elements per (BLOCK_M, BLOCK_K) tile of stacked short rows
+    per_warp: int  # elements per warp in such a tile (at most 16 warps)
+    looped_warps: int  # warps of a looped (long-row) program
+
+    def tiles(self, sk: int) -> RowTiles:
+        """The tiling of rows Sk wide (bit operations only: a traced, symbolic Sk passes through)."""
+        return row_tiles(sk, self.tile, self.per_warp, self.block_max, self.looped_warps)
+
+
+# By device_arch. H100 / H200 (90): tile and per_warp are the norm kernels' tuning (they move the
+# same bytes per element); looped_warps from benchmarks/tune_softmax.py on 65536-wide rows
+# (benchmarks/results/softmax_tuning_h100.jsonl): with 32 the registers allow twice the warps per
+# SM of 16, which hides more load latency (ncu: the 16-warp forward read only the minimum bytes
+# from DRAM but ran at 24% occupancy).
+_CONFIGS = {90: SoftmaxConfig(block_max=16384, tile=8192, per_warp=512, looped_warps=32)}
+DEFAULT_CONFIG = _CONFIGS[90]  # GPUs nobody measured, and the interpreter (0)
+
+
+@functools.cache
+def masked_softmax_config(arch: int, dtype: torch.dtype) -> SoftmaxConfig:
+    """The launch configuration for GPU architecture ``arch`` (`device_arch`) and ``dtype``; no
+    entry depends on the dtype yet. Cached: one dict lookup per call. Sk is applied by
+    `SoftmaxConfig.tiles`, outside the cache: inside the triton_op a traced Sk may be a SymInt,
+    which cannot be hashed."""
+    return _CONFIGS.get(arch, DEFAULT_CONFIG)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers: one per direction, shared by the eager autograd.Function and the triton_ops
+# ----------------------------------------------------------------------------------------------
 
 
 def as_4d(t: torch.Tensor) -> torch.Tensor:
@@ -172,8 +209,8 @@ def as_4d(t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() == 4 else t.reshape(-1, *t.shape[-3:])
 
 
-def _forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool, traced: bool = False):
-    """y (contiguous, x's shape and dtype); ``traced`` inside the triton_op."""
+def _forward(x, mask, scale: float, causal: bool, config: SoftmaxConfig | None = None, traced: bool = False):
+    """y (contiguous, x's shape and dtype); ``config`` None picks it; ``traced`` inside the triton_op."""
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if x.numel() == 0:
         return y
@@ -181,21 +218,21 @@ def _forward(x: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: b
         return y.copy_(_reference(x, mask, scale, causal))
     x4 = as_4d(x)
     b, h, sq, sk = x4.shape
-    mask4 = as_4d(mask.expand(x.shape)) if mask is not None else x4
-    config = tiles(sk)
+    mask4 = as_4d(mask.expand(x.shape)) if mask is not None else x4  # stride 0 on broadcast dims, no copy
+    tiles = (config or masked_softmax_config(device_arch(x.device), x.dtype)).tiles(sk)
     rows = b * h * sq
-    kernel = wrap_triton(_softmax_forward_kernel) if traced else _softmax_forward_kernel
-    kernel[(cdiv(rows, config.block_m),)](
+    kernel = wrap_triton(_softmax_forward_kernel) if traced else eager_kernel(_softmax_forward_kernel)
+    kernel[(cdiv(rows, tiles.block_m),)](
         x4, mask4, y, h, sq, sk, rows, *x4.stride(), *mask4.stride(), scale,
-        HAS_MASK=mask is not None, CAUSAL=causal, BLOCK_M=config.block_m, BLOCK_K=config.block_d,
-        SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
+        HAS_MASK=mask is not None, CAUSAL=causal, BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_d,
+        SINGLE_PASS=tiles.single_pass, num_warps=tiles.num_warps,
     )  # fmt: skip
     return y
 
 
-def _backward(dy: torch.Tensor, y: torch.Tensor, scale: float, traced: bool = False) -> torch.Tensor:
-    """dx (y's shape and dtype) from the forward output y (contiguous); ``traced`` inside the
-    triton_op."""
+def _backward(dy, y, scale: float, config: SoftmaxConfig | None = None, traced: bool = False) -> torch.Tensor:
+    """dx (y's shape and dtype) from the forward output y (contiguous); ``config`` None picks it;
+    ``traced`` inside the triton_op."""
     dx = torch.empty_like(y)
     if y.numel() == 0:
         return dx
@@ -203,13 +240,13 @@ def _backward(dy: torch.Tensor, y: torch.Tensor, scale: float, traced: bool = Fa
         y32, dy32 = y.float(), dy.float()
         return dx.copy_(scale * y32 * (dy32 - (dy32 * y32).sum(dim=-1, keepdim=True)))
     sk = y.shape[-1]
-    dy_rows = as_rows(dy)
+    dy_rows = as_rows(dy)  # a view unless dy's last dim is strided
     rows = dy_rows.shape[0]
-    config = tiles(sk)
-    kernel = wrap_triton(_softmax_backward_kernel) if traced else _softmax_backward_kernel
-    kernel[(cdiv(rows, config.block_m),)](
+    tiles = (config or masked_softmax_config(device_arch(y.device), y.dtype)).tiles(sk)
+    kernel = wrap_triton(_softmax_backward_kernel) if traced else eager_kernel(_softmax_backward_kernel)
+    kernel[(cdiv(rows, tiles.block_m),)](
         y, dy_rows, dx, rows, sk, dy_rows.stride(0), scale,
-        BLOCK_M=config.block_m, BLOCK_K=config.block_d, SINGLE_PASS=config.single_pass, num_warps=config.num_warps,
+        BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_d, SINGLE_PASS=tiles.single_pass, num_warps=tiles.num_warps,
     )  # fmt: skip
     return dx
 
@@ -245,44 +282,48 @@ def _backward_op(dy: torch.Tensor, y: torch.Tensor, scale: float) -> torch.Tenso
     return _backward(dy, y, scale, traced=True)
 
 
-def _gradients(dy, y, scale, mask_shape, mask_needs_grad, backward):
-    """(dx, dmask): the additive mask's gradient is dx / scale summed over its broadcast dims."""
-    if not mask_needs_grad:
-        return backward(dy, y, scale), None
+def _save_context(ctx, mask, scale, y):
+    ctx.save_for_backward(y)
+    ctx.scale, ctx.mask_shape = scale, None if mask is None else mask.shape
+
+
+def _gradients(ctx, dy, backward):
+    """(dx, dmask) with ``backward(dy, y, scale)`` (the launcher or the backward op): the additive
+    mask's gradient is dx / scale summed over its broadcast dims."""
+    (y,) = ctx.saved_tensors
+    if not ctx.needs_input_grad[1]:
+        return backward(dy, y, ctx.scale), None
     unscaled = backward(dy, y, 1.0)
-    return unscaled * scale, unscaled.sum_to_size(mask_shape)
+    return unscaled * ctx.scale, unscaled.sum_to_size(ctx.mask_shape)
 
 
 def _op_setup_context(ctx, inputs, output):
     _, mask, scale, _ = inputs
-    ctx.save_for_backward(output)
-    ctx.scale, ctx.mask_shape = scale, None if mask is None else mask.shape
+    _save_context(ctx, mask, scale, output)
 
 
 def _op_backward(ctx, dy):
-    (y,) = ctx.saved_tensors
-    dx, dmask = _gradients(dy, y, ctx.scale, ctx.mask_shape, ctx.needs_input_grad[1], _backward_op)
-    return dx, dmask, None, None
+    return *_gradients(ctx, dy, _backward_op), None, None
 
 
 torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_setup_context)
 
 
 class MaskedSoftmaxFunction(torch.autograd.Function):
-    """Eager path: the launchers behind a plain autograd.Function (no torch.library dispatch cost)."""
+    """Eager path: ``MaskedSoftmaxFunction.apply(x, mask, scale, causal, config)``, the launchers
+    behind a plain autograd.Function (no torch.library dispatch cost); the inputs were checked by the
+    public function, and the backward checks nothing again."""
 
     @staticmethod
-    def forward(ctx, x, mask, scale, causal):
-        y = _forward(x, mask, scale, causal)
-        ctx.save_for_backward(y)
-        ctx.scale, ctx.mask_shape = scale, None if mask is None else mask.shape
+    def forward(ctx, x, mask, scale, causal, config):
+        y = _forward(x, mask, scale, causal, config)
+        _save_context(ctx, mask, scale, y)
+        ctx.config = config
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        (y,) = ctx.saved_tensors
-        dx, dmask = _gradients(dy, y, ctx.scale, ctx.mask_shape, ctx.needs_input_grad[1], _backward)
-        return dx, dmask, None, None
+        return *_gradients(ctx, dy, functools.partial(_backward, config=ctx.config)), None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,7 +357,7 @@ def masked_softmax(
     scale = float(scale)
     if torch.compiler.is_compiling():
         return _forward_op(x, mask, scale, causal)
-    return MaskedSoftmaxFunction.apply(x, mask, scale, causal)
+    return MaskedSoftmaxFunction.apply(x, mask, scale, causal, None)
 
 
 def masked_softmax_ref(x, mask=None, *, scale=1.0, causal=False):

@@ -5,36 +5,44 @@
     dw[d] = sum_r dy[r] * x[r, d]
 
 docs/writing_an_op.md walks through this file top to bottom. Every op in fastlm/ops has the same
-five parts, in this order:
+parts, in this order:
   1. kernels (`@triton.jit`), with the shapes of every pointer argument in comments;
-  2. launchers: plain Python that allocates outputs, picks block sizes and grids, and falls back
-     to the PyTorch reference where Triton cannot run (CPU without TRITON_INTERPRET=1, or while
-     torch.compile traces a CPU call);
-  3. a `torch.library.triton_op` per direction: torch.compile traces through it, so the graph has
-     no break and Inductor launches the kernels from the code it generates (no Python call per
-     launch). There the launchers call `wrap_triton(_the_kernel)`, spelled out with the kernel's
-     global name so that torch finds the kernel and keys its compile caches on the kernel source;
-     eager calls launch the kernel directly;
-  4. autograd: `register_autograd` for the op, and an `autograd.Function` for eager calls
-     (cheaper to dispatch), both calling the same launchers;
-  5. the public function: input checks with errors that name the argument, then dispatch; and a
+  2. launch configuration: a frozen dataclass holding every launch knob (tiles, warps) and one
+     cached function that picks it from (GPU architecture, dtype, the sizes that matter), with a
+     default for GPUs nobody measured; tests and tuning scripts pass configurations, they never
+     overwrite module globals;
+  3. launchers, one per direction: plain Python that allocates outputs, picks grids and launches,
+     or falls back to the PyTorch reference where Triton cannot run (CPU without
+     TRITON_INTERPRET=1, or while torch.compile traces a CPU call). Eager calls launch through
+     `eager_kernel(_the_kernel)` (the compiled binary reused, little Python per call); inside the
+     triton_op they launch through `wrap_triton(_the_kernel)`, spelled out with the kernel's global
+     name so that torch finds the kernel and keys its compile caches on the kernel's source;
+  4. a `torch.library.triton_op` per direction: torch.compile traces through it, so the graph has
+     no break and Inductor launches the kernels from the code it generates (no Python per launch);
+  5. autograd: `register_autograd` for the ops, and an `autograd.Function` for eager calls (cheaper
+     to dispatch), both calling the same launchers;
+  6. the public function: input checks with errors that name the argument, then dispatch; and a
      `*_ref` reference in plain PyTorch that the tests compare against.
 
 Bytes (element size s, R rows): forward R D s read + R s written; backward R D s + R s read,
-R D s written (dx), plus the (R / BLOCK_ROWS, D) fp32 partial sums written and read back.
+R D s written (dx), plus the (R / block_rows, D) fp32 partial sums written and read back.
 """
 
 from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import as_rows, cdiv, check_dtype, check_same_device, next_power_of_2, runs_triton
+from fastlm.ops.common import cdiv, check_dtype, check_same_device, device_arch, next_power_of_2, runs_triton
+from fastlm.ops.launch import eager_kernel
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-BLOCK_ROWS = 16  # rows per program: enough bytes in flight per program, few weight-gradient partials
 
 
 # ----------------------------------------------------------------------------------------------
@@ -44,14 +52,15 @@ BLOCK_ROWS = 16  # rows per program: enough bytes in flight per program, few wei
 
 @triton.jit
 def _weighted_sum_forward_kernel(
-    X,  # (R, D) rows, row stride stride_x, unit column stride
-    W,  # (D,)
-    Y,  # (R,) output
-    R, D, stride_x,
+    X,  # (R, D) rows, strides (stride_xr, stride_xd)
+    W,  # (D,), stride stride_w
+    Y,  # (R,) output, contiguous
+    R, D, stride_xr, stride_xd, stride_w,
     BLOCK_R: tl.constexpr,  # rows per program
     BLOCK_D: tl.constexpr,  # columns per step of the loop over D (a power of two)
 ):  # fmt: skip
     # Each program owns BLOCK_R rows and walks along D in BLOCK_D-wide steps, accumulating in fp32.
+    # Unit strides cost nothing: Triton compiles a stride equal to 1 as the constant 1.
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)  # int64: R * D may pass 2^31
     row_mask = rows < R
     total = tl.zeros((BLOCK_R,), dtype=tl.float32)
@@ -59,84 +68,133 @@ def _weighted_sum_forward_kernel(
         cols = start + tl.arange(0, BLOCK_D)
         col_mask = cols < D
         # masked lanes load 0, so the partial last block adds nothing
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=row_mask[:, None] & col_mask[None, :],
-                    other=0.0)  # fmt: skip
-        w = tl.load(W + cols, mask=col_mask, other=0.0)
+        x = tl.load(X + rows[:, None] * stride_xr + cols[None, :] * stride_xd,
+                    mask=row_mask[:, None] & col_mask[None, :], other=0.0)  # fmt: skip
+        w = tl.load(W + cols * stride_w, mask=col_mask, other=0.0)
         total += tl.sum(x.to(tl.float32) * w.to(tl.float32)[None, :], axis=1)
     tl.store(Y + rows, total.to(Y.dtype.element_ty), mask=row_mask)
 
 
 @triton.jit
 def _weighted_sum_backward_kernel(
-    X,  # (R, D) forward input, row stride stride_x
-    W,  # (D,)
-    DY,  # (R,) upstream gradient
+    X,  # (R, D) forward input, strides (stride_xr, stride_xd)
+    W,  # (D,), stride stride_w
+    DY,  # (R,) upstream gradient, stride stride_dy
     DX,  # (R, D) input gradient, contiguous
-    DW_PARTIAL,  # (programs, D) fp32: this program's sum over its rows of dy[r] * x[r, :]
-    R, D, stride_x,
+    DW_PARTIAL,  # (programs, D) fp32: this program's sum over its rows of dy[r] * x[r, :]; unused without WEIGHT_GRAD
+    R, D, stride_xr, stride_xd, stride_w, stride_dy,
+    WEIGHT_GRAD: tl.constexpr,  # whether to write DW_PARTIAL (False: w is frozen, x is not even read)
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < R
-    dy = tl.load(DY + rows, mask=row_mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + rows * stride_dy, mask=row_mask, other=0.0).to(tl.float32)
     for start in range(0, D, BLOCK_D):
         cols = start + tl.arange(0, BLOCK_D)
         col_mask = cols < D
         mask = row_mask[:, None] & col_mask[None, :]
-        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)
+        w = tl.load(W + cols * stride_w, mask=col_mask, other=0.0).to(tl.float32)
         tl.store(DX + rows[:, None] * D + cols[None, :], (dy[:, None] * w[None, :]).to(DX.dtype.element_ty), mask=mask)
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        # No atomics: each program writes its own partial row; the launcher sums the rows, so the
-        # result does not depend on the order programs finish in (deterministic).
-        tl.store(DW_PARTIAL + pid * D + cols, tl.sum(dy[:, None] * x, axis=0), mask=col_mask)
+        if WEIGHT_GRAD:
+            x = tl.load(X + rows[:, None] * stride_xr + cols[None, :] * stride_xd, mask=mask, other=0.0)
+            # No atomics: each program writes its own partial row; the launcher sums the rows, so the
+            # result does not depend on the order programs finish in (deterministic).
+            tl.store(DW_PARTIAL + pid * D + cols, tl.sum(dy[:, None] * x.to(tl.float32), axis=0), mask=col_mask)
 
 
 # ----------------------------------------------------------------------------------------------
-# 2. Launchers
+# 2. Launch configuration
 # ----------------------------------------------------------------------------------------------
 
 
-def _block_d(d: int) -> int:
-    return max(1, min(next_power_of_2(d), 1024))  # D = 0: the loop over D runs no step
+@dataclass(frozen=True)
+class WeightedSumConfig:
+    """How both kernels tile x (R, D). Frozen, so it can key caches; make a variant with
+    `dataclasses.replace(config, block_rows=4)`."""
+
+    block_rows: int  # rows per program (BLOCK_R, a power of two): enough bytes in flight, few dw partials
+    block_d_max: int  # widest column step (a power of two): BLOCK_D = next_power_of_2(D) up to this
+
+    def block_d(self, d: int) -> int:
+        """BLOCK_D for rows D wide (1 for D = 0, where the loop over D runs no step). Bit operations
+        and comparisons only, so a traced, symbolic D passes through."""
+        return max(1, min(next_power_of_2(d), self.block_d_max))
 
 
-def _forward(x: torch.Tensor, w: torch.Tensor, traced: bool = False) -> torch.Tensor:
-    """y (x's shape without the last dim); ``traced`` inside the triton_op."""
-    rows, w = as_rows(x), w.contiguous()  # the kernels read w with unit stride
+# By device_arch. H100 / H200 (90): not swept yet; a tuning script would replace this entry.
+_CONFIGS = {90: WeightedSumConfig(block_rows=16, block_d_max=1024)}
+DEFAULT_CONFIG = _CONFIGS[90]  # GPUs nobody measured, and the interpreter (0)
+
+
+@functools.cache
+def weighted_sum_config(arch: int, dtype: torch.dtype) -> WeightedSumConfig:
+    """The launch configuration for GPU architecture ``arch`` (`device_arch`: 90 for H100 / H200, 0
+    for the interpreter) and input ``dtype``; no entry depends on the dtype yet. Cached, so a call
+    costs one dict lookup. Key it on Python values only: inside a triton_op traced with dynamic
+    shapes, sizes are SymInts, which cannot be hashed; the config applies sizes afterwards
+    (`WeightedSumConfig.block_d`)."""
+    return _CONFIGS.get(arch, DEFAULT_CONFIG)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Launchers: one per direction, shared by the eager autograd.Function and the triton_op
+# ----------------------------------------------------------------------------------------------
+
+
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    """(..., D) -> (R, D), a view when the layout allows; any strides (the kernels take them)."""
+    return x if x.dim() == 2 else x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # not -1: D may be 0
+
+
+def _forward(x: torch.Tensor, w: torch.Tensor, config: WeightedSumConfig | None = None, traced: bool = False):
+    """y (x's shape without the last dim); ``config`` None picks it; ``traced`` inside the triton_op."""
+    rows = _as_rows(x)
     r, d = rows.shape
-    y = torch.empty(r, dtype=x.dtype, device=x.device)
+    y = torch.empty(x.shape[:-1], dtype=x.dtype, device=x.device)  # contiguous: the kernel's (R,)
     if not runs_triton(x):
-        return y.copy_(rows.float() @ w.float()).view(x.shape[:-1])
-    if r > 0:
-        kernel = wrap_triton(_weighted_sum_forward_kernel) if traced else _weighted_sum_forward_kernel
-        kernel[(cdiv(r, BLOCK_ROWS),)](rows, w, y, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d))
-    return y.view(x.shape[:-1])
+        return y.copy_((rows.float() @ w.float()).view(y.shape))
+    if r == 0:
+        return y
+    config = config or weighted_sum_config(device_arch(x.device), x.dtype)
+    grid = (cdiv(r, config.block_rows),)
+    block_d = config.block_d(d)
+    kernel = wrap_triton(_weighted_sum_forward_kernel) if traced else eager_kernel(_weighted_sum_forward_kernel)
+    # runtime arguments positionally, constexprs and options by keyword: eager_kernel's fast path needs that
+    kernel[grid](rows, w, y, r, d, *rows.stride(), w.stride(0), BLOCK_R=config.block_rows, BLOCK_D=block_d)
+    return y
 
 
-def _backward(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, weight_grad: bool, traced: bool = False):
-    """(dx like x, dw (D,) or None)."""
-    rows, dy_rows, w = as_rows(x), dy.reshape(-1).contiguous(), w.contiguous()
+def _backward(dy, x, w, weight_grad: bool, config: WeightedSumConfig | None = None, traced: bool = False):
+    """(dx like x, dw (D,) or None); ``config`` None picks it; ``traced`` inside the triton_op. dw
+    costs up to two launches after the kernel: the sum of the partials, and the cast to w's dtype."""
+    rows, dy_rows = _as_rows(x), (dy if dy.dim() == 1 else dy.reshape(-1))
     r, d = rows.shape
     if not runs_triton(x):
         dx = (dy_rows.float()[:, None] * w.float()[None, :]).to(x.dtype)
         dw = (dy_rows.float() @ rows.float()).to(w.dtype) if weight_grad else None
         return dx.view(x.shape), dw
-    programs = cdiv(r, BLOCK_ROWS)
-    dx = torch.empty((r, d), dtype=x.dtype, device=x.device)
-    partial = torch.zeros((max(programs, 1), d), dtype=torch.float32, device=x.device)  # zeros: R = 0 has no program
-    if r > 0:
-        kernel = wrap_triton(_weighted_sum_backward_kernel) if traced else _weighted_sum_backward_kernel
-        kernel[(programs,)](
-            rows, w, dy_rows, dx, partial, r, d, rows.stride(0), BLOCK_R=BLOCK_ROWS, BLOCK_D=_block_d(d)
-        )
-    return dx.view(x.shape), (partial.sum(dim=0).to(w.dtype) if weight_grad else None)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # contiguous: the kernel's (R, D)
+    if r == 0:  # no program runs: dw is a sum over no rows
+        return dx, (w.new_zeros(d) if weight_grad else None)
+    config = config or weighted_sum_config(device_arch(x.device), x.dtype)
+    programs = cdiv(r, config.block_rows)
+    block_d = config.block_d(d)
+    # every program writes its whole row of partials, so empty suffices
+    partial = torch.empty((programs, d), dtype=torch.float32, device=x.device) if weight_grad else dx
+    kernel = wrap_triton(_weighted_sum_backward_kernel) if traced else eager_kernel(_weighted_sum_backward_kernel)
+    kernel[(programs,)](
+        rows, w, dy_rows, dx, partial, r, d, *rows.stride(), w.stride(0), dy_rows.stride(0),
+        WEIGHT_GRAD=weight_grad, BLOCK_R=config.block_rows, BLOCK_D=block_d,
+    )  # fmt: skip
+    return dx, (partial.sum(dim=0).to(w.dtype) if weight_grad else None)
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. torch.library ops: what torch.compile traces (running the launchers on fake tensors gives
-#    the output shapes, so no separate fake implementation is needed)
+# 4. torch.library ops: what torch.compile traces (running the launchers on fake tensors gives
+#    the output shapes, so no separate fake implementation is needed); they take no config
+#    (a schema holds tensors and plain values), so they always launch the picked one
 # ----------------------------------------------------------------------------------------------
 
 
@@ -151,7 +209,7 @@ def _backward_op(dy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple[to
 
 
 # ----------------------------------------------------------------------------------------------
-# 4. Autograd: the compiled path (register_autograd) and the eager path (autograd.Function)
+# 5. Autograd: the compiled path (register_autograd) and the eager path (autograd.Function)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -169,19 +227,24 @@ torch.library.register_autograd(_forward_op, _op_backward, setup_context=_setup_
 
 
 class WeightedSumFunction(torch.autograd.Function):
+    """Eager path: ``WeightedSumFunction.apply(x, w, config)``; the inputs were checked by the
+    public function, and the backward checks nothing again."""
+
     @staticmethod
-    def forward(ctx, x, w):
+    def forward(ctx, x, w, config):
         ctx.save_for_backward(x, w)
-        return _forward(x, w)
+        ctx.config = config
+        return _forward(x, w, config)
 
     @staticmethod
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
-        return _backward(dy, x, w, weight_grad=ctx.needs_input_grad[1])
+        dx, dw = _backward(dy, x, w, ctx.needs_input_grad[1], ctx.config)
+        return dx, dw, None
 
 
 # ----------------------------------------------------------------------------------------------
-# 5. Public API and reference
+# 6. Public API and reference
 # ----------------------------------------------------------------------------------------------
 
 
@@ -196,7 +259,7 @@ def weighted_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     check_same_device(x=x, w=w)
     if torch.compiler.is_compiling():
         return _forward_op(x, w)
-    return WeightedSumFunction.apply(x, w)
+    return WeightedSumFunction.apply(x, w, None)
 
 
 def weighted_sum_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
