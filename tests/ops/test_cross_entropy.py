@@ -4,6 +4,7 @@ On CPU the kernels run through the Triton interpreter (conftest sets TRITON_INTE
 shapes stay small; the `gpu` tests repeat the checks at real sizes with tight tolerances.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,19 @@ import torch.nn.functional as F
 
 import fastlm
 from fastlm.nn import CrossEntropyLoss
-from fastlm.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward, cross_entropy_ref
+from fastlm.ops import cross_entropy as ce
+from fastlm.ops.common import device_arch
+from fastlm.ops.cross_entropy import (
+    DEFAULT_CONFIG,
+    CrossEntropyFunction,
+    CrossEntropyFusedFunction,
+    cross_entropy_backward,
+    cross_entropy_config,
+    cross_entropy_forward,
+    cross_entropy_ref,
+)
+
+from .reference import compiled_code_launches
 
 # Shapes: 1 class and 1 row (degenerate), a prime vocab (masking inside one block), a vocab just
 # above the 8192-wide block (a second, almost empty block), and a wide-ish batch of small rows.
@@ -288,12 +301,21 @@ def test_registered_ops_pass_opcheck(device):
     logits, targets = make_inputs(3, 70, torch.float32, device)
     logits.requires_grad_(True)
     torch.library.opcheck(torch.ops.fastlm.cross_entropy_forward, (logits, targets, -100, 0.1, 1e-3))
+    losses, lse = torch.ops.fastlm.cross_entropy_forward(logits.detach(), targets, -100, 0.1, 1e-3)
+    upstream = torch.randn(3, device=device)
+    backward_args = (logits.detach(), targets, lse, upstream, -100, 0.1, 1e-3)  # no double backward
+    torch.library.opcheck(torch.ops.fastlm.cross_entropy_backward, backward_args)
     # The fused op's backward scales its saved gradient in place (that is what makes it free), which
     # opcheck's AOT check of the op alone rejects; test_torch_compile_fullgraph covers compile.
     fused_utils = ("test_schema", "test_autograd_registration", "test_faketensor")
-    torch.library.opcheck(
-        torch.ops.fastlm.cross_entropy_fused, (logits, targets, -100, 0.0, 0.0, True), test_utils=fused_utils
-    )
+    for row_scale, mean in ((None, True), (None, False), (upstream, False)):
+        torch.library.opcheck(
+            torch.ops.fastlm.cross_entropy_fused,
+            (logits, targets, row_scale, -100, 0.0, 0.0, mean),
+            test_utils=fused_utils,
+        )
+    grad = torch.randn(3, 70, device=device)
+    torch.library.opcheck(torch.ops.fastlm.cross_entropy_scale_rows_, (grad, upstream))
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -312,6 +334,84 @@ def test_torch_compile_fullgraph(fused, dynamic, device):
     (ref_grad,) = torch.autograd.grad(ref, weight)
     torch.testing.assert_close(loss, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(grad, ref_grad, atol=1e-4, rtol=1e-4)
+
+
+def test_compiled_user_loop_functions(device):
+    """cross_entropy_forward / _backward trace into the ops under torch.compile (no graph break)."""
+    logits, targets = make_inputs(5, 61, torch.float32, device, ignore_fraction=0.0)
+    grad_output = torch.randn(5, device=device)
+    compiled = torch.compile(
+        lambda x, t, g: (cross_entropy_forward(x, t), cross_entropy_backward(x, t, g)),
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    losses, grad = compiled(logits, targets, grad_output)
+    ref_losses, ref_grad = run_reference(logits, targets, grad_output, reduction="none")
+    assert_close(losses, ref_losses, LOSS_TOL[torch.float32], "loss")
+    assert_close(grad, ref_grad, GRAD_TOL[torch.float32], "grad")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_compiled_cpu_rejects_out_of_range_targets(fused):
+    """Compiled, the ops check no target range (a trace cannot read values); on CPU the traced
+    reference path (torch's cross-entropy, compiled by Inductor) rejects the target itself."""
+    logits = torch.randn(4, 10, requires_grad=True)
+    targets = torch.tensor([0, 10, -100, 2])
+    compiled = torch.compile(lambda x, t: fastlm.cross_entropy(x * 1, t, fused=fused), fullgraph=True)
+    with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+        compiled(logits, targets)
+
+
+# Blocks far narrower than the rows, so every loop runs several steps at interpreter-sized shapes:
+# the forward's online softmax, the backward's column blocks, both passes of the fused kernel.
+NARROW_BLOCKS = dict(forward_block=16, backward_block=32, fused_block=16, forward_warps=1, fused_warps=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_explicit_config(dtype, device):
+    logits, targets = make_inputs(5, 83, dtype, device)
+    targets[0] = 4
+    config = dataclasses.replace(cross_entropy_config(device_arch(logits.device), dtype, 83), **NARROW_BLOCKS)
+    upstream = torch.randn(5, device=device)
+    ref_loss, ref_grad = run_reference(logits, targets, upstream, reduction="none", z_loss=1e-3)
+    leaf = logits.detach().clone().requires_grad_(True)
+    losses = CrossEntropyFunction.apply(leaf, targets, -100, 0.0, 1e-3, config)
+    losses.backward(upstream)
+    assert_close(losses.detach(), ref_loss, LOSS_TOL[dtype], "loss")
+    assert_close(leaf.grad, ref_grad, GRAD_TOL[dtype], "grad")
+    leaf = logits.detach().clone().requires_grad_(True)
+    losses = CrossEntropyFusedFunction.apply(leaf, targets, -100, 0.0, 1e-3, "none", False, config)
+    losses.backward(upstream)  # scale-rows with a factor other than 1, in column blocks
+    assert_close(losses.detach(), ref_loss, LOSS_TOL[dtype], "loss")
+    assert_close(leaf.grad, ref_grad, GRAD_TOL[dtype], "grad")
+
+
+def test_config_pick():
+    """A table entry for the H100 / H200, a default (never an error) elsewhere; blocks no wider than
+    the row needs; cached."""
+    for arch in (90, 80, 0):
+        config = cross_entropy_config(arch, torch.bfloat16, 128256)
+        assert config == DEFAULT_CONFIG
+        assert cross_entropy_config(arch, torch.bfloat16, 128256) is config
+    small = cross_entropy_config(90, torch.float32, 37)
+    assert (small.forward_block, small.backward_block, small.fused_block) == (64, 64, 64)
+    assert cross_entropy_config(90, torch.float32, 8193).fused_block == DEFAULT_CONFIG.fused_block
+
+
+@pytest.mark.parametrize("count_block", [16, 64])
+def test_fused_mean_counts_targets_in_steps(count_block, device):
+    """The fused kernel counts a mean's valid rows itself, count_block targets per step: 37 rows
+    take three steps of 16 (the last one masked), or one of 64."""
+    logits, targets = make_inputs(37, 29, torch.float32, device, ignore_fraction=0.4)
+    config = dataclasses.replace(
+        cross_entropy_config(device_arch(logits.device), torch.float32, 29), fused_count_block=count_block
+    )
+    leaf = logits.detach().clone().requires_grad_(True)
+    loss = CrossEntropyFusedFunction.apply(leaf, targets, -100, 0.0, 0.0, "mean", False, config)
+    loss.backward()
+    ref_loss, ref_grad = run_reference(logits, targets, torch.tensor(1.0, device=device))
+    assert_close(loss.detach(), ref_loss, LOSS_TOL[torch.float32], "loss")
+    assert_close(leaf.grad, ref_grad, GRAD_TOL[torch.float32], "grad")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,3 +462,108 @@ def test_gpu_deterministic():
     second = cross_entropy_backward(logits, targets, torch.ones(256, device="cuda"))
     assert torch.equal(first, second)
     assert not math.isnan(float(cross_entropy_forward(logits, targets).sum()))
+
+
+def _launch_through_triton(logits, targets, upstream, config):
+    """Every kernel through Triton's own dispatcher, with the launchers' arguments."""
+    batch, vocab = logits.shape
+    f32 = dict(device="cuda", dtype=torch.float32)
+    flags = dict(HAS_SMOOTHING=True, HAS_Z_LOSS=True)
+    losses, lse = torch.empty(batch, **f32), torch.empty(batch, **f32)
+    ce._cross_entropy_forward_kernel[(batch,)](
+        logits, *logits.stride(), targets, targets.stride(0), losses, lse, vocab, -100, 0.1, 1e-3,
+        BLOCK_V=config.forward_block, num_warps=config.forward_warps, **flags,
+    )  # fmt: skip
+    grad = torch.empty(batch, vocab, device="cuda", dtype=logits.dtype)
+    ce._cross_entropy_backward_kernel[(batch, ce.cdiv(vocab, config.backward_block))](
+        logits, *logits.stride(), targets, targets.stride(0), lse, upstream, upstream.stride(0), grad,
+        vocab, -100, 0.1, 1e-3, BLOCK_V=config.backward_block, num_warps=config.backward_warps, **flags,
+    )  # fmt: skip
+    fused_losses, fused_grad = torch.empty(batch, **f32), torch.empty_like(grad)
+    programs = min(batch, config.fused_programs_per_sm * ce.multiprocessors(0))
+    ce._cross_entropy_fused_kernel[(programs,)](
+        logits, *logits.stride(), targets, targets.stride(0), fused_losses, 0, fused_losses, fused_grad,
+        *fused_grad.stride(), batch, vocab, -100, 0.1, 1e-3,
+        BLOCK_V=config.fused_block, HAS_ROW_SCALE=False, MEAN=True, COUNT_BLOCK=config.fused_count_block,
+        num_warps=config.fused_warps, **flags,
+    )  # fmt: skip
+    scaled = fused_grad.clone()
+    ce._scale_rows_kernel[(batch, ce.cdiv(vocab, config.backward_block))](
+        scaled, *scaled.stride(), upstream, upstream.stride(0), vocab,
+        BLOCK_V=config.backward_block, num_warps=config.backward_warps,
+    )  # fmt: skip
+    return losses, lse, grad, fused_losses, fused_grad, scaled
+
+
+def _launch_through_launchers(logits, targets, upstream):
+    losses, lse = ce._forward(logits, targets, -100, 0.1, 1e-3)
+    grad = ce._backward(logits, targets, lse, upstream, -100, 0.1, 1e-3)
+    fused_losses, fused_grad = ce._fused(logits, targets, None, -100, 0.1, 1e-3, True)
+    scaled = fused_grad.clone()
+    ce._scale_rows(scaled, upstream)
+    return losses, lse, grad, fused_losses, fused_grad, scaled
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_eager_launch_matches_triton_dispatch(dtype):
+    """The launchers' eager_kernel path (first call through Triton, later calls through the cached
+    binary) gives the same bits as Triton's dispatcher, on layouts that change Triton's
+    specialization: unaligned storage, an odd row stride, a column stride, strided targets."""
+    batch, vocab = 37, 4999  # prime vocab: a partial last block in every kernel
+    storage = torch.randn(batch * (vocab + 2) + 1, device="cuda").mul(4).to(dtype)
+    layouts = {
+        "unaligned": storage[1 : 1 + batch * vocab].view(batch, vocab),  # data_ptr 2 or 4 bytes past 16
+        "odd row stride": storage[: batch * (vocab + 2)].view(batch, vocab + 2)[:, 1 : 1 + vocab],
+        "column stride": storage[: batch * vocab].view(vocab, batch).t(),  # strides (1, 37)
+    }
+    all_targets = torch.randint(0, vocab, (2 * batch,), device="cuda")
+    all_targets[::5] = -100
+    upstream = torch.randn(3 * batch, device="cuda")[::3]  # stride 3
+    for name, logits in layouts.items():
+        for targets in (all_targets[:batch], all_targets[::2].int()):  # contiguous int64, strided int32
+            config = cross_entropy_config(90, dtype, vocab)
+            expected = _launch_through_triton(logits, targets, upstream, config)
+            for call in ("first", "cached"):
+                got = _launch_through_launchers(logits, targets, upstream)
+                for what, a, b in zip(
+                    ("losses", "lse", "grad", "fused losses", "fused grad", "scaled"), got, expected, strict=True
+                ):
+                    assert torch.equal(a, b), f"{name}, {targets.dtype}, {call} call: {what} differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+def test_gpu_inductor_launches_the_kernels_from_its_code(fused):
+    logits, targets = make_inputs(64, 5000, torch.bfloat16, "cuda")
+    targets[0] = 3
+    logits.requires_grad_(True)
+    kernels = (
+        ("_cross_entropy_fused_kernel", "_scale_rows_kernel")
+        if fused
+        else ("_cross_entropy_forward_kernel", "_cross_entropy_backward_kernel")
+    )
+    ops = ("fastlm.cross_entropy_fused", "fastlm.cross_entropy_scale_rows_", "fastlm.cross_entropy_forward")
+    loss = compiled_code_launches(
+        lambda x: fastlm.cross_entropy(x * 1, targets, fused=fused, z_loss=1e-4), (logits,), kernels, ops
+    )
+    ref_loss, ref_grad = run_reference(logits, targets, torch.tensor(1.0, device="cuda"), z_loss=1e-4)
+    assert_close(loss.detach(), ref_loss, (1e-4, 1e-5), "loss")
+    assert_close(logits.grad, ref_grad, (1e-5, 8e-3), "grad")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+def test_gpu_compiles_with_dynamic_shapes(fused):
+    """Sizes are SymInts inside the traced launchers: the config is picked uncached, and the
+    blocks of a vocabulary wider than the widest block do not specialize on it."""
+    compiled = torch.compile(lambda x, t: fastlm.cross_entropy(x * 1, t, fused=fused), fullgraph=True, dynamic=True)
+    for batch, vocab in ((64, 9000), (100, 9001), (7, 50)):
+        logits, targets = make_inputs(batch, vocab, torch.float32, "cuda")
+        targets[0] = 1
+        leaf = logits.clone().requires_grad_(True)
+        loss = compiled(leaf, targets)
+        loss.backward()
+        ref_loss, ref_grad = run_reference(logits, targets, torch.tensor(1.0, device="cuda"))
+        assert_close(loss.detach(), ref_loss, LOSS_TOL[torch.float32], "loss")
+        assert_close(leaf.grad, ref_grad, GRAD_TOL[torch.float32], "grad")

@@ -13,19 +13,33 @@ Cost model (B rows, V classes, logits of ``s`` bytes; fastlm.analysis.xent has t
     backward   reads s*B*V, writes s*B*V (recomputes p from lse) -> one read + one write
     fused      loss and gradient in one kernel; reads each row twice (statistics, then gradient)
                and writes s*B*V. The design aims for the second read to hit L2, but measured on
-               an H200 it mostly misses (docs/cross_entropy.md, journal item 5).
+               an H200 it mostly misses (docs/cross_entropy.md, journal item 5). For a mean each
+               program also reads the 8*B bytes of targets to count the valid rows (no extra launch).
 PyTorch eager writes log-probabilities, then a zero-filled one-hot-sized gradient, then the
 softmax gradient: about 3x the bytes (docs/cross_entropy.md).
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass, replace
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch.library import wrap_triton
 
-from fastlm.ops.common import cdiv, check_dtype, check_same_device, multiprocessors, next_power_of_2, runs_triton
+from fastlm.ops.common import (
+    cdiv,
+    check_dtype,
+    check_same_device,
+    device_arch,
+    multiprocessors,
+    next_power_of_2,
+    runs_triton,
+)
+from fastlm.ops.launch import eager_kernel
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
@@ -79,8 +93,16 @@ def _row_statistics(
 
 
 @triton.jit
+def _as_fp32(label_smoothing, z_loss):
+    """The float arguments in fp32: Triton's launcher passes Python floats as fp32, Inductor's
+    generated code as fp64, which would turn the row math fp64 (and mismatch branch types)."""
+    return tl.cast(label_smoothing, tl.float32), tl.cast(z_loss, tl.float32)
+
+
+@triton.jit
 def _row_loss(lse, sum_x, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr):
     """loss = lse - (1 - eps) x_t - (eps / V) sum_j x_j + z lse^2 (fp32 scalars)."""
+    label_smoothing, z_loss = _as_fp32(label_smoothing, z_loss)
     if HAS_SMOOTHING:
         loss = lse - (1.0 - label_smoothing) * x_target - label_smoothing * sum_x / V
     else:
@@ -93,6 +115,7 @@ def _row_loss(lse, sum_x, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING: t
 @triton.jit
 def _row_grad(x, cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr):
     """dloss/dx for one block of a row, fp32: p (1 + 2 z lse) - (1 - eps) onehot - eps / V."""
+    label_smoothing, z_loss = _as_fp32(label_smoothing, z_loss)
     p = tl.exp2(x * LOG2E - lse * LOG2E)
     if HAS_Z_LOSS:
         p = p * (1.0 + 2.0 * z_loss * lse)
@@ -108,6 +131,24 @@ def _target_logit(row_ptr, stride_col, target, ignore_index, V):
     in_range = (target >= 0) & (target < V)
     x_target = tl.load(row_ptr + target * stride_col, mask=in_range & ~ignored, other=0.0).to(tl.float32)
     return x_target, ignored, ~ignored & ~in_range
+
+
+@triton.jit
+def _inverse_valid_count(targets_ptr, stride_target, B, ignore_index, COUNT_BLOCK: tl.constexpr):
+    """1 / (number of targets != ignore_index) in fp32, inf when there is none: a mean's factor.
+
+    Every program of the fused kernel counts for itself: 8 B bytes of targets, mostly from L2,
+    against the s B V bytes of logits, and no other launch and no host sync. The count is an
+    integer and the division correctly rounded (div_rn), so the factor is the same in every
+    program and every run, equal to torch's 1 / n_valid in fp32.
+    """
+    count = 0
+    for start in range(0, B, COUNT_BLOCK):
+        rows = start + tl.arange(0, COUNT_BLOCK)
+        in_batch = rows < B
+        target = tl.load(targets_ptr + rows.to(tl.int64) * stride_target, mask=in_batch, other=0)
+        count += tl.sum((in_batch & (target.to(tl.int64) != ignore_index)).to(tl.int32), axis=0)
+    return tl.math.div_rn(tl.full((), 1.0, tl.float32), count.to(tl.float32))
 
 
 @triton.jit
@@ -182,8 +223,8 @@ def _cross_entropy_fused_kernel(
     targets_ptr,  # (B,) class indices
     stride_target,
     row_scale_ptr,  # (B,) fp32 factor on each row's loss and gradient (if HAS_ROW_SCALE)
-    stride_row_scale,  # 0 when one factor serves all rows (1 / n_valid of a mean)
-    losses_ptr,  # (B,) fp32 out: row_scale * loss
+    stride_row_scale,  # 0 when one factor serves all rows
+    losses_ptr,  # (B,) fp32 out: row_scale * loss (MEAN: loss / n_valid)
     grad_ptr,  # (B, V) out: row_scale * dloss/dx, logits' dtype; may be logits_ptr (in place)
     stride_grad_row,
     stride_grad_col,
@@ -196,6 +237,8 @@ def _cross_entropy_fused_kernel(
     HAS_SMOOTHING: tl.constexpr,
     HAS_Z_LOSS: tl.constexpr,
     HAS_ROW_SCALE: tl.constexpr,
+    MEAN: tl.constexpr,  # scale every row by 1 / n_valid, counted here (rows whose target is not ignore_index)
+    COUNT_BLOCK: tl.constexpr,  # targets per step of that count
 ):
     """Persistent: program p handles rows p, p + P, ... (P programs). Per row, pass 1 computes
     lse and the loss, pass 2 writes the gradient.
@@ -206,6 +249,9 @@ def _cross_entropy_fused_kernel(
     """
     offs = tl.arange(0, BLOCK_V)
     num_blocks = tl.cdiv(V, BLOCK_V)
+    mean_scale = 1.0
+    if MEAN:
+        mean_scale = _inverse_valid_count(targets_ptr, stride_target, B, ignore_index, COUNT_BLOCK)
     for row32 in range(tl.program_id(0), B, tl.num_programs(0)):
         row = tl.cast(row32, tl.int64)
         row_ptr = logits_ptr + row * stride_row
@@ -214,10 +260,10 @@ def _cross_entropy_fused_kernel(
         lse, sum_x = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING, True)
         x_target, ignored, invalid = _target_logit(row_ptr, stride_col, target, ignore_index, V)
         loss = _row_loss(lse, sum_x, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
-        scale = 1.0
+        scale = mean_scale
         if HAS_ROW_SCALE:
             scale = tl.load(row_scale_ptr + row * stride_row_scale)
-        # ignored rows: 0 * scale, so a mean over zero valid rows is NaN as in torch
+        # ignored rows: 0 * scale, so a mean over zero valid rows (scale inf) is NaN as in torch
         loss = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), loss)) * scale
         tl.store(losses_ptr + row, loss)
         for i in range(0, num_blocks):
@@ -262,122 +308,167 @@ def _scale_rows_kernel(
 
 
 # ----------------------------------------------------------------------------------------------
-# Launchers
+# Launch configuration
 # ----------------------------------------------------------------------------------------------
 
 
-def check_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
-    """Validate shapes, dtypes and devices (the target range: check_target_range)."""
-    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise TypeError("logits and targets must be torch.Tensors")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be 2-D (batch, vocab), got shape {tuple(logits.shape)}")
-    check_dtype("logits", logits, LOGIT_DTYPES)
-    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
-        raise TypeError(f"targets must hold integer class indices (int64), got dtype {targets.dtype}")
-    check_dtype("targets", targets, TARGET_DTYPES)
-    if targets.shape != logits.shape[:1]:
-        raise ValueError(
-            f"targets must have shape ({logits.shape[0]},) to match logits {tuple(logits.shape)}, "
-            f"got {tuple(targets.shape)}"
-        )
-    check_same_device(logits=logits, targets=targets)
-    if logits.shape[1] == 0:
-        raise ValueError("logits must have at least one class (vocab dimension is 0)")
+@dataclass(frozen=True)
+class XentConfig:
+    """Blocks and warps of the cross-entropy kernels. Frozen, so it can key caches; make a variant
+    with `dataclasses.replace(config, fused_warps=4)`. Blocks are used as given (powers of two)."""
+
+    forward_block: int  # BLOCK_V of the forward: columns per step of the one program per row
+    forward_warps: int  # warps per forward program
+    backward_block: int  # BLOCK_V of the backward and the scale-rows kernels: columns per program
+    backward_warps: int  # warps per backward / scale-rows program
+    fused_block: int  # BLOCK_V of the fused kernel: columns per step of both passes over a row
+    fused_warps: int  # warps per fused program
+    fused_programs_per_sm: int  # persistent fused grid: few enough rows in flight for L2 to hold them
+    fused_count_block: int  # targets per step when each fused program counts a mean's valid rows
 
 
-def check_target_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
-    """On CPU, raise ValueError for a target outside [0, vocab) that is not ignore_index.
-
-    Runs inside the ops (so also under torch.compile). On CUDA it would cost a device-to-host
-    sync per call, so there the kernels write NaN loss and gradient for such a row instead:
-    never an out-of-bounds access, never a silently wrong loss.
-    """
-    if targets.device.type != "cpu" or targets.numel() == 0:
-        return
-    bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
-    if bool(bad.any()):
-        value = int(targets[bad][0])
-        raise ValueError(f"targets must lie in [0, {vocab}) or equal ignore_index={ignore_index}, found {value}")
-
-
-# Tile sizes from benchmarks/tune_xent.py on an H200 (B=4096, bf16, V in 32000, 50264, 128256).
-FORWARD_BLOCK, FORWARD_WARPS = 8192, 4  # 97% of copy bandwidth at V=128256
-BACKWARD_BLOCK, BACKWARD_WARPS = 4096, 4
-FUSED_BLOCK, FUSED_WARPS, FUSED_PROGRAMS_PER_SM = 8192, 8, 2
+# From benchmarks/tune_xent.py on an H200 (B=4096, bf16, V in 32000, 50264, 128256;
+# benchmarks/results/xent_tuning_h200.jsonl).
+DEFAULT_CONFIG = XentConfig(
+    forward_block=8192,
+    forward_warps=4,
+    backward_block=4096,
+    backward_warps=4,
+    fused_block=8192,
+    fused_warps=8,
+    fused_programs_per_sm=2,
+    fused_count_block=4096,  # int64: 32 KB per step, one step up to B = 4096 (not tuned)
+)
+_CONFIGS = {90: DEFAULT_CONFIG}  # by device_arch; other GPUs and the interpreter take the H200 values
 
 
-def _fused_programs(logits: torch.Tensor) -> int:
-    """Programs of the persistent fused kernel: few enough rows in flight for L2 to hold them."""
-    if not logits.is_cuda:
-        return logits.shape[0]
-    return min(logits.shape[0], FUSED_PROGRAMS_PER_SM * multiprocessors(logits.device.index or 0))
+@functools.cache
+def cross_entropy_config(arch: int, dtype: torch.dtype, vocab: int) -> XentConfig:
+    """The launch configuration for ``vocab``-wide rows of ``dtype`` logits on GPU architecture
+    ``arch`` (`device_arch`: 90 for H100 / H200, 0 for the interpreter): the table's entry (measured
+    in bf16; no entry depends on the dtype yet), its blocks no wider than the row needs. Cached, so
+    a call costs one dict lookup."""
+    config = _CONFIGS.get(arch, DEFAULT_CONFIG)
+    return replace(
+        config,
+        forward_block=_row_block(vocab, config.forward_block),
+        backward_block=_row_block(vocab, config.backward_block),
+        fused_block=_row_block(vocab, config.fused_block),
+    )
 
 
-def _launch_forward(logits, targets, ignore_index, label_smoothing, z_loss):
+def _row_block(vocab, widest: int):
+    """``widest``, or the row rounded up to a power of two when that is narrower. Written so that
+    a symbolic vocab of a trace guards on ``vocab > widest / 2`` only, which LM vocabularies pass."""
+    return widest if vocab > widest // 2 else next_power_of_2(vocab)
+
+
+def _picked_config(logits: torch.Tensor) -> XentConfig:
+    vocab = logits.shape[1]
+    # Inside a triton_op traced with dynamic shapes the vocab is a SymInt, which cannot key the
+    # cache; a trace picks once, so it calls the function uncached.
+    pick = cross_entropy_config if type(vocab) is int else cross_entropy_config.__wrapped__
+    return pick(device_arch(logits.device), logits.dtype, vocab)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers: one per direction, shared by the eager autograd.Functions and the triton_ops; the
+# plain-PyTorch reference where Triton cannot run (CPU without the interpreter, CPU traces)
+# ----------------------------------------------------------------------------------------------
+
+
+def _forward(logits, targets, ignore_index, label_smoothing, z_loss, config=None, traced=False):
+    """(losses, lse), both (B,) fp32; ``config`` None picks it; ``traced`` inside the triton_op."""
+    if not runs_triton(logits):
+        return _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss)
     batch, vocab = logits.shape
     losses = torch.empty(batch, device=logits.device, dtype=torch.float32)
     lse = torch.empty(batch, device=logits.device, dtype=torch.float32)
     if batch == 0:
         return losses, lse
-    _cross_entropy_forward_kernel[(batch,)](
+    config = _picked_config(logits) if config is None else config
+    kernel = wrap_triton(_cross_entropy_forward_kernel) if traced else eager_kernel(_cross_entropy_forward_kernel)
+    # runtime arguments positionally, constexprs and options by keyword: eager_kernel's fast path needs that
+    kernel[(batch,)](
         logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), losses, lse,
         vocab, ignore_index, label_smoothing, z_loss,
-        BLOCK_V=min(next_power_of_2(vocab), FORWARD_BLOCK),
-        HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, num_warps=FORWARD_WARPS,
+        BLOCK_V=config.forward_block, HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0,
+        num_warps=config.forward_warps,
     )  # fmt: skip
     return losses, lse
 
 
-def _launch_backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss):
+def _backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss, config=None, traced=False):
+    """dlogits (B, V), contiguous, logits' dtype, recomputing softmax from the saved lse."""
+    if not runs_triton(logits):
+        return _reference_grad(logits, targets, grad_losses, ignore_index, label_smoothing, z_loss)
     batch, vocab = logits.shape
     grad_logits = torch.empty((batch, vocab), device=logits.device, dtype=logits.dtype)
     if batch == 0:
         return grad_logits
-    block = min(next_power_of_2(vocab), BACKWARD_BLOCK)
-    grid = (batch, cdiv(vocab, block))
-    _cross_entropy_backward_kernel[grid](
+    config = _picked_config(logits) if config is None else config
+    kernel = wrap_triton(_cross_entropy_backward_kernel) if traced else eager_kernel(_cross_entropy_backward_kernel)
+    kernel[(batch, cdiv(vocab, config.backward_block))](
         logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), lse,
         grad_losses, grad_losses.stride(0), grad_logits,
         vocab, ignore_index, label_smoothing, z_loss,
-        BLOCK_V=block,
-        HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, num_warps=BACKWARD_WARPS,
+        BLOCK_V=config.backward_block, HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0,
+        num_warps=config.backward_warps,
     )  # fmt: skip
     return grad_logits
 
 
-def _launch_fused(logits, targets, row_scale, grad, ignore_index, label_smoothing, z_loss):
-    """Loss and gradient in one kernel; ``grad`` is the output buffer (may be ``logits``)."""
+def _fused(
+    logits, targets, row_scale, ignore_index, label_smoothing, z_loss, mean, grad=None, config=None, traced=False
+):
+    """(losses, dlogits) in one kernel, both multiplied per row by ``row_scale`` (B,) if given, or
+    by 1 / n_valid with ``mean``. ``grad`` is the output buffer (may be ``logits``: in place; None:
+    a new contiguous one)."""
+    if grad is None:
+        grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+    if not runs_triton(logits):
+        return _reference_fused(logits, targets, row_scale, ignore_index, label_smoothing, z_loss, mean, grad)
     batch, vocab = logits.shape
     losses = torch.empty(batch, device=logits.device, dtype=torch.float32)
     if batch == 0:
-        return losses
-    _cross_entropy_fused_kernel[(_fused_programs(logits),)](
+        return losses, grad
+    config = _picked_config(logits) if config is None else config
+    # a few programs per SM, each striding over the rows; one per row in the interpreter
+    programs = batch
+    if logits.is_cuda:
+        programs = min(batch, config.fused_programs_per_sm * multiprocessors(logits.get_device()))
+    kernel = wrap_triton(_cross_entropy_fused_kernel) if traced else eager_kernel(_cross_entropy_fused_kernel)
+    kernel[(programs,)](
         logits, logits.stride(0), logits.stride(1), targets, targets.stride(0),
-        row_scale, 0 if row_scale is None else row_scale.stride(0),
+        losses if row_scale is None else row_scale, 0 if row_scale is None else row_scale.stride(0),
         losses, grad, grad.stride(0), grad.stride(1),
         batch, vocab, ignore_index, label_smoothing, z_loss,
-        BLOCK_V=min(next_power_of_2(vocab), FUSED_BLOCK),
-        HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0, HAS_ROW_SCALE=row_scale is not None,
-        num_warps=FUSED_WARPS,
+        BLOCK_V=config.fused_block, HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0,
+        HAS_ROW_SCALE=row_scale is not None, MEAN=mean and row_scale is None, COUNT_BLOCK=config.fused_count_block,
+        num_warps=config.fused_warps,
     )  # fmt: skip
-    return losses
+    return losses, grad
 
 
-def _launch_scale_rows(grad, grad_losses):
+def _scale_rows(grad, grad_losses, config=None, traced=False):
+    """grad[i] *= grad_losses[i] in place (a 0-d grad_losses: one factor for all rows); on the GPU
+    free (one scalar load per program) where the factor is 1."""
+    if not runs_triton(grad):
+        grad.copy_(grad * grad_losses.float().reshape(-1, 1))  # fp32 product, rounded once as the kernel does
+        return
     batch, vocab = grad.shape
     if batch == 0:
         return
-    block = min(next_power_of_2(vocab), BACKWARD_BLOCK)
-    grid = (batch, cdiv(vocab, block))
-    _scale_rows_kernel[grid](
-        grad, grad.stride(0), grad.stride(1), grad_losses, grad_losses.stride(0), vocab,
-        BLOCK_V=block, num_warps=BACKWARD_WARPS,
+    config = _picked_config(grad) if config is None else config
+    kernel = wrap_triton(_scale_rows_kernel) if traced else eager_kernel(_scale_rows_kernel)
+    kernel[(batch, cdiv(vocab, config.backward_block))](
+        grad, grad.stride(0), grad.stride(1), grad_losses, grad_losses.stride(0) if grad_losses.dim() else 0, vocab,
+        BLOCK_V=config.backward_block, num_warps=config.backward_warps,
     )  # fmt: skip
 
 
-# Reference-path equivalents of the launchers (CPU without the interpreter): same outputs,
-# computed in fp32 by plain PyTorch through cross_entropy_ref.
+# Reference-path equivalents of the launchers (CPU without the interpreter, and CPU traces): same
+# outputs, computed in fp32 by plain PyTorch through cross_entropy_ref.
 
 
 def _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss):
@@ -388,79 +479,44 @@ def _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss):
 
 
 def _reference_grad(logits, targets, grad_losses, ignore_index, label_smoothing, z_loss):
-    """The module docstring's gradient formula in fp32 PyTorch (autograd is off inside ops)."""
+    """The module docstring's gradient formula in fp32 PyTorch (autograd is off inside ops), times
+    ``grad_losses`` (B,) unless None."""
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
     valid = targets != ignore_index
     onehot = F.one_hot(torch.where(valid, targets, 0).long(), x.shape[1]).float()
     grad = torch.exp(x - lse) * (1.0 + 2.0 * z_loss * lse) - (1.0 - label_smoothing) * onehot
     grad = grad - label_smoothing / x.shape[1]
-    grad = torch.where(valid[:, None], grad * grad_losses.float()[:, None], 0.0)
-    return grad.to(logits.dtype)
+    if grad_losses is not None:
+        grad = grad * grad_losses.float()[:, None]
+    return torch.where(valid[:, None], grad, 0.0).to(logits.dtype)
 
 
-def _forward(logits, targets, ignore_index, label_smoothing, z_loss):
-    """(losses, lse) through the kernels or the reference path."""
-    check_target_range(targets, logits.shape[1], ignore_index)
-    if runs_triton(logits):
-        return _launch_forward(logits, targets, ignore_index, label_smoothing, z_loss)
-    return _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss)
-
-
-def _backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss):
-    if runs_triton(logits):
-        return _launch_backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss)
-    return _reference_grad(logits, targets, grad_losses, ignore_index, label_smoothing, z_loss)
-
-
-def _scale_rows(grad, grad_losses):
-    if runs_triton(grad):
-        _launch_scale_rows(grad, grad_losses)
-    else:
-        grad.mul_(grad_losses.to(grad.dtype)[:, None])
-
-
-def _mean_row_scale(targets, ignore_index):
-    """(B,) stride-0 fp32 view of 1 / n_valid, made on device without a host sync (inf when
-    n_valid is 0)."""
-    return (1.0 / (targets != ignore_index).sum().float()).expand(targets.shape[0])
-
-
-def _fused(logits, targets, row_scale, grad, ignore_index, label_smoothing, z_loss):
-    """Dispatch of the fused pass: Triton, or the reference path writing into ``grad``."""
-    check_target_range(targets, logits.shape[1], ignore_index)
-    if runs_triton(logits):
-        return _launch_fused(logits, targets, row_scale, grad, ignore_index, label_smoothing, z_loss)
-    scale = torch.ones(logits.shape[0], device=logits.device) if row_scale is None else row_scale
+def _reference_fused(logits, targets, row_scale, ignore_index, label_smoothing, z_loss, mean, grad):
+    if row_scale is None and mean:
+        row_scale = (1.0 / (targets != ignore_index).sum().float()).expand(targets.shape[0])
     losses, _ = _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss)
-    grad.copy_(_reference_grad(logits, targets, scale, ignore_index, label_smoothing, z_loss))
-    return losses * scale
+    grad.copy_(_reference_grad(logits, targets, row_scale, ignore_index, label_smoothing, z_loss))
+    return (losses if row_scale is None else losses * row_scale), grad
 
 
 # ----------------------------------------------------------------------------------------------
-# torch.library ops and autograd
-#
-# Unlike the other fastlm ops these are custom_ops, opaque to Inductor, not triton_ops that it
-# traces through: a model calls its loss once per step, so the Python call per launch costs
-# little, and on CPU the target-range check reads the targets' values, which a trace cannot.
+# torch.library ops: what torch.compile traces (running the launchers on fake tensors gives the
+# output shapes, so no separate fake implementation is needed). They take no config (a schema
+# holds tensors and plain values), so they launch the picked one; they check no target range
+# (that reads the targets' values: see check_target_range).
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.library.custom_op("fastlm::cross_entropy_forward", mutates_args=())
+@torch.library.triton_op("fastlm::cross_entropy_forward", mutates_args=())
 def _forward_op(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, label_smoothing: float, z_loss: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(losses, lse), both (B,) fp32."""
-    return _forward(logits, targets, ignore_index, label_smoothing, z_loss)
+    return _forward(logits, targets, ignore_index, label_smoothing, z_loss, traced=True)
 
 
-@_forward_op.register_fake
-def _(logits, targets, ignore_index, label_smoothing, z_loss):
-    batch = logits.shape[0]
-    return logits.new_empty(batch, dtype=torch.float32), logits.new_empty(batch, dtype=torch.float32)
-
-
-@torch.library.custom_op("fastlm::cross_entropy_backward", mutates_args=())
+@torch.library.triton_op("fastlm::cross_entropy_backward", mutates_args=())
 def _backward_op(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -471,12 +527,34 @@ def _backward_op(
     z_loss: float,
 ) -> torch.Tensor:
     """dlogits (B, V) in logits' dtype, recomputing softmax from the saved lse."""
-    return _backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss)
+    return _backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss, traced=True)
 
 
-@_backward_op.register_fake
-def _(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss):
-    return torch.empty_like(logits, memory_format=torch.contiguous_format)
+@torch.library.triton_op("fastlm::cross_entropy_fused", mutates_args=())
+def _fused_op(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    row_scale: torch.Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    z_loss: float,
+    mean: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(losses, dlogits), scaled per row by ``row_scale`` or, with ``mean``, by 1 / n_valid, so
+    that the mean is ``losses.sum()`` and the upstream gradient of every row is exactly 1."""
+    return _fused(logits, targets, row_scale, ignore_index, label_smoothing, z_loss, mean, traced=True)
+
+
+@torch.library.triton_op("fastlm::cross_entropy_scale_rows_", mutates_args=("grad",))
+def _scale_rows_op(grad: torch.Tensor, grad_losses: torch.Tensor) -> None:
+    """grad[i] *= grad_losses[i] in place: out of place it would have to write all of grad, even
+    where every factor is 1."""
+    _scale_rows(grad, grad_losses, traced=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd: the compiled path (register_autograd) and the eager path (autograd.Functions)
+# ----------------------------------------------------------------------------------------------
 
 
 def _forward_setup_context(ctx, inputs, output):
@@ -487,42 +565,13 @@ def _forward_setup_context(ctx, inputs, output):
     ctx.mark_non_differentiable(lse)
 
 
-def _forward_backward(ctx, grad_losses, _grad_lse):
+def _forward_op_backward(ctx, grad_losses, _grad_lse):
     logits, targets, lse = ctx.saved_tensors
     grad_logits = _backward_op(logits, targets, lse, grad_losses, *ctx.options)
     return grad_logits, None, None, None, None
 
 
-torch.library.register_autograd(_forward_op, _forward_backward, setup_context=_forward_setup_context)
-
-
-@torch.library.custom_op("fastlm::cross_entropy_fused", mutates_args=())
-def _fused_op(
-    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, label_smoothing: float, z_loss: float, mean: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(losses, dlogits). With ``mean`` both are pre-scaled by 1 / n_valid, so that the mean is
-    ``losses.sum()`` and the upstream gradient of every row is exactly 1."""
-    row_scale = _mean_row_scale(targets, ignore_index) if mean else None
-    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
-    losses = _fused(logits, targets, row_scale, grad, ignore_index, label_smoothing, z_loss)
-    return losses, grad
-
-
-@_fused_op.register_fake
-def _(logits, targets, ignore_index, label_smoothing, z_loss, mean):
-    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
-    return logits.new_empty(logits.shape[0], dtype=torch.float32), grad
-
-
-@torch.library.custom_op("fastlm::cross_entropy_scale_rows_", mutates_args=("grad",))
-def _scale_rows_op(grad: torch.Tensor, grad_losses: torch.Tensor) -> None:
-    """grad[i] *= grad_losses[i] in place; free when every factor is 1."""
-    _scale_rows(grad, grad_losses)
-
-
-@_scale_rows_op.register_fake
-def _(grad, grad_losses):
-    return None
+torch.library.register_autograd(_forward_op, _forward_op_backward, setup_context=_forward_setup_context)
 
 
 def _fused_setup_context(ctx, inputs, output):
@@ -547,38 +596,44 @@ def _take_fused_grad(ctx) -> torch.Tensor:
     return grad
 
 
-def _fused_backward(ctx, grad_losses, _grad_grad):
+def _fused_op_backward(ctx, grad_losses, _grad_grad):
     grad = _take_fused_grad(ctx)
     _scale_rows_op(grad, grad_losses)
-    return grad, None, None, None, None, None
+    return grad, None, None, None, None, None, None
 
 
-torch.library.register_autograd(_fused_op, _fused_backward, setup_context=_fused_setup_context)
+torch.library.register_autograd(_fused_op, _fused_op_backward, setup_context=_fused_setup_context)
 
 
-# Eager autograd: the same launchers behind plain autograd.Functions. A torch.library op costs
-# tens of microseconds of Python per call, as much as the whole kernel at V=32000, so eager code
-# takes these and only torch.compile traces the ops above.
+# Eager: the same launchers behind plain autograd.Functions (a torch.library call costs tens of
+# microseconds of Python, as much as the whole kernel at V=32000). The public function checked
+# the inputs; the forwards check the target range (eager only), the backwards check nothing.
 
 
 class CrossEntropyFunction(torch.autograd.Function):
-    """Recompute path: forward saves (logits, targets, lse); backward recomputes softmax."""
+    """Recompute path: forward saves (logits, targets, lse); backward recomputes softmax.
+    ``CrossEntropyFunction.apply(logits, targets, ignore_index, label_smoothing, z_loss, config)``."""
 
     @staticmethod
-    def forward(ctx, logits, targets, ignore_index, label_smoothing, z_loss):
-        losses, lse = _forward(logits, targets, ignore_index, label_smoothing, z_loss)
+    def forward(ctx, logits, targets, ignore_index, label_smoothing, z_loss, config):
+        check_target_range(targets, logits.shape[1], ignore_index)
+        config = _picked_config(logits) if config is None else config  # once for both directions
+        losses, lse = _forward(logits, targets, ignore_index, label_smoothing, z_loss, config)
         ctx.save_for_backward(logits, targets, lse)
-        ctx.options = (ignore_index, label_smoothing, z_loss)
+        ctx.options = (ignore_index, label_smoothing, z_loss, config)
         return losses
 
     @staticmethod
     def backward(ctx, grad_losses):
         logits, targets, lse = ctx.saved_tensors
-        return _backward(logits, targets, lse, grad_losses, *ctx.options), None, None, None, None
+        return _backward(logits, targets, lse, grad_losses, *ctx.options), None, None, None, None, None
 
 
 class CrossEntropyFusedFunction(torch.autograd.Function):
     """Fused path: the forward writes dlogits, the backward hands it out (scaled if needed).
+    ``CrossEntropyFusedFunction.apply(logits, targets, ignore_index, label_smoothing, z_loss,
+    reduction, inplace, config)``. A "mean" or "sum" is reduced here rather than by a `.sum()`
+    after it: one autograd node fewer to record and to run.
 
     With ``inplace`` the gradient overwrites the logits. Their version counter is bumped, so
     any op that saved the logits for its own backward fails loudly at backward time instead of
@@ -586,25 +641,68 @@ class CrossEntropyFusedFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits, targets, ignore_index, label_smoothing, z_loss, mean, inplace):
-        row_scale = _mean_row_scale(targets, ignore_index) if mean else None
-        grad = logits if inplace else torch.empty_like(logits, memory_format=torch.contiguous_format)
-        losses = _fused(logits, targets, row_scale, grad, ignore_index, label_smoothing, z_loss)
+    def forward(ctx, logits, targets, ignore_index, label_smoothing, z_loss, reduction, inplace, config):
+        check_target_range(targets, logits.shape[1], ignore_index)
+        config = _picked_config(logits) if config is None else config  # once for both directions
+        mean, grad = reduction == "mean", logits if inplace else None
+        losses, grad = _fused(logits, targets, None, ignore_index, label_smoothing, z_loss, mean, grad, config)
         if inplace:
             torch.autograd.graph.increment_version(logits)
         ctx.grad = grad  # not saved_tensors: backward scales it in place
-        return losses
+        ctx.config = config
+        return losses if reduction == "none" else losses.sum()  # a mean's rows came scaled by 1 / n_valid
 
     @staticmethod
-    def backward(ctx, grad_losses):
+    def backward(ctx, grad_output):
+        # grad_output: (B,), or a scalar for a mean / sum. Usually 1 (`loss.backward()`), but that
+        # value is on the device: skipping this launch would need a sync, so the kernel tests it.
         grad = _take_fused_grad(ctx)
-        _scale_rows(grad, grad_losses)
-        return grad, None, None, None, None, None, None
+        _scale_rows(grad, grad_output, ctx.config)
+        return grad, None, None, None, None, None, None, None
 
 
 # ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
+
+
+def check_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
+    """Validate shapes, dtypes and devices (the target range: check_target_range)."""
+    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
+        raise TypeError("logits and targets must be torch.Tensors")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D (batch, vocab), got shape {tuple(logits.shape)}")
+    check_dtype("logits", logits, LOGIT_DTYPES)
+    if targets.dtype not in TARGET_DTYPES:
+        if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+            raise TypeError(f"targets must hold integer class indices (int64), got dtype {targets.dtype}")
+        check_dtype("targets", targets, TARGET_DTYPES)
+    if targets.shape != logits.shape[:1]:
+        raise ValueError(
+            f"targets must have shape ({logits.shape[0]},) to match logits {tuple(logits.shape)}, "
+            f"got {tuple(targets.shape)}"
+        )
+    if targets.device != logits.device:
+        check_same_device(logits=logits, targets=targets)
+    if logits.shape[1] == 0:
+        raise ValueError("logits must have at least one class (vocab dimension is 0)")
+
+
+def check_target_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> None:
+    """On CPU, raise ValueError for a target outside [0, vocab) that is not ignore_index.
+
+    Eager only (the autograd.Functions' forwards and the user-loop functions): it reads the
+    targets' values, which a trace cannot; a compiled CPU call takes the reference path, where
+    torch's own cross-entropy rejects such a target. On CUDA it would cost a device-to-host
+    sync per call, so there the kernels write NaN loss and gradient for such a row instead:
+    never an out-of-bounds access, never a silently wrong loss.
+    """
+    if not targets.is_cpu or targets.numel() == 0:
+        return
+    bad = (targets != ignore_index) & ((targets < 0) | (targets >= vocab))
+    if bool(bad.any()):
+        value = int(targets[bad][0])
+        raise ValueError(f"targets must lie in [0, {vocab}) or equal ignore_index={ignore_index}, found {value}")
 
 
 def cross_entropy(
@@ -641,25 +739,25 @@ def cross_entropy(
     if inplace and not fused:
         raise ValueError("inplace=True needs fused=True: only the fused path writes the gradient in the forward")
     check_inputs(logits, targets)
-    options = (int(ignore_index), float(label_smoothing), float(z_loss))
-    mean = reduction == "mean"
+    ignore_index, label_smoothing, z_loss = int(ignore_index), float(label_smoothing), float(z_loss)
     compiling = torch.compiler.is_compiling()
 
     if fused and logits.requires_grad and torch.is_grad_enabled() and logits.shape[0] > 0:
         if inplace and logits.is_leaf:
             raise ValueError("inplace=True overwrites logits with their gradient, so logits must not be a leaf tensor")
-        if inplace and compiling:
+        if not compiling:
+            return CrossEntropyFusedFunction.apply(
+                logits, targets, ignore_index, label_smoothing, z_loss, reduction, inplace, None
+            )
+        if inplace:
             raise ValueError("inplace=True works in eager mode only; under torch.compile use inplace=False")
-        if compiling:
-            losses, _ = _fused_op(logits, targets, *options, mean)
-        else:
-            losses = CrossEntropyFusedFunction.apply(logits, targets, *options, mean, inplace)
-        return losses if reduction == "none" else losses.sum()
+        losses = _fused_op(logits, targets, None, ignore_index, label_smoothing, z_loss, reduction == "mean")[0]
+        return losses if reduction == "none" else losses.sum()  # a mean's rows came scaled by 1 / n_valid
 
     if compiling:
-        losses, _ = _forward_op(logits, targets, *options)
+        losses = _forward_op(logits, targets, ignore_index, label_smoothing, z_loss)[0]
     else:
-        losses = CrossEntropyFunction.apply(logits, targets, *options)
+        losses = CrossEntropyFunction.apply(logits, targets, ignore_index, label_smoothing, z_loss, None)
     if reduction == "none":
         return losses
     if reduction == "sum":
@@ -670,6 +768,9 @@ def cross_entropy(
 def cross_entropy_forward(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Per-row losses, (B, V) logits and (B,) int64 targets -> (B,) float32 (reduction='none')."""
     check_inputs(logits, targets)
+    if torch.compiler.is_compiling():
+        return _forward_op(logits, targets, -100, 0.0, 0.0)[0]
+    check_target_range(targets, logits.shape[1], -100)
     return _forward(logits, targets, -100, 0.0, 0.0)[0]
 
 
@@ -682,9 +783,10 @@ def cross_entropy_backward(logits: torch.Tensor, targets: torch.Tensor, grad_out
     if grad_output.shape != targets.shape:
         raise ValueError(f"grad_output must have shape {tuple(targets.shape)}, got {tuple(grad_output.shape)}")
     check_same_device(logits=logits, grad_output=grad_output)
-    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
-    _fused(logits, targets, grad_output.float(), grad, -100, 0.0, 0.0)
-    return grad
+    if torch.compiler.is_compiling():
+        return _fused_op(logits, targets, grad_output.float(), -100, 0.0, 0.0, False)[1]
+    check_target_range(targets, logits.shape[1], -100)
+    return _fused(logits, targets, grad_output.float(), -100, 0.0, 0.0, False)[1]
 
 
 def cross_entropy_ref(
