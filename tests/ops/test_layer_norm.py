@@ -1,26 +1,49 @@
 """LayerNorm / RMSNorm kernels against fp64 references: outputs, every gradient, edge cases."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from fastlm.ops import layer_norm as norm_module
-from fastlm.ops.layer_norm import layer_norm, layer_norm_ref, rms_norm, rms_norm_ref
+from fastlm.ops.layer_norm import (
+    NormConfig,
+    backward_tiles,
+    layer_norm,
+    layer_norm_ref,
+    norm_config,
+    rms_norm,
+    rms_norm_ref,
+)
 
 from .reference import compiled_code_launches
 
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 
 
-def _run(kind, x, weight, bias, dy):
+DEFAULT = norm_config(0)  # what the interpreter runs (0: no GPU architecture)
+
+
+def _norm(kind, config=None):
+    """The public function, or, with a launch config, the same call through autograd on that config."""
+    rms = kind == "rms"
+    if config is None:
+        return rms_norm if rms else layer_norm
+    if rms:
+        return lambda x, w: norm_module._apply(x, w, None, 1e-5, True, None, config)
+    return lambda x, w, b: norm_module._apply(x, w, b, 1e-5, False, None, config)
+
+
+def _run(kind, x, weight, bias, dy, config=None):
     """Output and gradients (x, weight, bias: None where not requiring grad) of the kernel or reference."""
     leaves = [t for t in (x, weight, bias) if t is not None and t.requires_grad]
     if kind == "rms":
-        fn, ref = rms_norm, rms_norm_ref
+        ref = rms_norm_ref
         args = (x, weight)
     else:
-        fn, ref = layer_norm, layer_norm_ref
+        ref = layer_norm_ref
         args = (x, weight, bias)
-    out = fn(*args)
+    out = _norm(kind, config)(*args)
     grads = torch.autograd.grad(out, leaves, dy)
     copies = [t.detach().double().requires_grad_(t.requires_grad) if t is not None else None for t in args]
     expected = ref(*copies)
@@ -29,9 +52,9 @@ def _run(kind, x, weight, bias, dy):
     return out, grads, expected, expected_grads
 
 
-def _check(kind, x, weight=None, bias=None):
+def _check(kind, x, weight=None, bias=None, config=None):
     dy = torch.randn_like(x)
-    out, grads, expected, expected_grads = _run(kind, x, weight, bias, dy)
+    out, grads, expected, expected_grads = _run(kind, x, weight, bias, dy, config)
     rtol, atol = TOLERANCES[x.dtype]
     assert out.dtype == x.dtype and out.shape == x.shape
     torch.testing.assert_close(out.double(), expected.double(), rtol=rtol, atol=atol)
@@ -48,35 +71,82 @@ def test_matches_reference_with_all_gradients(kind, width):
     _check(kind, x, weight, bias)
 
 
+# Rows wider than 64 loop (300 columns: 5 chunks of 64, the last one partial); backward chunks of up
+# to 4 rows; dw / db over column blocks of 64 (5 blocks, the last one partial), summed 4 partial rows
+# at a time (7 and 16 row groups: a partial last step).
+LOOPED = dataclasses.replace(
+    DEFAULT, forward_block_max=64, backward_block_max=64, looped_backward_rows=4, param_grad_block_d=64,
+    fused_sum_group=4,
+)  # fmt: skip
+
+
 @pytest.mark.parametrize("rows", [7, 41])  # backward chunks of 2 and 4 rows (4 programs on CPU), last one partial
 @pytest.mark.parametrize("kind", ["layer", "rms"])
-def test_wide_rows_take_the_looped_path(kind, rows, monkeypatch):
-    monkeypatch.setattr(norm_module, "FORWARD_BLOCK_MAX", 64)  # 300 columns: 5 chunks of 64, last one partial
-    monkeypatch.setattr(norm_module, "BACKWARD_BLOCK_MAX", 64)
-    monkeypatch.setattr(norm_module, "LOOPED_BACKWARD_ROWS", 4)
-    assert norm_module.backward_config(300, rows, torch.device("cpu"), 4, kind == "rms").block_m == (
-        2 if rows == 7 else 4
-    )
+def test_wide_rows_take_the_looped_path(kind, rows):
+    tiles, programs = backward_tiles(LOOPED, 300, rows, 4, kind == "rms", 0)
+    assert not tiles.single_pass and (tiles.block_m, programs) == ((2, 4) if rows == 7 else (4, 4))
     x = torch.randn(rows, 300, requires_grad=True)
     weight = torch.randn(300, requires_grad=True)
     bias = torch.randn(300, requires_grad=True) if kind == "layer" else None
-    _check(kind, x, weight, bias)
+    _check(kind, x, weight, bias, LOOPED)
 
 
-def test_looped_backward_chunks_hold_no_more_rows_than_there_are(monkeypatch):
-    monkeypatch.setattr(norm_module, "BACKWARD_BLOCK_MAX", 64)
-    monkeypatch.setattr(norm_module, "LOOPED_BACKWARD_ROWS", 4)
+def test_looped_backward_chunks_hold_no_more_rows_than_there_are():
     for rows, chunk_rows in ((1, 1), (2, 1), (3, 1), (16, 4), (1000, 4)):  # 4 programs on CPU
-        assert norm_module.backward_config(300, rows, torch.device("cpu"), 4, False).block_m == chunk_rows
+        assert backward_tiles(LOOPED, 300, rows, 4, False, 0)[0].block_m == chunk_rows
 
 
 def test_only_16_bit_rms_norm_keeps_16384_wide_rows_in_registers_in_the_backward():
-    def single_pass(element_size, rms):
-        return norm_module.backward_config(16384, 64, torch.device("cpu"), element_size, rms).single_pass
+    def single_pass(element_size, rms, width=16384):
+        return backward_tiles(DEFAULT, width, 64, element_size, rms, 0)[0].single_pass
 
     assert single_pass(2, rms=True)
     assert not single_pass(4, rms=True) and not single_pass(2, rms=False) and not single_pass(4, rms=False)
-    assert not norm_module.backward_config(32768, 64, torch.device("cpu"), 2, True).single_pass
+    assert not single_pass(2, rms=True, width=32768)
+
+
+# The dw / db sums of the single-pass backward at their edges: 2-row tiles of 37 columns, summed 16
+# columns at a time (a partial last block); 5 rows give 3 programs, 41 rows give 4 programs of
+# several tiles each. Summed in the launch, in groups of 2 (a partial last group at 3 programs; 2
+# full ones at 4) and of 1 (every program is its group's last); or by the separate kernel, 2
+# partial rows per step (a partial last step at 3).
+SUMS = {
+    "fused in groups of 2": dataclasses.replace(DEFAULT, fused_sum_group=2, fused_sum_block_d=16),
+    "fused in groups of 1": dataclasses.replace(DEFAULT, fused_sum_group=1, fused_sum_block_d=16),
+    "separate kernel": dataclasses.replace(DEFAULT, fused_sum_max_d=0, sum_block_p=2, sum_block_d=16),
+}
+
+
+@pytest.mark.parametrize("sums", SUMS)
+@pytest.mark.parametrize("rows", [5, 41])
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_single_pass_weight_gradients_are_summed_in_a_fixed_order(kind, rows, sums):
+    config = dataclasses.replace(SUMS[sums], backward_tile=128)
+    tiles, programs = backward_tiles(config, 37, rows, 4, kind == "rms", 0)
+    assert tiles.single_pass and tiles.block_m == 2 and programs == (3 if rows == 5 else 4)
+    x = torch.randn(rows, 37, requires_grad=True)
+    weight = torch.randn(37, requires_grad=True)
+    bias = torch.randn(37, requires_grad=True) if kind == "layer" else None
+    _check(kind, x, weight, bias, config)
+    _check(kind, x, None, bias, config)  # only db (LayerNorm), or no parameter gradient at all
+    _check(kind, x, weight.detach(), bias, config)  # a frozen weight: db's partial rows come first
+
+
+def test_ticket_counters_are_back_at_zero_after_every_backward():
+    for config in (DEFAULT, LOOPED):
+        x = torch.randn(41, 300, requires_grad=True)
+        _check("layer", x, torch.randn(300, requires_grad=True), torch.randn(300, requires_grad=True), config)
+        assert not norm_module._COUNTERS[torch.device("cpu")].any()
+
+
+def test_launch_configs_are_data_with_a_default_for_every_architecture():
+    assert norm_config(90) == NormConfig()  # the H100 measurements
+    assert norm_config(0) == norm_config(75) == norm_config(120) == NormConfig()  # unknown: the defaults
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DEFAULT.backward_tile = 1  # configs are values: tests and tuning pass a changed copy
+    assert norm_module._picked_backward(torch.device("cpu"), 37, 5, 4, True) is norm_module._picked_backward(
+        torch.device("cpu"), 37, 5, 4, True
+    )  # one dict lookup per call
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -149,7 +219,7 @@ def test_compiles_without_graph_breaks():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_inductor_launches_the_kernels_from_its_code(dtype):
     # The ops are triton_ops: Inductor's generated code launches the Triton kernels itself, the
-    # weight-gradient sum included (no opaque op call per launch).
+    # weight-gradient sum of these 1600-wide rows included (no opaque op call per launch).
     x = torch.randn(256, 1600, device="cuda", dtype=dtype, requires_grad=True)
     weight = torch.randn(1600, device="cuda", dtype=dtype, requires_grad=True)
     out = compiled_code_launches(lambda x, weight: rms_norm(x * 2, weight), (x, weight),
@@ -197,22 +267,28 @@ def test_gpu_bf16_and_wide_rows(kind, width):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["layer", "rms"])
 def test_gpu_wide_rows_in_chunks_of_several_rows(kind):
-    # enough rows that every backward program gets chunks of LOOPED_BACKWARD_ROWS rows; a partial last one
-    width = 32768  # looped for both norms in bf16
-    chunks = norm_module.backward_config(width, 1 << 20, torch.device("cuda"), 2, kind == "rms")
-    programs = norm_module._backward_programs(1 << 30, torch.device("cuda"), chunks, element_size=2)
-    rows = norm_module.LOOPED_BACKWARD_ROWS * programs + 3
-    config = norm_module.backward_config(width, rows, torch.device("cuda"), 2, kind == "rms")
-    assert not config.single_pass and config.block_m == norm_module.LOOPED_BACKWARD_ROWS
-    _check_gpu_bf16(kind, rows, width)
+    # enough rows that every backward program gets chunks of 4 rows; a partial last one
+    config = dataclasses.replace(_gpu_config(), looped_backward_rows=4)
+    width, sms = 32768, torch.cuda.get_device_properties(0).multi_processor_count  # looped for both norms in bf16
+    _, programs = backward_tiles(config, width, 1 << 20, 2, kind == "rms", sms)
+    rows = 4 * programs + 3
+    tiles, _ = backward_tiles(config, width, rows, 2, kind == "rms", sms)
+    assert not tiles.single_pass and tiles.block_m == 4
+    _check_gpu_bf16(kind, rows, width, config)
 
 
-def _check_gpu_bf16(kind, rows, width):
+def _gpu_config():
+    from fastlm.ops.common import device_arch
+
+    return norm_config(device_arch(torch.device("cuda")))
+
+
+def _check_gpu_bf16(kind, rows, width, config=None):
     x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     weight = torch.randn(width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     bias = torch.randn(width, device="cuda", dtype=torch.bfloat16, requires_grad=True) if kind == "layer" else None
     dy = torch.randn_like(x)
-    out, grads, expected, expected_grads = _run(kind, x, weight, bias, dy)
+    out, grads, expected, expected_grads = _run(kind, x, weight, bias, dy, config)
     torch.testing.assert_close(out.double(), expected.double(), rtol=1.6e-2, atol=1.6e-2)
     for got, want in zip(grads, expected_grads, strict=True):
         scale = want.abs().max().item()
@@ -246,3 +322,88 @@ def test_out_dtype_rounds_the_fp32_result_once(kind):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     with pytest.raises(TypeError, match="out_dtype must be one of"):
         norm(x, weight, out_dtype=torch.int32)
+
+
+# The dw / db sums inside the backward's launch under real concurrency (all single-pass widths summed
+# there): hundreds of programs racing for the ticket counters. Every run must give the same bits
+# (fixed-order sums) and match the reference. (8192, 1024): 2 programs per SM, in groups of 16 and
+# of 2 (more counters than the first buffer holds); (257, 4000): 257 programs, a partial last group;
+# (256, 65536): the wide rows' dw / db kernel, 128 column blocks x 16 row groups.
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("rows", "width", "sum_group"), [(8192, 1024, 16), (8192, 1024, 2), (257, 4000, 16), (256, 65536, 16)]
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_gpu_weight_gradients_summed_in_the_backward_are_exact_and_deterministic(kind, dtype, rows, width, sum_group):
+    config = dataclasses.replace(_gpu_config(), fused_sum_max_d=1 << 20, fused_sum_group=sum_group)
+    x = torch.randn(rows, width, device="cuda", dtype=dtype, requires_grad=True)
+    weight = torch.randn(width, device="cuda", dtype=dtype, requires_grad=True)
+    bias = torch.randn(width, device="cuda", dtype=dtype, requires_grad=True) if kind == "layer" else None
+    leaves = [t for t in (x, weight, bias) if t is not None]
+    dy = torch.randn_like(x)
+    args = (x, weight) if kind == "rms" else (x, weight, bias)
+    first = torch.autograd.grad(_norm(kind, config)(*args), leaves, dy)
+    for _ in range(20):
+        again = torch.autograd.grad(_norm(kind, config)(*args), leaves, dy)
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    copies = [t.detach().double().requires_grad_() for t in args]
+    ref = rms_norm_ref if kind == "rms" else layer_norm_ref
+    expected = torch.autograd.grad(ref(*copies), copies, dy.double())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for got, want in zip(first, expected, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * max(1.0, want.abs().max().item()))
+    assert not any(counters.any() for counters in norm_module._COUNTERS.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["layer", "rms"])
+def test_gpu_eager_launches_match_tritons_dispatcher_bit_for_bit(kind, monkeypatch):
+    # inputs 2 bytes past a 16-byte boundary, with an odd row stride, and a transposed (copied) one
+    base = torch.randn(97 * 1001 + 1, device="cuda", dtype=torch.bfloat16)
+    x = base[1:].view(97, 1001)[:, :999]
+    cases = [x, torch.randn(999, 33, device="cuda", dtype=torch.bfloat16).t(), x[:1]]
+    weight = torch.randn(999, device="cuda", dtype=torch.bfloat16)
+    bias = None if kind == "rms" else torch.randn(999, device="cuda", dtype=torch.bfloat16)
+    rms = kind == "rms"
+
+    def both_directions(x):
+        y, mean, rstd = norm_module._forward(x, weight, bias, 1e-5, rms, x.dtype)
+        return (y, rstd, *norm_module._backward(torch.ones_like(y), x, weight, mean, rstd, rms, True, not rms))
+
+    for x in cases:
+        for _ in range(2):  # the first call of a specialization goes through Triton, the next launch directly
+            direct = both_directions(x)
+        with monkeypatch.context() as patch:
+            patch.setattr(norm_module, "eager_kernel", lambda kernel: kernel)  # Triton's own dispatcher
+            dispatched = both_directions(x)
+        assert all(torch.equal(a, b) for a, b in zip(direct, dispatched, strict=True) if a is not None)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graphs_and_side_streams_keep_their_own_counters():
+    x = torch.randn(4096, 768, device="cuda", requires_grad=True)
+    weight = torch.randn(768, device="cuda", requires_grad=True)
+    bias = torch.randn(768, device="cuda", requires_grad=True)
+    dy = torch.randn_like(x)
+
+    def step():
+        return torch.autograd.grad(layer_norm(x, weight, bias), (x, weight, bias), dy)
+
+    expected = step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as CUDA graph capture asks
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for _ in range(3):
+        graph.replay()  # on the default stream, with the counters it captured
+        with torch.cuda.stream(side):
+            on_side = step()  # beside it, with the side stream's counters
+        on_default = step()  # after the replay, with the default stream's
+        torch.cuda.synchronize()
+        for grads in (captured, on_side, on_default):
+            assert all(torch.equal(a, b) for a, b in zip(grads, expected, strict=True))

@@ -35,7 +35,15 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import cdiv, check_dtype, check_same_device, device_arch, next_power_of_2, runs_triton
+from fastlm.ops.common import (
+    apply_function,
+    cdiv,
+    check_dtype,
+    check_same_device,
+    device_arch,
+    next_power_of_2,
+    runs_triton,
+)
 from fastlm.ops.launch import eager_kernel
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -421,7 +429,7 @@ def causal_conv1d(
     silu = activation == "silu"
     if torch.compiler.is_compiling() and backend == "triton":
         return _forward_op(u, weight, bias, silu)
-    return CausalConv1dFunction.apply(u, weight, bias, silu, backend, None)
+    return apply_function(CausalConv1dFunction, u, weight, bias, silu, backend, None)
 
 
 def causal_conv1d_ref(u, weight, bias=None, activation=None):

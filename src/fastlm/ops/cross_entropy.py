@@ -31,6 +31,7 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from fastlm.ops.common import (
+    apply_function,
     cdiv,
     check_dtype,
     check_same_device,
@@ -746,8 +747,16 @@ def cross_entropy(
         if inplace and logits.is_leaf:
             raise ValueError("inplace=True overwrites logits with their gradient, so logits must not be a leaf tensor")
         if not compiling:
-            return CrossEntropyFusedFunction.apply(
-                logits, targets, ignore_index, label_smoothing, z_loss, reduction, inplace, None
+            return apply_function(
+                CrossEntropyFusedFunction,
+                logits,
+                targets,
+                ignore_index,
+                label_smoothing,
+                z_loss,
+                reduction,
+                inplace,
+                None,
             )
         if inplace:
             raise ValueError("inplace=True works in eager mode only; under torch.compile use inplace=False")
@@ -757,7 +766,7 @@ def cross_entropy(
     if compiling:
         losses = _forward_op(logits, targets, ignore_index, label_smoothing, z_loss)[0]
     else:
-        losses = CrossEntropyFunction.apply(logits, targets, ignore_index, label_smoothing, z_loss, None)
+        losses = apply_function(CrossEntropyFunction, logits, targets, ignore_index, label_smoothing, z_loss, None)
     if reduction == "none":
         return losses
     if reduction == "sum":

@@ -40,7 +40,15 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import cdiv, check_dtype, check_same_device, device_arch, next_power_of_2, runs_triton
+from fastlm.ops.common import (
+    apply_function,
+    cdiv,
+    check_dtype,
+    check_same_device,
+    device_arch,
+    next_power_of_2,
+    runs_triton,
+)
 from fastlm.ops.launch import eager_kernel
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -842,8 +850,8 @@ def flash_attention(
     if torch.compiler.is_compiling():
         return _forward_op(q, k, v, causal, scale)[0]
     if runs_triton(q):
-        return _FlashAttentionKernels.apply(q, k, v, causal, scale, None)
-    return _FlashAttentionTiled.apply(q, k, v, causal, scale, TORCH_TILE)
+        return apply_function(_FlashAttentionKernels, q, k, v, causal, scale, None)
+    return apply_function(_FlashAttentionTiled, q, k, v, causal, scale, TORCH_TILE)
 
 
 def flash_attention_ref(

@@ -39,7 +39,15 @@ import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import cdiv, check_dtype, check_same_device, device_arch, next_power_of_2, runs_triton
+from fastlm.ops.common import (
+    apply_function,
+    cdiv,
+    check_dtype,
+    check_same_device,
+    device_arch,
+    next_power_of_2,
+    runs_triton,
+)
 from fastlm.ops.launch import eager_kernel
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -259,7 +267,7 @@ def weighted_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     check_same_device(x=x, w=w)
     if torch.compiler.is_compiling():
         return _forward_op(x, w)
-    return WeightedSumFunction.apply(x, w, None)
+    return apply_function(WeightedSumFunction, x, w, None)
 
 
 def weighted_sum_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
