@@ -13,7 +13,6 @@ nvidia-smi -L
 python3 -m pip install -q -e . --no-deps --no-build-isolation 2>&1 | tail -1
 python3 -m pytest -q -m gpu tests/ops tests/bench/test_host_bench.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -4
 python3 benchmarks/profile_launch.py --out "$OUT/results"
-python3 benchmarks/profile_backward_thread.py
 FASTLM_LAUNCH=triton fastlm bench host --out "$OUT" 2>&1 | tail -3
 fastlm bench host --compile eager,compile --out "$OUT" 2>&1 | tail -40
 TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 \

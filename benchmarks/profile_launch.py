@@ -1,4 +1,5 @@
-"""Host cost of one Triton kernel launch: Triton's dispatcher against fastlm's direct launch.
+"""Host cost of one Triton kernel launch (Triton's dispatcher against fastlm's direct launch), and
+of the autograd engine's thread hop for a backward written in Python.
 
     python3 benchmarks/profile_launch.py [--out benchmarks/results]
 
@@ -8,6 +9,11 @@ host-bound, so the time per launch is the Python and driver cost of one launch. 
 `kernel[grid](...)` (Triton's dispatcher), `eager_kernel(kernel)[grid](...)` (fastlm.ops.launch),
 and `torch.empty` + `torch.add` as the scale of a PyTorch op's host cost. Median and spread over
 rounds; one JSONL record per path with --out.
+
+Then fwd+bwd per call at a small shape for a trivial Python autograd.Function, fastlm.rms_norm and
+F.rms_norm, with the engine's per-device worker thread (the default: a backward written in Python,
+as every fastlm op's eager backward is, takes the GIL on that thread) and with
+`torch.autograd.set_multithreading_enabled(False)` (backward on the calling thread).
 """
 
 from __future__ import annotations
@@ -18,9 +24,11 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+import fastlm
 from fastlm.bench.records import append_records, environment
 from fastlm.ops.launch import eager_kernel
 
@@ -35,7 +43,17 @@ def _probe_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, D, eps,
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], x, mask=mask)
 
 
-def per_launch_us(launch, n: int, rounds: int) -> list[float]:
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy.clone()
+
+
+def per_call_us(launch, n: int, rounds: int) -> list[float]:
     """Microseconds per call of ``launch`` over n back-to-back calls, one value per round."""
     for _ in range(20):
         launch()
@@ -70,7 +88,7 @@ def main() -> None:
     records = []
     print(f"{'path':<26} {'us per launch (median, min-max over rounds)':>44}")
     for name, launch in paths.items():
-        values = per_launch_us(launch, args.n, args.rounds)
+        values = per_call_us(launch, args.n, args.rounds)
         median = statistics.median(values)
         print(f"{name:<26} {median:>20.2f} ({min(values):.2f}-{max(values):.2f})")
         records.append({"bench": "launch", "path": name, "us_median": median, "us_min": min(values),
@@ -78,6 +96,31 @@ def main() -> None:
                         "direct_launch": direct.direct, **environment()})  # fmt: skip
     if args.out is not None:
         append_records(args.out / "launch.jsonl", records)
+    backward_threads(x, w.to(x.dtype).requires_grad_(), rounds=args.rounds)
+
+
+def backward_threads(x: torch.Tensor, w: torch.Tensor, rounds: int) -> None:
+    x = x.detach().requires_grad_()
+    dy = torch.randn_like(x)
+
+    def backward(y):
+        x.grad = w.grad = None
+        y.backward(dy)
+
+    cases = {
+        "x.clone()": lambda: backward(x.clone()),
+        "Python Function (clone)": lambda: backward(_Identity.apply(x)),
+        "F.rms_norm": lambda: backward(F.rms_norm(x, x.shape[-1:], w)),
+        "fastlm.rms_norm": lambda: backward(fastlm.rms_norm(x, w)),
+    }
+    print(f"{'fwd+bwd per call, us':<26}{'worker thread (default)':>28}{'calling thread':>24}")
+    for name, fn in cases.items():
+        cells = []
+        for threads in (True, False):
+            with torch.autograd.set_multithreading_enabled(threads):
+                values = per_call_us(fn, 300, rounds)
+            cells.append(f"{statistics.median(values):.1f} ({min(values):.0f}-{max(values):.0f})")
+        print(f"{name:<26}{cells[0]:>28}{cells[1]:>24}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 import torch
 
+from fastlm.ops.launch import eager_kernel
+
 
 def check_against_reference(fn, ref, inputs, tolerance, grad_atol_factor=10):
     """``fn(*inputs)`` and ``ref`` on fp64 copies of ``inputs`` (None entries pass through): the
@@ -45,3 +47,17 @@ def compiled_code_launches(fn, inputs, kernels, ops):
     for op in ops:
         assert op not in joined, f"Inductor's code calls the op {op} instead of tracing through it"
     return out
+
+
+def assert_direct_launch_matches_dispatcher(run, kernels, monkeypatch):
+    """``run()`` (a tuple of tensors) gives the same bits from fastlm's direct launches as from
+    Triton's dispatcher: the first call goes through Triton, which compiles this specialization;
+    the second launches the cached binaries (every kernel in ``kernels`` must have one); the third
+    runs with every kernel back on Triton's dispatcher."""
+    run()
+    direct = run()
+    assert all(any(eager_kernel(kernel)._binaries.values()) for kernel in kernels), "a kernel never launched directly"
+    for kernel in kernels:
+        monkeypatch.setattr(eager_kernel(kernel), "direct", False)
+    for got, want in zip(direct, run(), strict=True):
+        assert torch.equal(got, want)

@@ -8,9 +8,8 @@ import torch
 import fastlm
 from fastlm.ops import causal_conv1d as conv_module
 from fastlm.ops.causal_conv1d import CausalConv1dFunction, causal_conv1d, causal_conv1d_config, causal_conv1d_ref
-from fastlm.ops.launch import eager_kernel
 
-from .reference import check_against_reference, compiled_code_launches
+from .reference import assert_direct_launch_matches_dispatcher, check_against_reference, compiled_code_launches
 
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 
@@ -163,13 +162,7 @@ def test_gpu_direct_launch_matches_tritons_dispatcher(monkeypatch):
     u = torch.randn(2 * 50 * 41 + 1, device="cuda")[1:].view(2, 50, 41)[..., :40].requires_grad_()
     table = torch.randn(40, 7, device="cuda")
     weight, bias = table[:, 1:5].requires_grad_(), table[:, 6].requires_grad_()
-    forward_and_grads(u, weight, bias)  # through Triton, which compiles these specializations
-    direct = forward_and_grads(u, weight, bias)  # the cached binaries, launched directly
-    assert all(any(eager_kernel(kernel)._binaries.values()) for kernel in kernels)  # (None: not direct)
-    for kernel in kernels:
-        monkeypatch.setattr(eager_kernel(kernel), "direct", False)
-    for got, want in zip(direct, forward_and_grads(u, weight, bias), strict=True):
-        assert torch.equal(got, want)
+    assert_direct_launch_matches_dispatcher(lambda: forward_and_grads(u, weight, bias), kernels, monkeypatch)
 
 
 @pytest.mark.gpu

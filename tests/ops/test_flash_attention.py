@@ -24,9 +24,8 @@ from fastlm.ops.flash_attention import (
     attention_config,
     flash_attention_ref,
 )
-from fastlm.ops.launch import eager_kernel
 
-from .reference import compiled_code_launches
+from .reference import assert_direct_launch_matches_dispatcher, compiled_code_launches
 
 # (batch, heads, kv heads, Nq, Nk, head dim). Tiles are 64-128 rows (attention_config), so 131 and
 # 200 run a whole tile, a masked diagonal tile and a partial last tile; 37 is a prime inside one
@@ -333,10 +332,9 @@ def test_gpu_eager_launch_matches_compiled(heads):
 
 
 @pytest.mark.gpu
-def test_gpu_direct_launch_matches_triton_dispatch():
-    """eager_kernel sends the first call of each specialization through Triton's dispatcher and
-    launches the cached binary itself after that: the two give the same bits, here on inputs that
-    are neither 16-byte aligned (one element in) nor unit-strided but in D ((B, N, H, D+1) memory)."""
+def test_gpu_direct_launch_matches_triton_dispatch(monkeypatch):
+    """The direct launches give Triton's dispatcher's bits, here on inputs that are neither 16-byte
+    aligned (one element in) nor unit-strided but in D ((B, N, H, D+1) memory)."""
 
     def odd_layout(heads, length):
         memory = torch.randn(2 * length * heads * 65 + 1, device="cuda", dtype=torch.bfloat16)[1:]
@@ -345,16 +343,11 @@ def test_gpu_direct_launch_matches_triton_dispatch():
     q, k, v = odd_layout(4, 150), odd_layout(2, 150), odd_layout(2, 150)
     assert q.data_ptr() % 16 and q.stride() == (150 * 4 * 65, 65, 4 * 65, 1)
     grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
-    kernels = (_flash_forward_kernel, _flash_backward_dq_kernel, _flash_backward_dkdv_kernel)
-    for kernel in kernels:
-        eager_kernel(kernel)._binaries.clear()  # the first run below goes through Triton
-    runs = []
-    for _ in range(2):
+
+    def forward_and_grads():
         out = fastlm.flash_attention(q, k, v, causal=True)
-        runs.append((out, *torch.autograd.grad(out, (q, k, v), grad_out)))
-    for kernel in kernels:
-        entries = eager_kernel(kernel)._binaries.values()
-        assert any(entry is not None for entry in entries), f"{kernel.__name__} never launched directly"
-    for name, first, second in zip(("out", "dq", "dk", "dv"), *runs, strict=True):
-        assert torch.equal(first, second), name
+        return out, *torch.autograd.grad(out, (q, k, v), grad_out)
+
+    kernels = (_flash_forward_kernel, _flash_backward_dq_kernel, _flash_backward_dkdv_kernel)
+    assert_direct_launch_matches_dispatcher(forward_and_grads, kernels, monkeypatch)
     check_against_reference(lambda *a: fastlm.flash_attention(*a, causal=True), q, k, v, True, torch.bfloat16)

@@ -7,10 +7,9 @@ import torch
 
 import fastlm
 from fastlm.ops import masked_softmax as softmax_module
-from fastlm.ops.launch import eager_kernel
 from fastlm.ops.masked_softmax import MaskedSoftmaxFunction, masked_softmax, masked_softmax_config, masked_softmax_ref
 
-from .reference import check_against_reference, compiled_code_launches
+from .reference import assert_direct_launch_matches_dispatcher, check_against_reference, compiled_code_launches
 
 TOLERANCES = {torch.float32: (1e-5, 1e-6), torch.float16: (1e-2, 1e-3), torch.bfloat16: (5e-2, 1e-2)}
 
@@ -193,13 +192,7 @@ def test_gpu_direct_launch_matches_tritons_dispatcher(monkeypatch):
     x = torch.randn(2 * 5 * 3 * 41 + 1, device="cuda")[1:].view(2, 5, 3, 41)[..., :37].transpose(1, 2)
     x.requires_grad_()
     mask = torch.randn(2 * 39 + 1, device="cuda")[1:].view(2, 1, 1, 39)[..., :37]
-    forward_and_grad(x, mask)  # through Triton, which compiles these specializations
-    direct = forward_and_grad(x, mask)  # the cached binaries, launched directly
-    assert all(any(eager_kernel(kernel)._binaries.values()) for kernel in kernels)  # (None: not direct)
-    for kernel in kernels:
-        monkeypatch.setattr(eager_kernel(kernel), "direct", False)
-    for got, want in zip(direct, forward_and_grad(x, mask), strict=True):
-        assert torch.equal(got, want)
+    assert_direct_launch_matches_dispatcher(lambda: forward_and_grad(x, mask), kernels, monkeypatch)
 
 
 @pytest.mark.gpu

@@ -7,10 +7,9 @@ import torch
 
 from fastlm.ops import weighted_sum as template
 from fastlm.ops.common import device_arch
-from fastlm.ops.launch import eager_kernel
 from fastlm.ops.weighted_sum import WeightedSumFunction, weighted_sum, weighted_sum_config, weighted_sum_ref
 
-from .reference import compiled_code_launches
+from .reference import assert_direct_launch_matches_dispatcher, compiled_code_launches
 
 
 @pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 33, 100), (40, 2000)])  # partial row and column blocks
@@ -124,13 +123,7 @@ def test_gpu_direct_launch_matches_tritons_dispatcher(monkeypatch):
     # x 4 bytes past a 16-byte boundary with row stride 61, w with stride 2: specializations of their own
     x = torch.randn(37 * 61 + 1, device="cuda")[1:].view(37, 61)[:, :60].requires_grad_()
     w = torch.randn(120, device="cuda")[::2].requires_grad_()
-    forward_and_grads(x, w)  # through Triton, which compiles these specializations
-    direct = forward_and_grads(x, w)  # the cached binaries, launched directly
-    assert all(any(eager_kernel(kernel)._binaries.values()) for kernel in kernels)  # (None: not direct)
-    for kernel in kernels:
-        monkeypatch.setattr(eager_kernel(kernel), "direct", False)
-    for got, want in zip(direct, forward_and_grads(x, w), strict=True):
-        assert torch.equal(got, want)
+    assert_direct_launch_matches_dispatcher(lambda: forward_and_grads(x, w), kernels, monkeypatch)
 
 
 @pytest.mark.gpu
