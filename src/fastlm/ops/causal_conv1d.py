@@ -36,7 +36,6 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from fastlm.ops.common import (
-    apply_function,
     cdiv,
     check_dtype,
     check_same_device,
@@ -429,7 +428,7 @@ def causal_conv1d(
     silu = activation == "silu"
     if torch.compiler.is_compiling() and backend == "triton":
         return _forward_op(u, weight, bias, silu)
-    return apply_function(CausalConv1dFunction, u, weight, bias, silu, backend, None)
+    return CausalConv1dFunction.apply(u, weight, bias, silu, backend, None)
 
 
 def causal_conv1d_ref(u, weight, bias=None, activation=None):

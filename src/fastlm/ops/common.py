@@ -32,22 +32,6 @@ def _traced(tensor: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or isinstance(tensor, (FakeTensor, FunctionalTensor))
 
 
-@functools.cache
-def _raw_apply(function: type[torch.autograd.Function]):
-    return torch._C._FunctionBase.__dict__["apply"].__get__(None, function)
-
-
-def apply_function(function: type[torch.autograd.Function], *args):
-    """``function.apply(*args)`` without ``autograd.Function.apply``'s Python preamble (signature
-    binding and a pytree pass over the arguments: a sixth of an eager op's host time on a small
-    input). Under functorch transforms (vmap, grad) the full path runs; outside them the one thing
-    that preamble does, unwrapping tensors left over from an exited transform, is done here."""
-    if torch._C._are_functorch_transforms_active():
-        return function.apply(*args)
-    unwrap = torch._C._functorch.unwrap_if_dead
-    return _raw_apply(function)(*[unwrap(a) if isinstance(a, torch.Tensor) else a for a in args])
-
-
 def as_rows(x: torch.Tensor) -> torch.Tensor:
     """(..., D) -> (R, D) with unit column stride: a view when the layout allows, else a copy."""
     rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (not -1: D may be 0)

@@ -14,7 +14,9 @@ Cost model (B rows, V classes, logits of ``s`` bytes; fastlm.analysis.xent has t
     fused      loss and gradient in one kernel; reads each row twice (statistics, then gradient)
                and writes s*B*V. The design aims for the second read to hit L2, but measured on
                an H200 it mostly misses (docs/cross_entropy.md, journal item 5). For a mean each
-               program also reads the 8*B bytes of targets to count the valid rows (no extra launch).
+               program also reads the 8*B bytes of targets to count the valid rows (no extra launch):
+               P*8*B bytes for P programs, small against s*B*V at LM vocabularies, not at V of a few
+               dozen classes (and O(B^2) work under the interpreter).
 PyTorch eager writes log-probabilities, then a zero-filled one-hot-sized gradient, then the
 softmax gradient: about 3x the bytes (docs/cross_entropy.md).
 """
@@ -31,7 +33,6 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from fastlm.ops.common import (
-    apply_function,
     cdiv,
     check_dtype,
     check_same_device,
@@ -747,8 +748,7 @@ def cross_entropy(
         if inplace and logits.is_leaf:
             raise ValueError("inplace=True overwrites logits with their gradient, so logits must not be a leaf tensor")
         if not compiling:
-            return apply_function(
-                CrossEntropyFusedFunction,
+            return CrossEntropyFusedFunction.apply(
                 logits,
                 targets,
                 ignore_index,
@@ -766,7 +766,7 @@ def cross_entropy(
     if compiling:
         losses = _forward_op(logits, targets, ignore_index, label_smoothing, z_loss)[0]
     else:
-        losses = apply_function(CrossEntropyFunction, logits, targets, ignore_index, label_smoothing, z_loss, None)
+        losses = CrossEntropyFunction.apply(logits, targets, ignore_index, label_smoothing, z_loss, None)
     if reduction == "none":
         return losses
     if reduction == "sum":

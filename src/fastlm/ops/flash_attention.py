@@ -41,7 +41,6 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from fastlm.ops.common import (
-    apply_function,
     cdiv,
     check_dtype,
     check_same_device,
@@ -850,8 +849,8 @@ def flash_attention(
     if torch.compiler.is_compiling():
         return _forward_op(q, k, v, causal, scale)[0]
     if runs_triton(q):
-        return apply_function(_FlashAttentionKernels, q, k, v, causal, scale, None)
-    return apply_function(_FlashAttentionTiled, q, k, v, causal, scale, TORCH_TILE)
+        return _FlashAttentionKernels.apply(q, k, v, causal, scale, None)
+    return _FlashAttentionTiled.apply(q, k, v, causal, scale, TORCH_TILE)
 
 
 def flash_attention_ref(

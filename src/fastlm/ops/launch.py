@@ -15,10 +15,13 @@ are passed positionally, constexprs and options (num_warps, num_stages) by keywo
 fastlm launcher does.
 
 The direct launch uses the launch call of Triton >= 3.4 (`triton.knobs`); with older Triton, under
-the interpreter (TRITON_INTERPRET=1), for kernels not called that way, and in a process started
-with FASTLM_LAUNCH=triton (to measure one against the other), every call goes through Triton's
-dispatcher. Inside a `torch.library.triton_op` the launchers use `wrap_triton`
-instead: there Inductor launches the kernels from its own generated code.
+the interpreter (TRITON_INTERPRET=1), for kernels not called that way or with pre-run hooks, and
+in a process started with FASTLM_LAUNCH=triton (to measure one against the other), every call goes
+through Triton's dispatcher; so does every later call of a kernel whose direct launch Triton's
+launcher rejected. Triton settings that change its binaries (TRITON_DEBUG, instrumentation) are
+read when a specialization is first launched: set them before the first call. Inside a
+`torch.library.triton_op` the launchers use `wrap_triton` instead: there Inductor launches the
+kernels from its own generated code.
 """
 
 from __future__ import annotations
@@ -43,8 +46,15 @@ MAX_ENTRIES = 1024
 
 def _specialization(args: tuple) -> tuple:
     """The runtime arguments as a key: one isinstance and at most one method call per argument, the
-    whole cost of a direct launch beyond the launch itself."""
-    return tuple([(a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else a for a in args])
+    whole cost of a direct launch beyond the launch itself. Values other than ints carry their type:
+    0, 0.0 and False are equal in Python but compile to different binaries (i32, fp32, i1)."""
+    tensor, integer = torch.Tensor, int
+    return tuple(
+        [
+            (a.dtype, a.data_ptr() & 15) if isinstance(a, tensor) else a if a.__class__ is integer else (a.__class__, a)
+            for a in args
+        ]
+    )
 
 
 def _hook_set(hook) -> bool:
@@ -66,12 +76,13 @@ class EagerKernel:
             self._runtime_params = sum(1 for p in fn.params if not p.is_constexpr)
             self._all_constexpr_after = all(p.is_constexpr for p in fn.params[self._runtime_params :])
             self._defaults = {p.name: p.default for p in fn.params}
+            self._pre_run_hooks = getattr(fn, "pre_run_hooks", ())  # the kernel's own list: later additions show
 
     def __getitem__(self, grid: tuple[int, ...]):
         return functools.partial(self.launch, grid)
 
     def launch(self, grid: tuple[int, ...], *args, **kwargs):
-        if not self.direct:
+        if not self.direct or self._pre_run_hooks:
             return self.fn[grid](*args, **kwargs)
         device = torch.cuda.current_device()
         key = (device, _specialization(args), tuple(kwargs.items()))
@@ -93,8 +104,12 @@ class EagerKernel:
             metadata = enter = exit_ = None
         grid_1 = grid[1] if len(grid) > 1 else 1
         grid_2 = grid[2] if len(grid) > 2 else 1
-        binary.run(grid[0], grid_1, grid_2, stream, binary.function, binary.packed_metadata, metadata, enter, exit_,
-                   *full)  # fmt: skip
+        try:
+            binary.run(grid[0], grid_1, grid_2, stream, binary.function, binary.packed_metadata, metadata, enter,
+                       exit_, *full)  # fmt: skip
+        except TypeError:  # a Triton whose launcher takes other arguments (it checks them before launching)
+            self.direct = False
+            return self.fn[grid](*args, **kwargs)
         return binary
 
     def _entry(self, binary, args: tuple, kwargs: dict) -> tuple | None:

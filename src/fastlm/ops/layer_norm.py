@@ -46,7 +46,6 @@ from torch.library import wrap_triton
 
 from fastlm.ops.common import (
     RowTiles,
-    apply_function,
     as_rows,
     cdiv,
     check_dtype,
@@ -520,7 +519,11 @@ def _counters(device: torch.device, n: int, traced: bool) -> torch.Tensor:
     must own its counters."""
     if traced or (device.type == "cuda" and torch._C._cuda_isCurrentStreamCapturing()):
         return torch.zeros(n, dtype=torch.int32, device=device)
-    key = (device.index, torch._C._cuda_getCurrentRawStream(device.index)) if device.type == "cuda" else device
+    if device.type == "cuda":  # the stream the launch goes to: the current device's (as Triton's)
+        current = torch.cuda.current_device()
+        key = (device.index, current, torch._C._cuda_getCurrentRawStream(current))
+    else:
+        key = (device.type, None, None)
     counters = _COUNTERS.get(key)
     if counters is None or counters.numel() < n:
         # (a smaller buffer it replaces goes back to the allocator in stream order, after its last use)
@@ -735,7 +738,7 @@ def _apply(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype | None
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if torch.compiler.is_compiling():
         return _forward_op(x, weight, bias, eps, rms, out_dtype)[0]
-    return apply_function(NormFunction, x, weight, bias, eps, rms, out_dtype, config)
+    return NormFunction.apply(x, weight, bias, eps, rms, out_dtype, config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -776,7 +779,7 @@ def layer_norm(
     bias, eps).to(out_dtype)``, rounded once: an fp32 x normalized straight into bf16 for the
     matmul that follows skips a full-width fp32 write and the cast pass."""
     check_inputs(x, weight, bias, out_dtype)
-    return _apply(x, weight, bias, eps, False, out_dtype)
+    return _apply(x, weight, bias, float(eps), False, out_dtype)  # (an int eps would compile its own kernel)
 
 
 def rms_norm(
@@ -786,7 +789,7 @@ def rms_norm(
     ``out_dtype`` (default: x's dtype). Same values as ``torch.nn.functional.rms_norm(x,
     x.shape[-1:], weight, eps).to(out_dtype)``."""
     check_inputs(x, weight, None, out_dtype)
-    return _apply(x, weight, None, eps, True, out_dtype)
+    return _apply(x, weight, None, float(eps), True, out_dtype)
 
 
 def layer_norm_ref(x, weight=None, bias=None, eps=1e-5):

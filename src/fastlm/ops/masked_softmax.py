@@ -32,7 +32,6 @@ from torch.library import wrap_triton
 
 from fastlm.ops.common import (
     RowTiles,
-    apply_function,
     as_rows,
     cdiv,
     check_dtype,
@@ -358,7 +357,7 @@ def masked_softmax(
     scale = float(scale)
     if torch.compiler.is_compiling():
         return _forward_op(x, mask, scale, causal)
-    return apply_function(MaskedSoftmaxFunction, x, mask, scale, causal, None)
+    return MaskedSoftmaxFunction.apply(x, mask, scale, causal, None)
 
 
 def masked_softmax_ref(x, mask=None, *, scale=1.0, causal=False):

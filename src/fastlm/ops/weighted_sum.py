@@ -40,7 +40,6 @@ import triton.language as tl
 from torch.library import wrap_triton
 
 from fastlm.ops.common import (
-    apply_function,
     cdiv,
     check_dtype,
     check_same_device,
@@ -267,7 +266,7 @@ def weighted_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     check_same_device(x=x, w=w)
     if torch.compiler.is_compiling():
         return _forward_op(x, w)
-    return apply_function(WeightedSumFunction, x, w, None)
+    return WeightedSumFunction.apply(x, w, None)
 
 
 def weighted_sum_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
