@@ -414,9 +414,8 @@ class NormConfig:
     param_grad_warps: int = 4
     param_grad_groups: int = 16
     # Widest single-pass rows whose dw / db are summed inside the backward's launch, saving a launch:
-    # on an H100 the backward took about as long either way at 32768 x 1024, while from 4096 columns
-    # up the one program that adds up the group sums made it 1.2-4.4x slower (an A/B of the two
-    # paths; --sweep sum times both at every width).
+    # wider, the one program that adds up the group sums reads too much alone and the separate sum
+    # kernel is faster (docs/notes/host_path.md; --sweep sum times both at every width).
     fused_sum_max_d: int = 1024
     # Those sums: partial rows per group (a power of two, about sqrt(programs) so that both levels
     # read about as much; also the rows per step of the wide rows' sums) and columns per step. Not
