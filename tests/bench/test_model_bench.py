@@ -40,11 +40,12 @@ def test_each_compile_mode_compiles_once_in_its_own_mode(monkeypatch):
 
 def test_summary_reports_the_first_step_separately():
     times = [900.0, 10.0, 12.0, 11.0]
-    summary = model_bench.summarize(times, warmup=1, tokens_per_step=1000)
+    summary = model_bench.summarize_rounds([times], warmup=1, tokens_per_step=1000)
     assert summary["first_step_ms"] == 900.0
     assert summary["median_ms"] == 11.0
     assert summary["tokens_per_s"] == pytest.approx(1000 / 0.011)
-    with_first = model_bench.summarize(times, warmup=0, tokens_per_step=1000)  # --warmup 0: the first step is timed
+    # --warmup 0: the first step is timed
+    with_first = model_bench.summarize_rounds([times], warmup=0, tokens_per_step=1000)
     assert with_first["mean_ms"] == pytest.approx(233.25)
     assert with_first["std_ms"] > 400
 

@@ -144,11 +144,6 @@ def summarize_rounds(round_times: Sequence[Sequence[float]], warmup: int, tokens
     }
 
 
-def summarize(times: list[float], warmup: int, tokens_per_step: int) -> dict:
-    """`summarize_rounds` of a single round."""
-    return summarize_rounds([times], warmup, tokens_per_step)
-
-
 def build_hf_llama(config: ModelConfig) -> torch.nn.Module:
     """Hugging Face `LlamaForCausalLM` with our dimensions (same parameter count: untied head, no
     biases, RMSNorm, SwiGLU, RoPE), SDPA attention."""
