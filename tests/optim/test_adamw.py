@@ -1,7 +1,8 @@
 """fastlm.optim.AdamW against torch.optim.AdamW: updates, states, state dicts, errors.
 
-On CPU the kernel runs under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1);
-every comparison runs both optimizers on copies of the same parameters with the same gradients.
+The kernel runs on the `device` fixture's device: CUDA when present, else the CPU under the Triton
+interpreter (tests/conftest.py sets TRITON_INTERPRET=1). Every comparison runs both optimizers on
+copies of the same parameters with the same gradients.
 """
 
 import copy
@@ -27,7 +28,7 @@ SHAPES = [(1,), (7,), (3, 5), (16,), (33,), (4, 9, 2)]
 TOLERANCES = {"param": (1e-6, 1e-7), "exp_avg": (1e-5, 1e-7), "exp_avg_sq": (1e-5, 1e-9), "step": (0, 0)}
 
 
-def make_params(shapes, dtype=torch.float32, device="cpu") -> list[torch.nn.Parameter]:
+def make_params(shapes, device, dtype=torch.float32) -> list[torch.nn.Parameter]:
     return [torch.nn.Parameter(torch.randn(shape, dtype=dtype, device=device)) for shape in shapes]
 
 
@@ -48,6 +49,14 @@ def set_grads(ours, theirs, skip=()) -> None:
         p.grad, q.grad = grad, (None if grad is None else grad.clone())
 
 
+def step_both(ours_opt, theirs_opt, ours, theirs, steps: int) -> None:
+    """``steps`` steps of both optimizers, each after fresh gradients."""
+    for _ in range(steps):
+        set_grads(ours, theirs)
+        ours_opt.step()
+        theirs_opt.step()
+
+
 def assert_same_state(ours_opt, theirs_opt, ours, theirs) -> None:
     for p, q in zip(ours, theirs, strict=True):
         rtol, atol = TOLERANCES["param"]
@@ -62,25 +71,22 @@ def assert_same_state(ours_opt, theirs_opt, ours, theirs) -> None:
 
 @pytest.mark.parametrize("config", [SMALL_BLOCKS, None], ids=["16-element blocks", "default blocks"])
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_matches_torch_adamw_over_steps(config, weight_decay):
-    ours = make_params(SHAPES)
+def test_matches_torch_adamw_over_steps(config, weight_decay, device):
+    ours = make_params(SHAPES, device)
     theirs = clone_params(ours)
     second = {"lr": 3e-3, "betas": (0.8, 0.99)}  # a second group with its own hyper-parameters
     ours_opt = AdamW(two_groups(ours, **second), lr=1e-2, weight_decay=weight_decay, config=config)
     theirs_opt = torch.optim.AdamW(two_groups(theirs, **second), lr=1e-2, weight_decay=weight_decay, foreach=False)
     initial = [p.detach().clone() for p in ours]
-    for _ in range(4):
-        set_grads(ours, theirs)
-        ours_opt.step()
-        theirs_opt.step()
+    step_both(ours_opt, theirs_opt, ours, theirs, steps=4)
     assert_same_state(ours_opt, theirs_opt, ours, theirs)
     assert all(not torch.equal(p, p0) for p, p0 in zip(ours, initial, strict=True))  # every element moved
 
 
-def test_none_gradients_and_step_counts_that_differ():
+def test_none_gradients_and_step_counts_that_differ(device):
     # parameter 1 has no gradient at step 1: no state and no update then, and afterwards its step
     # count lags the others', so its group takes two launches with different bias corrections
-    ours = make_params(SHAPES)
+    ours = make_params(SHAPES, device)
     theirs = clone_params(ours)
     ours_opt = AdamW(ours, lr=1e-2, config=SMALL_BLOCKS)
     theirs_opt = torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
@@ -89,10 +95,7 @@ def test_none_gradients_and_step_counts_that_differ():
     ours_opt.step()
     theirs_opt.step()
     assert torch.equal(ours[1], before) and ours[1] not in ours_opt.state
-    for _ in range(2):
-        set_grads(ours, theirs)
-        ours_opt.step()
-        theirs_opt.step()
+    step_both(ours_opt, theirs_opt, ours, theirs, steps=2)
     assert ours_opt.state[ours[1]]["step"].item() == 2 and ours_opt.state[ours[0]]["step"].item() == 3
     assert_same_state(ours_opt, theirs_opt, ours, theirs)
     ours_opt.zero_grad()
@@ -101,11 +104,11 @@ def test_none_gradients_and_step_counts_that_differ():
     assert_same_state(ours_opt, theirs_opt, ours, theirs)
 
 
-def test_tables_are_rebuilt_only_when_addresses_change(monkeypatch):
+def test_tables_are_rebuilt_only_when_addresses_change(monkeypatch, device):
     builds = []
     build = adamw_module._build_tables
     monkeypatch.setattr(adamw_module, "_build_tables", lambda *args: builds.append(1) or build(*args))
-    ours = make_params(SHAPES)
+    ours = make_params(SHAPES, device)
     theirs = clone_params(ours)
     ours_opt = AdamW(ours, lr=1e-2, config=SMALL_BLOCKS)
     theirs_opt = torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
@@ -134,37 +137,41 @@ def test_tables_are_rebuilt_only_when_addresses_change(monkeypatch):
     del old_grads
 
 
-def test_kernel_takes_only_aligned_contiguous_fp32():
+def test_kernel_takes_only_aligned_contiguous_fp32(device):
     def takes(param):
         state = {"exp_avg": torch.zeros_like(param), "exp_avg_sq": torch.zeros_like(param)}
         return adamw_module._kernel_takes(param, torch.randn_like(param), state)
 
-    assert takes(torch.randn(10))
-    assert not takes(torch.randn(10, dtype=torch.float64))
-    assert not takes(torch.randn(10, dtype=torch.bfloat16))
-    assert not takes(torch.randn(6, 4).t())  # non-contiguous
-    assert not takes(torch.randn(11)[1:])  # 4 bytes past an aligned address: no 16-byte accesses
+    assert takes(torch.randn(10, device=device))
+    assert not takes(torch.randn(10, dtype=torch.float64, device=device))
+    assert not takes(torch.randn(10, dtype=torch.bfloat16, device=device))
+    assert not takes(torch.randn(6, 4, device=device).t())  # non-contiguous
+    assert not takes(torch.randn(11, device=device)[1:])  # 4 bytes past an aligned address: no 16-byte accesses
 
 
-@pytest.mark.parametrize("interpreter", ["1", "0"], ids=["interpreter", "reference path"])
-def test_groups_the_kernel_does_not_take_match_torch(interpreter, monkeypatch):
-    # fp64 and non-contiguous parameters (torch's path) next to fp32 ones (the kernel's, under the
-    # interpreter) in one group; without the interpreter, CPU tensors all take torch's path
-    monkeypatch.setenv("TRITON_INTERPRET", interpreter)
-    ours = [*make_params([(5,), (3, 4)]), *make_params([(6,)], torch.float64),
-            torch.nn.Parameter(torch.randn(6, 4).t())]  # fmt: skip
+def test_groups_the_kernel_does_not_take_match_torch(device):
+    # fp64 and non-contiguous parameters (torch's path) next to fp32 ones (the kernel's) in one group
+    ours = [*make_params([(5,), (3, 4)], device), *make_params([(6,)], device, torch.float64),
+            torch.nn.Parameter(torch.randn(6, 4, device=device).t())]  # fmt: skip
     theirs = clone_params(ours)
     ours_opt = AdamW(ours, lr=1e-2, config=SMALL_BLOCKS)
     theirs_opt = torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
-    for _ in range(3):
-        set_grads(ours, theirs)
-        ours_opt.step()
-        theirs_opt.step()
+    step_both(ours_opt, theirs_opt, ours, theirs, steps=3)
     assert_same_state(ours_opt, theirs_opt, ours, theirs)
 
 
-def test_state_dict_round_trip_with_torch():
-    ours = make_params(SHAPES)
+def test_cpu_without_the_interpreter_takes_torchs_path(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    ours = make_params(SHAPES, "cpu")
+    theirs = clone_params(ours)
+    ours_opt = AdamW(two_groups(ours, lr=3e-3), lr=1e-2)
+    theirs_opt = torch.optim.AdamW(two_groups(theirs, lr=3e-3), lr=1e-2, foreach=False)
+    step_both(ours_opt, theirs_opt, ours, theirs, steps=3)
+    assert_same_state(ours_opt, theirs_opt, ours, theirs)
+
+
+def test_state_dict_round_trip_with_torch(device):
+    ours = make_params(SHAPES, device)
     theirs = clone_params(ours)
     ours_opt = AdamW(two_groups(ours, lr=3e-3), lr=1e-2, config=SMALL_BLOCKS)
     for _ in range(3):
@@ -176,24 +183,19 @@ def test_state_dict_round_trip_with_torch():
     theirs_opt = torch.optim.AdamW(two_groups(theirs), foreach=False)
     theirs_opt.load_state_dict(copy.deepcopy(ours_opt.state_dict()))
     assert theirs_opt.param_groups[1]["lr"] == 3e-3 and theirs_opt.param_groups[0]["decoupled_weight_decay"]
-    for _ in range(2):
-        set_grads(ours, theirs)
-        ours_opt.step()
-        theirs_opt.step()
+    step_both(ours_opt, theirs_opt, ours, theirs, steps=2)
     assert_same_state(ours_opt, theirs_opt, ours, theirs)
     # torch -> ours: a fresh optimizer takes torch's state, drops its implementation flags
     fresh_opt = AdamW(two_groups(ours), config=SMALL_BLOCKS)
     fresh_opt.load_state_dict(copy.deepcopy(theirs_opt.state_dict()))
     assert "foreach" not in fresh_opt.param_groups[0] and fresh_opt.param_groups[1]["lr"] == 3e-3
-    set_grads(ours, theirs)
-    fresh_opt.step()
-    theirs_opt.step()
+    step_both(fresh_opt, theirs_opt, ours, theirs, steps=1)
     assert_same_state(fresh_opt, theirs_opt, ours, theirs)
 
 
 def test_loaded_step_counts_move_to_the_cpu():
     # torch's fused and capturable AdamW keep step on the parameters' device, older checkpoints a number
-    params = make_params([(4,), (3,)])
+    params = make_params([(4,), (3,)], "cpu")
     opt = AdamW(params)
     state = {"state": {0: {"step": torch.tensor(5.0, dtype=torch.float64), "exp_avg": torch.randn(4),
                            "exp_avg_sq": torch.rand(4)},
@@ -206,8 +208,8 @@ def test_loaded_step_counts_move_to_the_cpu():
         assert (step.item(), step.dtype, step.device.type) == (5.0, torch.float32, "cpu")
 
 
-def test_lr_as_a_cpu_tensor_under_a_scheduler():
-    ours = make_params(SHAPES)
+def test_lr_as_a_cpu_tensor_under_a_scheduler(device):
+    ours = make_params(SHAPES, device)
     theirs = clone_params(ours)
     ours_opt = AdamW(ours, lr=torch.tensor(1e-2), config=SMALL_BLOCKS)
     theirs_opt = torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
@@ -221,8 +223,8 @@ def test_lr_as_a_cpu_tensor_under_a_scheduler():
     assert_same_state(ours_opt, theirs_opt, ours, theirs)
 
 
-def test_step_returns_the_closures_loss():
-    param = torch.nn.Parameter(torch.tensor([1.5, -0.5, 2.0, -3.0, 0.25]))
+def test_step_returns_the_closures_loss(device):
+    param = torch.nn.Parameter(torch.tensor([1.5, -0.5, 2.0, -3.0, 0.25], device=device))
     opt = AdamW([param])
 
     def closure():
@@ -308,20 +310,17 @@ print(ptx.count("ld.global.v4.b32"), ptx.count("st.global.v4.b32"))
 def test_gpu_matches_torch_adamw():
     # a few million elements: many full blocks, a partial one at the end of most tensors
     shapes = [(1,), (4097,), (1600, 1601), (3, 1000, 333), (1 << 20,)]
-    ours = make_params(shapes, device="cuda")
+    ours = make_params(shapes, "cuda")
     theirs = clone_params(ours)
     ours_opt = AdamW(two_groups(ours, lr=3e-3), lr=1e-2, weight_decay=0.1)
     theirs_opt = torch.optim.AdamW(two_groups(theirs, lr=3e-3), lr=1e-2, weight_decay=0.1, foreach=False)
-    for _ in range(5):
-        set_grads(ours, theirs)
-        ours_opt.step()
-        theirs_opt.step()
+    step_both(ours_opt, theirs_opt, ours, theirs, steps=5)
     assert_same_state(ours_opt, theirs_opt, ours, theirs)
 
 
 @pytest.mark.gpu
 def test_gpu_step_does_not_synchronize():
-    ours = make_params([(1000,), (64, 65)], device="cuda")
+    ours = make_params([(1000,), (64, 65)], "cuda")
     opt = AdamW(ours)
     for p in ours:
         p.grad = torch.randn_like(p)
