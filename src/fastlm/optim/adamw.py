@@ -8,7 +8,8 @@ Per element, at step t (counted per parameter, from 1), as torch.optim.AdamW com
     p <- p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 
 Bytes per fp32 parameter: read p, g, m, v (16), write p, m, v (12): 28, the floor of any AdamW
-step that keeps fp32 states; about 20 FLOPs, so the step is memory-bound on every GPU.
+step that keeps fp32 states; about 15 FLOPs, a square root and two divisions per element, so
+the step is memory-bound on every GPU.
 
 Multi-tensor launch: the launcher writes two int64 tables to the device, built once per layout of
 a group's tensors and kept while their addresses stay the same:
@@ -172,8 +173,11 @@ def _build_tables(entries: list[_Entry], block: int, device: torch.device) -> _T
     first_block = torch.cumsum(counts, 0) - counts
     block_in_tensor = torch.arange(len(tensor_of_block)) - first_block[tensor_of_block]
     table = torch.cat([rows.flatten(), torch.stack([tensor_of_block, block_in_tensor], dim=1).flatten()])
-    # from pageable memory: the driver stages the bytes before returning, so this neither
-    # synchronizes nor needs the host tensor kept alive
+    if device.type == "cuda":
+        # 16 bytes per program (2 MB for 500M parameters): pinned, so the copy is asynchronous at any
+        # size (the driver may wait for the stream to stage a large pageable one); torch's host
+        # allocator keeps the buffer until the copy is done
+        table = table.pin_memory()
     table = table.to(device, non_blocking=True)
     return _Tables(table[: rows.numel()].view(-1, 5), table[rows.numel() :].view(-1, 2))
 
@@ -186,7 +190,8 @@ def _launch(tables: _Tables, config: AdamWConfig, step: float, hyper: _Hyperpara
     lr, beta1, beta2, eps, weight_decay = hyper
     # Triton's dispatcher rather than fastlm.ops.launch.eager_kernel: that keys its cache on the
     # value of every float argument, and the bias corrections change at every step. The
-    # dispatcher's ~10 us more per launch is paid once per group and step.
+    # dispatcher's ~10 us more per launch (benchmarks/results/launch.jsonl, H100) is paid once per
+    # group and step.
     _adamw_kernel[(programs,)](
         tables.tensors, tables.blocks,
         1.0 - lr * weight_decay, 1.0 - beta1, beta2, 1.0 - beta2,
