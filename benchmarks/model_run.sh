@@ -19,9 +19,9 @@
 #                 caches that PART=e2e then hits. Cold, xl compiles for 2-4 minutes per (model, compile
 #                 mode), over 15 minutes for the matrix: repeat until it prints "warm: done" (each call
 #                 stops after LAST_S, default 540 s, and resumes from the cache)
-#   PART=profile-step  the compiled step's GPU time per kernel category, torch vs fastlm kernels, compile
-#                 and CUDA graphs, on LAYERS (default 12) blocks of the xl width
-#                 (benchmarks/profile_compiled_step.py)
+#   PART=profile-step  the compiled step's GPU time per kernel category, torch vs fastlm kernels, x COMPILE
+#                 (default compile,cudagraphs) x OPTIMIZER (AdamW: torch (default), fastlm or both), on
+#                 LAYERS (default 12) blocks of the xl width (benchmarks/profile_compiled_step.py)
 # Records, reports and plots are packed into $OUT/model_out.tar.gz (bulky traces and snapshots
 # stay on the machine; their sizes are listed).
 set -uo pipefail
@@ -87,7 +87,7 @@ switch)
     --compile compile --kernels torch,fastlm $pin --out "$WORK" 2>&1 | tail -8
   ;;
 profile-step)
-  python3 benchmarks/profile_compiled_step.py --layers "${LAYERS:-12}" --out "$WORK" 2>&1 | tail -8
+  python3 benchmarks/profile_compiled_step.py --layers "${LAYERS:-12}" --compile "${COMPILE:-compile,cudagraphs}" --optimizer "${OPTIMIZER:-torch}" --out "$WORK" 2>&1 | tail -8
   ;;
 e2e|e2e-warm)
   export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-cache"  # shared by the warm-up and the measured run

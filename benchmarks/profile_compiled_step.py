@@ -9,6 +9,7 @@ table gives ms per step per category and the kernels launched per step. With --c
 the host cost is gone, so the GPU time per step bounds what a faster kernel set can gain.
 
 Usage: python benchmarks/profile_compiled_step.py [--layers 12] [--compile compile,cudagraphs]
+       [--optimizer torch,fastlm]
 Writes results/profile_compiled_step.jsonl and prints the table.
 """
 
@@ -27,6 +28,10 @@ from torch.profiler import ProfilerActivity, profile
 from fastlm.bench.model import TORCH_COMPILE_MODE, Row, make_optimizer, make_step, time_steps
 from fastlm.bench.records import append_records, with_environment
 from fastlm.model import ModelConfig, TransformerLM
+from fastlm.optim import AdamW
+
+# The optimizer of each step: PyTorch's fused AdamW (what `fastlm bench model` uses) or fastlm's.
+OPTIMIZERS = {"torch": make_optimizer, "fastlm": lambda model: AdamW(model.parameters(), lr=1e-4)}
 
 # First match wins: a kernel's name decides its category.
 CATEGORIES = (
@@ -56,13 +61,13 @@ def gpu_time_by_category(prof: profile, steps: int) -> tuple[dict[str, float], f
     return dict(ms), count / steps
 
 
-def measure(kernels: str, compile_mode: str, layers: int, tokens: torch.Tensor) -> dict:
+def measure(kernels: str, compile_mode: str, optimizer: str, layers: int, tokens: torch.Tensor) -> dict:
     config = ModelConfig.preset("xl", num_layers=layers).with_kernels(kernels)
     with torch.device(tokens.device):
         model = TransformerLM(config)
     row = Row("train", "bf16", compile_mode)
     module = torch.compile(model, mode=TORCH_COMPILE_MODE[compile_mode])
-    step = make_step(module, model, row, tokens, tokens, make_optimizer(model))
+    step = make_step(module, model, row, tokens, tokens, OPTIMIZERS[optimizer](model))
     times = time_steps(step, warmup=5, steps=20, device=tokens.device)
     profiled_steps = 3
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -71,7 +76,8 @@ def measure(kernels: str, compile_mode: str, layers: int, tokens: torch.Tensor) 
         torch.cuda.synchronize()
     gpu_ms, kernels_per_step = gpu_time_by_category(prof, profiled_steps)
     return {
-        "op": "profile_compiled_step", "kernels": kernels, "compile": compile_mode, "num_layers": layers,
+        "op": "profile_compiled_step", "kernels": kernels, "compile": compile_mode, "optimizer": optimizer,
+        "num_layers": layers,
         "d_model": config.d_model, "batch": tokens.shape[0], "context_length": tokens.shape[1],
         "first_step_ms": times[0], "step_ms": statistics.median(times[5:]),
         "gpu_ms": sum(gpu_ms.values()), "gpu_ms_by_category": gpu_ms, "kernels_per_step": kernels_per_step,
@@ -80,10 +86,10 @@ def measure(kernels: str, compile_mode: str, layers: int, tokens: torch.Tensor) 
 
 def render(records: list[dict]) -> str:
     names = [name for name, _ in CATEGORIES] + ["other"]
-    head = ["kernels", "compile", "step ms", "GPU ms", "kernels/step", *names]
+    head = ["kernels", "compile", "optimizer", "step ms", "GPU ms", "kernels/step", *names]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in records:
-        cells = [r["kernels"], r["compile"], f"{r['step_ms']:.1f}", f"{r['gpu_ms']:.1f}", f"{r['kernels_per_step']:.0f}"]
+        cells = [r["kernels"], r["compile"], r.get("optimizer", "torch"), f"{r['step_ms']:.1f}", f"{r['gpu_ms']:.1f}", f"{r['kernels_per_step']:.0f}"]
         cells += [f"{r['gpu_ms_by_category'].get(n, 0.0):.2f}" for n in names]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -94,6 +100,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=12, help="blocks of the xl width (default 12; xl has 48)")
     p.add_argument("--kernels", default="torch,fastlm", help="comma list (default torch,fastlm)")
     p.add_argument("--compile", default="compile,cudagraphs", help="comma list (default compile,cudagraphs)")
+    p.add_argument("--optimizer", default="torch", help="comma list of torch, fastlm (AdamW; default torch)")
     p.add_argument("--out", type=Path, default=Path("benchmarks"), help="folder for results/ (default benchmarks)")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -101,11 +108,13 @@ def main() -> None:
     records = []
     for compile_mode in args.compile.split(","):
         for kernels in args.kernels.split(","):
-            record = with_environment(measure(kernels, compile_mode, args.layers, tokens))
-            print(f"{kernels} {compile_mode}: step {record['step_ms']:.1f} ms, GPU {record['gpu_ms']:.1f} ms", flush=True)
-            records.append(record)
-            torch._dynamo.reset()
-            torch.cuda.empty_cache()
+            for optimizer in args.optimizer.split(","):
+                record = with_environment(measure(kernels, compile_mode, optimizer, args.layers, tokens))
+                print(f"{kernels} {compile_mode} {optimizer} AdamW: step {record['step_ms']:.1f} ms, "
+                      f"GPU {record['gpu_ms']:.1f} ms", flush=True)  # fmt: skip
+                records.append(record)
+                torch._dynamo.reset()
+                torch.cuda.empty_cache()
     append_records(args.out / "results" / "profile_compiled_step.jsonl", records)
     print(render(records))
 
