@@ -124,6 +124,20 @@ def test_rows_without_visible_keys_return_zero(device):
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
+@pytest.mark.parametrize("run", ["kernels", "tiled twin", "reference"])
+def test_nan_and_inf_follow_torch(run, device):
+    """A NaN or +inf in a query row, or +inf in a key, makes the rows whose scores it reaches NaN, as
+    torch's softmax(q k^T) v does; the other rows stay exact."""
+    q, k, v = make_qkv(1, 1, 1, 20, 20, 16, torch.float32, device, requires_grad=False)
+    q[0, 0, 3, 2], q[0, 0, 5, 1], k[0, 0, 7, 0] = float("inf"), float("nan"), float("inf")
+    attend = {"kernels": FlashAttentionTriton.apply, "tiled twin": FlashAttentionTorch.apply,
+              "reference": flash_attention_ref}[run]  # fmt: skip
+    out = attend(q, k, v)
+    expected = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 4, dim=-1) @ v.double()
+    assert torch.equal(out.isnan(), expected.isnan()) and out.isnan().any()
+    torch.testing.assert_close(out.double(), expected, equal_nan=True, atol=1e-5, rtol=1e-5)
+
+
 def test_functional_3d_4d_scale_and_noncontiguous(device):
     """(B, N, H, D) memory viewed as (B, H, N, D): kernels follow strides; explicit scale honoured."""
     q, k, v = (torch.randn(2, 50, 3, 32, device=device).transpose(1, 2).requires_grad_(True) for _ in range(3))

@@ -611,7 +611,7 @@ def _tiled_forward(q, k, v, causal: bool, scale: float, tile: int = TORCH_TILE):
             if causal:
                 s = s.masked_fill(~_visible(rows, cols, diag), float("-inf"))
             m_new = torch.maximum(m_i, s.amax(-1))
-            m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # rows that saw no key yet
+            m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
             p = torch.exp(s - m_safe[..., None])
             alpha = torch.exp(m_i - m_safe)
             l_i = alpha * l_i + p.sum(-1)
@@ -632,7 +632,7 @@ def _tiled_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, tile:
     qf, dof = q.float(), grad_out.float()
     kf, vf = _expand_kv(k, H).float(), _expand_kv(v, H).float()
     delta = (dof * o.float()).sum(-1)  # Dlt = rowsum(dO * O), (Z, H, M)
-    lse_safe = torch.where(torch.isinf(lse), 0.0, lse)  # empty rows: every score is masked
+    lse_safe = torch.where(lse == float("-inf"), 0.0, lse)  # empty rows: every score is masked
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     diag = N - M
     for m0 in range(0, M, tile):
@@ -868,6 +868,6 @@ def flash_attention_ref(
     if causal:
         rows = torch.arange(M, device=q.device)
         s = s.masked_fill(~_visible(rows, torch.arange(N, device=q.device), N - M), float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key: all -inf -> 0
+    p = torch.softmax(s, dim=-1).masked_fill(s.isneginf().all(-1, keepdim=True), 0.0)  # no visible key: 0
     out = p @ v4
     return out.squeeze(1) if q.dim() == 3 else out
