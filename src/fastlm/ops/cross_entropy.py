@@ -41,8 +41,13 @@ from torch.library import wrap_triton
 from fastlm.ops.common import (
     cdiv,
     check_dtype,
+    check_flag,
+    check_integer,
+    check_number,
     check_same_device,
+    check_tensor,
     device_arch,
+    may_overlap,
     multiprocessors,
     next_power_of_2,
     runs_triton,
@@ -691,10 +696,25 @@ class CrossEntropyFusedFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 
 
+def check_options(ignore_index, reduction, label_smoothing, z_loss, fused, inplace) -> tuple[int, float, float]:
+    """The options of `cross_entropy` (and of `fastlm.nn.CrossEntropyLoss`), one clear error for each
+    bad value; returns (ignore_index, label_smoothing, z_loss) as int, float, float."""
+    if not (isinstance(reduction, str) and reduction in REDUCTIONS):
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    if check_flag("inplace", inplace) and not check_flag("fused", fused):
+        raise ValueError("inplace=True needs fused=True: only the fused path writes the gradient in the forward")
+    check_flag("fused", fused)
+    return (
+        check_integer("ignore_index", ignore_index),
+        check_number("label_smoothing", label_smoothing, 0.0, 1.0),
+        check_number("z_loss", z_loss, 0.0),
+    )
+
+
 def check_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
     """Validate shapes, dtypes and devices (the target range: check_target_range)."""
-    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise TypeError("logits and targets must be torch.Tensors")
+    check_tensor("logits", logits)
+    check_tensor("targets", targets)
     if logits.dim() != 2:
         raise ValueError(f"logits must be 2-D (batch, vocab), got shape {tuple(logits.shape)}")
     check_dtype("logits", logits, LOGIT_DTYPES)
@@ -748,28 +768,29 @@ def cross_entropy(
     non-ignored row. Losses are returned in fp32 whatever the logits' dtype.
 
     Args:
+        ignore_index: an int; rows with this target count as absent.
         fused: when the logits require grad, compute the gradient in the forward pass (one
             kernel reads the logits, writes loss and dlogits) and keep it until backward. Costs
             one (B, V) buffer between forward and backward; ``False`` recomputes the softmax in
-            backward from the saved logsumexp instead (one more read of the logits).
+            backward from the saved row statistics instead (one more read of the logits).
         inplace: with ``fused``, write the gradient over the logits' storage (saves that
-            buffer). The logits are destroyed; they must not be a leaf tensor; eager only.
+            buffer). The logits are destroyed; they must not be a leaf tensor, nor a view whose
+            elements share memory (an expanded tensor); eager only.
     """
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must lie in [0, 1], got {label_smoothing}")
-    if not z_loss >= 0.0:
-        raise ValueError(f"z_loss must be >= 0, got {z_loss}")
-    if inplace and not fused:
-        raise ValueError("inplace=True needs fused=True: only the fused path writes the gradient in the forward")
+    ignore_index, label_smoothing, z_loss = check_options(ignore_index, reduction, label_smoothing, z_loss, fused,
+                                                          inplace)  # fmt: skip
     check_inputs(logits, targets)
-    ignore_index, label_smoothing, z_loss = int(ignore_index), float(label_smoothing), float(z_loss)
     compiling = torch.compiler.is_compiling()
 
     if fused and logits.requires_grad and torch.is_grad_enabled() and logits.shape[0] > 0:
-        if inplace and logits.is_leaf:
-            raise ValueError("inplace=True overwrites logits with their gradient, so logits must not be a leaf tensor")
+        if inplace:
+            if logits.is_leaf:
+                raise ValueError("inplace=True overwrites logits with their gradient, so logits must not be a leaf "
+                                 "tensor")  # fmt: skip
+            if may_overlap(logits):
+                raise ValueError(f"inplace=True writes the gradient over logits, whose elements share memory "
+                                 f"(strides {logits.stride()}, as in an expanded view); pass logits.contiguous() or "
+                                 "inplace=False")  # fmt: skip
         if not compiling:
             return CrossEntropyFusedFunction.apply(
                 logits,
@@ -812,6 +833,9 @@ def cross_entropy_backward(logits: torch.Tensor, targets: torch.Tensor, grad_out
     Needs no saved state: one kernel computes each row's logsumexp and then its gradient.
     """
     check_inputs(logits, targets)
+    check_tensor("grad_output", grad_output)
+    if not grad_output.is_floating_point():
+        raise TypeError(f"grad_output must be a floating-point tensor, got dtype {grad_output.dtype}")
     if grad_output.shape != targets.shape:
         raise ValueError(f"grad_output must have shape {tuple(targets.shape)}, got {tuple(grad_output.shape)}")
     check_same_device(logits=logits, grad_output=grad_output)

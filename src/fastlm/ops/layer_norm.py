@@ -49,7 +49,9 @@ from fastlm.ops.common import (
     as_rows,
     cdiv,
     check_dtype,
+    check_number,
     check_same_device,
+    check_tensor,
     device_arch,
     multiprocessors,
     row_tiles,
@@ -746,8 +748,14 @@ def _apply(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype | None
 
 
 def check_inputs(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, out_dtype: torch.dtype | None = None
-) -> None:
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps, out_dtype: torch.dtype | None = None
+) -> float:
+    """One clear error for each bad argument; returns eps as a float (an int eps would compile a
+    kernel of its own)."""
+    check_tensor("x", x)
+    check_tensor("weight", weight, optional=True)
+    check_tensor("bias", bias, optional=True)
+    eps = check_number("eps", eps, 0.0)
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension (the normalized one)")
     check_dtype("x", x, DTYPES)
@@ -763,6 +771,7 @@ def check_inputs(
         check_dtype(name, param, DTYPES)
         if param.device != x.device:
             check_same_device(x=x, **{name: param})
+    return eps
 
 
 def layer_norm(
@@ -777,8 +786,8 @@ def layer_norm(
     (default: x's dtype). Same values as ``torch.nn.functional.layer_norm(x, x.shape[-1:], weight,
     bias, eps).to(out_dtype)``, rounded once: an fp32 x normalized straight into bf16 for the
     matmul that follows skips a full-width fp32 write and the cast pass."""
-    check_inputs(x, weight, bias, out_dtype)
-    return _apply(x, weight, bias, float(eps), False, out_dtype)  # (an int eps would compile its own kernel)
+    eps = check_inputs(x, weight, bias, eps, out_dtype)
+    return _apply(x, weight, bias, eps, False, out_dtype)
 
 
 def rms_norm(
@@ -787,8 +796,8 @@ def rms_norm(
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight, computed in fp32, returned in
     ``out_dtype`` (default: x's dtype). Same values as ``torch.nn.functional.rms_norm(x,
     x.shape[-1:], weight, eps).to(out_dtype)``."""
-    check_inputs(x, weight, None, out_dtype)
-    return _apply(x, weight, None, float(eps), True, out_dtype)
+    eps = check_inputs(x, weight, None, eps, out_dtype)
+    return _apply(x, weight, None, eps, True, out_dtype)
 
 
 def layer_norm_ref(x, weight=None, bias=None, eps=1e-5):

@@ -39,7 +39,10 @@ from fastlm.ops.common import (
     as_rows,
     cdiv,
     check_dtype,
+    check_flag,
+    check_number,
     check_same_device,
+    check_tensor,
     device_arch,
     row_tiles,
     runs_triton,
@@ -266,6 +269,8 @@ def _reference(x, mask, scale, causal):
         sq, sk = x.shape[-2:]
         visible = torch.ones(sq, sk, dtype=torch.bool, device=x.device).tril(diagonal=sk - sq)
         s = s.masked_fill(~visible, float("-inf"))
+    if s.shape[-1] == 0:  # rows of no key (amax has nothing to reduce)
+        return s.to(x.dtype)
     row_max = s.amax(dim=-1, keepdim=True).detach()  # the shift does not change y: no gradient
     e = torch.exp(s - torch.where(row_max == float("-inf"), 0.0, row_max))  # a fully masked row: e = 0
     total = e.sum(dim=-1, keepdim=True)
@@ -336,13 +341,17 @@ class MaskedSoftmaxFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 
 
-def check_inputs(x: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> None:
+def check_inputs(x: torch.Tensor, mask: torch.Tensor | None, scale, causal) -> tuple[float, bool]:
+    """One clear error for each bad argument; returns (scale, causal) as a float and a bool."""
+    check_tensor("x", x)
+    check_tensor("mask", mask, optional=True)
+    scale, causal = check_number("scale", scale), check_flag("causal", causal)
     if x.dim() < (2 if causal else 1):
         raise ValueError(f"x must have shape (..., Sq, Sk){' for causal=True' if causal else ''}, "
                          f"got {tuple(x.shape)}")  # fmt: skip
     check_dtype("x", x, DTYPES)
     if mask is None:
-        return
+        return scale, causal
     check_dtype("mask", mask, DTYPES)
     check_same_device(x=x, mask=mask)
     try:
@@ -351,6 +360,7 @@ def check_inputs(x: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> No
         broadcast = None
     if broadcast != x.shape:
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x's shape {tuple(x.shape)}")
+    return scale, causal
 
 
 def masked_softmax(
@@ -362,8 +372,7 @@ def masked_softmax(
     Rows with no visible key (every score -inf) are 0, with gradient 0, where torch.softmax gives
     NaN. Otherwise NaN and inf follow torch.softmax: a NaN or +inf score makes its whole row NaN.
     Keys hidden by ``causal`` are not read."""
-    check_inputs(x, mask, causal)
-    scale = float(scale)
+    scale, causal = check_inputs(x, mask, scale, causal)
     if torch.compiler.is_compiling():
         return _forward_op(x, mask, scale, causal)
     return MaskedSoftmaxFunction.apply(x, mask, scale, causal, None)
