@@ -38,6 +38,7 @@ from torch.library import wrap_triton
 from fastlm.ops.common import (
     cdiv,
     check_dtype,
+    check_optional_tensor,
     check_same_device,
     check_tensor,
     device_arch,
@@ -400,7 +401,7 @@ def check_inputs(u, weight, bias, activation, backend) -> None:
     """One clear error for each bad argument."""
     check_tensor("u", u)
     check_tensor("weight", weight)
-    check_tensor("bias", bias, optional=True)
+    check_optional_tensor("bias", bias)
     if u.dim() != 3:
         raise ValueError(f"u must have shape (B, L, D), got {tuple(u.shape)}")
     if weight.dim() != 2 or weight.shape[0] != u.shape[2]:

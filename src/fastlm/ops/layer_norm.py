@@ -56,6 +56,7 @@ from fastlm.ops.common import (
     cdiv,
     check_dtype,
     check_number,
+    check_optional_tensor,
     check_same_device,
     check_tensor,
     device_arch,
@@ -777,8 +778,8 @@ def check_inputs(
     """One clear error for each bad argument; returns eps as a float (an int eps would compile a
     kernel of its own)."""
     check_tensor("x", x)
-    check_tensor("weight", weight, optional=True)
-    check_tensor("bias", bias, optional=True)
+    check_optional_tensor("weight", weight)
+    check_optional_tensor("bias", bias)
     eps = check_number("eps", eps, 0.0)
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension (the normalized one)")

@@ -41,6 +41,7 @@ from fastlm.ops.common import (
     check_dtype,
     check_flag,
     check_number,
+    check_optional_tensor,
     check_same_device,
     check_tensor,
     device_arch,
@@ -344,7 +345,7 @@ class MaskedSoftmaxFunction(torch.autograd.Function):
 def check_inputs(x: torch.Tensor, mask: torch.Tensor | None, scale, causal) -> tuple[float, bool]:
     """One clear error for each bad argument; returns (scale, causal) as a float and a bool."""
     check_tensor("x", x)
-    check_tensor("mask", mask, optional=True)
+    check_optional_tensor("mask", mask)
     scale, causal = check_number("scale", scale), check_flag("causal", causal)
     if x.dim() < (2 if causal else 1):
         raise ValueError(f"x must have shape (..., Sq, Sk){' for causal=True' if causal else ''}, "
