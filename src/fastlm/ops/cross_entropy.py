@@ -701,9 +701,9 @@ def check_options(ignore_index, reduction, label_smoothing, z_loss, fused, inpla
     bad value; returns (ignore_index, label_smoothing, z_loss) as int, float, float."""
     if not (isinstance(reduction, str) and reduction in REDUCTIONS):
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if check_flag("inplace", inplace) and not check_flag("fused", fused):
+    fused, inplace = check_flag("fused", fused), check_flag("inplace", inplace)
+    if inplace and not fused:
         raise ValueError("inplace=True needs fused=True: only the fused path writes the gradient in the forward")
-    check_flag("fused", fused)
     return (
         check_integer("ignore_index", ignore_index),
         check_number("label_smoothing", label_smoothing, 0.0, 1.0),
