@@ -1,10 +1,12 @@
-"""Thin ``nn.Module`` wrappers over fastlm's functional ops; every flag is passed through."""
+"""Thin ``nn.Module`` wrappers over fastlm's functional ops; every flag is passed through, and
+checked when the module is made."""
 
 from __future__ import annotations
 
 import torch
 
-from fastlm.ops.cross_entropy import cross_entropy
+from fastlm.ops.common import check_flag, check_integer, check_number
+from fastlm.ops.cross_entropy import check_options, cross_entropy
 from fastlm.ops.layer_norm import layer_norm, rms_norm
 
 
@@ -22,6 +24,8 @@ class CrossEntropyLoss(torch.nn.Module):
         inplace: bool = False,
     ) -> None:
         super().__init__()
+        ignore_index, label_smoothing, z_loss = check_options(ignore_index, reduction, label_smoothing, z_loss, fused,
+                                                              inplace)  # fmt: skip
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing
@@ -53,9 +57,10 @@ class LayerNorm(torch.nn.Module):
 
     def __init__(self, d: int, *, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(d)) if elementwise_affine else None
-        self.bias = torch.nn.Parameter(torch.zeros(d)) if elementwise_affine and bias else None
+        d, self.eps = check_integer("d", d, minimum=0), check_number("eps", eps, 0.0)
+        affine = check_flag("elementwise_affine", elementwise_affine)
+        self.weight = torch.nn.Parameter(torch.ones(d)) if affine else None
+        self.bias = torch.nn.Parameter(torch.zeros(d)) if affine and check_flag("bias", bias) else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return layer_norm(x, self.weight, self.bias, self.eps)
@@ -69,8 +74,9 @@ class RMSNorm(torch.nn.Module):
 
     def __init__(self, d: int, *, eps: float = 1e-5, elementwise_affine: bool = True) -> None:
         super().__init__()
-        self.eps = eps
-        self.weight = torch.nn.Parameter(torch.ones(d)) if elementwise_affine else None
+        d, self.eps = check_integer("d", d, minimum=0), check_number("eps", eps, 0.0)
+        affine = check_flag("elementwise_affine", elementwise_affine)
+        self.weight = torch.nn.Parameter(torch.ones(d)) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)

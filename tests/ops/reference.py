@@ -61,3 +61,11 @@ def assert_direct_launch_matches_dispatcher(run, kernels, monkeypatch):
         monkeypatch.setattr(eager_kernel(kernel), "direct", False)
     for got, want in zip(direct, run(), strict=True):
         assert torch.equal(got, want)
+
+
+def normwise_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected|| in float64 (2-norms over all elements; 0 for two empty
+    or two zero tensors): one number for a whole output, relative to its size."""
+    expected = expected.detach().double()
+    difference = (actual.detach().double() - expected).norm()
+    return float(difference / expected.norm()) if difference else 0.0

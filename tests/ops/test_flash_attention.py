@@ -124,6 +124,20 @@ def test_rows_without_visible_keys_return_zero(device):
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
+@pytest.mark.parametrize("run", ["kernels", "tiled twin", "reference"])
+def test_nan_and_inf_follow_torch(run, device):
+    """A NaN or +inf in a query row, or +inf in a key, makes the rows whose scores it reaches NaN, as
+    torch's softmax(q k^T) v does; the other rows stay exact."""
+    q, k, v = make_qkv(1, 1, 1, 20, 20, 16, torch.float32, device, requires_grad=False)
+    q[0, 0, 3, 2], q[0, 0, 5, 1], k[0, 0, 7, 0] = float("inf"), float("nan"), float("inf")
+    attend = {"kernels": FlashAttentionTriton.apply, "tiled twin": FlashAttentionTorch.apply,
+              "reference": flash_attention_ref}[run]  # fmt: skip
+    out = attend(q, k, v)
+    expected = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 4, dim=-1) @ v.double()
+    assert torch.equal(out.isnan(), expected.isnan()) and out.isnan().any()
+    torch.testing.assert_close(out.double(), expected, equal_nan=True, atol=1e-5, rtol=1e-5)
+
+
 def test_functional_3d_4d_scale_and_noncontiguous(device):
     """(B, N, H, D) memory viewed as (B, H, N, D): kernels follow strides; explicit scale honoured."""
     q, k, v = (torch.randn(2, 50, 3, 32, device=device).transpose(1, 2).requires_grad_(True) for _ in range(3))
@@ -193,36 +207,6 @@ def test_outputs_are_fully_written(device):
     out = fastlm.flash_attention(q, k, v, causal=True)
     out.backward(torch.randn_like(out))
     assert all(torch.isfinite(t).all() for t in (out, q.grad, k.grad, v.grad))
-
-
-@pytest.mark.parametrize(
-    "shapes,message",
-    [
-        (((4, 8), (4, 8), (4, 8)), "must be \\(B, N, D\\) or"),
-        (((2, 4, 8, 16), (2, 8, 16), (2, 8, 16)), "same number of dims"),
-        (((2, 8, 16), (2, 8, 16), (2, 9, 16)), "k and v must have the same shape"),
-        (((2, 8, 16), (3, 8, 16), (3, 8, 16)), "same batch size"),
-        (((2, 8, 16), (2, 8, 32), (2, 8, 32)), "same head dim"),
-        (((2, 8, 512), (2, 8, 512), (2, 8, 512)), "head dim must lie in"),
-        (((2, 6, 8, 16), (2, 4, 8, 16), (2, 4, 8, 16)), "multiple of key/value heads"),
-    ],
-)
-def test_bad_shapes_raise_clear_errors(shapes, message):
-    q, k, v = (torch.randn(s) for s in shapes)
-    with pytest.raises(ValueError, match=message):
-        fastlm.flash_attention(q, k, v)
-
-
-def test_bad_dtype_device_and_scale_raise_clear_errors():
-    q = torch.randn(1, 8, 16)
-    with pytest.raises(TypeError, match="q must have dtype"):
-        fastlm.flash_attention(q.double(), q, q)
-    with pytest.raises(TypeError, match="share a dtype"):
-        fastlm.flash_attention(q, q.half(), q.half())
-    with pytest.raises(ValueError, match="scale must be positive"):
-        fastlm.flash_attention(q, q, q, scale=0.0)
-    with pytest.raises(ValueError, match="one device"):
-        fastlm.flash_attention(q, q, q.to("meta"))
 
 
 @pytest.mark.parametrize("heads", [2, 0], ids=["4d-gqa2", "3d"])  # 0: 3-D inputs, read as one head

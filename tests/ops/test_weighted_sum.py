@@ -81,13 +81,6 @@ def test_compiles_without_graph_breaks():
         torch.testing.assert_close(g, e)
 
 
-def test_bad_inputs_name_the_argument():
-    with pytest.raises(ValueError, match="w must have shape"):
-        weighted_sum(torch.randn(3, 4), torch.randn(5))
-    with pytest.raises(TypeError, match="x must have dtype"):
-        weighted_sum(torch.ones(3, 4, dtype=torch.int32), torch.randn(4))
-
-
 @pytest.mark.gpu
 def test_gpu_matches_reference():
     x = torch.randn(4096, 3000, device="cuda", requires_grad=True)

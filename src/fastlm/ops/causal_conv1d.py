@@ -38,7 +38,9 @@ from torch.library import wrap_triton
 from fastlm.ops.common import (
     cdiv,
     check_dtype,
+    check_optional_tensor,
     check_same_device,
+    check_tensor,
     device_arch,
     next_power_of_2,
     runs_triton,
@@ -283,6 +285,9 @@ def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: b
 def _reference(u, weight, bias=None, activation=None):
     """fp32 (fp64 for fp64 input) PyTorch: F.conv1d with groups=D over a left-padded sequence."""
     dtype = torch.promote_types(u.dtype, torch.float32)
+    if u.numel() == 0:  # F.conv1d takes no empty sequence (L = 0) and no 0 groups (D = 0)
+        empty = u.to(dtype) * weight.to(dtype).sum(1)  # (B, L, D), still a function of u and weight
+        return empty if bias is None else empty + bias.to(dtype)
     k = weight.shape[1]
     x = torch.nn.functional.pad(u.to(dtype).transpose(1, 2), (k - 1, 0))  # (B, D, L + K - 1)
     z = torch.nn.functional.conv1d(x, weight.to(dtype).unsqueeze(1), None if bias is None else bias.to(dtype),
@@ -294,6 +299,9 @@ def _reference(u, weight, bias=None, activation=None):
 def _reference_backward(dout, u, weight, bias, silu, weight_grad, bias_grad):
     """The backward formulas of the module docstring in PyTorch (no autograd, so it also runs inside
     the backward op under torch.compile)."""
+    if u.numel() == 0:  # as the Triton path: no output, so zero gradients (and F.conv1d would refuse)
+        dw = torch.zeros_like(weight) if weight_grad else None
+        return torch.zeros_like(u), dw, (torch.zeros_like(bias) if bias_grad else None)
     dtype = torch.promote_types(u.dtype, torch.float32)
     length, k = u.shape[1], weight.shape[1]
     dz = dout.to(dtype)
@@ -390,6 +398,10 @@ class CausalConv1dFunction(torch.autograd.Function):
 
 
 def check_inputs(u, weight, bias, activation, backend) -> None:
+    """One clear error for each bad argument."""
+    check_tensor("u", u)
+    check_tensor("weight", weight)
+    check_optional_tensor("bias", bias)
     if u.dim() != 3:
         raise ValueError(f"u must have shape (B, L, D), got {tuple(u.shape)}")
     if weight.dim() != 2 or weight.shape[0] != u.shape[2]:
@@ -401,9 +413,9 @@ def check_inputs(u, weight, bias, activation, backend) -> None:
         raise ValueError(f"u may hold at most 65535 sequences, got {u.shape[0]}")
     if bias is not None and bias.shape != (u.shape[2],):
         raise ValueError(f"bias must have shape ({u.shape[2]},), got {tuple(bias.shape)}")
-    if activation not in ACTIVATIONS:
+    if activation is not None and not (isinstance(activation, str) and activation in ACTIVATIONS):
         raise ValueError(f"activation must be None or 'silu', got {activation!r}")
-    if backend not in BACKENDS:
+    if not (isinstance(backend, str) and backend in BACKENDS):
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if backend == "cuda" and not u.is_cuda:
         raise ValueError("backend='cuda' needs CUDA tensors")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
+import operator
 import os
 from dataclasses import dataclass
 
@@ -36,6 +38,83 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     """(..., D) -> (R, D) with unit column stride: a view when the layout allows, else a copy."""
     rows = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])  # (not -1: D may be 0)
     return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+# Argument checks: each costs about 0.1 us of Python on the common types, which are tested first
+# (an exact type test; isinstance on torch.Tensor takes a slow path for Parameters).
+_TENSOR_TYPES = frozenset((torch.Tensor, torch.nn.Parameter))
+_INF = math.inf
+
+
+def check_tensor(name: str, value) -> None:
+    """Raise ``TypeError`` naming the argument when ``value`` is not a tensor."""
+    if type(value) not in _TENSOR_TYPES and not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+
+
+def check_optional_tensor(name: str, value) -> None:
+    """Raise ``TypeError`` naming the argument when ``value`` is neither a tensor nor None."""
+    if value is not None and type(value) not in _TENSOR_TYPES and not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(value).__name__}")
+
+
+def check_flag(name: str, value) -> bool:
+    """``value`` if it is a bool, else ``TypeError``: a truthy string or tensor would pass silently."""
+    if value is True or value is False:
+        return value
+    raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def check_integer(name: str, value, minimum: int | None = None) -> int:
+    """``value`` as an int: ints and numpy integers pass; a float (2.7 would truncate to 2), a bool or
+    a tensor (reading it would sync the device) is a ``TypeError``; below ``minimum`` a ``ValueError``."""
+    if type(value) is not int:
+        if isinstance(value, (bool, torch.Tensor)) or not hasattr(value, "__index__"):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        value = operator.index(value)
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
+    return value
+
+
+def check_number(name: str, value, minimum: float | None = None, maximum: float | None = None,
+                 positive: bool = False) -> float:  # fmt: skip
+    """``value`` as a float: a finite real number (int, float, numpy scalar) within [minimum, maximum]
+    (``positive``: > 0). A tensor, a bool or a string is a ``TypeError``; NaN, inf or a value out of
+    range a ``ValueError``."""
+    if type(value) is not float:
+        if type(value) is not int and (isinstance(value, (bool, torch.Tensor)) or not isinstance(value, numbers.Real)):
+            raise TypeError(f"{name} must be a number (int or float), got {type(value).__name__}")
+        value = float(value)
+    # comparisons rather than math.isfinite: a traced float (torch.compile, dynamic=True) takes them
+    above = value > 0.0 if positive else minimum is None or value >= minimum
+    if -_INF < value < _INF and above and (maximum is None or value <= maximum):
+        return value
+    raise ValueError(f"{name} must be a finite number{_range(minimum, maximum, positive)}, got {value}")
+
+
+def _range(minimum: float | None, maximum: float | None, positive: bool) -> str:
+    if positive:
+        return " > 0"
+    if maximum is not None:
+        return f" in [{minimum}, {maximum}]"
+    return f" >= {minimum}" if minimum is not None else ""
+
+
+def may_overlap(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s strides may map two elements to one address (an expanded view: a stride-0
+    dim of size > 1; an as_strided view), so that writing into it would write one element over
+    another. Sufficient test: sorted by stride, each dim's stride must pass the span of the smaller
+    ones (a few exotic non-overlapping layouts count as overlapping too)."""
+    if tensor.is_contiguous():
+        return False
+    span = 0  # the largest offset the dims with smaller strides reach
+    dims = sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride(), strict=True) if size > 1)
+    for stride, size in dims:
+        if stride <= span:
+            return True
+        span += stride * (size - 1)
+    return False
 
 
 def check_same_device(**tensors: torch.Tensor) -> None:

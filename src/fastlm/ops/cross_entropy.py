@@ -2,15 +2,21 @@
 
 Math, per row x (V logits) with target t, label smoothing eps and z-loss weight z:
 
-    lse    = log(sum_j exp(x_j))                              (computed online, base 2)
+    m      = max_j x_j,   s = log(sum_j exp(x_j - m)),   lse = m + s     (online, one pass)
     loss   = lse - (1 - eps) * x_t - (eps / V) * sum_j x_j + z * lse**2
-    dloss/dx_j = p_j * (1 + 2 z lse) - (1 - eps) * [j == t] - eps / V,   p_j = exp(x_j - lse)
+           = s + (1 - eps) * (m - x_t) - (eps / V) * sum_j (x_j - m) + z * lse**2
+    dloss/dx_j = p_j * (1 + 2 z lse) - (1 - eps) * [j == t] - eps / V,   p_j = exp((x_j - m) - s)
+
+Every difference is formed before it can cancel (the second form of the loss, x_j - m before the
+scaling to base 2), and the forward saves (m, s) rather than lse: with a common offset of 1e6 on
+the logits, lse itself carries fp32's 0.06 rounding, which `lse - x_t` and `exp(x_j - lse)` would
+turn into a loss error of 0.06 and gradients off by 6%.
 
 Rows whose target equals ``ignore_index`` have loss 0 and gradient 0 (torch semantics).
 
 Cost model (B rows, V classes, logits of ``s`` bytes; fastlm.analysis.xent has the full version):
-    forward    reads s*B*V, writes 8*B (loss + lse)               -> one pass over the logits
-    backward   reads s*B*V, writes s*B*V (recomputes p from lse) -> one read + one write
+    forward    reads s*B*V, writes 12*B (loss, m, s)               -> one pass over the logits
+    backward   reads s*B*V, writes s*B*V (recomputes p from m, s) -> one read + one write
     fused      loss and gradient in one kernel; reads each row twice (statistics, then gradient)
                and writes s*B*V. The design aims for the second read to hit L2, but measured on
                an H200 it mostly misses (docs/cross_entropy.md, journal item 5). For a mean each
@@ -35,8 +41,13 @@ from torch.library import wrap_triton
 from fastlm.ops.common import (
     cdiv,
     check_dtype,
+    check_flag,
+    check_integer,
+    check_number,
     check_same_device,
+    check_tensor,
     device_arch,
+    may_overlap,
     multiprocessors,
     next_power_of_2,
     runs_triton,
@@ -45,9 +56,6 @@ from fastlm.ops.launch import eager_kernel
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
-# Start value of the running max (in log2 units). Finite, so that exp2(m_old - m_new) is 0 and not
-# NaN when a whole block is -inf (e.g. masked-out vocabulary entries).
-RUNNING_MAX_START = tl.constexpr(-3.0e38)
 
 REDUCTIONS = ("none", "mean", "sum")
 LOGIT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -65,18 +73,21 @@ def _row_statistics(
     stride_col,  # elements between x[row, j] and x[row, j + 1]
     V,  # number of classes
     BLOCK_V: tl.constexpr,  # columns per step
-    NEED_SUM: tl.constexpr,  # also return sum_j x_j (label smoothing needs it)
+    NEED_SUM: tl.constexpr,  # also return sum_j (x_j - m) (label smoothing needs it)
     KEEP_IN_L2: tl.constexpr,  # the row is read again soon (fused kernel): ask L2 to keep it
 ):
-    """One pass over a row: returns (lse, sum_x) in fp32; sum_x is 0.0 unless NEED_SUM.
+    """One pass over a row: (m, s, shifted_sum) in fp32, m = max_j x_j, s = log(sum_j exp(x_j - m)),
+    shifted_sum = sum_j (x_j - m) (0.0 unless NEED_SUM).
 
     Online softmax with a per-block scalar max: one exp2 per element plus two block reductions
-    per step, so the special-function unit stays well under its limit at full bandwidth.
+    per step, so the special-function unit stays well under its limit at full bandwidth. x - m is
+    formed before the scaling to base 2 (scaling x first would round it: by 0.06 at 1e6).
     """
     offs = tl.arange(0, BLOCK_V)
-    running_max = RUNNING_MAX_START  # log2 units
-    running_sum = 0.0  # sum of exp2(x * LOG2E - running_max)
-    sum_x = 0.0
+    running_max = -float("inf")
+    shift = 0.0  # running_max, or 0 while every value so far is -inf (masked vocabulary entries)
+    running_sum = 0.0  # sum of exp(x - shift) over the columns read so far
+    shifted_sum = 0.0  # sum of (x - shift) over them
     for start in range(0, V, BLOCK_V):
         cols = start + offs
         mask = cols < V
@@ -84,14 +95,17 @@ def _row_statistics(
             x = tl.load(row_ptr + cols * stride_col, mask=mask, other=-float("inf"), eviction_policy="evict_last")
         else:
             x = tl.load(row_ptr + cols * stride_col, mask=mask, other=-float("inf"))
-        x2 = x.to(tl.float32) * LOG2E
-        new_max = tl.maximum(running_max, tl.max(x2, axis=0))
-        running_sum = running_sum * tl.exp2(running_max - new_max) + tl.sum(tl.exp2(x2 - new_max), axis=0)
-        running_max = new_max
-        if NEED_SUM:
-            sum_x += tl.sum(tl.where(mask, x.to(tl.float32), 0.0), axis=0)
-    lse = (running_max + tl.log2(running_sum)) * LN2
-    return lse, sum_x
+        x = x.to(tl.float32)
+        new_max = tl.maximum(running_max, tl.max(x, axis=0))
+        new_shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # -inf - -inf would be NaN
+        # (running_max, not shift: exp2(-inf) = 0 rescales a sum of zeros, where exp2(0 - shift) could be inf)
+        running_sum = running_sum * tl.exp2((running_max - new_shift) * LOG2E) + tl.sum(
+            tl.exp2((x - new_shift) * LOG2E), axis=0
+        )
+        if NEED_SUM:  # the `start` columns read before, re-centred on the new shift, then this block's
+            shifted_sum = shifted_sum - start * (new_shift - shift) + tl.sum(tl.where(mask, x - new_shift, 0.0), axis=0)
+        running_max, shift = new_max, new_shift
+    return running_max, tl.log2(running_sum) * LN2, shifted_sum
 
 
 @triton.jit
@@ -102,25 +116,30 @@ def _as_fp32(label_smoothing, z_loss):
 
 
 @triton.jit
-def _row_loss(lse, sum_x, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr):
-    """loss = lse - (1 - eps) x_t - (eps / V) sum_j x_j + z lse^2 (fp32 scalars)."""
+def _row_loss(row_max, log_sum, shifted_sum, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING: tl.constexpr,
+              HAS_Z_LOSS: tl.constexpr):  # fmt: skip
+    """loss = s + (1 - eps)(m - x_t) - (eps / V) sum_j (x_j - m) + z lse^2 (fp32 scalars; the module
+    docstring's second form, whose terms do not cancel)."""
     label_smoothing, z_loss = _as_fp32(label_smoothing, z_loss)
     if HAS_SMOOTHING:
-        loss = lse - (1.0 - label_smoothing) * x_target - label_smoothing * sum_x / V
+        loss = log_sum + (1.0 - label_smoothing) * (row_max - x_target) - label_smoothing * shifted_sum / V
     else:
-        loss = lse - x_target
+        loss = log_sum + (row_max - x_target)
     if HAS_Z_LOSS:
+        lse = row_max + log_sum
         loss += z_loss * lse * lse
     return loss
 
 
 @triton.jit
-def _row_grad(x, cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING: tl.constexpr, HAS_Z_LOSS: tl.constexpr):
-    """dloss/dx for one block of a row, fp32: p (1 + 2 z lse) - (1 - eps) onehot - eps / V."""
+def _row_grad(x, cols, target, row_max, log2_sum, V, label_smoothing, z_loss, HAS_SMOOTHING: tl.constexpr,
+              HAS_Z_LOSS: tl.constexpr):  # fmt: skip
+    """dloss/dx for one block of a row, fp32: p (1 + 2 z lse) - (1 - eps) onehot - eps / V, with
+    p = exp2((x - m) log2(e) - log2_sum) and log2_sum = s log2(e), the row's scalar."""
     label_smoothing, z_loss = _as_fp32(label_smoothing, z_loss)
-    p = tl.exp2(x * LOG2E - lse * LOG2E)
+    p = tl.exp2((x - row_max) * LOG2E - log2_sum)
     if HAS_Z_LOSS:
-        p = p * (1.0 + 2.0 * z_loss * lse)
+        p = p * (1.0 + 2.0 * z_loss * (row_max + log2_sum * LN2))
     if HAS_SMOOTHING:
         return p - tl.where(cols == target, 1.0 - label_smoothing, 0.0) - label_smoothing / V
     return p - tl.where(cols == target, 1.0, 0.0)
@@ -161,7 +180,8 @@ def _cross_entropy_forward_kernel(
     targets_ptr,  # (B,) int32/int64 class indices
     stride_target,
     losses_ptr,  # (B,) fp32 out: per-row loss; 0 for ignored rows, NaN for invalid targets
-    lse_ptr,  # (B,) fp32 out: logsumexp per row, saved for the backward
+    stats_ptr,  # (2, B) fp32 out: per row m (row 0) and s (row 1), saved for the backward
+    B,
     V,
     ignore_index,
     label_smoothing,
@@ -170,16 +190,17 @@ def _cross_entropy_forward_kernel(
     HAS_SMOOTHING: tl.constexpr,
     HAS_Z_LOSS: tl.constexpr,
 ):
-    """One program per row; reads the row once (s*V bytes), writes 8 bytes."""
+    """One program per row; reads the row once (s*V bytes), writes 12 bytes."""
     row = tl.program_id(0).to(tl.int64)
     row_ptr = logits_ptr + row * stride_row
     target = tl.load(targets_ptr + row * stride_target).to(tl.int64)
-    lse, sum_x = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING, False)
+    row_max, log_sum, shifted_sum = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING, False)
     x_target, ignored, invalid = _target_logit(row_ptr, stride_col, target, ignore_index, V)
-    loss = _row_loss(lse, sum_x, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
+    loss = _row_loss(row_max, log_sum, shifted_sum, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
     loss = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), loss))
     tl.store(losses_ptr + row, loss)
-    tl.store(lse_ptr + row, lse)
+    tl.store(stats_ptr + row, row_max)
+    tl.store(stats_ptr + B + row, log_sum)
 
 
 @triton.jit
@@ -189,10 +210,11 @@ def _cross_entropy_backward_kernel(
     stride_col,
     targets_ptr,  # (B,) class indices
     stride_target,
-    lse_ptr,  # (B,) fp32 logsumexp from the forward
+    stats_ptr,  # (2, B) fp32 m and s from the forward
     grad_losses_ptr,  # (B,) fp32 upstream gradient of each row's loss (stride 0 when expanded)
     stride_grad_losses,
     grad_logits_ptr,  # (B, V) out, contiguous, logits' dtype
+    B,
     V,
     ignore_index,
     label_smoothing,
@@ -207,10 +229,12 @@ def _cross_entropy_backward_kernel(
     cols = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
     mask = cols < V
     target = tl.load(targets_ptr + row * stride_target).to(tl.int64)
-    lse = tl.load(lse_ptr + row)
+    row_max = tl.load(stats_ptr + row)
+    log2_sum = tl.load(stats_ptr + B + row) * LOG2E
     grad_loss = tl.load(grad_losses_ptr + row * stride_grad_losses).to(tl.float32)
     x = tl.load(logits_ptr + row * stride_row + cols * stride_col, mask=mask, other=0.0).to(tl.float32)
-    grad = grad_loss * _row_grad(x, cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
+    grad = grad_loss * _row_grad(x, cols, target, row_max, log2_sum, V, label_smoothing, z_loss, HAS_SMOOTHING,
+                                 HAS_Z_LOSS)  # fmt: skip
     ignored = target == ignore_index
     invalid = ~ignored & ((target < 0) | (target >= V))
     grad = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), grad))
@@ -243,7 +267,7 @@ def _cross_entropy_fused_kernel(
     COUNT_BLOCK: tl.constexpr,  # targets per step of that count
 ):
     """Persistent: program p handles rows p, p + P, ... (P programs). Per row, pass 1 computes
-    lse and the loss, pass 2 writes the gradient.
+    m, s and the loss, pass 2 writes the gradient.
 
     Pass 2 walks the row from its end, whose blocks pass 1 read last, with L2 eviction hints, so
     that the re-read can hit L2; on an H200 it mostly does not (docs/cross_entropy.md, item 5).
@@ -259,9 +283,11 @@ def _cross_entropy_fused_kernel(
         row_ptr = logits_ptr + row * stride_row
         grad_row_ptr = grad_ptr + row * stride_grad_row
         target = tl.load(targets_ptr + row * stride_target).to(tl.int64)
-        lse, sum_x = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING, True)
+        row_max, log_sum, shifted_sum = _row_statistics(row_ptr, stride_col, V, BLOCK_V, HAS_SMOOTHING, True)
         x_target, ignored, invalid = _target_logit(row_ptr, stride_col, target, ignore_index, V)
-        loss = _row_loss(lse, sum_x, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS)
+        loss = _row_loss(row_max, log_sum, shifted_sum, x_target, V, label_smoothing, z_loss, HAS_SMOOTHING,
+                         HAS_Z_LOSS)  # fmt: skip
+        log2_sum = log_sum * LOG2E
         scale = mean_scale
         if HAS_ROW_SCALE:
             scale = tl.load(row_scale_ptr + row * stride_row_scale)
@@ -272,9 +298,8 @@ def _cross_entropy_fused_kernel(
             cols = (num_blocks - 1 - i) * BLOCK_V + offs
             mask = cols < V
             x = tl.load(row_ptr + cols * stride_col, mask=mask, other=0.0, eviction_policy="evict_first")
-            grad = scale * _row_grad(
-                x.to(tl.float32), cols, target, lse, V, label_smoothing, z_loss, HAS_SMOOTHING, HAS_Z_LOSS
-            )
+            grad = scale * _row_grad(x.to(tl.float32), cols, target, row_max, log2_sum, V, label_smoothing, z_loss,
+                                     HAS_SMOOTHING, HAS_Z_LOSS)  # fmt: skip
             grad = tl.where(ignored, 0.0, tl.where(invalid, float("nan"), grad))
             tl.store(
                 grad_row_ptr + cols * stride_grad_col,
@@ -380,28 +405,29 @@ def _picked_config(logits: torch.Tensor) -> XentConfig:
 
 
 def _forward(logits, targets, ignore_index, label_smoothing, z_loss, config=None, traced=False):
-    """(losses, lse), both (B,) fp32; ``config`` None picks it; ``traced`` inside the triton_op."""
+    """(losses (B,), stats (2, B): each row's m and s), fp32; ``config`` None picks it; ``traced``
+    inside the triton_op."""
     if not runs_triton(logits):
         return _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss)
     batch, vocab = logits.shape
     losses = torch.empty(batch, device=logits.device, dtype=torch.float32)
-    lse = torch.empty(batch, device=logits.device, dtype=torch.float32)
+    stats = torch.empty((2, batch), device=logits.device, dtype=torch.float32)
     if batch == 0:
-        return losses, lse
+        return losses, stats
     config = _picked_config(logits) if config is None else config
     kernel = wrap_triton(_cross_entropy_forward_kernel) if traced else eager_kernel(_cross_entropy_forward_kernel)
     # runtime arguments positionally, constexprs and options by keyword: eager_kernel's fast path needs that
     kernel[(batch,)](
-        logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), losses, lse,
-        vocab, ignore_index, label_smoothing, z_loss,
+        logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), losses, stats,
+        batch, vocab, ignore_index, label_smoothing, z_loss,
         BLOCK_V=config.forward_block, HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0,
         num_warps=config.forward_warps,
     )  # fmt: skip
-    return losses, lse
+    return losses, stats
 
 
-def _backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss, config=None, traced=False):
-    """dlogits (B, V), contiguous, logits' dtype, recomputing softmax from the saved lse."""
+def _backward(logits, targets, stats, grad_losses, ignore_index, label_smoothing, z_loss, config=None, traced=False):
+    """dlogits (B, V), contiguous, logits' dtype, recomputing softmax from the saved stats (m, s)."""
     if not runs_triton(logits):
         return _reference_grad(logits, targets, grad_losses, ignore_index, label_smoothing, z_loss)
     batch, vocab = logits.shape
@@ -411,9 +437,9 @@ def _backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, 
     config = _picked_config(logits) if config is None else config
     kernel = wrap_triton(_cross_entropy_backward_kernel) if traced else eager_kernel(_cross_entropy_backward_kernel)
     kernel[(batch, cdiv(vocab, config.backward_block))](
-        logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), lse,
+        logits, logits.stride(0), logits.stride(1), targets, targets.stride(0), stats,
         grad_losses, grad_losses.stride(0), grad_logits,
-        vocab, ignore_index, label_smoothing, z_loss,
+        batch, vocab, ignore_index, label_smoothing, z_loss,
         BLOCK_V=config.backward_block, HAS_SMOOTHING=label_smoothing > 0, HAS_Z_LOSS=z_loss > 0,
         num_warps=config.backward_warps,
     )  # fmt: skip
@@ -477,17 +503,19 @@ def _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss):
     losses = cross_entropy_ref(
         logits, targets, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing, z_loss=z_loss
     )
-    return losses.float(), torch.logsumexp(logits.float(), dim=-1)
+    x = logits.float()
+    row_max = x.amax(dim=-1)
+    return losses.float(), torch.stack([row_max, torch.logsumexp(x - row_max[:, None], dim=-1)])
 
 
 def _reference_grad(logits, targets, grad_losses, ignore_index, label_smoothing, z_loss):
     """The module docstring's gradient formula in fp32 PyTorch (autograd is off inside ops), times
-    ``grad_losses`` (B,) unless None."""
+    ``grad_losses`` (B,) unless None; p from torch.softmax, which shifts by the row max first."""
     x = logits.float()
     lse = torch.logsumexp(x, dim=-1, keepdim=True)
     valid = targets != ignore_index
     onehot = F.one_hot(torch.where(valid, targets, 0).long(), x.shape[1]).float()
-    grad = torch.exp(x - lse) * (1.0 + 2.0 * z_loss * lse) - (1.0 - label_smoothing) * onehot
+    grad = torch.softmax(x, dim=-1) * (1.0 + 2.0 * z_loss * lse) - (1.0 - label_smoothing) * onehot
     grad = grad - label_smoothing / x.shape[1]
     if grad_losses is not None:
         grad = grad * grad_losses.float()[:, None]
@@ -514,7 +542,7 @@ def _reference_fused(logits, targets, row_scale, ignore_index, label_smoothing, 
 def _forward_op(
     logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, label_smoothing: float, z_loss: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(losses, lse), both (B,) fp32."""
+    """(losses (B,), stats (2, B): each row's max and log-sum-exp about it), fp32."""
     return _forward(logits, targets, ignore_index, label_smoothing, z_loss, traced=True)
 
 
@@ -522,14 +550,14 @@ def _forward_op(
 def _backward_op(
     logits: torch.Tensor,
     targets: torch.Tensor,
-    lse: torch.Tensor,
+    stats: torch.Tensor,
     grad_losses: torch.Tensor,
     ignore_index: int,
     label_smoothing: float,
     z_loss: float,
 ) -> torch.Tensor:
-    """dlogits (B, V) in logits' dtype, recomputing softmax from the saved lse."""
-    return _backward(logits, targets, lse, grad_losses, ignore_index, label_smoothing, z_loss, traced=True)
+    """dlogits (B, V) in logits' dtype, recomputing softmax from the saved stats."""
+    return _backward(logits, targets, stats, grad_losses, ignore_index, label_smoothing, z_loss, traced=True)
 
 
 @torch.library.triton_op("fastlm::cross_entropy_fused", mutates_args=())
@@ -561,15 +589,15 @@ def _scale_rows_op(grad: torch.Tensor, grad_losses: torch.Tensor) -> None:
 
 def _forward_setup_context(ctx, inputs, output):
     logits, targets, ignore_index, label_smoothing, z_loss = inputs
-    _, lse = output
-    ctx.save_for_backward(logits, targets, lse)
+    _, stats = output
+    ctx.save_for_backward(logits, targets, stats)
     ctx.options = (ignore_index, label_smoothing, z_loss)
-    ctx.mark_non_differentiable(lse)
+    ctx.mark_non_differentiable(stats)
 
 
-def _forward_op_backward(ctx, grad_losses, _grad_lse):
-    logits, targets, lse = ctx.saved_tensors
-    grad_logits = _backward_op(logits, targets, lse, grad_losses, *ctx.options)
+def _forward_op_backward(ctx, grad_losses, _grad_stats):
+    logits, targets, stats = ctx.saved_tensors
+    grad_logits = _backward_op(logits, targets, stats, grad_losses, *ctx.options)
     return grad_logits, None, None, None, None
 
 
@@ -613,22 +641,22 @@ torch.library.register_autograd(_fused_op, _fused_op_backward, setup_context=_fu
 
 
 class CrossEntropyFunction(torch.autograd.Function):
-    """Recompute path: forward saves (logits, targets, lse); backward recomputes softmax.
+    """Recompute path: forward saves (logits, targets, stats); backward recomputes softmax.
     ``CrossEntropyFunction.apply(logits, targets, ignore_index, label_smoothing, z_loss, config)``."""
 
     @staticmethod
     def forward(ctx, logits, targets, ignore_index, label_smoothing, z_loss, config):
         check_target_range(targets, logits.shape[1], ignore_index)
         config = _picked_config(logits) if config is None else config  # once for both directions
-        losses, lse = _forward(logits, targets, ignore_index, label_smoothing, z_loss, config)
-        ctx.save_for_backward(logits, targets, lse)
+        losses, stats = _forward(logits, targets, ignore_index, label_smoothing, z_loss, config)
+        ctx.save_for_backward(logits, targets, stats)
         ctx.options = (ignore_index, label_smoothing, z_loss, config)
         return losses
 
     @staticmethod
     def backward(ctx, grad_losses):
-        logits, targets, lse = ctx.saved_tensors
-        return _backward(logits, targets, lse, grad_losses, *ctx.options), None, None, None, None, None
+        logits, targets, stats = ctx.saved_tensors
+        return _backward(logits, targets, stats, grad_losses, *ctx.options), None, None, None, None, None
 
 
 class CrossEntropyFusedFunction(torch.autograd.Function):
@@ -668,10 +696,25 @@ class CrossEntropyFusedFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 
 
+def check_options(ignore_index, reduction, label_smoothing, z_loss, fused, inplace) -> tuple[int, float, float]:
+    """The options of `cross_entropy` (and of `fastlm.nn.CrossEntropyLoss`), one clear error for each
+    bad value; returns (ignore_index, label_smoothing, z_loss) as int, float, float."""
+    if not (isinstance(reduction, str) and reduction in REDUCTIONS):
+        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+    fused, inplace = check_flag("fused", fused), check_flag("inplace", inplace)
+    if inplace and not fused:
+        raise ValueError("inplace=True needs fused=True: only the fused path writes the gradient in the forward")
+    return (
+        check_integer("ignore_index", ignore_index),
+        check_number("label_smoothing", label_smoothing, 0.0, 1.0),
+        check_number("z_loss", z_loss, 0.0),
+    )
+
+
 def check_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
     """Validate shapes, dtypes and devices (the target range: check_target_range)."""
-    if not isinstance(logits, torch.Tensor) or not isinstance(targets, torch.Tensor):
-        raise TypeError("logits and targets must be torch.Tensors")
+    check_tensor("logits", logits)
+    check_tensor("targets", targets)
     if logits.dim() != 2:
         raise ValueError(f"logits must be 2-D (batch, vocab), got shape {tuple(logits.shape)}")
     check_dtype("logits", logits, LOGIT_DTYPES)
@@ -725,28 +768,29 @@ def cross_entropy(
     non-ignored row. Losses are returned in fp32 whatever the logits' dtype.
 
     Args:
+        ignore_index: an int; rows with this target count as absent.
         fused: when the logits require grad, compute the gradient in the forward pass (one
             kernel reads the logits, writes loss and dlogits) and keep it until backward. Costs
             one (B, V) buffer between forward and backward; ``False`` recomputes the softmax in
-            backward from the saved logsumexp instead (one more read of the logits).
+            backward from the saved row statistics instead (one more read of the logits).
         inplace: with ``fused``, write the gradient over the logits' storage (saves that
-            buffer). The logits are destroyed; they must not be a leaf tensor; eager only.
+            buffer). The logits are destroyed; they must not be a leaf tensor, nor a view whose
+            elements share memory (an expanded tensor); eager only.
     """
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must lie in [0, 1], got {label_smoothing}")
-    if not z_loss >= 0.0:
-        raise ValueError(f"z_loss must be >= 0, got {z_loss}")
-    if inplace and not fused:
-        raise ValueError("inplace=True needs fused=True: only the fused path writes the gradient in the forward")
+    ignore_index, label_smoothing, z_loss = check_options(ignore_index, reduction, label_smoothing, z_loss, fused,
+                                                          inplace)  # fmt: skip
     check_inputs(logits, targets)
-    ignore_index, label_smoothing, z_loss = int(ignore_index), float(label_smoothing), float(z_loss)
     compiling = torch.compiler.is_compiling()
 
     if fused and logits.requires_grad and torch.is_grad_enabled() and logits.shape[0] > 0:
-        if inplace and logits.is_leaf:
-            raise ValueError("inplace=True overwrites logits with their gradient, so logits must not be a leaf tensor")
+        if inplace:
+            if logits.is_leaf:
+                raise ValueError("inplace=True overwrites logits with their gradient, so logits must not be a leaf "
+                                 "tensor")  # fmt: skip
+            if may_overlap(logits):
+                raise ValueError(f"inplace=True writes the gradient over logits, whose elements share memory "
+                                 f"(strides {logits.stride()}, as in an expanded view); pass logits.contiguous() or "
+                                 "inplace=False")  # fmt: skip
         if not compiling:
             return CrossEntropyFusedFunction.apply(
                 logits,
@@ -789,6 +833,9 @@ def cross_entropy_backward(logits: torch.Tensor, targets: torch.Tensor, grad_out
     Needs no saved state: one kernel computes each row's logsumexp and then its gradient.
     """
     check_inputs(logits, targets)
+    check_tensor("grad_output", grad_output)
+    if not grad_output.is_floating_point():
+        raise TypeError(f"grad_output must be a floating-point tensor, got dtype {grad_output.dtype}")
     if grad_output.shape != targets.shape:
         raise ValueError(f"grad_output must have shape {tuple(targets.shape)}, got {tuple(grad_output.shape)}")
     check_same_device(logits=logits, grad_output=grad_output)

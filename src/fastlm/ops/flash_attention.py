@@ -43,7 +43,10 @@ from torch.library import wrap_triton
 from fastlm.ops.common import (
     cdiv,
     check_dtype,
+    check_flag,
+    check_number,
     check_same_device,
+    check_tensor,
     device_arch,
     next_power_of_2,
     runs_triton,
@@ -571,14 +574,15 @@ def _as_4d(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
-    """(Z, Hkv, N, D) -> (Z, H, N, D): key/value head h // (H // Hkv) for query head h."""
-    return t.repeat_interleave(heads // t.shape[1], dim=1)
+    """(Z, Hkv, N, D) -> (Z, H, N, D): key/value head h // (H // Hkv) for query head h (Hkv = 0
+    comes with H = 0: nothing to expand)."""
+    return t.repeat_interleave(heads // t.shape[1], dim=1) if t.shape[1] else t
 
 
 def _reduce_groups(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """(Z, H, N, D) per-query-head gradient -> (Z, Hkv, N, D) summed over each group."""
     Z, H, N, D = grad.shape
-    return grad.view(Z, kv_heads, H // kv_heads, N, D).sum(2)
+    return grad.view(Z, kv_heads, H // kv_heads, N, D).sum(2) if kv_heads else grad
 
 
 def _visible(rows: torch.Tensor, cols: torch.Tensor, diag: int) -> torch.Tensor:
@@ -611,7 +615,7 @@ def _tiled_forward(q, k, v, causal: bool, scale: float, tile: int = TORCH_TILE):
             if causal:
                 s = s.masked_fill(~_visible(rows, cols, diag), float("-inf"))
             m_new = torch.maximum(m_i, s.amax(-1))
-            m_safe = torch.where(torch.isinf(m_new), 0.0, m_new)  # rows that saw no key yet
+            m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
             p = torch.exp(s - m_safe[..., None])
             alpha = torch.exp(m_i - m_safe)
             l_i = alpha * l_i + p.sum(-1)
@@ -632,7 +636,7 @@ def _tiled_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, tile:
     qf, dof = q.float(), grad_out.float()
     kf, vf = _expand_kv(k, H).float(), _expand_kv(v, H).float()
     delta = (dof * o.float()).sum(-1)  # Dlt = rowsum(dO * O), (Z, H, M)
-    lse_safe = torch.where(torch.isinf(lse), 0.0, lse)  # empty rows: every score is masked
+    lse_safe = torch.where(lse == float("-inf"), 0.0, lse)  # empty rows: every score is masked
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
     diag = N - M
     for m0 in range(0, M, tile):
@@ -761,7 +765,7 @@ class FlashAttentionTorch(_FlashAttentionTiled):
     def forward(ctx, q, k, v, is_causal=False, scale=None):
         check_inputs(q, k, v)
         scale = default_scale(q.shape[-1], scale)
-        return _FlashAttentionTiled.forward(ctx, q, k, v, bool(is_causal), scale, TORCH_TILE)
+        return _FlashAttentionTiled.forward(ctx, q, k, v, check_flag("is_causal", is_causal), scale, TORCH_TILE)
 
 
 class FlashAttentionTriton(_FlashAttentionKernels):
@@ -778,7 +782,7 @@ class FlashAttentionTriton(_FlashAttentionKernels):
             raise ValueError(f"FlashAttentionTriton needs CUDA tensors (or TRITON_INTERPRET=1 for CPU), got {q.device}")
         check_inputs(q, k, v)
         scale = default_scale(q.shape[-1], scale)
-        return _FlashAttentionKernels.forward(ctx, q, k, v, bool(is_causal), scale, config)
+        return _FlashAttentionKernels.forward(ctx, q, k, v, check_flag("is_causal", is_causal), scale, config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -788,6 +792,8 @@ class FlashAttentionTriton(_FlashAttentionKernels):
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple[torch.dtype, ...] = DTYPES) -> None:
     """One clear error for each way q, k, v can be wrong; the common case is checked first and cheaply."""
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, tensor)
     q_shape, k_shape = q.shape, k.shape
     rank = len(q_shape)
     if rank not in (3, 4):
@@ -803,7 +809,7 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tupl
     if q_shape[-1] != k_shape[-1]:
         raise ValueError(f"q and k must have the same head dim, got {q_shape[-1]} and {k_shape[-1]}")
     if not 1 <= q_shape[-1] <= MAX_HEAD_DIM:
-        raise ValueError(f"head dim must lie in [1, {MAX_HEAD_DIM}], got {q_shape[-1]}")
+        raise ValueError(f"head dim must lie in [1, {MAX_HEAD_DIM}] (the last dim of q, k, v), got {q_shape[-1]}")
     if rank == 4 and (q_shape[1] % k_shape[1] != 0 if k_shape[1] else q_shape[1] != 0):
         raise ValueError(
             f"query heads ({q_shape[1]}) must be a multiple of key/value heads ({k_shape[1]}) "
@@ -820,12 +826,10 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tupl
 
 
 def default_scale(head_dim: int, scale: float | None) -> float:
-    """``scale``, checked, or 1 / sqrt(head_dim) for None."""
+    """``scale``, checked (a finite number > 0), or 1 / sqrt(head_dim) for None."""
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
-    if not scale > 0:
-        raise ValueError(f"scale must be positive, got {scale}")
-    return float(scale)
+    return check_number("scale", scale, positive=True)
 
 
 def flash_attention(
@@ -845,7 +849,7 @@ def flash_attention(
     """
     check_inputs(q, k, v)  # once: the autograd.Functions below take checked inputs
     scale = default_scale(q.shape[-1], scale)
-    causal = bool(causal)
+    causal = check_flag("causal", causal)
     if torch.compiler.is_compiling():
         return _forward_op(q, k, v, causal, scale)[0]
     if runs_triton(q):
@@ -868,6 +872,6 @@ def flash_attention_ref(
     if causal:
         rows = torch.arange(M, device=q.device)
         s = s.masked_fill(~_visible(rows, torch.arange(N, device=q.device), N - M), float("-inf"))
-    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows with no visible key: all -inf -> 0
+    p = torch.softmax(s, dim=-1).masked_fill(s.isneginf().all(-1, keepdim=True), 0.0)  # no visible key: 0
     out = p @ v4
     return out.squeeze(1) if q.dim() == 3 else out

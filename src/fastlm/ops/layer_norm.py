@@ -10,6 +10,12 @@ Input (..., D) of any rank is viewed as rows (M, D). One kernel family serves bo
     dx = rstd * (g - x_hat * mean(g * x_hat) - mean(g))       (RMSNorm: without the mean(g) term)
     dw = sum_rows dy * x_hat,   db = sum_rows dy
 
+LayerNorm centers each row on its first element x0 = x[row, 0] before anything is summed, and
+saves mean - x0 rather than the mean: x - x0 is exact where a row's values share a large offset
+(activations around 1e4 with a spread of 1), so the mean and x - mean keep fp32's relative
+precision, where x - fl(mean) would carry the mean's rounding (0.06 at an offset of 1e6) into every
+x_hat. Every kernel forms x_hat as ((x - x0) - (mean - x0)) * rstd.
+
 Both row reductions of dx come from one pass over the row. dw and db are reduced without float
 atomics, in a fixed order (the same bits every run): a few programs per SM each take every
 programs-th tile of rows and write their partial sums to their own row of a (programs, D) fp32
@@ -49,7 +55,10 @@ from fastlm.ops.common import (
     as_rows,
     cdiv,
     check_dtype,
+    check_number,
+    check_optional_tensor,
     check_same_device,
+    check_tensor,
     device_arch,
     multiprocessors,
     row_tiles,
@@ -71,7 +80,7 @@ def _norm_forward_kernel(
     W,  # (D,) weight, or a dummy when HAS_WEIGHT is False
     B,  # (D,) bias, or a dummy when HAS_BIAS is False
     Y,  # (M, D) output, contiguous
-    MEAN,  # (M,) fp32 mean (written for LayerNorm only)
+    MEAN,  # (M,) fp32 mean - x[row, 0] (written for LayerNorm only)
     RSTD,  # (M,) fp32 1 / sqrt(var + eps)
     stride_x,
     M,
@@ -94,9 +103,11 @@ def _norm_forward_kernel(
         x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         if RMS:
             centered = x
-        else:
-            mean = tl.sum(x, axis=1) / D
-            centered = tl.where(mask, x - mean[:, None], 0.0)
+        else:  # about x0 = x[row, 0] (module docstring); MEAN holds mean - x0
+            x0 = tl.load(X + rows * stride_x, mask=row_mask, other=0.0).to(tl.float32)
+            shifted = tl.where(mask, x - x0[:, None], 0.0)
+            mean = tl.sum(shifted, axis=1) / D
+            centered = tl.where(mask, shifted - mean[:, None], 0.0)
             tl.store(MEAN + rows, mean, mask=row_mask)
         rstd = 1.0 / tl.sqrt(tl.sum(centered * centered, axis=1) / D + eps)
         tl.store(RSTD + rows, rstd, mask=row_mask)
@@ -109,26 +120,29 @@ def _norm_forward_kernel(
     else:
         row = tl.program_id(0).to(tl.int64)
         x_row, y_row = X + row * stride_x, Y + row * D
-        mean = 0.0
+        x0 = 0.0  # LayerNorm: x[row, 0], the row's center (module docstring)
+        mean = 0.0  # LayerNorm: mean - x0
         if not RMS:
+            x0 = tl.load(x_row).to(tl.float32)
             total = tl.zeros((BLOCK_D,), dtype=tl.float32)
             for start in range(0, D, BLOCK_D):
-                x = tl.load(x_row + start + cols, mask=start + cols < D, other=0.0).to(tl.float32)
-                total += x
+                mask = start + cols < D
+                x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
+                total += tl.where(mask, x - x0, 0.0)
             mean = tl.sum(total, axis=0) / D
             tl.store(MEAN + row, mean)
         squares = tl.zeros((BLOCK_D,), dtype=tl.float32)
         for start in range(0, D, BLOCK_D):  # second pass: variance around the exact mean
             mask = start + cols < D
             x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
-            centered = tl.where(mask, x - mean, 0.0)
+            centered = tl.where(mask, x - x0 - mean, 0.0)
             squares += centered * centered
         rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / D + eps)
         tl.store(RSTD + row, rstd)
         for start in range(0, D, BLOCK_D):
             mask = start + cols < D
             x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
-            y = (x - mean) * rstd
+            y = (x - x0 - mean) * rstd
             if HAS_WEIGHT:
                 y = y * tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32)
             if HAS_BIAS:
@@ -144,6 +158,16 @@ def _load_chunk(X, DY, rows, row_mask, cols, D, stride_x, stride_dy):
     x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     return x, dy, mask, col_mask
+
+
+@triton.jit
+def _centre(X, MEAN, rows, row_mask, stride_x, RMS: tl.constexpr):
+    """(x0, mean - x0) of each row as (rows, 1) fp32, x - x0 - (mean - x0) being its centered values
+    (module docstring); (0.0, 0.0) for RMSNorm. x0 is one more load per row, from the row the
+    caller reads anyway."""
+    x0 = 0.0 if RMS else tl.load(X + rows * stride_x, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+    mean = 0.0 if RMS else tl.load(MEAN + rows, mask=row_mask, other=0.0)[:, None]
+    return x0, mean
 
 
 @triton.jit
@@ -192,7 +216,7 @@ def _norm_backward_kernel(
     W,  # (D,) weight, or a dummy when HAS_WEIGHT is False
     DY,  # (M, D) upstream gradient, row stride stride_dy
     DX,  # (M, D) input gradient (output), contiguous
-    MEAN,  # (M,) fp32 (LayerNorm only)
+    MEAN,  # (M,) fp32 mean - x[row, 0] (LayerNorm only)
     RSTD,  # (M,) fp32
     PARTIAL,  # (WEIGHT_GRAD + BIAS_GRAD, programs, D) fp32, single pass: per program, sums of dy * x_hat, of dy
     DW,  # (D,) dw in the weight's dtype (output), or a dummy when WEIGHT_GRAD is False
@@ -228,8 +252,8 @@ def _norm_backward_kernel(
             row_mask = rows < M
             x, dy, mask, _ = _load_chunk(X, DY, rows, row_mask, cols, D, stride_x, stride_dy)
             rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]
-            mean = 0.0 if RMS else tl.load(MEAN + rows, mask=row_mask, other=0.0)[:, None]
-            x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
+            x0, mean = _centre(X, MEAN, rows, row_mask, stride_x, RMS)
+            x_hat = tl.where(mask, (x - x0 - mean) * rstd, 0.0)
             g = dy * w
             dx = g - x_hat * (tl.sum(g * x_hat, axis=1) / D)[:, None]
             if not RMS:
@@ -268,14 +292,14 @@ def _norm_backward_kernel(
             rows = tl.cast(tile, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
             row_mask = rows < M
             rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]
-            mean = 0.0 if RMS else tl.load(MEAN + rows, mask=row_mask, other=0.0)[:, None]
+            x0, mean = _centre(X, MEAN, rows, row_mask, stride_x, RMS)
             gx = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
             gs = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
             for start in range(0, D, BLOCK_D):  # pass 1: both row reductions
                 x, dy, mask, col_mask = _load_chunk(X, DY, rows, row_mask, start + cols, D, stride_x, stride_dy)
                 w = tl.load(W + start + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else 1.0
                 g = dy * w
-                gx += g * tl.where(mask, (x - mean) * rstd, 0.0)
+                gx += g * tl.where(mask, (x - x0 - mean) * rstd, 0.0)
                 gs += g
             mean_gx = (tl.sum(gx, axis=1) / D)[:, None]
             mean_g = 0.0 if RMS else (tl.sum(gs, axis=1) / D)[:, None]
@@ -283,7 +307,7 @@ def _norm_backward_kernel(
             for start in range(0, D, BLOCK_D):  # pass 2: dx
                 x, dy, mask, col_mask = _load_chunk(X, DY, rows, row_mask, start + cols, D, stride_x, stride_dy)
                 w = tl.load(W + start + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else 1.0
-                x_hat = tl.where(mask, (x - mean) * rstd, 0.0)
+                x_hat = tl.where(mask, (x - x0 - mean) * rstd, 0.0)
                 dx = (dy * w - x_hat * mean_gx - mean_g) * rstd
                 tl.store(DX + rows[:, None] * D + (start + cols)[None, :], dx.to(DX.dtype.element_ty), mask=mask)
 
@@ -292,7 +316,7 @@ def _norm_backward_kernel(
 def _norm_param_grad_kernel(
     X,  # (M, D) input rows of the forward
     DY,  # (M, D) upstream gradient
-    MEAN,  # (M,) fp32 (LayerNorm only)
+    MEAN,  # (M,) fp32 mean - x[row, 0] (LayerNorm only)
     RSTD,  # (M,) fp32
     PARTIAL,  # (WEIGHT_GRAD + BIAS_GRAD, groups, D) fp32: per row group, its sums of dy * x_hat, then of dy
     DW,  # (D,) dw in the weight's dtype (output), or a dummy when WEIGHT_GRAD is False
@@ -328,8 +352,8 @@ def _norm_param_grad_kernel(
         x, dy, mask, _ = _load_chunk(X, DY, rows, row_mask, cols, D, stride_x, stride_dy)
         if WEIGHT_GRAD:
             rstd = tl.load(RSTD + rows, mask=row_mask, other=0.0)[:, None]
-            mean = 0.0 if RMS else tl.load(MEAN + rows, mask=row_mask, other=0.0)[:, None]
-            dw += dy * tl.where(mask, (x - mean) * rstd, 0.0)
+            x0, mean = _centre(X, MEAN, rows, row_mask, stride_x, RMS)
+            dw += dy * tl.where(mask, (x - x0 - mean) * rstd, 0.0)
         if BIAS_GRAD:
             db += dy
     col_mask = cols < D
@@ -545,7 +569,7 @@ def _row_count(x: torch.Tensor) -> int:
 
 
 def _forward(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype, traced: bool = False, config=None):
-    """(y (x's shape, contiguous, out_dtype), mean (M,) fp32 or None, rstd (M,) fp32); ``traced``
+    """(y (x's shape, contiguous, out_dtype), mean - x[:, 0] (M,) fp32 or None, rstd (M,) fp32); ``traced``
     inside the triton_op; ``config`` None picks `norm_config`'s."""
     m, d = _row_count(x), x.shape[-1]
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
@@ -632,9 +656,12 @@ def _backward(
 
 def _reference_forward(rows, weight, bias, eps, rms, y_rows, mean, rstd):
     x = rows.float()
-    centered = x if rms else x - x.mean(dim=-1, keepdim=True)
-    if mean is not None:
-        mean.copy_(x.mean(dim=-1))
+    if rms:
+        centered = x
+    else:  # about x[row, 0], saving mean - x[row, 0], as the kernels do
+        shifted = x - x[:, :1]
+        mean.copy_(shifted.mean(dim=-1))
+        centered = shifted - mean[:, None]
     rstd.copy_(torch.rsqrt(centered.square().mean(dim=-1) + eps))
     out = centered * rstd[:, None]
     if weight is not None:
@@ -646,7 +673,7 @@ def _reference_forward(rows, weight, bias, eps, rms, y_rows, mean, rstd):
 
 def _reference_backward(dy_rows, rows, weight, mean, rstd, rms, dx_rows, dw, db):
     x, dy = rows.float(), dy_rows.float()
-    x_hat = (x if rms else x - mean[:, None]) * rstd[:, None]
+    x_hat = (x if rms else x - x[:, :1] - mean[:, None]) * rstd[:, None]
     g = dy * weight.float() if weight is not None else dy
     out = g - x_hat * (g * x_hat).mean(dim=-1, keepdim=True)
     if not rms:
@@ -672,7 +699,7 @@ def _forward_op(
     rms: bool,
     out_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, mean, rstd); mean is an empty tensor for RMSNorm (ops cannot return None)."""
+    """(y, mean - x[:, 0], rstd); that mean is an empty tensor for RMSNorm (ops cannot return None)."""
     y, mean, rstd = _forward(x, weight, bias, eps, rms, out_dtype, traced=True)
     return y, (rstd.new_empty(0) if mean is None else mean), rstd
 
@@ -746,8 +773,14 @@ def _apply(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype | None
 
 
 def check_inputs(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, out_dtype: torch.dtype | None = None
-) -> None:
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps, out_dtype: torch.dtype | None = None
+) -> float:
+    """One clear error for each bad argument; returns eps as a float (an int eps would compile a
+    kernel of its own)."""
+    check_tensor("x", x)
+    check_optional_tensor("weight", weight)
+    check_optional_tensor("bias", bias)
+    eps = check_number("eps", eps, 0.0)
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension (the normalized one)")
     check_dtype("x", x, DTYPES)
@@ -763,6 +796,7 @@ def check_inputs(
         check_dtype(name, param, DTYPES)
         if param.device != x.device:
             check_same_device(x=x, **{name: param})
+    return eps
 
 
 def layer_norm(
@@ -777,8 +811,8 @@ def layer_norm(
     (default: x's dtype). Same values as ``torch.nn.functional.layer_norm(x, x.shape[-1:], weight,
     bias, eps).to(out_dtype)``, rounded once: an fp32 x normalized straight into bf16 for the
     matmul that follows skips a full-width fp32 write and the cast pass."""
-    check_inputs(x, weight, bias, out_dtype)
-    return _apply(x, weight, bias, float(eps), False, out_dtype)  # (an int eps would compile its own kernel)
+    eps = check_inputs(x, weight, bias, eps, out_dtype)
+    return _apply(x, weight, bias, eps, False, out_dtype)
 
 
 def rms_norm(
@@ -787,8 +821,8 @@ def rms_norm(
     """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight, computed in fp32, returned in
     ``out_dtype`` (default: x's dtype). Same values as ``torch.nn.functional.rms_norm(x,
     x.shape[-1:], weight, eps).to(out_dtype)``."""
-    check_inputs(x, weight, None, out_dtype)
-    return _apply(x, weight, None, float(eps), True, out_dtype)
+    eps = check_inputs(x, weight, None, eps, out_dtype)
+    return _apply(x, weight, None, eps, True, out_dtype)
 
 
 def layer_norm_ref(x, weight=None, bias=None, eps=1e-5):

@@ -11,6 +11,10 @@ j <= i + (Sk - Sq), aligned bottom-right like `fastlm.flash_attention` (the usua
 when Sq == Sk); masked keys are not even loaded. A row with no visible key (every score -inf)
 gives y = 0 and dx = 0, not NaN.
 
+NaN and inf follow torch.softmax over the visible scores: a NaN score, or a +inf one (inf - inf
+is NaN when the max is subtracted), makes the whole row NaN; -inf scores give 0. Keys hidden by
+`causal=True` are never read, so a NaN there changes nothing (as with torch's masked_fill of -inf).
+
 x is viewed as (B, H, Sq, Sk) (leading dimensions beyond two fold into B) and read through its
 strides. Rows up to `SoftmaxConfig.block_max` (16384) wide are held in registers, several short
 rows per (BLOCK_M, BLOCK_K) tile; longer rows (65536 and beyond are tested) take two passes: an
@@ -35,7 +39,11 @@ from fastlm.ops.common import (
     as_rows,
     cdiv,
     check_dtype,
+    check_flag,
+    check_number,
+    check_optional_tensor,
     check_same_device,
+    check_tensor,
     device_arch,
     row_tiles,
     runs_triton,
@@ -97,7 +105,7 @@ def _softmax_forward_kernel(
         row_max = tl.where(row_max == float("-inf"), 0.0, row_max)  # a fully masked row: e = 0 below
         e = tl.exp2((s - row_max[:, None]) * LOG2E)
         total = tl.sum(e, axis=1)
-        inverse = 1.0 / tl.where(total > 0.0, total, 1.0)  # a fully masked row: e = 0, y = 0
+        inverse = 1.0 / tl.where(total == 0.0, 1.0, total)  # a fully masked row: e = 0, y = 0; NaN stays NaN
         y = e * inverse[:, None]
         tl.store(y_rows + cols[None, :], y.to(Y.dtype.element_ty), mask=row_mask[:, None] & (cols < Sk)[None, :])
     else:
@@ -114,7 +122,7 @@ def _softmax_forward_kernel(
         row_max = tl.max(lane_max, axis=1)
         row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
         total = tl.sum(lane_sum * tl.exp2((lane_max - row_max[:, None]) * LOG2E), axis=1)
-        inverse = 1.0 / tl.where(total > 0.0, total, 1.0)  # a fully masked row: e = 0, y = 0
+        inverse = 1.0 / tl.where(total == 0.0, 1.0, total)  # a fully masked row: e = 0, y = 0; NaN stays NaN
         for start in range(0, Sk, BLOCK_K):  # pass 2: the output
             s = _scores(X, MASK, x_offsets, mask_offsets, start + cols, q, row_mask, Sq, Sk, scale, stride_xk,
                         stride_mk, HAS_MASK, CAUSAL)  # fmt: skip
@@ -252,8 +260,9 @@ def _backward(dy, y, scale: float, config: SoftmaxConfig | None = None, traced: 
 
 
 def _reference(x, mask, scale, causal):
-    """PyTorch in fp32 (fp64 for fp64 input): scale, mask, softmax; rows with no visible key give 0.
-    Differentiable, with finite gradients on such rows too."""
+    """PyTorch in fp32 (fp64 for fp64 input): scale, mask, softmax; rows with no visible key give 0,
+    rows with a NaN or +inf score NaN (as torch.softmax). Differentiable, with finite gradients on
+    fully masked rows too."""
     s = x.to(torch.promote_types(x.dtype, torch.float32)) * scale
     if mask is not None:
         s = s + mask.to(s.dtype)
@@ -261,10 +270,12 @@ def _reference(x, mask, scale, causal):
         sq, sk = x.shape[-2:]
         visible = torch.ones(sq, sk, dtype=torch.bool, device=x.device).tril(diagonal=sk - sq)
         s = s.masked_fill(~visible, float("-inf"))
+    if s.shape[-1] == 0:  # rows of no key (amax has nothing to reduce)
+        return s.to(x.dtype)
     row_max = s.amax(dim=-1, keepdim=True).detach()  # the shift does not change y: no gradient
-    e = torch.exp(s - torch.where(torch.isinf(row_max), 0.0, row_max))
+    e = torch.exp(s - torch.where(row_max == float("-inf"), 0.0, row_max))  # a fully masked row: e = 0
     total = e.sum(dim=-1, keepdim=True)
-    return (e / torch.where(total > 0, total, 1.0)).to(x.dtype)
+    return (e / torch.where(total == 0, 1.0, total)).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -331,13 +342,17 @@ class MaskedSoftmaxFunction(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 
 
-def check_inputs(x: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> None:
+def check_inputs(x: torch.Tensor, mask: torch.Tensor | None, scale, causal) -> tuple[float, bool]:
+    """One clear error for each bad argument; returns (scale, causal) as a float and a bool."""
+    check_tensor("x", x)
+    check_optional_tensor("mask", mask)
+    scale, causal = check_number("scale", scale), check_flag("causal", causal)
     if x.dim() < (2 if causal else 1):
         raise ValueError(f"x must have shape (..., Sq, Sk){' for causal=True' if causal else ''}, "
                          f"got {tuple(x.shape)}")  # fmt: skip
     check_dtype("x", x, DTYPES)
     if mask is None:
-        return
+        return scale, causal
     check_dtype("mask", mask, DTYPES)
     check_same_device(x=x, mask=mask)
     try:
@@ -346,15 +361,19 @@ def check_inputs(x: torch.Tensor, mask: torch.Tensor | None, causal: bool) -> No
         broadcast = None
     if broadcast != x.shape:
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to x's shape {tuple(x.shape)}")
+    return scale, causal
 
 
 def masked_softmax(
     x: torch.Tensor, mask: torch.Tensor | None = None, *, scale: float = 1.0, causal: bool = False
 ) -> torch.Tensor:
     """softmax(scale * x + mask) over the last dim, optionally under the implicit causal mask;
-    output in x's dtype (math in fp32); rows with no visible key are 0."""
-    check_inputs(x, mask, causal)
-    scale = float(scale)
+    output in x's dtype (math in fp32).
+
+    Rows with no visible key (every score -inf) are 0, with gradient 0, where torch.softmax gives
+    NaN. Otherwise NaN and inf follow torch.softmax: a NaN or +inf score makes its whole row NaN.
+    Keys hidden by ``causal`` are not read."""
+    scale, causal = check_inputs(x, mask, scale, causal)
     if torch.compiler.is_compiling():
         return _forward_op(x, mask, scale, causal)
     return MaskedSoftmaxFunction.apply(x, mask, scale, causal, None)

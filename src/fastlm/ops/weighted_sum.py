@@ -43,6 +43,7 @@ from fastlm.ops.common import (
     cdiv,
     check_dtype,
     check_same_device,
+    check_tensor,
     device_arch,
     next_power_of_2,
     runs_triton,
@@ -257,6 +258,8 @@ class WeightedSumFunction(torch.autograd.Function):
 
 def weighted_sum(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """sum over the last dim of x * w: x (..., D), w (D,) -> (...), in x's dtype (fp32 math)."""
+    check_tensor("x", x)
+    check_tensor("w", w)
     if x.dim() < 1:
         raise ValueError("x must have at least one dimension (the summed one)")
     if w.shape != x.shape[-1:]:

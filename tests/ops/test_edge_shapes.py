@@ -1,0 +1,101 @@
+"""Edge shapes (0-sized dims, length 1) through both paths of every op: the Triton kernels (CUDA,
+or the interpreter on CPU) and the plain-PyTorch path (CPU without TRITON_INTERPRET). Each path
+must give the float64 reference's output and every gradient, so the two agree with each other."""
+
+import pytest
+import torch
+
+import fastlm
+from fastlm.ops.causal_conv1d import causal_conv1d_ref
+from fastlm.ops.cross_entropy import cross_entropy_ref
+from fastlm.ops.flash_attention import flash_attention_ref
+from fastlm.ops.layer_norm import layer_norm_ref, rms_norm_ref
+from fastlm.ops.masked_softmax import masked_softmax_ref
+from fastlm.ops.weighted_sum import weighted_sum, weighted_sum_ref
+
+from .reference import check_against_reference
+
+FP32 = (1e-5, 1e-5)
+
+
+def xent(batch, vocab, ignored=False, fused=True, **options):
+    """Cross-entropy over (batch, vocab) logits; targets fixed here (the checker takes float inputs only)."""
+    targets = torch.full((batch,), -100) if ignored else torch.randint(0, vocab, (batch,))
+    return (lambda logits: fastlm.cross_entropy(logits, targets.to(logits.device), fused=fused, **options),
+            lambda logits: cross_entropy_ref(logits, targets.to(logits.device), **options),
+            [(batch, vocab)])  # fmt: skip
+
+
+def attention(q_shape, kv_shape, causal=False):
+    return (lambda q, k, v: fastlm.flash_attention(q, k, v, causal=causal),
+            lambda q, k, v: flash_attention_ref(q, k, v, causal=causal), [q_shape, kv_shape, kv_shape])  # fmt: skip
+
+
+def norm(kind, shape, affine=True):
+    d = shape[-1]
+    params = [(d,), (d,)] if kind == "layer" else [(d,)]
+    functions = (fastlm.layer_norm, layer_norm_ref) if kind == "layer" else (fastlm.rms_norm, rms_norm_ref)
+    return *functions, [shape, *(params if affine else [])]
+
+
+def softmax(shape, mask_shape=None, causal=False):
+    return (lambda x, mask=None: fastlm.masked_softmax(x, mask, scale=0.5, causal=causal),
+            lambda x, mask=None: masked_softmax_ref(x, mask, scale=0.5, causal=causal),
+            [shape] + ([mask_shape] if mask_shape else []))  # fmt: skip
+
+
+def conv(batch, length, d, k, activation=None):
+    return (lambda u, w, b: fastlm.causal_conv1d(u, w, b, activation),
+            lambda u, w, b: causal_conv1d_ref(u, w, b, activation), [(batch, length, d), (d, k), (d,)])  # fmt: skip
+
+
+EDGES = {
+    "xent B=0, sum": xent(0, 5, reduction="sum"),
+    "xent B=0, none": xent(0, 5, reduction="none"),
+    "xent B=1, V=1": xent(1, 1),
+    "xent V=1, recompute": xent(3, 1, fused=False),
+    "xent all rows ignored, sum": xent(3, 7, ignored=True, reduction="sum"),
+    "attention Z=0": attention((0, 2, 3, 16), (0, 1, 3, 16)),
+    "attention H=0, Hkv=0": attention((1, 0, 3, 16), (1, 0, 3, 16)),
+    "attention H=0, Hkv=1": attention((1, 0, 3, 16), (1, 1, 3, 16)),
+    "attention Nq=0": attention((1, 2, 0, 16), (1, 1, 3, 16)),
+    "attention Nk=0": attention((1, 2, 3, 16), (1, 1, 0, 16)),
+    "attention Nk=0, causal": attention((1, 2, 3, 16), (1, 1, 0, 16), causal=True),
+    "attention Nq=Nk=1, D=1, causal": attention((1, 1, 1, 1), (1, 1, 1, 1), causal=True),
+    "attention Nq=1, Nk=5, causal": attention((2, 1, 8), (2, 5, 8), causal=True),
+    "attention Nq=5, Nk=1, causal": attention((2, 5, 8), (2, 1, 8), causal=True),  # 4 rows see no key
+    "layer_norm D=0": norm("layer", (3, 0)),
+    "layer_norm M=0": norm("layer", (0, 4)),
+    "layer_norm D=1": norm("layer", (3, 1)),
+    "layer_norm 1-D, no affine": norm("layer", (5,), affine=False),
+    "rms_norm D=0": norm("rms", (3, 0)),
+    "rms_norm D=1": norm("rms", (3, 1)),
+    "rms_norm (1, 1)": norm("rms", (1, 1)),
+    "softmax Sk=0": softmax((2, 3, 0)),
+    "softmax Sq=0, causal": softmax((2, 0, 3), causal=True),
+    "softmax Sk=1, mask": softmax((2, 3, 1), (3, 1)),
+    "softmax (1,)": softmax((1,)),
+    "softmax (1, 1), causal": softmax((1, 1), causal=True),
+    "softmax Sq=1, broadcast mask": softmax((2, 1, 4), (1, 1, 4)),
+    "conv L=0": conv(2, 0, 3, 2),
+    "conv D=0": conv(2, 4, 0, 2),
+    "conv B=0": conv(0, 4, 3, 2),
+    "conv L=1, K=4, silu": conv(1, 1, 3, 4, "silu"),
+    "conv D=1, K=1": conv(2, 3, 1, 1),
+    "weighted_sum D=0": (weighted_sum, weighted_sum_ref, [(3, 0), (0,)]),
+    "weighted_sum R=0": (weighted_sum, weighted_sum_ref, [(0, 3), (3,)]),
+    "weighted_sum 1-D": (weighted_sum, weighted_sum_ref, [(3,), (3,)]),
+    "weighted_sum (1, 1)": (weighted_sum, weighted_sum_ref, [(1, 1), (1,)]),
+}
+
+
+@pytest.mark.parametrize("path", ["kernels", "reference"])
+@pytest.mark.parametrize("case", EDGES)
+def test_edge_shape_on_both_paths(case, path, device, monkeypatch):
+    if path == "reference":
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        device = torch.device("cpu")
+    function, reference, shapes = EDGES[case]
+    inputs = [torch.randn(shape, device=device, requires_grad=True) for shape in shapes]
+    out = check_against_reference(function, reference, inputs, FP32)
+    assert out.device.type == device.type
