@@ -255,6 +255,23 @@ def test_torch_compile_matches_eager(reduction, backend, device):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_registered_ops_pass_opcheck(device):
+    """Schema, fake-tensor and autograd registration of the two ops torch.compile traces (9 rows in
+    chunks of 4: opcheck runs each op several times)."""
+    hidden, weight, bias, targets = (t[:9] if t.shape[0] == N else t for t in make_inputs(device=device))
+    hidden, weight, bias = leaves(hidden, weight, bias)
+    torch.library.opcheck(torch.ops.fastlm.linear_cross_entropy_losses, (hidden, weight, targets, bias, -100, 0.1,
+                                                                          1e-3, 5.0, 4))  # fmt: skip
+    # The gradients op's backward scales the gradients it returned in place (what makes it free when
+    # the upstream gradient is 1), which opcheck's AOT check of the op alone rejects, as for the fused
+    # cross-entropy op; test_torch_compile_matches_eager covers compile.
+    row_scale = torch.rand(9, device=device)
+    for args in ((hidden, weight, targets, bias, row_scale, True, True, True, -100, 0.0, 0.0, None, 4),
+                 (hidden, weight, targets, None, None, True, False, False, 3, 0.0, 1e-3, 2.0, None)):  # fmt: skip
+        torch.library.opcheck(torch.ops.fastlm.linear_cross_entropy_gradients, args,
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))  # fmt: skip
+
+
 def test_module_passes_every_flag(device):
     hidden, weight, bias, targets = make_inputs(device=device)
     targets[targets == -100] = 2
