@@ -142,6 +142,14 @@ def test_autocast_with_fp32_weight(hidden_dtype, device):
         torch.testing.assert_close(got.double(), want, **BF16_GRAD_TOL)
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_reference_path_without_interpreter(reduction, monkeypatch):
+    """CPU without TRITON_INTERPRET: the cross-entropy launchers' plain-PyTorch path, same values."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    hidden, weight, bias, targets = make_inputs()
+    check_fp32(hidden, weight, bias, targets, reduction=reduction, softcap=5.0, label_smoothing=0.1, z_loss=1e-3)
+
+
 def test_outside_autocast_dtypes_must_match():
     hidden, weight, _, targets = make_inputs()
     with pytest.raises(TypeError, match="must share one dtype outside torch.autocast"):
