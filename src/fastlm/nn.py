@@ -8,6 +8,7 @@ import torch
 from fastlm.ops.common import check_flag, check_integer, check_number
 from fastlm.ops.cross_entropy import check_options, cross_entropy
 from fastlm.ops.layer_norm import layer_norm, rms_norm
+from fastlm.ops.linear_cross_entropy import linear_cross_entropy
 
 
 class CrossEntropyLoss(torch.nn.Module):
@@ -49,6 +50,51 @@ class CrossEntropyLoss(torch.nn.Module):
         return (
             f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, "
             f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, fused={self.fused}, inplace={self.inplace}"
+        )
+
+
+class LinearCrossEntropyLoss(torch.nn.Module):
+    """Module form of :func:`fastlm.linear_cross_entropy` (same options): ``loss(hidden, weight,
+    targets, bias=None)``. It holds no weight: the LM head that owns it passes it in."""
+
+    def __init__(
+        self,
+        *,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+        z_loss: float = 0.0,
+        softcap: float | None = None,
+        chunk_rows: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.z_loss = z_loss
+        self.softcap = softcap
+        self.chunk_rows = chunk_rows
+
+    def forward(
+        self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return linear_cross_entropy(
+            hidden,
+            weight,
+            targets,
+            bias,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+            z_loss=self.z_loss,
+            softcap=self.softcap,
+            chunk_rows=self.chunk_rows,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}, "
+            f"z_loss={self.z_loss}, softcap={self.softcap}, chunk_rows={self.chunk_rows}"
         )
 
 

@@ -130,6 +130,20 @@ def test_fastlm_kernel_set_fuses_the_softmax_too():
     assert TINY.with_kernels("fastlm").softmax == "fastlm" and TINY.with_kernels("torch").softmax == "torch"
 
 
+@pytest.mark.parametrize("loss", ["torch", "fastlm"])
+def test_fused_loss_never_materializes_the_logits(loss):
+    """loss="fastlm" computes the LM head's matmul inside fastlm.linear_cross_entropy, chunk by
+    chunk: the head module never runs (no (B, N, V) logits) when targets are given; without targets
+    it returns the logits either way."""
+    model = TransformerLM(dataclasses.replace(TINY, loss=loss))
+    head_calls = []
+    model.lm_head.register_forward_hook(lambda module, args, output: head_calls.append(output.shape))
+    x = tokens(2, 8)
+    model(x, tokens(2, 8))
+    assert head_calls == ([] if loss == "fastlm" else [(2, 8, TINY.vocab_size)])
+    assert model(x).shape == (2, 8, TINY.vocab_size)
+
+
 def test_a_few_training_steps_reduce_the_loss():
     model = TransformerLM(TINY)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 ATTENTION_KERNELS = ("naive", "sdpa", "fastlm")  # materialized softmax | torch SDPA | fastlm.flash_attention
 NORM_KERNELS = ("torch", "fastlm")
 SOFTMAX_KERNELS = ("torch", "fastlm")  # the naive path's mask + softmax: two PyTorch ops | fastlm.masked_softmax
-LOSS_KERNELS = ("torch", "fastlm")  # F.cross_entropy | fastlm.cross_entropy
+LOSS_KERNELS = ("torch", "fastlm")  # LM head + F.cross_entropy | fastlm.linear_cross_entropy
 
 # name -> (d_model, d_ff, num_layers, num_heads)
 PRESET_DIMENSIONS = {

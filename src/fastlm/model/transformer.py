@@ -2,7 +2,7 @@
 
     tokens (B, N) -> embedding (B, N, d)
       -> num_layers x [ x + attention(rms_norm(x)),  x + swiglu(rms_norm(x)) ]
-      -> rms_norm -> LM head (B, N, V)
+      -> rms_norm -> LM head (B, N, V)              (with targets: -> the mean next-token loss)
 
 Attention is causal multi-head self-attention with separate q/k/v/output projections and RoPE on
 q and k; the feed-forward is SwiGLU, w2(silu(w1 x) * w3 x); no biases anywhere; the LM head is not
@@ -10,7 +10,8 @@ tied to the embedding. Three switches in `ModelConfig` pick the kernels:
 
     attention  naive  | sdpa  | fastlm   (materialized softmax | torch SDPA | fastlm.flash_attention)
     norm       torch  | fastlm           (fp32 PyTorch ops | fastlm.rms_norm)
-    loss       torch  | fastlm           (F.cross_entropy | fastlm.cross_entropy)
+    loss       torch  | fastlm           (LM head + F.cross_entropy | fastlm.linear_cross_entropy,
+                                          which never materializes the (B*N, V) logits)
     softmax    torch  | fastlm           (naive attention's mask + softmax | fastlm.masked_softmax)
 
 Ranges named "attention/scores|mask|softmax|output" inside the naive path, and "forward" around
@@ -26,9 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastlm.model.config import ModelConfig
-from fastlm.ops.cross_entropy import cross_entropy
 from fastlm.ops.flash_attention import flash_attention
 from fastlm.ops.layer_norm import rms_norm
+from fastlm.ops.linear_cross_entropy import linear_cross_entropy
 from fastlm.ops.masked_softmax import masked_softmax
 from fastlm.profile.ranges import annotate
 
@@ -200,16 +201,15 @@ class TransformerLM(nn.Module):
             raise ValueError(f"tokens must be a (batch, length) integer tensor, got {shape} {tokens.dtype}")
         if tokens.shape[1] > self.config.context_length:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds context_length {self.config.context_length}")
+        if targets is not None and targets.shape != tokens.shape:
+            raise ValueError(f"targets shape {tuple(targets.shape)} must equal tokens shape {tuple(tokens.shape)}")
         with annotate("forward"):
             x = self.embedding(tokens)
             for block in self.blocks:
                 x = block(x)
-            logits = self.lm_head(self.final_norm(x))
+            x = self.final_norm(x)  # (B, N, d)
             if targets is None:
-                return logits
-            if targets.shape != tokens.shape:
-                raise ValueError(f"targets shape {tuple(targets.shape)} must equal tokens shape {tuple(tokens.shape)}")
-            flat_logits, flat_targets = logits.flatten(0, 1), targets.flatten()
-            if self.config.loss == "fastlm":
-                return cross_entropy(flat_logits, flat_targets)
-            return F.cross_entropy(flat_logits, flat_targets)
+                return self.lm_head(x)  # (B, N, V)
+            if self.config.loss == "fastlm":  # the LM head's matmul inside the loss, chunk by chunk
+                return linear_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.flatten())
+            return F.cross_entropy(self.lm_head(x).flatten(0, 1), targets.flatten())

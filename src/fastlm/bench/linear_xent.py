@@ -1,0 +1,244 @@
+"""`fastlm bench linear-xent`: the LM loss from the hidden states, fwd+bwd, for every implementation.
+
+Protocol (one run, one device, every implementation side by side):
+- inputs: hidden (N, d) ~ N(0, 1) and weight (V, d) ~ N(0, 1 / d), both bf16 with requires_grad
+  (logits of std ~1), targets uniform in [0, V); reduction "mean", the upstream gradient 1
+  (`loss.backward()`), as a training step has;
+- fwd+bwd: `loss_fn(hidden, weight, targets).backward()`, the gradients dropped before each call
+  (`measure`: median, p20, p80; warm-up and compilation excluded);
+- TFLOP/s: the three matmuls' 6 N V d FLOPs (logits, grad_hidden, grad_weight) over the fwd+bwd
+  time, for every implementation alike (recomputing ones do more work than they are credited
+  with), and their fraction of the bf16 matmul rate measured in the same run;
+- memory (CUDA): the peak allocated during one fwd+bwd minus what was allocated just before (the
+  inputs, the caching allocator's other live blocks excluded), so it includes the gradients of
+  hidden and weight, which remain allocated after the step; `peak_excluding_grads_gib` subtracts
+  their bytes (N d + V d elements of bf16), leaving what the loss itself costs;
+- a case whose memory does not fit is recorded with status "OOM", and the next one runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import fastlm
+from fastlm.bench.records import append_records, latest_run, read_records, with_environment
+from fastlm.bench.report import grouped_bar_plot, markdown_table
+from fastlm.bench.timing import is_out_of_memory, measure
+from fastlm.ops.common import device_arch
+from fastlm.ops.linear_cross_entropy import linear_cross_entropy_config
+
+RESULTS_FILE = "linear_xent.jsonl"
+WIDTH = 4096
+GPU_CASES = tuple((tokens, WIDTH, vocab) for tokens in (4096, 8192, 32768) for vocab in (32000, 128256, 256000))
+CPU_CASES = ((16, 16, 100),)  # reduced run on machines without a GPU: (N, d, V)
+DTYPE = torch.bfloat16
+# A fwd+bwd at N=32768, V=256000 takes hundreds of ms: a longer budget than `measure`'s default
+# gives several timed calls there
+GPU_WARMUP_MS, GPU_REP_MS = 200.0, 2000.0
+
+LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (hidden, weight, targets)
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    description: str
+    needs_gpu: bool
+    make: Callable[[], LossFn | str]  # the loss function, or why it is unavailable
+
+
+def _eager() -> LossFn:
+    return lambda hidden, weight, targets: F.cross_entropy(hidden @ weight.T, targets)
+
+
+def _compiled() -> LossFn:
+    torch._dynamo.reset()  # a fresh compilation per case
+    return torch.compile(_eager(), dynamic=False)
+
+
+def _matmul_fastlm_ce() -> LossFn:
+    return lambda hidden, weight, targets: fastlm.cross_entropy(hidden @ weight.T, targets)
+
+
+def _fastlm() -> LossFn:
+    return lambda hidden, weight, targets: fastlm.linear_cross_entropy(hidden, weight, targets)
+
+
+def _liger() -> LossFn | str:
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError:
+        return "missing: liger-kernel is not installed"
+    loss = LigerFusedLinearCrossEntropyLoss()
+    return lambda hidden, weight, targets: loss(weight, hidden, targets)
+
+
+def _cce() -> LossFn | str:
+    try:
+        from cut_cross_entropy import linear_cross_entropy
+    except ImportError:
+        return "missing: cut-cross-entropy is not installed"
+    return lambda hidden, weight, targets: linear_cross_entropy(hidden, weight, targets)
+
+
+IMPLEMENTATIONS = (
+    Implementation("eager", "bf16 matmul + F.cross_entropy", False, _eager),
+    Implementation("compile", "torch.compile of the eager loss", True, _compiled),
+    Implementation("matmul+fastlm-ce", "bf16 matmul + fastlm.cross_entropy (fused path)", False, _matmul_fastlm_ce),
+    Implementation("fastlm", "fastlm.linear_cross_entropy (chunked over tokens)", False, _fastlm),
+    Implementation("liger", "Liger-Kernel LigerFusedLinearCrossEntropyLoss", True, _liger),
+    Implementation("cce", "Cut Cross-Entropy linear_cross_entropy (defaults)", True, _cce),
+)
+
+
+def matmul_flops(tokens: int, width: int, vocab: int) -> int:
+    """The loss's three matmuls, forward and backward: logits (2 N V d), grad_hidden and grad_weight
+    (2 N V d each)."""
+    return 6 * tokens * vocab * width
+
+
+def _measure_one(impl: Implementation, tokens: int, width: int, vocab: int, device: torch.device,
+                 ceilings: dict) -> dict:  # fmt: skip
+    if impl.needs_gpu and device.type != "cuda":
+        return {"status": "needs a GPU"}
+    loss_fn = impl.make()
+    if isinstance(loss_fn, str):
+        return {"status": loss_fn}
+    try:
+        result = _measure_case(loss_fn, tokens, width, vocab, device, ceilings)
+    except RuntimeError as error:  # out of memory, or an implementation that rejects the case
+        result = {"status": "OOM" if is_out_of_memory(error) else f"error: {str(error).splitlines()[0][:120]}"}
+    if device.type == "cuda":  # here, where the case's tensors (and a traceback holding them) are gone
+        torch.cuda.empty_cache()
+    return result
+
+
+def _measure_case(loss_fn: LossFn, tokens: int, width: int, vocab: int, device: torch.device, ceilings: dict) -> dict:
+    hidden = torch.randn(tokens, width, device=device, dtype=DTYPE, requires_grad=True)
+    weight = (torch.randn(vocab, width, device=device) / width**0.5).to(DTYPE).requires_grad_(True)
+    targets = torch.randint(0, vocab, (tokens,), device=device)
+    budget = dict(warmup_ms=GPU_WARMUP_MS, rep_ms=GPU_REP_MS) if device.type == "cuda" else {}
+    timing = measure(lambda: loss_fn(hidden, weight, targets).backward(), device, grad_to_none=[hidden, weight],
+                     **budget)  # fmt: skip
+    tflops = matmul_flops(tokens, width, vocab) / (timing.median_ms * 1e-3) / 1e12
+    result = {
+        "status": "ok",
+        "fwd_bwd_ms": timing.median_ms,
+        "fwd_bwd_p20_ms": timing.p20_ms,
+        "fwd_bwd_p80_ms": timing.p80_ms,
+        "tflops": tflops,
+        "fraction_of_matmul": tflops / ceilings["matmul_tflops"],
+    }
+    if device.type == "cuda":
+        result.update(_peak_memory(loss_fn, hidden, weight, targets))
+    return result
+
+
+def _peak_memory(loss_fn: LossFn, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> dict:
+    """The protocol's two peaks of one fwd+bwd, in GiB."""
+    hidden.grad = weight.grad = None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss_fn(hidden, weight, targets).backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    gradients = sum(t.grad.numel() * t.grad.element_size() for t in (hidden, weight))
+    hidden.grad = weight.grad = None
+    return {"peak_gib": peak / 2**30, "peak_excluding_grads_gib": (peak - gradients) / 2**30}
+
+
+def cases(device: torch.device) -> tuple[tuple[int, int, int], ...]:
+    return GPU_CASES if device.type == "cuda" else CPU_CASES
+
+
+def run(device: torch.device, ceilings: dict, results_dir: Path, progress=lambda done: None) -> list[dict]:
+    """Measure every implementation at every case; append and return the records."""
+    records = []
+    for tokens, width, vocab in cases(device):
+        for impl in IMPLEMENTATIONS:
+            record = {"op": "linear_xent", "tokens": tokens, "width": width, "vocab": vocab,
+                      "dtype": str(DTYPE).removeprefix("torch."), "reduction": "mean", "implementation": impl.name,
+                      "description": impl.description, "matmul_tflops_measured": ceilings["matmul_tflops"]}  # fmt: skip
+            if impl.name == "fastlm":  # the chunk it picked: (chunk_rows, V) logits at a time
+                record["chunk_rows"] = linear_cross_entropy_config(device_arch(device), DTYPE, vocab).chunk_rows
+            record.update(_measure_one(impl, tokens, width, vocab, device, ceilings))
+            records.append(with_environment(record))
+            progress(f"N={tokens} V={vocab} {impl.name}")
+    append_records(results_dir / RESULTS_FILE, records)
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables and plots
+# ---------------------------------------------------------------------------------------------
+
+TABLE_COLUMNS = [
+    ("tokens", "N"),
+    ("vocab", "V"),
+    ("implementation", "implementation"),
+    ("fwd_bwd_ms", "fwd+bwd ms"),
+    ("speedup", "speed-up vs eager"),
+    ("tflops", "matmul TFLOP/s"),
+    ("percent_of_matmul", "% of measured matmul"),
+    ("peak_gib", "peak GiB (with grads)"),
+    ("peak_excluding_grads_gib", "peak GiB (without grads)"),
+    ("memory_vs_eager", "peak without grads / eager's"),
+    ("status", "status"),
+]
+
+
+def table_rows(records: list[dict]) -> list[dict]:
+    """The records with their ratios to eager's row of the same case (where eager ran)."""
+    eager = {(r["tokens"], r["vocab"]): r for r in records if r["implementation"] == "eager" and r["status"] == "ok"}
+    rows = []
+    for r in records:
+        row = dict(r)
+        base = eager.get((r["tokens"], r["vocab"]))
+        if r["status"] == "ok":
+            row["percent_of_matmul"] = 100 * r["fraction_of_matmul"]
+            if base is not None:
+                row["speedup"] = base["fwd_bwd_ms"] / r["fwd_bwd_ms"]
+                if r.get("peak_excluding_grads_gib") is not None and base.get("peak_excluding_grads_gib"):
+                    row["memory_vs_eager"] = r["peak_excluding_grads_gib"] / base["peak_excluding_grads_gib"]
+        rows.append(row)
+    return rows
+
+
+def render(results_dir: Path, reports_dir: Path) -> str:
+    """Markdown section (device line, table, plot links) for the latest run; writes the PNG plots."""
+    records = latest_run(read_records(results_dir / RESULTS_FILE))
+    if not records:
+        return "No fused linear + cross-entropy records yet: run `fastlm bench linear-xent`.\n"
+    first = records[0]
+    groups = list(dict.fromkeys(f"N={r['tokens']} V={r['vocab']}" for r in records))
+    names = [impl.name for impl in IMPLEMENTATIONS]
+    lookup = {(f"N={r['tokens']} V={r['vocab']}", r["implementation"]): r for r in records if r["status"] == "ok"}
+
+    def series(key):
+        return {n: [lookup.get((g, n), {}).get(key) for g in groups] for n in names
+                if any((g, n) in lookup for g in groups)}  # fmt: skip
+
+    title = f"Fused linear + cross-entropy, d={first['width']}, bf16 ({first['gpu']})"
+    time_png = grouped_bar_plot(reports_dir / "linear_xent_fwd_bwd_ms.png", groups, series("fwd_bwd_ms"),
+                                ylabel="fwd+bwd median ms (lower is better)", title=title)  # fmt: skip
+    parts = [
+        f"Device: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
+        f"{first['date']} · d={first['width']}, bf16 hidden and weight, reduction='mean' · measured matmul rate "
+        f"{first['matmul_tflops_measured']:.3g} TFLOP/s · TFLOP/s count 6 N V d · peak memory: allocated during "
+        "one fwd+bwd above what was allocated before it, with and without the gradients of hidden and weight",
+        markdown_table(table_rows(records), TABLE_COLUMNS),
+        f"![fwd+bwd time]({time_png.name})",
+    ]
+    memory = series("peak_excluding_grads_gib")
+    if any(v is not None for values in memory.values() for v in values):  # measured on CUDA only
+        memory_png = grouped_bar_plot(reports_dir / "linear_xent_peak_memory.png", groups, memory,
+                                      ylabel="peak GiB above the inputs, without the gradients",
+                                      title=title)  # fmt: skip
+        parts.append(f"![peak memory]({memory_png.name})")
+    return "\n\n".join(parts)
