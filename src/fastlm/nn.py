@@ -8,6 +8,7 @@ import torch
 from fastlm.ops.common import check_flag, check_integer, check_number
 from fastlm.ops.cross_entropy import check_options, cross_entropy
 from fastlm.ops.layer_norm import layer_norm, rms_norm
+from fastlm.ops.linear_cross_entropy import check_options as check_linear_options
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy
 
 
@@ -68,6 +69,9 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         chunk_rows: int | None = None,
     ) -> None:
         super().__init__()
+        ignore_index, label_smoothing, z_loss, softcap, chunk_rows = check_linear_options(
+            reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows
+        )
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fastlm
-from fastlm.nn import CrossEntropyLoss, LayerNorm, RMSNorm
+from fastlm.nn import CrossEntropyLoss, LayerNorm, LinearCrossEntropyLoss, RMSNorm
 from fastlm.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from fastlm.ops.flash_attention import FlashAttentionTorch, FlashAttentionTriton
 from fastlm.ops.weighted_sum import weighted_sum
@@ -35,6 +35,14 @@ def _non_leaf_logits():
 
 def _expanded_logits():
     return (torch.randn(1, 10, requires_grad=True) * 1).expand(4, 10)  # every row the same memory
+
+
+def _linear_xent(**change):
+    """fastlm.linear_cross_entropy on hidden (6, 8), weight (10, 8), bias (10,), with ``change``."""
+    arguments = dict(hidden=torch.randn(6, 8), weight=torch.randn(10, 8), targets=_targets(1, 2, 3, 0, 4, 5),
+                     bias=torch.randn(10)) | change  # fmt: skip
+    tensors = [arguments.pop(name) for name in ("hidden", "weight", "targets", "bias")]
+    return fastlm.linear_cross_entropy(*tensors, **arguments)
 
 
 X, W = torch.randn(3, 8), torch.randn(8)
@@ -252,6 +260,41 @@ CASES = [
     ("weighted_sum x int", lambda: weighted_sum(X.int(), W), TypeError, "x must have dtype"),
     ("weighted_sum w fp64", lambda: weighted_sum(X, W.double()), TypeError, "w must have dtype"),
     ("weighted_sum w on meta", lambda: weighted_sum(X, W.to("meta")), ValueError, "w on meta"),
+    # linear_cross_entropy: tensors, shapes, dtypes, devices, options
+    ("linear_xent hidden 1-D", lambda: _linear_xent(hidden=torch.randn(6)), ValueError, r"hidden must be 2-D"),
+    ("linear_xent hidden 3-D", lambda: _linear_xent(hidden=torch.randn(1, 6, 8)), ValueError, "hidden must be 2-D"),
+    ("linear_xent weight width", lambda: _linear_xent(weight=torch.randn(10, 9)), ValueError,
+     r"weight must have shape \(vocab, 8\)"),
+    ("linear_xent weight empty", lambda: _linear_xent(weight=torch.randn(0, 8)), ValueError, "at least one row"),
+    ("linear_xent bias shape", lambda: _linear_xent(bias=torch.randn(11)), ValueError, r"bias must have shape \(10,\)"),
+    ("linear_xent targets shape", lambda: _linear_xent(targets=_targets(1, 2)), ValueError,
+     r"targets must have shape \(6,\)"),
+    ("linear_xent targets float", lambda: _linear_xent(targets=torch.zeros(6)), TypeError,
+     "targets must hold integer class indices"),
+    ("linear_xent targets range", lambda: _linear_xent(targets=torch.full((6,), 10)), ValueError,
+     r"targets must lie in \[0, 10\)"),
+    ("linear_xent hidden fp64", lambda: _linear_xent(hidden=torch.randn(6, 8, dtype=torch.float64)), TypeError,
+     "hidden must have dtype"),
+    ("linear_xent dtypes differ", lambda: _linear_xent(weight=torch.randn(10, 8).bfloat16()), TypeError,
+     "hidden float32, weight bfloat16"),
+    ("linear_xent hidden list", lambda: _linear_xent(hidden=[[0.0] * 8] * 6), TypeError,
+     "hidden must be a torch.Tensor"),
+    ("linear_xent targets on meta", lambda: _linear_xent(targets=torch.zeros(6, dtype=torch.long, device="meta")),
+     ValueError, "on one device"),
+    ("linear_xent reduction", lambda: _linear_xent(reduction="avg"), ValueError, "reduction must be one of"),
+    ("linear_xent ignore_index float", lambda: _linear_xent(ignore_index=-100.0), TypeError,
+     "ignore_index must be an int"),
+    ("linear_xent label_smoothing", lambda: _linear_xent(label_smoothing=1.5), ValueError,
+     r"label_smoothing must be a finite number in \[0.0, 1.0\]"),
+    ("linear_xent z_loss", lambda: _linear_xent(z_loss=-1e-4), ValueError, "z_loss must be a finite number"),
+    ("linear_xent softcap 0", lambda: _linear_xent(softcap=0.0), ValueError, "softcap must be a finite number > 0"),
+    ("linear_xent softcap inf", lambda: _linear_xent(softcap=float("inf")), ValueError, "softcap must be a finite"),
+    ("linear_xent chunk_rows 0", lambda: _linear_xent(chunk_rows=0), ValueError, "chunk_rows must be an int >= 1"),
+    ("linear_xent chunk_rows float", lambda: _linear_xent(chunk_rows=8.0), TypeError, "chunk_rows must be an int"),
+    ("LinearCrossEntropyLoss softcap", lambda: LinearCrossEntropyLoss(softcap=-1.0), ValueError,
+     "softcap must be a finite number > 0"),
+    ("LinearCrossEntropyLoss ignore_index", lambda: LinearCrossEntropyLoss(ignore_index="x"), TypeError,
+     "ignore_index must be an int"),
     # module constructors
     ("CrossEntropyLoss ignore_index 2.7", lambda: CrossEntropyLoss(ignore_index=2.7), TypeError,
      "ignore_index must be an int"),
@@ -285,12 +328,12 @@ def test_bad_argument_raises_one_clear_error_naming_it(call, error, message):
 def test_the_table_reaches_every_public_op_and_module():
     """Each name fastlm exports, the user-loop functions, and each module: at least one row."""
     ids = " ".join(case[0] for case in CASES)
-    for prefix in ("xent", "xent forward", "xent backward", "attention", "attention twin", "attention kernels",
-                   "layer_norm", "rms_norm", "softmax", "conv", "weighted_sum", "CrossEntropyLoss", "LayerNorm",
-                   "RMSNorm"):  # fmt: skip
+    for prefix in ("xent", "xent forward", "xent backward", "linear_xent", "attention", "attention twin",
+                   "attention kernels", "layer_norm", "rms_norm", "softmax", "conv", "weighted_sum",
+                   "CrossEntropyLoss", "LayerNorm", "RMSNorm", "LinearCrossEntropyLoss"):  # fmt: skip
         assert f"{prefix} " in ids, prefix
     assert set(fastlm.__all__) == {"causal_conv1d", "cross_entropy", "flash_attention", "layer_norm",
-                                   "masked_softmax", "rms_norm"}  # fmt: skip
+                                   "linear_cross_entropy", "masked_softmax", "rms_norm"}  # fmt: skip
 
 
 def test_correct_values_of_other_types_pass():

@@ -37,17 +37,15 @@ straight into an fp32 buffer that is returned as the gradient.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from fastlm.ops.common import check_dtype, check_same_device, device_arch
+from fastlm.ops.common import check_dtype, check_integer, check_number, check_same_device, check_tensor, device_arch
 from fastlm.ops.cross_entropy import (
     LOGIT_DTYPES,
-    REDUCTIONS,
     TARGET_DTYPES,
     _forward,
     _fused,
@@ -56,6 +54,7 @@ from fastlm.ops.cross_entropy import (
     check_target_range,
     cross_entropy_ref,
 )
+from fastlm.ops.cross_entropy import check_options as check_xent_options
 
 # ----------------------------------------------------------------------------------------------
 # Chunk size
@@ -381,8 +380,7 @@ def check_inputs(hidden, weight, targets, bias) -> None:
     if bias is not None:
         tensors["bias"] = bias
     for name, tensor in tensors.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        check_tensor(name, tensor)
     if hidden.dim() != 2:
         raise ValueError(f"hidden must be 2-D (tokens, d), got shape {tuple(hidden.shape)}")
     rows, width = hidden.shape
@@ -408,19 +406,15 @@ def check_inputs(hidden, weight, targets, bias) -> None:
     check_same_device(**tensors)
 
 
-def _check_options(reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows) -> None:
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an integer, got {ignore_index!r}")
-    if not 0.0 <= label_smoothing <= 1.0:
-        raise ValueError(f"label_smoothing must lie in [0, 1], got {label_smoothing}")
-    if not z_loss >= 0.0:
-        raise ValueError(f"z_loss must be >= 0, got {z_loss}")
-    if softcap is not None and not 0.0 < softcap < math.inf:
-        raise ValueError(f"softcap must be a positive finite number or None, got {softcap}")
-    if chunk_rows is not None and (not isinstance(chunk_rows, int) or chunk_rows <= 0):
-        raise ValueError(f"chunk_rows must be a positive integer or None, got {chunk_rows!r}")
+def check_options(reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows):
+    """The loss options as `cross_entropy` checks them, plus softcap and chunk_rows: returns
+    (ignore_index, label_smoothing, z_loss, softcap, chunk_rows) as int, float, float, float or
+    None, int or None."""
+    ignore_index, label_smoothing, z_loss = check_xent_options(ignore_index, reduction, label_smoothing, z_loss,
+                                                               True, False)  # fmt: skip
+    softcap = None if softcap is None else check_number("softcap", softcap, positive=True)
+    chunk_rows = None if chunk_rows is None else check_integer("chunk_rows", chunk_rows, minimum=1)
+    return ignore_index, label_smoothing, z_loss, softcap, chunk_rows
 
 
 def linear_cross_entropy(
@@ -454,7 +448,9 @@ def linear_cross_entropy(
             `linear_cross_entropy_config`). Smaller saves memory, larger runs the weight-gradient
             matmul more efficiently.
     """
-    _check_options(reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows)
+    ignore_index, label_smoothing, z_loss, softcap, chunk_rows = check_options(
+        reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows
+    )
     check_inputs(hidden, weight, targets, bias)
     device_type = hidden.device.type
     if torch.is_autocast_enabled(device_type):
@@ -463,9 +459,7 @@ def linear_cross_entropy(
         named = {"hidden": hidden, "weight": weight} | ({} if bias is None else {"bias": bias})
         dtypes = ", ".join(f"{name} {str(t.dtype).removeprefix('torch.')}" for name, t in named.items())
         raise TypeError(f"hidden, weight and bias must share one dtype outside torch.autocast, got {dtypes}")
-    options = LossOptions(
-        ignore_index, float(label_smoothing), float(z_loss), None if softcap is None else float(softcap)
-    )
+    options = LossOptions(ignore_index, label_smoothing, z_loss, softcap)
     rows = hidden.shape[0]
     grad_enabled = torch.is_grad_enabled()
     needs = tuple(grad_enabled and t is not None and t.requires_grad for t in (hidden, weight, bias))
