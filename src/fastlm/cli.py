@@ -175,6 +175,13 @@ def cmd_bench_conv1d(args) -> None:
     _show_report(run_bandwidth_benchmark(args.out, conv1d, "conv1d", "Causal conv1d benchmark"))
 
 
+def cmd_bench_linear_xent(args) -> None:
+    from fastlm.bench import linear_xent
+
+    title = "Fused linear + cross-entropy benchmark"
+    _show_report(run_bandwidth_benchmark(args.out, linear_xent, "linear_xent", title))
+
+
 @contextlib.contextmanager
 def _steps(name: str, total: int):
     """Yields ``step(done)`` for a long run: a progress bar on a terminal; one plain line per step when
@@ -909,10 +916,11 @@ def cmd_report(args) -> None:
         attention_report.read_text().replace("# Attention benchmark", "## Attention").replace("\n## ", "\n### "),
     ]
     lines += ["", model_report.read_text().replace("# Model benchmark", f"## Language model ({preset} preset)")]
-    from fastlm.bench import conv1d, norms, softmax
+    from fastlm.bench import conv1d, linear_xent, norms, softmax
 
     for module, name, title in ((norms, "norms", "LayerNorm / RMSNorm"), (softmax, "softmax", "Masked softmax"),
-                                (conv1d, "conv1d", "Causal conv1d")):  # fmt: skip
+                                (conv1d, "conv1d", "Causal conv1d"),
+                                (linear_xent, "linear_xent", "Fused linear + cross-entropy")):  # fmt: skip
         section = run_bandwidth_benchmark(args.out, module, name, title).read_text()
         lines += ["", section.replace(f"# {title}", f"## {title}", 1)]
     host_modes = ("eager", "compile") if device.type == "cuda" else ("eager",)
@@ -983,6 +991,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("norms", "LayerNorm / RMSNorm fwd, bwd, fwd+bwd vs eager, compile, Liger", cmd_bench_norms),
         ("softmax", "masked softmax fwd, bwd, fwd+bwd vs eager, compile", cmd_bench_softmax),
         ("conv1d", "causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward", cmd_bench_conv1d),
+        ("linear-xent", "fused linear + cross-entropy fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, "
+         "matmul + fastlm CE, Liger, CCE", cmd_bench_linear_xent),
         ("roofline", "this GPU's measured roofline with every benchmarked fastlm kernel on it", cmd_bench_roofline),
     ):  # benchmarks whose only option is --out
         p = bench.add_parser(name, help=help_text)
