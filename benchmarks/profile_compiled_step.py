@@ -54,7 +54,7 @@ def gpu_time_by_category(prof: profile, steps: int) -> tuple[dict[str, float], f
     ms: dict[str, float] = defaultdict(float)
     count = 0
     for event in prof.events():
-        if event.device_type != DeviceType.CUDA:
+        if event.device_type != DeviceType.CUDA or event.is_user_annotation:  # ranges, not kernels
             continue
         ms[category(event.name)] += event.device_time_total / 1e3 / steps
         count += 1

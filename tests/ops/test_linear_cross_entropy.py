@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import fastlm
 from fastlm.nn import LinearCrossEntropyLoss
 from fastlm.ops import linear_cross_entropy as lce
+from fastlm.ops.cross_entropy import cross_entropy_ref
 from fastlm.ops.linear_cross_entropy import (
     CHUNK_ROW_MULTIPLE,
     linear_cross_entropy_config,
@@ -331,8 +332,8 @@ def test_gpu_matmul_into_accumulates_without_a_temporary(out_dtype):
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    lce._matmul_into(out, a, b, accumulate=False)
-    lce._matmul_into(out, a, b, accumulate=True)
+    lce._matmul_into(out, a, b, accumulate=False, traced=False)
+    lce._matmul_into(out, a, b, accumulate=True, traced=False)
     torch.cuda.synchronize()
     assert torch.cuda.max_memory_allocated() - before < out.numel() * out.element_size() // 4
     expected = 2 * (a.double() @ b.double())
@@ -354,7 +355,13 @@ def test_gpu_bf16_autocast_matches_reference(reduction):
     (loss, grads), (expected, expected_grads) = run_against_reference(
         hidden, weight, bias, targets, upstream, autocast=True, reduction=reduction, z_loss=1e-4, chunk_rows=256
     )
-    torch.testing.assert_close(loss.detach().double(), expected.detach(), rtol=5e-3, atol=1e-2)
+    # The logits are bf16 under autocast, so a row's loss carries x_t's rounding (|x_t| 2^-9): bound
+    # the error by that of PyTorch's autocast path (bf16 F.linear, then the loss in fp32).
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        torch_logits = F.linear(hidden, weight, bias)
+    torch_loss = cross_entropy_ref(torch_logits.float(), targets, reduction=reduction, z_loss=1e-4)
+    torch_error = (torch_loss.double() - expected.detach()).abs().max().item()
+    assert (loss.detach().double() - expected.detach()).abs().max().item() <= 1.5 * torch_error + 1e-3
     for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-3)
 

@@ -114,21 +114,25 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return torch.mm(hidden, weight.t()) if bias is None else torch.addmm(bias, hidden, weight.t())
 
 
-def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool) -> None:
+def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool, traced: bool) -> None:
     """``out (+)= a @ b`` for a, b in the compute dtype and ``out`` in its own dtype (the weight's:
     fp32 for a master weight), with no temporary of out's size where the device allows.
 
     Same dtype: cuBLAS adds the fp32 product into out and rounds once. fp32 out from 16-bit inputs
-    on CUDA: aten's ``addmm(..., out_dtype=float32)`` does the same into the fp32 buffer. CPU has
-    no such overload, so there the product is formed in fp32 first (exact products of the 16-bit
-    values, as cuBLAS uses; CPU shapes are small). ``beta=0`` ignores out's old values (even NaN),
-    so the first chunk needs no zero-filled buffer.
+    on CUDA in eager mode: aten's ``addmm(..., out_dtype=float32, out=out)`` does the same into
+    the fp32 buffer. A trace cannot take that out= form and Inductor lowers the op to a matmul and
+    an add anyway, so traced calls take the functional form: one fp32 temporary of out's size per
+    chunk under torch.compile. CPU has no such overload at all: there the product is formed in fp32
+    from the 16-bit values (exact products, as cuBLAS uses; CPU shapes are small). ``beta=0`` ignores out's old
+    values (even NaN), so the first chunk needs no zero-filled buffer.
     """
     beta = 1 if accumulate else 0
     if out.dtype == a.dtype:
         torch.addmm(out, a, b, beta=beta, out=out)
-    elif out.is_cuda and out.dtype == torch.float32:
+    elif out.is_cuda and out.dtype == torch.float32 and not traced:
         torch.addmm(out, a, b, beta=beta, out_dtype=torch.float32, out=out)
+    elif out.is_cuda and out.dtype == torch.float32:  # a 16-bit matmul with an fp32 result, then a copy
+        out.copy_(torch.addmm(out, a, b, beta=beta, out_dtype=torch.float32))
     elif accumulate:
         out.add_(a.float() @ b.float())
     else:
@@ -198,7 +202,7 @@ def _chunked_gradients(hidden, weight, bias, targets, row_scale, needs, options:
             if need_hidden:
                 torch.mm(dlogits, compute_weight, out=grad_hidden[rows])
             if need_weight:
-                _matmul_into(grad_weight, dlogits.t(), hidden[rows], accumulate=start > 0)
+                _matmul_into(grad_weight, dlogits.t(), hidden[rows], start > 0, traced)
             if need_bias:
                 grad_bias += dlogits.sum(0, dtype=torch.float32)
             del dlogits  # before the next chunk's logits are allocated: one (C, V) buffer alive, not two
