@@ -38,7 +38,7 @@ from .train_processes import TrainRun
 STEPS = 12
 ARGV = ["--preset", "tiny", "--vocab", "50", "--context", "16", "--batch", "2", "--lr", "1e-2",
         "--steps", str(STEPS), "--checkpoint-every", "1"]  # fmt: skip
-PAUSE_S = 0.02  # per stage of a save, 3 stages: about half of the training time is spent inside saves
+PAUSE_S = 0.02  # per stage of a save (3 stages): kills at random moments often land inside one
 SERIES = {"single process": (1, []), "2-rank gloo": (2, ["--parallel", "ddp"])}
 DEFAULT_KILLS = len(SERIES)
 SAVED = re.compile(r"^checkpoint step (\d+):", re.MULTILINE)
