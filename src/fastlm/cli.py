@@ -569,46 +569,51 @@ def cmd_profile_memory(args) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def _add_columns(table: Table, labels: Sequence[str], numbers: Sequence[str]) -> None:
+    """Text columns that wrap (long words folded, never cut to '…') and right-aligned number
+    columns kept whole, so a table fits 80 columns without losing a digit."""
+    for header in labels:
+        table.add_column(header, overflow="fold")
+    for header in numbers:
+        table.add_column(header, justify="right", no_wrap=True)
+
+
 def cmd_analyze_xent(args) -> None:
     from fastlm.analysis.xent import FORMULAS, CrossEntropyCost
+    from fastlm.bench.report import si, si_seconds
 
     spec = device_spec(args.gpu)
     cost = CrossEntropyCost(args.batch, args.vocab)
     fwd, bwd = cost.fwd_bound(spec), cost.bwd_bound(spec)
     table = Table(title=f"Cross-entropy cost model · B={args.batch}, V={args.vocab} · {spec.name}")
-    table.add_column("quantity")
-    table.add_column("formula")
-    table.add_column("forward", justify="right")
-    table.add_column("backward", justify="right")
-    gb = lambda n: f"{n / 1e9:.4f} GB ({n:,} B)"
+    _add_columns(table, ("quantity", "formula"), ("forward", "backward"))
     table.add_row("bytes loaded", f"{FORMULAS['fwd loaded']} | {FORMULAS['bwd loaded']}",
-                  gb(cost.fwd_bytes_loaded), gb(cost.bwd_bytes_loaded))  # fmt: skip
+                  si(cost.fwd_bytes_loaded, "B"), si(cost.bwd_bytes_loaded, "B"))  # fmt: skip
     table.add_row("bytes stored", f"{FORMULAS['fwd stored']} | {FORMULAS['bwd stored']}",
-                  gb(cost.fwd_bytes_stored), gb(cost.bwd_bytes_stored))  # fmt: skip
+                  si(cost.fwd_bytes_stored, "B"), si(cost.bwd_bytes_stored, "B"))  # fmt: skip
     table.add_row("FLOPs per token", f"{FORMULAS['fwd FLOPs/token']} | {FORMULAS['bwd FLOPs/token']}",
-                  f"{cost.fwd_flops_per_token:,}", f"{cost.bwd_flops_per_token:,}")  # fmt: skip
-    table.add_row("FLOPs", "B x per token", f"{cost.fwd_flops:,}", f"{cost.bwd_flops:,}")
-    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fwd.intensity:.3f} FLOP/B", f"{bwd.intensity:.3f} FLOP/B")
-    table.add_row("device ridge (CUDA cores fp32)", f"{spec.vector_fp32_tflops} TF / {spec.memory_gbps:.0f} GB/s",
-                  f"{fwd.ridge:.1f} FLOP/B", f"{bwd.ridge:.1f} FLOP/B")  # fmt: skip
-    tensor_rate = f"{spec.matmul_tflops} TF {spec.matmul_dtype} / {spec.memory_gbps:.0f} GB/s"
+                  si(cost.fwd_flops_per_token), si(cost.bwd_flops_per_token))  # fmt: skip
+    table.add_row("FLOPs", "B x per token", si(cost.fwd_flops), si(cost.bwd_flops))
+    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fwd.intensity:.3g} FLOP/B", f"{bwd.intensity:.3g} FLOP/B")
+    table.add_row("device ridge (CUDA cores fp32)", f"{spec.vector_fp32_tflops:g} TF / {spec.memory_gbps:g} GB/s",
+                  f"{fwd.ridge:.3g} FLOP/B", f"{bwd.ridge:.3g} FLOP/B")  # fmt: skip
+    tensor_rate = f"{spec.matmul_tflops:g} TF {spec.matmul_dtype} / {spec.memory_gbps:g} GB/s"
     table.add_row("device ridge (tensor cores)", tensor_rate,
-                  f"{spec.ridge_flops_per_byte:.0f} FLOP/B", f"{spec.ridge_flops_per_byte:.0f} FLOP/B")  # fmt: skip
+                  f"{spec.ridge_flops_per_byte:.3g} FLOP/B", f"{spec.ridge_flops_per_byte:.3g} FLOP/B")  # fmt: skip
     table.add_row("verdict", "intensity vs ridge", fwd.verdict, bwd.verdict)
-    table.add_row(
-        "minimum time", "max(bytes/BW, FLOPs/rate)", f"{fwd.min_time_s * 1e6:.1f} µs", f"{bwd.min_time_s * 1e6:.1f} µs"
-    )
+    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", si_seconds(fwd.min_time_s), si_seconds(bwd.min_time_s))
     console.print(table)
     fused = cost.fused_bound(spec)
     console.print(
-        f"Fused training pass (loss + dlogits in one kernel): {gb(cost.fused_bytes)}, "
-        f"minimum {fused.min_time_s * 1e6:.1f} µs vs {(fwd.min_time_s + bwd.min_time_s) * 1e6:.1f} µs "
+        f"Fused training pass (loss + dlogits in one kernel): {si(cost.fused_bytes, 'B')}, "
+        f"minimum {si_seconds(fused.min_time_s)} vs {si_seconds(fwd.min_time_s + bwd.min_time_s)} "
         "for forward + backward."
     )
 
 
 def cmd_analyze_conv1d(args) -> None:
     from fastlm.analysis.conv1d import FORMULAS, Conv1dCost
+    from fastlm.bench.report import si, si_seconds
 
     spec = device_spec(args.gpu)
     sizes = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -617,23 +622,20 @@ def cmd_analyze_conv1d(args) -> None:
     fused, padded = cost.fwd_bound(spec), cost.fwd_bound(spec, padding_pass=True)
     table = Table(title=f"Causal conv1d forward · B={args.batch}, L={args.length}, D={args.channels}, "
                         f"K={args.kernel_size}, {args.dtype} · {spec.name}")  # fmt: skip
-    table.add_column("quantity")
-    table.add_column("formula")
-    table.add_column("fused (masked loads)", justify="right")
-    table.add_column("separate padding pass", justify="right")
-    table.add_row("bytes", f"{FORMULAS['fused']} | {FORMULAS['padding pass']}",
-                  f"{fused.bytes / 1e6:,.1f} MB", f"{padded.bytes / 1e6:,.1f} MB")  # fmt: skip
-    table.add_row("FLOPs", FORMULAS["FLOPs"], f"{fused.flops:,}", f"{padded.flops:,}")
-    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fused.intensity:.2f} FLOP/B",
-                  f"{padded.intensity:.2f} FLOP/B")  # fmt: skip
-    ridge = f"{spec.vector_fp32_tflops} TF / {spec.memory_gbps:.0f} GB/s"
-    table.add_row("device ridge (CUDA cores fp32)", ridge, f"{fused.ridge:.1f} FLOP/B", f"{padded.ridge:.1f} FLOP/B")
+    _add_columns(table, ("quantity", "formula"), ("fused (masked loads)", "separate padding pass"))
+    table.add_row("bytes", f"{FORMULAS['fused']} | {FORMULAS['padding pass']}", si(fused.bytes, "B"),
+                  si(padded.bytes, "B"))  # fmt: skip
+    table.add_row("FLOPs", FORMULAS["FLOPs"], si(fused.flops), si(padded.flops))
+    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fused.intensity:.3g} FLOP/B",
+                  f"{padded.intensity:.3g} FLOP/B")  # fmt: skip
+    ridge = f"{spec.vector_fp32_tflops:g} TF / {spec.memory_gbps:g} GB/s"
+    table.add_row("device ridge (CUDA cores fp32)", ridge, f"{fused.ridge:.3g} FLOP/B", f"{padded.ridge:.3g} FLOP/B")
     table.add_row("verdict", "intensity vs ridge", fused.verdict, padded.verdict)
-    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", f"{fused.min_time_s * 1e6:.1f} µs",
-                  f"{padded.min_time_s * 1e6:.1f} µs")  # fmt: skip
+    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", si_seconds(fused.min_time_s),
+                  si_seconds(padded.min_time_s))  # fmt: skip
     console.print(table)
-    console.print(f"Backward (fused, z recomputed): {cost.bwd_bytes / 1e6:,.1f} MB, at least "
-                  f"{cost.bwd_bytes / (spec.memory_gbps * 1e9) * 1e6:.1f} µs. The conv sits far left of the ridge "
+    console.print(f"Backward (fused, z recomputed): {si(cost.bwd_bytes, 'B')}, at least "
+                  f"{si_seconds(cost.bwd_bytes / (spec.memory_gbps * 1e9))}. The conv sits far left of the ridge "
                   "on the roofline: its floor is bytes / bandwidth, so the fused kernel's target is the copy "
                   "bandwidth.")  # fmt: skip
 
@@ -870,6 +872,7 @@ DTYPE_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
 def cmd_analyze_layer(args) -> None:
     """`analyze attention|mha|mlp`: the per-stage cost table of one piece of a Transformer layer."""
     from fastlm.analysis import transformer as cost
+    from fastlm.bench.report import format_value, si, si_seconds
 
     spec, n_bytes = device_spec(args.gpu), DTYPE_BYTES[args.dtype]
     b, n, d, h = args.batch, args.seq, args.d_model, args.heads
@@ -885,15 +888,22 @@ def cmd_analyze_layer(args) -> None:
     table = Table(title=f"{args.command} · B={b}, N={n}, D={d}{heads}, {args.dtype} · {spec.name} "
                         f"(ridge {spec.ridge_flops_per_byte:.0f} FLOP/B tensor cores, "
                         f"{spec.vector_ridge_flops_per_byte:.1f} CUDA cores)")  # fmt: skip
-    for _, header in cost.STAGE_COLUMNS:
-        table.add_column(header, justify="left" if header in ("stage", "bound", "scales as") else "right")
-    for row in cost.render_stages(stages, spec):
-        table.add_row(row["stage"], f"{row['flops']:.4g}", f"{row['bytes']:.4g}", f"{row['intensity']:.3g}",
-                      row["verdict"], f"{row['min_time_us']:,.1f}", row["scaling"])  # fmt: skip
+    headers = dict(cost.STAGE_COLUMNS)
+    _add_columns(table, (headers["stage"],), [headers[key] for key in ("flops", "bytes", "intensity")])
+    table.add_column(headers["verdict"], no_wrap=True)
+    table.add_column("min time", justify="right", no_wrap=True)
+    table.add_column(headers["scaling"], max_width=len("scales"))  # values are N or N^2: the header wraps
+    rows = cost.render_stages(stages, spec)
+    table.columns[0].min_width = max(len(word) for row in rows for word in row["stage"].split())  # words stay whole
+    for row in rows:
+        table.add_row(row["stage"], si(row["flops"]), si(row["bytes"], "B"), format_value(row["intensity"]),
+                      row["verdict"].removesuffix("-bound"), si_seconds(row["min_time_us"] * 1e-6),
+                      row["scaling"])  # fmt: skip
     console.print(table)
     console.print(
         "Every stage unfused: each reads its inputs from memory and writes its output once (module "
-        "fastlm.analysis.transformer has the formulas). 'scales as' is how FLOPs and bytes grow with N."
+        "fastlm.analysis.transformer has the formulas). 'bound' is what limits the stage: memory or "
+        "compute; 'scales as' is how FLOPs and bytes grow with N."
     )
 
 

@@ -170,7 +170,7 @@ def test_bench_xent_cli_writes_records_and_report(tmp_path, capsys):
 def test_analyze_xent_prints_the_cost_model(capsys):
     assert main(["analyze", "xent", "--batch", "4096", "--vocab", "128256", "--gpu", "h100"]) == 0
     out = capsys.readouterr().out
-    assert "1,050,705,920" in out and "memory-bound" in out and "313.7 µs" in out
+    assert "1.05 GB" in out and "memory-bound" in out and "314 µs" in out  # 1,050,705,920 B; 313.7 µs
 
 
 @pytest.mark.parametrize("argv", [["analyze", "xent", "--gpu", "v100"], ["bench", "xent", "--batch", "0"]])
