@@ -7,8 +7,8 @@ Protocol (one run, one device, all baselines measured side by side):
   bwd: `losses.backward(ones)` after an untimed forward (CUDA events around the backward only);
   fwd+bwd: both, as one training step would. The fused path's fwd already writes dlogits, so its
   fwd+bwd adds only the backward's row scaling (one early-exiting launch on a GPU where the upstream
-  gradient is 1): the two time within noise of each other, and the table says so where fwd+bwd
-  comes out below fwd;
+  gradient is 1) and can time within noise of fwd; on a CPU shared with other processes the load
+  can also change between the stages. The table says which where fwd+bwd comes out below fwd;
 - achieved GB/s use the cost model's bytes (fastlm.analysis.xent) for every implementation, so
   they compare like effective bandwidths: fwd 2BV+16B, bwd 4BV+16B, fwd+bwd their sum.
 """
@@ -36,7 +36,8 @@ CPU_BATCH = 128  # reduced run on machines without a GPU
 CPU_NOTE = (
     "No GPU: fastlm's cross-entropy runs its plain-PyTorch reference path (the Triton interpreter under "
     "TRITON_INTERPRET=1), not the Triton kernels, at B=128; torch.compile and Liger need a GPU and are "
-    "not measured. These CPU timings vary by tens of percent between runs and say nothing about GPU speed."
+    "not measured. These CPU timings vary by tens of percent between runs (more when other processes share the "
+    "cores) and say nothing about GPU speed."
 )
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -207,12 +208,12 @@ def table_rows(records: list[dict]) -> list[dict]:
 
 
 def _shorter_step_note(record: dict) -> str:
-    """Why fwd+bwd, which runs the forward too, times below the forward alone: noise where the
-    stages' p20-p80 ranges overlap (the fused path's backward adds almost nothing; CPU runs vary by
-    tens of percent), else a measurement to distrust."""
+    """Why fwd+bwd, which runs the forward too, timed below the forward alone. On an idle machine it
+    does not (the fused path's backward adds little, but something): the stages' p20-p80 ranges
+    overlap (noise), or they lie apart and the machine's load changed between the stages."""
     if record["fwd_bwd_p80_ms"] >= record["fwd_p20_ms"]:
         return "fwd+bwd < fwd within timing noise (p20-p80 ranges overlap)"
-    return "fwd+bwd < fwd beyond the p20-p80 ranges: distrust this row"
+    return "fwd+bwd < fwd with p20-p80 ranges apart: the load changed between the stages, rerun"
 
 
 def render(results_dir: Path, reports_dir: Path) -> str:
