@@ -1020,9 +1020,9 @@ DURATIONS = {
         "about 15 seconds",
         "under 10 minutes, plus 2-4 minutes of compilation per large model and compile mode",
     ),
-    "bench allreduce": ("about 6 minutes", "under 10 minutes"),
+    "bench allreduce": ("about 2 minutes", "under 10 minutes"),
     "bench ddp": (
-        "about 10 minutes for --procs 2, and longer for 4 processes than for 2 on 2 cores",
+        "5 to 10 minutes for --procs 2, and longer for 4 processes than for 2 on 2 cores",
         "about 5 minutes for --procs 8 --rounds 2",
     ),
     "profile model": ("about 30 seconds", "under 10 minutes"),

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from fastlm.bench.records import append_records, latest_run, read_records, with_environment
-from fastlm.bench.report import line_plot, markdown_table
+from fastlm.bench.report import line_plot, markdown_table, si, si_seconds
 from fastlm.distributed.launch import spawn
 
 RESULTS_FILE = "allreduce.jsonl"
@@ -66,8 +66,8 @@ def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: i
                      "median_ms": median * 1e3, "algbw_gbps": algbw,
                      "busbw_gbps": bus_bandwidth(algbw, world)})  # fmt: skip
         if rank == 0 and progress is not None:
-            progress(f"all-reduce, {world} processes, {size_mb:g} MB: {median * 1e3:.3g} ms, "
-                     f"busbw {bus_bandwidth(algbw, world):.3g} GB/s")  # fmt: skip
+            progress(f"all-reduce, {world} processes, {size_mb:g} MB: {si_seconds(median)}, "
+                     f"busbw {si(bus_bandwidth(algbw, world) * 1e9, 'B/s')}")  # fmt: skip
         del data
     if rank == 0:
         Path(out).write_text(repr(rows))

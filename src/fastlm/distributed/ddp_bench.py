@@ -56,7 +56,7 @@ import torch.distributed as dist
 from torch.autograd import DeviceType
 
 from fastlm.bench.records import append_records, latest_runs_by, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns, save_figure
+from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns, save_figure, si_seconds
 from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
 from fastlm.distributed.launch import spawn
 from fastlm.model import ModelConfig, TransformerLM
@@ -413,7 +413,7 @@ def _worker(rank: int, world: int, backend: str, settings: Settings, variants, o
             times[variant].append(measured)
             if rank == 0 and progress is not None:
                 progress(f"data-parallel steps, {world} processes, round {round_index + 1}/{settings.rounds}: "
-                         f"{variant} {statistics.median(measured) * 1e3:.3g} ms per step")  # fmt: skip
+                         f"{variant} {si_seconds(statistics.median(measured))} per step")  # fmt: skip
             profiles.setdefault(variant, profile)
             _release(device)
             dist.barrier()
@@ -429,7 +429,7 @@ def _worker(rank: int, world: int, backend: str, settings: Settings, variants, o
                      "status": "ok"})  # fmt: skip
         if rank == 0 and progress is not None:
             progress(f"data-parallel steps, {world} processes: memory row of {optimizer}, "
-                     f"{rows[-1]['median_ms']:.3g} ms per step")  # fmt: skip
+                     f"{si_seconds(rows[-1]['median_ms'] * 1e-3)} per step")  # fmt: skip
         _release(device)
         dist.barrier()
     if rank == 0:
