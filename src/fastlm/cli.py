@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +21,7 @@ from fastlm.devices import DEVICES, device_spec
 from fastlm.model.config import ATTENTION_KERNELS, LOSS_KERNELS, NORM_KERNELS, PRESETS, SOFTMAX_KERNELS, ModelConfig
 
 console = Console()
+error_console = Console(stderr=True)
 
 
 class UserError(Exception):
@@ -31,12 +34,39 @@ def _device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _progress():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _print_line(text: str) -> None:
+    """One line, flushed, so it shows at once also when the output is piped: a note, or progress.
+    Module-level, so the distributed benchmarks' worker processes can unpickle it and report from
+    rank 0 (a bar redrawn by this process would garble their lines, so those print lines only)."""
+    print(text, flush=True)
 
-    return Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    )
+
+@contextlib.contextmanager
+def _steps(name: str, total: int):
+    """Yields ``step(done="")`` for a long run: a progress bar on a terminal; one plain line per step,
+    flushed, when the output is piped or logged (where a bar would show only once, at the end)."""
+    if console.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console) as progress:
+            task = progress.add_task(name, total=total)
+            yield lambda done="": progress.update(task, description=f"{name} ({done})" if done else name, advance=1)
+        return
+    count = 0
+
+    def step(done: str = "") -> None:
+        nonlocal count
+        count += 1
+        _print_line(f"{name} {count}/{total}" + (f": {done}" if done else ""))
+
+    yield step
+
+
+def _note_without_gpu(device, note: str) -> None:
+    """Say what a GPU benchmark run on the CPU does not measure, before it starts."""
+    if device.type != "cuda":
+        _print_line(note)
 
 
 def _write_report(path: Path, title: str, body: str) -> Path:
@@ -52,6 +82,12 @@ def _show_report(report: Path) -> None:
     console.print(f"[bold]wrote[/] {report}")
 
 
+# ---------------------------------------------------------------------------------------------
+# Argument types: each rejects a bad value with one sentence, which argparse prefixes with the
+# option's name ("argument --lr: expected a positive finite number, got 'nan'") and exits with 2
+# ---------------------------------------------------------------------------------------------
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -65,11 +101,131 @@ def _positive_int(text: str) -> int:
 def _non_negative_int(text: str) -> int:
     if text.strip() == "0":
         return 0
-    return _positive_int(text)
+    try:
+        return _positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
 
 
-def _int_list(text: str) -> tuple[int, ...]:
-    return tuple(_positive_int(part) for part in text.split(","))
+def _seed(text: str) -> int:
+    """A random seed: an integer in [0, 2**63), the range torch's generators take."""
+    value = _non_negative_int(text)
+    if value >= 2**63:
+        raise argparse.ArgumentTypeError(f"expected a seed below 2**63, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _comma_list(parse_one, what: str):
+    """argparse type: a non-empty comma list, each part parsed by ``parse_one``."""
+
+    def parse(text: str) -> tuple:
+        parts = [part.strip() for part in text.split(",")]
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"expected a comma list of {what}, got {text!r}")
+        try:
+            return tuple(parse_one(part) for part in parts)
+        except argparse.ArgumentTypeError as error:
+            if len(parts) == 1:
+                raise
+            raise argparse.ArgumentTypeError(f"{error} in the comma list {text!r}") from None
+
+    return parse
+
+
+_int_list = _comma_list(_positive_int, "positive integers")
+_float_list = _comma_list(_positive_float, "positive numbers")
+
+
+def _choice_list(choices: Sequence[str], what: str = "value"):
+    """argparse type: a non-empty comma-separated subset of ``choices``."""
+
+    def parse_one(part: str) -> str:
+        if part not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {what} {part!r}; choose from {', '.join(choices)}")
+        return part
+
+    return _comma_list(parse_one, f"{what}s among {', '.join(choices)}")
+
+
+def _text_file(text: str) -> Path:
+    """An existing, readable, non-empty file."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}" if not path.exists() else f"{text!r} is not a file")
+    try:
+        size = path.stat().st_size
+        with path.open("rb"):
+            pass
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: {error.strerror}") from None
+    if size == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is empty")
+    return path
+
+
+def _folder(text: str) -> Path:
+    """A folder to write into: missing (it is created) or an existing folder, not a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
+    return path
+
+
+def _output_file(text: str) -> Path:
+    """A file to write: not an existing folder."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    return path
+
+
+def _host_ops(text: str) -> tuple[str, ...]:
+    from fastlm.bench.host import OPS  # imported on use: it loads torch and the kernels
+
+    return _choice_list(OPS, "op")(text)
+
+
+def _rounds(text: str) -> int:
+    from fastlm.bench.host import MIN_ROUNDS
+
+    value = _positive_int(text)
+    if value < MIN_ROUNDS:
+        raise argparse.ArgumentTypeError(f"expected at least {MIN_ROUNDS} rounds (a median and a spread), got {value}")
+    return value
+
+
+def _sweep_list(text: str) -> tuple[str, ...]:
+    from fastlm.bench.attention import SWEEPS  # imported on use: it loads torch and the kernels
+
+    return _choice_list(SWEEPS, "sweep")(text)
+
+
+def _variant_list(text: str) -> tuple[str, ...]:
+    from fastlm.distributed.ddp_bench import check_variant
+
+    def parse_one(part: str) -> str:
+        try:
+            return check_variant(part)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return _comma_list(parse_one, "variants")(text)
+
+
+def _optimizer_list(text: str) -> tuple[str, ...]:
+    from fastlm.distributed.ddp_bench import OPTIMIZERS
+
+    return () if text == "none" else _choice_list(OPTIMIZERS, "optimizer")(text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,9 +246,8 @@ def cmd_bench_ceilings(args) -> None:
             f"{100 * record['copy_fraction_of_datasheet']:.0f}% / {100 * record['matmul_fraction_of_datasheet']:.0f}%"
         )
     shape = "x".join(map(str, record["matmul_shape"]))
-    table.add_row(
-        f"{record['copy_gbps']:.0f}", f"{record['matmul_tflops']:.1f}", f"{shape} {record['matmul_dtype']}", datasheet
-    )
+    table.add_row(f"{record['copy_gbps']:.3g}", f"{record['matmul_tflops']:.3g}", f"{shape} {record['matmul_dtype']}",
+                  datasheet)  # fmt: skip
     console.print(table)
 
 
@@ -106,13 +261,9 @@ def run_xent_benchmark(out: Path, batch: int | None, vocabs: tuple[int, ...] | N
         batch = xent.DEFAULT_BATCH if device.type == "cuda" else xent.CPU_BATCH
     vocabs = vocabs or xent.DEFAULT_VOCABS
     results_dir, reports_dir = out / "results", out / "reports"
+    _note_without_gpu(device, xent.CPU_NOTE)
     ceilings = record_ceilings(results_dir, device)
-    with _progress() as progress:
-        task = progress.add_task("cross-entropy", total=len(vocabs) * len(xent.IMPLEMENTATIONS))
-
-        def step(done: str) -> None:
-            progress.update(task, description=f"cross-entropy (done: {done})", advance=1)
-
+    with _steps("cross-entropy", len(vocabs) * len(xent.IMPLEMENTATIONS)) as step:
         xent.run(batch=batch, vocabs=vocabs, device=device, ceilings=ceilings, results_dir=results_dir, progress=step)
     report = _write_report(reports_dir / "xent.md", "Cross-entropy benchmark", xent.render(results_dir, reports_dir))
     return report
@@ -125,17 +276,14 @@ def cmd_bench_xent(args) -> None:
 
 def run_bandwidth_benchmark(out: Path, module, name: str, title: str) -> Path:
     """`bench norms | softmax | conv1d`: copy ceiling, every case x implementation; the report's path."""
+    from fastlm.bench.bandwidth import CPU_NOTE
     from fastlm.bench.ceilings import record_ceilings
 
     device = _device()
+    _note_without_gpu(device, CPU_NOTE)
     results_dir, reports_dir = out / "results", out / "reports"
     ceilings = record_ceilings(results_dir, device)
-    with _progress() as progress:
-        task = progress.add_task(name, total=len(module.cases(device)) * len(module.IMPLEMENTATIONS))
-
-        def step(done: str) -> None:
-            progress.update(task, description=f"{name} (done: {done})", advance=1)
-
+    with _steps(name, len(module.cases(device)) * len(module.IMPLEMENTATIONS)) as step:
         module.run(device, ceilings, results_dir, progress=step)
     return _write_report(reports_dir / f"{name}.md", title, module.render(results_dir, reports_dir))
 
@@ -160,6 +308,7 @@ def run_roofline(out: Path) -> Path:
     from fastlm.devices import current_device_name
 
     results_dir, reports_dir = out / "results", out / "reports"
+    _note_without_gpu(_device(), roofline.CPU_NOTE)
     here = [r for r in read_records(results_dir / RESULTS_FILE) if r["gpu"] == current_device_name()]
     ceilings = here[-1] if here else record_ceilings(results_dir, _device())  # the kernels' own run's ceilings
     return _write_report(reports_dir / "roofline.md", "Roofline", roofline.render(results_dir, reports_dir, ceilings))
@@ -182,40 +331,6 @@ def cmd_bench_linear_xent(args) -> None:
     _show_report(run_bandwidth_benchmark(args.out, linear_xent, "linear_xent", title))
 
 
-@contextlib.contextmanager
-def _steps(name: str, total: int):
-    """Yields ``step(done)`` for a long run: a progress bar on a terminal; one plain line per step when
-    the output is piped or logged (where a bar would show only once, at the end)."""
-    if console.is_terminal:
-        with _progress() as progress:
-            task = progress.add_task(name, total=total)
-            yield lambda done: progress.update(task, description=f"{name} (done: {done})", advance=1)
-        return
-    count = 0
-
-    def step(done: str) -> None:
-        nonlocal count
-        count += 1
-        console.print(f"{name} {count}/{total}: {done}", markup=False, highlight=False)
-
-    yield step
-
-
-def _host_ops(text: str) -> tuple[str, ...]:
-    from fastlm.bench.host import OPS  # imported on use: it loads torch and the kernels
-
-    return _choice_list(OPS, "op")(text)
-
-
-def _rounds(text: str) -> int:
-    from fastlm.bench.host import MIN_ROUNDS
-
-    value = _positive_int(text)
-    if value < MIN_ROUNDS:
-        raise argparse.ArgumentTypeError(f"expected at least {MIN_ROUNDS} rounds (a median and a spread), got {value}")
-    return value
-
-
 def run_host_benchmark(
     out: Path, ops: Sequence[str] | None, modes: Sequence[str], rounds: int | None, calls: int | None
 ) -> Path:
@@ -226,8 +341,7 @@ def run_host_benchmark(
     device = _device()
     on_gpu = device.type == "cuda"
     cases = [host.CASES[name] for name in (ops or host.OPS)]
-    if not on_gpu:
-        console.print(host.CPU_NOTE)
+    _note_without_gpu(device, host.CPU_NOTE)
     with _steps("host cost", len(cases) * len(modes)) as step:
         host.run(cases, modes, device, out / "results", progress=step,
                  rounds=rounds or (host.GPU_ROUNDS if on_gpu else host.CPU_ROUNDS),
@@ -241,24 +355,14 @@ def cmd_bench_host(args) -> None:
     _show_report(run_host_benchmark(args.out, args.ops, args.compile, args.rounds, args.calls))
 
 
-def _sweep_list(text: str) -> tuple[str, ...]:
-    from fastlm.bench.attention import SWEEPS  # imported on use: it loads torch and the kernels
-
-    return _choice_list(SWEEPS, "sweep")(text)
-
-
 def run_attention_benchmark(out: Path, sweeps: tuple[str, ...]) -> Path:
     """The attention sweeps, then their markdown report; returns the report path."""
     from fastlm.bench import attention
 
     device = _device()
+    _note_without_gpu(device, attention.CPU_NOTE)
     results_dir, reports_dir = out / "results", out / "reports"
-    with _progress() as progress:
-        task = progress.add_task("attention", total=attention.total_measurements(sweeps, device))
-
-        def step(done: str) -> None:
-            progress.update(task, description=f"attention (done: {done})", advance=1)
-
+    with _steps("attention", attention.total_measurements(sweeps, device)) as step:
         attention.run(sweeps, device, results_dir, progress=step)
     return _write_report(
         reports_dir / "attention.md", "Attention benchmark", attention.render(results_dir, reports_dir)
@@ -270,17 +374,14 @@ def cmd_bench_attention(args) -> None:
     _show_report(report)
 
 
-def _choice_list(choices: Sequence[str], what: str = "value"):
-    """argparse type: a comma-separated subset of ``choices``."""
-
-    def parse(text: str) -> tuple[str, ...]:
-        values = tuple(part.strip() for part in text.split(","))
-        unknown = [v for v in values if v not in choices]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown {what} {unknown[0]!r}; choose from {', '.join(choices)}")
-        return values
-
-    return parse
+def _check_heads(d_model: int, heads: int, rope: bool = False) -> None:
+    """--d-model splits into --heads heads; with ``rope`` (the model, not a cost model) each head's
+    width must be even too, since RoPE rotates pairs of dimensions."""
+    if d_model % heads:
+        raise UserError(f"--d-model ({d_model}) must be divisible by --heads ({heads})")
+    if rope and (d_model // heads) % 2:
+        raise UserError(f"--d-model / --heads ({d_model} / {heads} = {d_model // heads}) must be even: RoPE rotates "
+                        "pairs of dimensions")  # fmt: skip
 
 
 def model_configs(args) -> list[tuple[str, ModelConfig]]:
@@ -296,6 +397,7 @@ def model_configs(args) -> list[tuple[str, ModelConfig]]:
             raise UserError(
                 f"a custom model needs --d-model, --d-ff, --layers and --heads; missing {', '.join(missing)}"
             )
+        _check_heads(args.d_model, args.heads, rope=True)
         bases = [("custom", lambda: ModelConfig(**dims, **common))]
     else:
         presets = args.preset or ((args.gpu_preset,) if _device().type == "cuda" else ("tiny",))
@@ -328,13 +430,8 @@ def run_model_benchmark(
         except ImportError:
             raise UserError("--hf needs the transformers package: pip install transformers") from None
     results_dir, reports_dir = out / "results", out / "reports"
-    with _progress() as progress:
-        subjects = model_bench.subjects(configs, implementations)
-        task = progress.add_task("model", total=len(subjects) * len(rows) * rounds)
-
-        def step(done: str) -> None:
-            progress.update(task, description=f"model (done: {done})", advance=1)
-
+    _note_without_gpu(device, model_bench.CPU_NOTE)
+    with _steps("model", len(model_bench.subjects(configs, implementations)) * len(rows) * rounds) as step:
         model_bench.run(configs, rows, batch=batch, warmup=warmup, steps=steps, device=device,
                         results_dir=results_dir, implementations=implementations, rounds=rounds,
                         interleave=interleave, progress=step)  # fmt: skip
@@ -370,20 +467,16 @@ def cmd_bench_allreduce(args) -> None:
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and torch.cuda.device_count() < min(args.procs):
-        raise UserError(f"NCCL needs one GPU per process; this machine has {torch.cuda.device_count()}")
+        raise UserError(f"--backend nccl needs one GPU per process; this machine has {torch.cuda.device_count()}")
     worlds = [n for n in args.procs if backend == "gloo" or n <= torch.cuda.device_count()]
     skipped = sorted(set(args.procs) - set(worlds))
     if skipped:
         console.print(f"skipping {', '.join(map(str, skipped))} processes: only {torch.cuda.device_count()} GPUs")
     results_dir, reports_dir = args.out / "results", args.out / "reports"
-    with _progress() as progress:
-        task = progress.add_task(f"all-reduce ({backend})", total=len(worlds))
-
-        def step(done: str) -> None:
-            progress.update(task, advance=1, description=f"all-reduce ({backend}, done: {done})")
-
-        allreduce_bench.run(backend, worlds, args.sizes_mb, results_dir, warmup=args.warmup, iters=args.iters,
-                            progress=step)  # fmt: skip
+    if backend == "gloo":
+        _print_line(allreduce_bench.GLOO_NOTE)
+    allreduce_bench.run(backend, worlds, args.sizes_mb, results_dir, warmup=args.warmup, iters=args.iters,
+                        progress=_print_line)  # fmt: skip
     report = _write_report(
         reports_dir / "allreduce.md", "All-reduce benchmark", allreduce_bench.render(results_dir, reports_dir)
     )
@@ -400,7 +493,7 @@ def cmd_bench_ddp(args) -> None:
         backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
     worlds = [n for n in args.procs if backend == "gloo" or n <= torch.cuda.device_count()]
     if not worlds:
-        raise UserError(f"NCCL needs one GPU per process; this machine has {torch.cuda.device_count()}")
+        raise UserError(f"--backend nccl needs one GPU per process; this machine has {torch.cuda.device_count()}")
     skipped = sorted(set(args.procs) - set(worlds))
     if skipped:
         console.print(f"skipping {', '.join(map(str, skipped))} processes: only {torch.cuda.device_count()} GPUs")
@@ -412,42 +505,13 @@ def cmd_bench_ddp(args) -> None:
         trace_dir=str(args.out / "traces"),
     )  # fmt: skip
     results_dir, reports_dir = args.out / "results", args.out / "reports"
-    with _progress() as progress:
-        task = progress.add_task(f"data-parallel steps ({backend}, {preset})", total=len(worlds))
-
-        def step(done: str) -> None:
-            progress.update(task, advance=1, description=f"data-parallel steps ({backend}, done: {done})")
-
-        ddp_bench.run(backend, worlds, settings, args.variants, args.optimizers, results_dir, progress=step)
+    if backend == "gloo":
+        _print_line(ddp_bench.GLOO_NOTE)
+    ddp_bench.run(backend, worlds, settings, args.variants, args.optimizers, results_dir, progress=_print_line)
     report = _write_report(
         reports_dir / "ddp.md", "Data-parallel training benchmark", ddp_bench.render(results_dir, reports_dir)
     )
     _show_report(report)
-
-
-def _variant_list(text: str) -> tuple[str, ...]:
-    from fastlm.distributed.ddp_bench import check_variant
-
-    try:
-        return tuple(check_variant(part.strip()) for part in text.split(","))
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _optimizer_list(text: str) -> tuple[str, ...]:
-    from fastlm.distributed.ddp_bench import OPTIMIZERS
-
-    return () if text == "none" else _choice_list(OPTIMIZERS, "optimizer")(text)
-
-
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        values = tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive sizes, got {text!r}")
-    return values
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,7 +522,8 @@ def _float_list(text: str) -> tuple[float, ...]:
 def _single_model_config(args) -> tuple[str, ModelConfig]:
     configs = model_configs(args)
     if len(configs) != 1:
-        raise UserError(f"{args.group} {args.command} takes one model; got {len(configs)} (presets x kernels)")
+        raise UserError(f"--preset and --kernels name {len(configs)} models (presets x kernel sets); "
+                        f"{args.group} {args.command} takes one")  # fmt: skip
     return configs[0]
 
 
@@ -468,10 +533,10 @@ def run_model_profile(
     """Profile inference and a training step; write the markdown summary; returns its path."""
     from fastlm.profile import model as model_profile
 
-    with console.status(f"profiling {preset} (inference, then a training step)"):
+    with _steps(f"profiling {preset}", model_profile.PROGRESS_STEPS) as step:
         profiles, records = model_profile.run(config, preset, batch=batch, precision=precision, warmup=warmup,
-                                              steps=steps, device=_device(), out=out,
-                                              timing_steps=timing_steps)  # fmt: skip
+                                              steps=steps, device=_device(), out=out, timing_steps=timing_steps,
+                                              progress=step)  # fmt: skip
     return _write_report(out / "reports" / "profile_model.md", "Model profile", model_profile.render(profiles, records))
 
 
@@ -489,12 +554,7 @@ def cmd_profile_memory(args) -> None:
 
     preset, config = _single_model_config(args)
     device = _device()
-    with _progress() as progress:
-        task = progress.add_task("memory", total=len(args.mode) * len(args.precision) * len(args.contexts))
-
-        def step(done: str) -> None:
-            progress.update(task, description=f"memory (done: {done})", advance=1)
-
+    with _steps("memory", len(args.mode) * len(args.precision) * len(args.contexts)) as step:
         records, timelines = memory.run(config, preset, contexts=args.contexts, modes=args.mode,
                                         precisions=args.precision, batch=args.batch, device=device, out=args.out,
                                         progress=step)  # fmt: skip
@@ -516,46 +576,51 @@ def cmd_profile_memory(args) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def _add_columns(table: Table, labels: Sequence[str], numbers: Sequence[str]) -> None:
+    """Text columns that wrap (long words folded, never cut to '…') and right-aligned number
+    columns kept whole, so a table fits 80 columns without losing a digit."""
+    for header in labels:
+        table.add_column(header, overflow="fold")
+    for header in numbers:
+        table.add_column(header, justify="right", no_wrap=True)
+
+
 def cmd_analyze_xent(args) -> None:
     from fastlm.analysis.xent import FORMULAS, CrossEntropyCost
+    from fastlm.bench.report import si, si_seconds
 
     spec = device_spec(args.gpu)
     cost = CrossEntropyCost(args.batch, args.vocab)
     fwd, bwd = cost.fwd_bound(spec), cost.bwd_bound(spec)
     table = Table(title=f"Cross-entropy cost model · B={args.batch}, V={args.vocab} · {spec.name}")
-    table.add_column("quantity")
-    table.add_column("formula")
-    table.add_column("forward", justify="right")
-    table.add_column("backward", justify="right")
-    gb = lambda n: f"{n / 1e9:.4f} GB ({n:,} B)"
+    _add_columns(table, ("quantity", "formula"), ("forward", "backward"))
     table.add_row("bytes loaded", f"{FORMULAS['fwd loaded']} | {FORMULAS['bwd loaded']}",
-                  gb(cost.fwd_bytes_loaded), gb(cost.bwd_bytes_loaded))  # fmt: skip
+                  si(cost.fwd_bytes_loaded, "B"), si(cost.bwd_bytes_loaded, "B"))  # fmt: skip
     table.add_row("bytes stored", f"{FORMULAS['fwd stored']} | {FORMULAS['bwd stored']}",
-                  gb(cost.fwd_bytes_stored), gb(cost.bwd_bytes_stored))  # fmt: skip
+                  si(cost.fwd_bytes_stored, "B"), si(cost.bwd_bytes_stored, "B"))  # fmt: skip
     table.add_row("FLOPs per token", f"{FORMULAS['fwd FLOPs/token']} | {FORMULAS['bwd FLOPs/token']}",
-                  f"{cost.fwd_flops_per_token:,}", f"{cost.bwd_flops_per_token:,}")  # fmt: skip
-    table.add_row("FLOPs", "B x per token", f"{cost.fwd_flops:,}", f"{cost.bwd_flops:,}")
-    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fwd.intensity:.3f} FLOP/B", f"{bwd.intensity:.3f} FLOP/B")
-    table.add_row("device ridge (CUDA cores fp32)", f"{spec.vector_fp32_tflops} TF / {spec.memory_gbps:.0f} GB/s",
-                  f"{fwd.ridge:.1f} FLOP/B", f"{bwd.ridge:.1f} FLOP/B")  # fmt: skip
-    tensor_rate = f"{spec.matmul_tflops} TF {spec.matmul_dtype} / {spec.memory_gbps:.0f} GB/s"
+                  si(cost.fwd_flops_per_token), si(cost.bwd_flops_per_token))  # fmt: skip
+    table.add_row("FLOPs", "B x per token", si(cost.fwd_flops), si(cost.bwd_flops))
+    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fwd.intensity:.3g} FLOP/B", f"{bwd.intensity:.3g} FLOP/B")
+    table.add_row("device ridge (CUDA cores fp32)", f"{spec.vector_fp32_tflops:g} TF / {spec.memory_gbps:g} GB/s",
+                  f"{fwd.ridge:.3g} FLOP/B", f"{bwd.ridge:.3g} FLOP/B")  # fmt: skip
+    tensor_rate = f"{spec.matmul_tflops:g} TF {spec.matmul_dtype} / {spec.memory_gbps:g} GB/s"
     table.add_row("device ridge (tensor cores)", tensor_rate,
-                  f"{spec.ridge_flops_per_byte:.0f} FLOP/B", f"{spec.ridge_flops_per_byte:.0f} FLOP/B")  # fmt: skip
+                  f"{spec.ridge_flops_per_byte:.3g} FLOP/B", f"{spec.ridge_flops_per_byte:.3g} FLOP/B")  # fmt: skip
     table.add_row("verdict", "intensity vs ridge", fwd.verdict, bwd.verdict)
-    table.add_row(
-        "minimum time", "max(bytes/BW, FLOPs/rate)", f"{fwd.min_time_s * 1e6:.1f} µs", f"{bwd.min_time_s * 1e6:.1f} µs"
-    )
+    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", si_seconds(fwd.min_time_s), si_seconds(bwd.min_time_s))
     console.print(table)
     fused = cost.fused_bound(spec)
     console.print(
-        f"Fused training pass (loss + dlogits in one kernel): {gb(cost.fused_bytes)}, "
-        f"minimum {fused.min_time_s * 1e6:.1f} µs vs {(fwd.min_time_s + bwd.min_time_s) * 1e6:.1f} µs "
+        f"Fused training pass (loss + dlogits in one kernel): {si(cost.fused_bytes, 'B')}, "
+        f"minimum {si_seconds(fused.min_time_s)} vs {si_seconds(fwd.min_time_s + bwd.min_time_s)} "
         "for forward + backward."
     )
 
 
 def cmd_analyze_conv1d(args) -> None:
     from fastlm.analysis.conv1d import FORMULAS, Conv1dCost
+    from fastlm.bench.report import si, si_seconds
 
     spec = device_spec(args.gpu)
     sizes = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -564,23 +629,20 @@ def cmd_analyze_conv1d(args) -> None:
     fused, padded = cost.fwd_bound(spec), cost.fwd_bound(spec, padding_pass=True)
     table = Table(title=f"Causal conv1d forward · B={args.batch}, L={args.length}, D={args.channels}, "
                         f"K={args.kernel_size}, {args.dtype} · {spec.name}")  # fmt: skip
-    table.add_column("quantity")
-    table.add_column("formula")
-    table.add_column("fused (masked loads)", justify="right")
-    table.add_column("separate padding pass", justify="right")
-    table.add_row("bytes", f"{FORMULAS['fused']} | {FORMULAS['padding pass']}",
-                  f"{fused.bytes / 1e6:,.1f} MB", f"{padded.bytes / 1e6:,.1f} MB")  # fmt: skip
-    table.add_row("FLOPs", FORMULAS["FLOPs"], f"{fused.flops:,}", f"{padded.flops:,}")
-    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fused.intensity:.2f} FLOP/B",
-                  f"{padded.intensity:.2f} FLOP/B")  # fmt: skip
-    ridge = f"{spec.vector_fp32_tflops} TF / {spec.memory_gbps:.0f} GB/s"
-    table.add_row("device ridge (CUDA cores fp32)", ridge, f"{fused.ridge:.1f} FLOP/B", f"{padded.ridge:.1f} FLOP/B")
+    _add_columns(table, ("quantity", "formula"), ("fused (masked loads)", "separate padding pass"))
+    table.add_row("bytes", f"{FORMULAS['fused']} | {FORMULAS['padding pass']}", si(fused.bytes, "B"),
+                  si(padded.bytes, "B"))  # fmt: skip
+    table.add_row("FLOPs", FORMULAS["FLOPs"], si(fused.flops), si(padded.flops))
+    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fused.intensity:.3g} FLOP/B",
+                  f"{padded.intensity:.3g} FLOP/B")  # fmt: skip
+    ridge = f"{spec.vector_fp32_tflops:g} TF / {spec.memory_gbps:g} GB/s"
+    table.add_row("device ridge (CUDA cores fp32)", ridge, f"{fused.ridge:.3g} FLOP/B", f"{padded.ridge:.3g} FLOP/B")
     table.add_row("verdict", "intensity vs ridge", fused.verdict, padded.verdict)
-    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", f"{fused.min_time_s * 1e6:.1f} µs",
-                  f"{padded.min_time_s * 1e6:.1f} µs")  # fmt: skip
+    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", si_seconds(fused.min_time_s),
+                  si_seconds(padded.min_time_s))  # fmt: skip
     console.print(table)
-    console.print(f"Backward (fused, z recomputed): {cost.bwd_bytes / 1e6:,.1f} MB, at least "
-                  f"{cost.bwd_bytes / (spec.memory_gbps * 1e9) * 1e6:.1f} µs. The conv sits far left of the ridge "
+    console.print(f"Backward (fused, z recomputed): {si(cost.bwd_bytes, 'B')}, at least "
+                  f"{si_seconds(cost.bwd_bytes / (spec.memory_gbps * 1e9))}. The conv sits far left of the ridge "
                   "on the roofline: its floor is bytes / bandwidth, so the fused kernel's target is the copy "
                   "bandwidth.")  # fmt: skip
 
@@ -604,16 +666,6 @@ def cmd_analyze_memory(args) -> None:
         table.add_row(f"one residual-stream activation, context {context}", "batch x context x d_model x bytes",
                       f"{gib(one.residual_activation(4))} fp32 / {gib(one.residual_activation(2))} bf16")  # fmt: skip
     console.print(table)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
-    return value
 
 
 def cmd_analyze_parallel(args) -> None:
@@ -720,14 +772,21 @@ def cmd_analyze_parallel(args) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+RECALL_OPTIONS = {"num_keys": "--keys", "num_values": "--values", "num_pairs": "--pairs", "num_train": "--train",
+                  "num_test": "--test"}  # fmt: skip
+
+
 def _recall_config(args):
     from fastlm.tasks.associative_recall import RecallConfig
 
     try:
         return RecallConfig(num_keys=args.keys, num_values=args.values, num_pairs=args.pairs,
                             num_train=args.train, num_test=args.test, seed=args.seed)  # fmt: skip
-    except ValueError as error:
-        raise UserError(str(error)) from None
+    except ValueError as error:  # the config names its fields; say which options they are
+        message = str(error)
+        for field, option in RECALL_OPTIONS.items():
+            message = message.replace(field, option)
+        raise UserError(message) from None
 
 
 def cmd_train_lm(args) -> None:
@@ -742,17 +801,13 @@ def cmd_train_lm(args) -> None:
     try:
         windows = split_windows(load_corpus(args.data), settings.context)
     except (OSError, ValueError) as error:
-        raise UserError(str(error)) from None
+        raise UserError(f"--data: {error}") from None
     steps = settings.epochs * -(-windows[0].shape[0] // settings.batch)
     runs = []
-    with _progress() as progress:
-        for kernels in args.kernels:
-            bar = progress.add_task(f"{kernels} kernels", total=steps)
-
-            def step(done: int, loss, bar=bar) -> None:  # the loss is not read here: that would synchronize
-                progress.update(bar, completed=done)
-
-            runs.append(train_kernels(windows, kernels, settings, device, on_step=step))
+    for kernels in args.kernels:
+        with _steps(f"{kernels} kernels, step", steps) as step:
+            # the loss is not read here: that would synchronize
+            runs.append(train_kernels(windows, kernels, settings, device, on_step=lambda done, loss: step()))
     records = [with_environment({"task": "text", "data": str(args.data), "corpus_bytes": args.data.stat().st_size,
                                  **settings.__dict__, **run}) for run in runs]  # fmt: skip
     append_records(args.out / "results" / "text_training.jsonl", records)
@@ -779,19 +834,13 @@ def cmd_train_ar(args) -> None:
     task = _recall_config(args)
     settings = TrainSettings(d_model=args.d_model, num_heads=args.heads, epochs=args.epochs, batch=args.batch,
                              lr=args.lr, seed=args.seed)  # fmt: skip
-    if settings.d_model % settings.num_heads:
-        raise UserError(f"--d-model ({settings.d_model}) must be divisible by --heads ({settings.num_heads})")
+    _check_heads(settings.d_model, settings.num_heads, rope=True)
     splits = make_splits(task)
     rows = []
-    with _progress() as progress:
-        for layers in args.layers:
-            bar = progress.add_task(f"{layers} layer(s)", total=settings.epochs)
-
-            def step(row: dict, bar=bar, layers=layers) -> None:
-                progress.update(bar, advance=1, description=f"{layers} layer(s): test accuracy "
-                                f"{100 * row['test_accuracy']:.1f}% (loss {row['train_loss']:.3f})")  # fmt: skip
-
-            rows += train_depth(task, splits, layers, settings, on_epoch=step)
+    for layers in args.layers:
+        with _steps(f"{layers} layer(s), epoch", settings.epochs) as step:
+            rows += train_depth(task, splits, layers, settings, on_epoch=lambda row: step(
+                f"test accuracy {100 * row['test_accuracy']:.1f}%, loss {row['train_loss']:.3f}"))  # fmt: skip
     records = [with_environment({"task": "associative_recall", **task.__dict__, **settings.__dict__, **row})
                for row in rows]  # fmt: skip
     append_records(args.out / "results" / "associative_recall.jsonl", records)
@@ -830,31 +879,38 @@ DTYPE_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
 def cmd_analyze_layer(args) -> None:
     """`analyze attention|mha|mlp`: the per-stage cost table of one piece of a Transformer layer."""
     from fastlm.analysis import transformer as cost
+    from fastlm.bench.report import format_value, si, si_seconds
 
     spec, n_bytes = device_spec(args.gpu), DTYPE_BYTES[args.dtype]
     b, n, d, h = args.batch, args.seq, args.d_model, args.heads
-    try:
-        if args.command == "attention":
-            stages = [*cost.attention_stages(b, n, d, h, n_bytes), cost.sdpa_total(b, n, d, h, n_bytes)]
-        elif args.command == "mha":
-            stages = [*cost.mha_stages(b, n, d, h, n_bytes), cost.mha_total(b, n, d, h, n_bytes)]
-        else:
-            stages = [*cost.mlp_stages(b, n, d, n_bytes), cost.mlp_total(b, n, d, n_bytes)]
-    except ValueError as error:
-        raise UserError(str(error)) from None
+    if args.command == "attention":
+        _check_heads(d, h)
+        stages = [*cost.attention_stages(b, n, d, h, n_bytes), cost.sdpa_total(b, n, d, h, n_bytes)]
+    elif args.command == "mha":
+        _check_heads(d, h)
+        stages = [*cost.mha_stages(b, n, d, h, n_bytes), cost.mha_total(b, n, d, h, n_bytes)]
+    else:
+        stages = [*cost.mlp_stages(b, n, d, n_bytes), cost.mlp_total(b, n, d, n_bytes)]
     heads = f", H={h} (head dim {d // h})" if args.command != "mlp" else ""
     table = Table(title=f"{args.command} · B={b}, N={n}, D={d}{heads}, {args.dtype} · {spec.name} "
                         f"(ridge {spec.ridge_flops_per_byte:.0f} FLOP/B tensor cores, "
                         f"{spec.vector_ridge_flops_per_byte:.1f} CUDA cores)")  # fmt: skip
-    for _, header in cost.STAGE_COLUMNS:
-        table.add_column(header, justify="left" if header in ("stage", "bound", "scales as") else "right")
-    for row in cost.render_stages(stages, spec):
-        table.add_row(row["stage"], f"{row['flops']:.4g}", f"{row['bytes']:.4g}", f"{row['intensity']:.3g}",
-                      row["verdict"], f"{row['min_time_us']:,.1f}", row["scaling"])  # fmt: skip
+    headers = dict(cost.STAGE_COLUMNS)
+    _add_columns(table, (headers["stage"],), [headers[key] for key in ("flops", "bytes", "intensity")])
+    table.add_column(headers["verdict"], no_wrap=True)
+    table.add_column("min time", justify="right", no_wrap=True)
+    table.add_column(headers["scaling"], max_width=len("scales"))  # values are N or N^2: the header wraps
+    rows = cost.render_stages(stages, spec)
+    table.columns[0].min_width = max(len(word) for row in rows for word in row["stage"].split())  # words stay whole
+    for row in rows:
+        table.add_row(row["stage"], si(row["flops"]), si(row["bytes"], "B"), format_value(row["intensity"]),
+                      row["verdict"].removesuffix("-bound"), si_seconds(row["min_time_us"] * 1e-6),
+                      row["scaling"])  # fmt: skip
     console.print(table)
     console.print(
         "Every stage unfused: each reads its inputs from memory and writes its output once (module "
-        "fastlm.analysis.transformer has the formulas). 'scales as' is how FLOPs and bytes grow with N."
+        "fastlm.analysis.transformer has the formulas). 'bound' is what limits the stage: memory or "
+        "compute; 'scales as' is how FLOPs and bytes grow with N."
     )
 
 
@@ -867,8 +923,8 @@ def cmd_inspect_compiled_xent(args) -> None:
     from fastlm.profile.compiled_code import write_compiled_cross_entropy
 
     device = _device()
-    with console.status("compiling F.cross_entropy with torch.compile"):
-        path = write_compiled_cross_entropy(args.output, device)
+    _print_line("compiling F.cross_entropy (forward and backward) with torch.compile")
+    path = write_compiled_cross_entropy(args.output, device)
     kind = "Triton" if device.type == "cuda" else "C++ (CPU; run on a GPU machine for the Triton kernels)"
     console.print(f"[bold]wrote[/] {kind} code generated for cross-entropy to {path}")
 
@@ -932,80 +988,151 @@ def cmd_report(args) -> None:
     console.print(f"[bold]wrote[/] {report} (tables and plots under {report.parent})")
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default: "(default: X)" is added unless the help already
+    says what the default is (defaults that depend on the device are spelled out there). On/off
+    flags are off unless given."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "default" in text or action.required or any(action.default is v for v in (None, argparse.SUPPRESS, False)):
+            return text
+        value = action.default
+        if isinstance(value, (tuple, list)):
+            value = ",".join(map(str, value))
+        elif isinstance(value, float):
+            value = f"{value:g}"
+        return f"{text} (default: {str(value).replace('%', '%%')})"  # argparse %-formats help strings
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser with the formatter above; subcommands inherit it, since add_subparsers
+    makes its parsers of the parent's class."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
+# Wall time of the commands that take more than a few seconds, with their defaults, for their
+# --help: measured on an otherwise idle 2-core CPU (torch's CPU build; processes that share the
+# cores take longer); on GPUs from the run books in benchmarks/, whose calls run 10 minutes at most.
+DURATIONS = {
+    "bench xent": ("about a minute", "under 10 minutes"),
+    "bench attention": ("about 10 seconds", "under 10 minutes"),
+    "bench norms": ("about 10 seconds", "under 10 minutes"),
+    "bench softmax": ("about 10 seconds", "under 10 minutes"),
+    "bench conv1d": ("about 10 seconds", "under 10 minutes"),
+    "bench host": ("about 20 seconds", "under 10 minutes"),
+    "bench model": (
+        "about 15 seconds",
+        "under 10 minutes, plus 2-4 minutes of compilation per large model and compile mode",
+    ),
+    "bench allreduce": ("about 2 minutes", "under 10 minutes"),
+    "bench ddp": (
+        "5 to 10 minutes for --procs 2, and longer for 4 processes than for 2 on 2 cores",
+        "about 5 minutes for --procs 8 --rounds 2",
+    ),
+    "profile model": ("about 30 seconds", "under 10 minutes"),
+    "profile memory": ("about 20 seconds", "under 10 minutes"),
+    "train lm": (
+        "about 4 seconds per kernel set for the 8 kB tests/data/corpus.txt, growing with the text",
+        "a few seconds per epoch of 600 kB of text (small preset), plus compilation under --compile",
+    ),
+    "train ar": (
+        "about 2 minutes for the default depth (2 layers), about 10 minutes for --layers 1,2,3,4",
+        "the same: it trains on the CPU",
+    ),
+    "inspect compiled-xent": ("about 10 seconds", "under 10 minutes"),
+    "report": ("about 3 minutes", "the sum of its benchmarks' times, each given in their --help"),
+}
+
+
 def add_model_arguments(p: argparse.ArgumentParser, gpu_preset: str = "small") -> None:
     """Which model: presets (or explicit dims), vocabulary, context, batch and kernel switches;
     ``gpu_preset`` is the default preset on a GPU machine (tiny without one)."""
     p.set_defaults(gpu_preset=gpu_preset)
-    p.add_argument("--preset", type=_choice_list(PRESETS), default=None,
+    p.add_argument("--preset", type=_choice_list(PRESETS, "preset"), default=None,
                    help=f"comma list of {', '.join(PRESETS)} (default on a GPU: {gpu_preset}; "
                    "without one: tiny)")  # fmt: skip
-    p.add_argument("--d-model", type=_positive_int, default=None, help="custom model instead of a preset")
-    p.add_argument("--d-ff", type=_positive_int, default=None)
-    p.add_argument("--layers", type=_positive_int, default=None)
-    p.add_argument("--heads", type=_positive_int, default=None)
-    p.add_argument("--vocab", type=_positive_int, default=10000, help="vocabulary size (default 10000)")
-    p.add_argument("--context", type=_positive_int, default=512, help="sequence length (default 512)")
-    p.add_argument("--batch", type=_positive_int, default=4, help="sequences per step (default 4)")
-    p.add_argument("--kernels", type=_choice_list(("torch", "fastlm")), default=("torch",),
+    custom = "custom model instead of a preset, with --d-model, --d-ff, --layers and --heads (default: a preset)"
+    p.add_argument("--d-model", type=_positive_int, default=None, help=f"model width; {custom}")
+    p.add_argument("--d-ff", type=_positive_int, default=None, help=f"MLP hidden width; {custom}")
+    p.add_argument("--layers", type=_positive_int, default=None, help=f"Transformer blocks; {custom}")
+    p.add_argument("--heads", type=_positive_int, default=None, help=f"attention heads; {custom}")
+    p.add_argument("--vocab", type=_positive_int, default=10000, help="vocabulary size")
+    p.add_argument("--context", type=_positive_int, default=512, help="sequence length")
+    p.add_argument("--batch", type=_positive_int, default=4, help="sequences per step")
+    p.add_argument("--kernels", type=_choice_list(("torch", "fastlm"), "kernel set"), default=("torch",),
                    help="comma list: torch (SDPA, PyTorch norm and loss) and/or fastlm (fused kernels)")  # fmt: skip
-    p.add_argument("--attention", choices=ATTENTION_KERNELS, default=None, help="override the attention kernel")
-    p.add_argument("--norm", choices=NORM_KERNELS, default=None, help="override the norm kernel")
+    kernel_default = "(default: the kernel set's)"
+    p.add_argument("--attention", choices=ATTENTION_KERNELS, default=None,
+                   help=f"override the attention kernel {kernel_default}")  # fmt: skip
+    p.add_argument("--norm", choices=NORM_KERNELS, default=None, help=f"override the norm kernel {kernel_default}")
     p.add_argument("--softmax", choices=SOFTMAX_KERNELS, default=None,
-                   help="override the softmax kernel of --attention naive")  # fmt: skip
-    p.add_argument("--loss", choices=LOSS_KERNELS, default=None, help="override the loss kernel")
+                   help=f"override the softmax kernel of --attention naive {kernel_default}")  # fmt: skip
+    p.add_argument("--loss", choices=LOSS_KERNELS, default=None, help=f"override the loss kernel {kernel_default}")
 
 
+@functools.cache  # parsing leaves the parser unchanged: one per process (main runs in-process in tests)
 def build_parser() -> argparse.ArgumentParser:
     from fastlm.bench.model import COMPILE_MODES  # eager, compile, cudagraphs: bench model and train lm
 
-    parser = argparse.ArgumentParser(prog="fastlm", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="fastlm", description=__doc__.splitlines()[0])
     groups = parser.add_subparsers(dest="group", required=True)
+    subcommands = {}
 
-    def add_out(p, default="fastlm-report"):
-        p.add_argument("--out", type=Path, default=Path(default), help="folder for results/ and reports/")
+    def sentence(summary: str) -> str:
+        return f"{summary[0].upper()}{summary[1:]}."
 
-    bench = groups.add_parser("bench", help="measure ops against their baselines").add_subparsers(
-        dest="command", required=True
-    )
-    p = bench.add_parser("ceilings", help="measured copy GB/s and bf16 matmul TFLOP/s of this device")
-    add_out(p)
-    p.set_defaults(func=cmd_bench_ceilings)
-    p = bench.add_parser("xent", help="cross-entropy fwd/bwd vs eager, compile, Liger")
-    p.add_argument("--batch", type=_positive_int, default=None, help="rows (default 4096 on GPU, 128 on CPU)")
-    p.add_argument(
-        "--vocab", type=_int_list, default=None, help="comma-separated vocab sizes (default 32000,50264,128256)"
-    )
-    add_out(p)
-    p.set_defaults(func=cmd_bench_xent)
-    p = bench.add_parser("attention", help="attention: naive vs torch.compile vs fastlm vs SDPA flash/cuDNN")
-    p.add_argument(
-        "--sweep",
-        type=_sweep_list,
-        default=("model",),
-        help="comma-separated sweeps among naive, compile, flash, model (default model)",
-    )
-    add_out(p)
-    p.set_defaults(func=cmd_bench_attention)
+    def add_group(name: str, summary: str) -> None:
+        group = groups.add_parser(name, help=summary, description=sentence(summary))
+        subcommands[name] = group.add_subparsers(dest="command", required=True)
 
-    for name, help_text, func in (
+    def add_command(group: str | None, name: str, summary: str, func) -> argparse.ArgumentParser:
+        """A subcommand: ``summary`` in its group's list; its --help adds the expected duration."""
+        description = sentence(summary)
+        if (key := " ".join(filter(None, (group, name)))) in DURATIONS:
+            cpu, gpu = DURATIONS[key]
+            description += f" Expected duration with the defaults: on a 2-core CPU {cpu}; on a GPU {gpu}."
+        p = (subcommands[group] if group else groups).add_parser(name, help=summary, description=description)
+        p.set_defaults(func=func)
+        return p
+
+    def add_out(p):
+        p.add_argument("--out", type=_folder, default=Path("fastlm-report"), help="folder for results/ and reports/")
+
+    add_group("bench", "measure ops against their baselines")
+    p = add_command("bench", "ceilings", "measured copy GB/s and matmul TFLOP/s (bf16 on a GPU, fp32 on a CPU) of "
+                    "this device", cmd_bench_ceilings)  # fmt: skip
+    add_out(p)
+    p = add_command("bench", "xent", "cross-entropy fwd/bwd vs eager, compile, Liger", cmd_bench_xent)
+    p.add_argument("--batch", type=_positive_int, default=None, help="rows (default 4096 on a GPU, 128 on a CPU)")
+    p.add_argument("--vocab", type=_int_list, default=None,
+                   help="comma list of vocabulary sizes (default 32000,50264,128256)")  # fmt: skip
+    add_out(p)
+    p = add_command("bench", "attention", "attention: naive vs torch.compile vs fastlm vs SDPA flash/cuDNN",
+                    cmd_bench_attention)  # fmt: skip
+    p.add_argument("--sweep", type=_sweep_list, default=("model",),
+                   help="comma list of sweeps among naive, compile, flash, model")  # fmt: skip
+    add_out(p)
+    for name, summary, func in (
         ("norms", "LayerNorm / RMSNorm fwd, bwd, fwd+bwd vs eager, compile, Liger", cmd_bench_norms),
         ("softmax", "masked softmax fwd, bwd, fwd+bwd vs eager, compile", cmd_bench_softmax),
         ("conv1d", "causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward", cmd_bench_conv1d),
         ("linear-xent", "fused linear + cross-entropy fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, "
          "matmul + fastlm CE, Liger, CCE", cmd_bench_linear_xent),
-        ("roofline", "this GPU's measured roofline with every benchmarked fastlm kernel on it", cmd_bench_roofline),
+        ("roofline", "this device's measured roofline with every benchmarked fastlm kernel on it", cmd_bench_roofline),
     ):  # benchmarks whose only option is --out
-        p = bench.add_parser(name, help=help_text)
-        add_out(p)
-        p.set_defaults(func=func)
+        add_out(add_command("bench", name, summary, func))
     from fastlm.bench import host
 
-    p = bench.add_parser("host", help="host (CPU) time per call of each op vs the PyTorch op it replaces, "
-                         "at small shapes where the host dominates")  # fmt: skip
+    p = add_command("bench", "host", "host (CPU) time per call of each op vs the PyTorch op it replaces, at small "
+                    "shapes where the host dominates", cmd_bench_host)  # fmt: skip
     p.add_argument("--ops", type=_host_ops, default=None, help=f"comma list among {','.join(host.OPS)} (default all)")
     p.add_argument("--compile", type=_choice_list(host.COMPILE_MODES, "compile mode"), default=("eager",),
                    help="comma list of eager, compile (torch.compile(fullgraph=True) of each implementation, "
-                   "fwd and bwd) (default eager)")  # fmt: skip
+                   "fwd and bwd)")  # fmt: skip
     p.add_argument("--rounds", type=_rounds, default=None,
                    help=f"rounds, each timing every implementation and direction (default {host.GPU_ROUNDS} on a "
                    f"GPU, {host.CPU_ROUNDS} without one; at least {host.MIN_ROUNDS})")  # fmt: skip
@@ -1013,21 +1140,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"calls per round and timing (default {host.GPU_CALLS} on a GPU, {host.CPU_CALLS} without "
                    "one)")  # fmt: skip
     add_out(p)
-    p.set_defaults(func=cmd_bench_host)
-    p = bench.add_parser("model", help="LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)")
+    p = add_command("bench", "model", "LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)",
+                    cmd_bench_model)  # fmt: skip
     add_model_arguments(p)
-    p.add_argument("--mode", type=_choice_list(("fwd", "fwd+bwd", "train")), default=None,
+    p.add_argument("--mode", type=_choice_list(("fwd", "fwd+bwd", "train"), "mode"), default=None,
                    help="comma list of fwd, fwd+bwd, train (default train)")  # fmt: skip
-    p.add_argument("--precision", type=_choice_list(("fp32", "bf16")), default=None,
+    p.add_argument("--precision", type=_choice_list(("fp32", "bf16"), "precision"), default=None,
                    help="comma list of fp32, bf16 (autocast) (default bf16)")  # fmt: skip
-    p.add_argument("--compile", type=_choice_list(COMPILE_MODES), default=None,
+    p.add_argument("--compile", type=_choice_list(COMPILE_MODES, "compile mode"), default=None,
                    help="comma list of eager, compile (torch.compile), cudagraphs (torch.compile with "
                    "mode='reduce-overhead') (default eager; the sweep: eager, compile)")  # fmt: skip
-    p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed steps first, every round (default 5)")
-    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps per round (default 10)")
+    p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed steps first, every round")
+    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps per round")
     p.add_argument("--rounds", type=_positive_int, default=3,
                    help="rounds of warm-up + timed steps per row; the median over rounds is reported, with "
-                   "the lowest and highest round's (default 3)")  # fmt: skip
+                   "the lowest and highest round's")  # fmt: skip
     p.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
                    help="round 1 of every row, then round 2, ..., every model kept (default: when the "
                    "models fit in memory together; else each row's rounds back to back)")  # fmt: skip
@@ -1035,186 +1162,189 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every preset but tiny x fwd, fwd+bwd, train x fp32, bf16 x eager, compile")  # fmt: skip
     p.add_argument("--hf", action="store_true", help="also measure transformers' LlamaForCausalLM of the same dims")
     add_out(p)
-    p.set_defaults(func=cmd_bench_model)
 
-    p = bench.add_parser("allreduce", help="all-reduce time, algbw and busbw vs size and number of processes")
+    p = add_command("bench", "allreduce", "all-reduce time, algbw and busbw vs size and number of processes",
+                    cmd_bench_allreduce)  # fmt: skip
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: NCCL with one GPU per process when there are GPUs, else gloo on CPU")  # fmt: skip
-    p.add_argument("--procs", type=_int_list, default=(2, 4, 6), help="comma list of process counts (default 2,4,6)")
+    p.add_argument("--procs", type=_int_list, default=(2, 4, 6), help="comma list of process counts")
     p.add_argument("--sizes-mb", type=_float_list, default=(1, 10, 100, 1000),
-                   help="comma list of float32 tensor sizes in MB (default 1,10,100,1000)")  # fmt: skip
-    p.add_argument("--warmup", type=_non_negative_int, default=5)
-    p.add_argument("--iters", type=_positive_int, default=10)
+                   help="comma list of float32 tensor sizes in MB")  # fmt: skip
+    p.add_argument("--warmup", type=_non_negative_int, default=5, help="untimed all-reduces per size")
+    p.add_argument("--iters", type=_positive_int, default=10, help="timed all-reduces per size")
     add_out(p)
-    p.set_defaults(func=cmd_bench_allreduce)
 
     from fastlm.distributed import ddp_bench
 
-    p = bench.add_parser("ddp", help="data-parallel step time, communication overlap, optimizer-state sharding")
+    p = add_command("bench", "ddp", "data-parallel step time, communication overlap, optimizer-state sharding",
+                    cmd_bench_ddp)  # fmt: skip
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: NCCL with a GPU per process when there are 2+ GPUs, else gloo on CPU")  # fmt: skip
-    p.add_argument("--procs", type=_int_list, default=(2, 4), help="comma list of process counts (default 2,4)")
-    p.add_argument("--preset", choices=PRESETS, default=None, help="default xl with NCCL, tiny with gloo")
-    p.add_argument("--vocab", type=_positive_int, default=10000)
-    p.add_argument("--context", type=_positive_int, default=512)
-    p.add_argument("--batch", type=_positive_int, default=4, help="sequences per rank (default 4)")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="default bf16 (autocast)")
+    p.add_argument("--procs", type=_int_list, default=(2, 4), help="comma list of process counts")
+    p.add_argument(
+        "--preset", choices=PRESETS, default=None, help="model preset (default xl with NCCL, tiny with gloo)"
+    )
+    p.add_argument("--vocab", type=_positive_int, default=10000, help="vocabulary size")
+    p.add_argument("--context", type=_positive_int, default=512, help="sequence length")
+    p.add_argument("--batch", type=_positive_int, default=4, help="sequences per rank")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="fp32, or bf16 (autocast)")
     p.add_argument("--variants", type=_variant_list, default=ddp_bench.VARIANTS,
-                   help=f"comma list (default {','.join(ddp_bench.VARIANTS)}; bucketed-X for any X MB)")  # fmt: skip
+                   help="comma list of gradient synchronizations; bucketed-X for any X MB")  # fmt: skip
     p.add_argument("--optimizers", type=_optimizer_list, default=ddp_bench.OPTIMIZERS,
                    help="memory rows: comma list of adamw, sharded (ShardedOptimizer), zero "
                    "(ZeroRedundancyOptimizer), or none")  # fmt: skip
     p.add_argument("--bucket-mb", type=_positive_float, default=25.0, help="BucketedDDP bucket size of the memory rows")
-    p.add_argument("--warmup", type=_non_negative_int, default=3)
-    p.add_argument("--steps", type=_positive_int, default=10)
+    p.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed steps per variant and round")
+    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps per variant and round")
     p.add_argument("--rounds", type=_positive_int, default=2,
-                   help="passes over the variants, fresh models each (default 2); timings are pooled")  # fmt: skip
-    p.add_argument("--profile-steps", type=_positive_int, default=2, help="profiled steps per variant (default 2)")
+                   help="passes over the variants, fresh models each; timings are pooled")  # fmt: skip
+    p.add_argument("--profile-steps", type=_positive_int, default=2, help="profiled steps per variant")
     add_out(p)
-    p.set_defaults(func=cmd_bench_ddp)
 
-    profile = groups.add_parser("profile", help="where time and memory go").add_subparsers(
-        dest="command", required=True
-    )
-    p = profile.add_parser("model", help="kernel summary per range (forward, backward, optimizer, attention stages)")
+    add_group("profile", "where time and memory go")
+    p = add_command("profile", "model", "kernel summary per range (forward, backward, optimizer, attention stages)",
+                    cmd_profile_model)  # fmt: skip
     add_model_arguments(p)
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="default bf16 (autocast)")
-    p.add_argument("--warmup", type=_non_negative_int, default=3, help="untraced steps first (default 3)")
-    p.add_argument("--steps", type=_positive_int, default=3, help="profiled steps per phase (default 3)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="fp32, or bf16 (autocast)")
+    p.add_argument("--warmup", type=_non_negative_int, default=3, help="untraced steps first")
+    p.add_argument("--steps", type=_positive_int, default=3, help="profiled steps per phase")
     p.add_argument("--timing-steps", type=_positive_int, default=10,
-                   help="steps per round (3 rounds) when timing the tool's own cost (default 10)")  # fmt: skip
+                   help="steps per round (3 rounds) when timing the tool's own cost")  # fmt: skip
     add_out(p)
-    p.set_defaults(func=cmd_profile_model, attention=None)
-
-    p = profile.add_parser("memory", help="allocator history, timelines and peak memory per context length")
+    p.set_defaults(attention=None)
+    p = add_command("profile", "memory", "allocator history, timelines and peak memory per context length",
+                    cmd_profile_memory)  # fmt: skip
     add_model_arguments(p, gpu_preset="2.7b")
-    p.add_argument("--contexts", type=_int_list, default=(128, 256, 512), help="default 128,256,512")
-    p.add_argument("--mode", type=_choice_list(("fwd", "train")), default=("fwd", "train"),
+    p.add_argument("--contexts", type=_int_list, default=(128, 256, 512), help="comma list of context lengths")
+    p.add_argument("--mode", type=_choice_list(("fwd", "train"), "mode"), default=("fwd", "train"),
                    help="comma list of fwd (forward pass), train (full step with AdamW)")  # fmt: skip
-    p.add_argument("--precision", type=_choice_list(("fp32", "bf16")), default=("fp32", "bf16"))
+    p.add_argument("--precision", type=_choice_list(("fp32", "bf16"), "precision"), default=("fp32", "bf16"),
+                   help="comma list of fp32, bf16 (autocast)")  # fmt: skip
     add_out(p)
-    p.set_defaults(func=cmd_profile_memory)
 
-    analyze = groups.add_parser("analyze", help="napkin math: bytes, FLOPs, bound").add_subparsers(
-        dest="command", required=True
-    )
-    p = analyze.add_parser("conv1d", help="cost model of the depthwise causal conv1d (bytes, FLOPs, bound)")
-    p.add_argument("--batch", type=_positive_int, default=1)
-    p.add_argument("--length", type=_positive_int, default=8192)
-    p.add_argument("--channels", type=_positive_int, default=8192)
-    p.add_argument("--kernel-size", type=_positive_int, default=3)
-    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16")
-    p.add_argument("--activation", choices=("none", "silu"), default="none")
-    p.add_argument("--no-bias", action="store_true")
-    p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="datasheet to compare against")
-    p.set_defaults(func=cmd_analyze_conv1d)
-    p = analyze.add_parser("xent", help="cost model of fused cross-entropy")
-    p.add_argument("--batch", type=_positive_int, default=4096)
-    p.add_argument("--vocab", type=_positive_int, default=128256)
-    p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help="datasheet to compare against")
-    p.set_defaults(func=cmd_analyze_xent)
-
-    p = analyze.add_parser("memory", help="parameters, gradients, AdamW state and activation sizes of a model")
+    add_group("analyze", "napkin math: bytes, FLOPs, bound")
+    datasheet = "datasheet to compare against"
+    p = add_command("analyze", "conv1d", "cost model of the depthwise causal conv1d (bytes, FLOPs, bound)",
+                    cmd_analyze_conv1d)  # fmt: skip
+    p.add_argument("--batch", type=_positive_int, default=1, help="sequences B")
+    p.add_argument("--length", type=_positive_int, default=8192, help="sequence length L")
+    p.add_argument("--channels", type=_positive_int, default=8192, help="channels D")
+    p.add_argument("--kernel-size", type=_positive_int, default=3, help="taps K")
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp16", help="element type")
+    p.add_argument("--activation", choices=("none", "silu"), default="none", help="fused activation")
+    p.add_argument("--no-bias", action="store_true", help="no bias vector (default: with one)")
+    p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help=datasheet)
+    p = add_command("analyze", "xent", "cost model of fused cross-entropy", cmd_analyze_xent)
+    p.add_argument("--batch", type=_positive_int, default=4096, help="rows B (tokens)")
+    p.add_argument("--vocab", type=_positive_int, default=128256, help="vocabulary size V")
+    p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help=datasheet)
+    p = add_command("analyze", "memory", "parameters, gradients, AdamW state and activation sizes of a model",
+                    cmd_analyze_memory)  # fmt: skip
     add_model_arguments(p)
-    p.add_argument("--contexts", type=_int_list, default=(128, 256, 512), help="default 128,256,512")
-    p.set_defaults(func=cmd_analyze_memory, preset=("2.7b",))
-
-    p = analyze.add_parser("parallel", help="memory, GPUs, FSDP degree and compute-bound batch of a large MLP stack")
-    p.add_argument("--d-model", type=_positive_int, default=16384, help="D (default 16384)")
-    p.add_argument("--d-ff", type=_positive_int, default=53248, help="F (default 53248)")
-    p.add_argument("--blocks", type=_positive_int, default=126, help="blocks of two linear layers (default 126)")
-    p.add_argument("--batch", type=_positive_int, default=1, help="sequences whose activations are saved (default 1)")
-    p.add_argument("--context", type=_positive_int, default=8192, help="tokens per sequence (default 8192)")
-    p.add_argument("--gpu-memory-gb", type=_positive_float, default=80.0, help="GPU size for the count (default 80)")
+    p.add_argument("--contexts", type=_int_list, default=(128, 256, 512), help="comma list of context lengths")
+    p.set_defaults(preset=("2.7b",))
+    p = add_command("analyze", "parallel", "memory, GPUs, FSDP degree and compute-bound batch of a large MLP stack",
+                    cmd_analyze_parallel)  # fmt: skip
+    p.add_argument("--d-model", type=_positive_int, default=16384, help="D")
+    p.add_argument("--d-ff", type=_positive_int, default=53248, help="F")
+    p.add_argument("--blocks", type=_positive_int, default=126, help="blocks of two linear layers")
+    p.add_argument("--batch", type=_positive_int, default=1, help="sequences whose activations are saved")
+    p.add_argument("--context", type=_positive_int, default=8192, help="tokens per sequence")
+    p.add_argument("--gpu-memory-gb", type=_positive_float, default=80.0, help="GPU size for the count")
     p.add_argument("--device-memory-gb", type=_positive_float, default=95.0,
-                   help="per-device limit for the FSDP degree (default 95, TPU v5p)")  # fmt: skip
+                   help="per-device limit for the FSDP degree (default: 95, TPU v5p)")  # fmt: skip
     p.add_argument("--w-ici", type=_positive_float, default=2 * 9e10,
-                   help="W_ici, bidirectional ICI bytes/s per axis (default 1.8e11, TPU v5p)")  # fmt: skip
-    p.add_argument("--flops", type=_positive_float, default=4.6e14, help="C, FLOP/s per chip (default 4.6e14)")
-    p.add_argument("--mx", type=_positive_int, default=2, help="M_X, mesh axes of the FSDP dimension (default 2)")
-    p.add_argument("--my", type=_positive_int, default=1, help="M_Y, mesh axes of the TP dimension (default 1)")
-    p.add_argument("--x", type=_positive_int, default=16, help="X, FSDP degree (default 16)")
-    p.add_argument("--y", type=_positive_int, default=4, help="Y, TP degree (default 4)")
-    p.set_defaults(func=cmd_analyze_parallel)
-
-    def add_recall_arguments(p):
-        p.add_argument("--keys", type=_positive_int, default=16, help="key vocabulary (default 16)")
-        p.add_argument("--values", type=_positive_int, default=16, help="value vocabulary (default 16)")
-        p.add_argument("--pairs", type=_positive_int, default=8, help="key-value pairs per sequence (default 8)")
-        p.add_argument("--train", type=_positive_int, default=8000, help="training sequences (default 8000)")
-        p.add_argument("--test", type=_positive_int, default=1000, help="test sequences (default 1000)")
-        p.add_argument("--seed", type=int, default=0)
-
-    train = groups.add_parser("train", help="train the model on a task").add_subparsers(dest="command", required=True)
-    p = train.add_parser("lm", help="the LM on a byte-level text corpus, torch vs fastlm kernels: time, loss")
-    p.add_argument("--data", type=Path, required=True, help="any UTF-8 text file")
-    p.add_argument("--preset", choices=PRESETS, default=None, help="default small on a GPU, tiny without one")
-    p.add_argument("--kernels", type=_choice_list(("torch", "fastlm")), default=("torch", "fastlm"),
-                   help="comma list of kernel sets, each from the same start (default torch,fastlm)")  # fmt: skip
-    p.add_argument("--context", type=_positive_int, default=256)
-    p.add_argument("--batch", type=_positive_int, default=16)
-    p.add_argument("--epochs", type=_positive_int, default=1)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="default bf16 on a GPU, fp32 on CPU")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compile", choices=COMPILE_MODES, default="eager",
-                   help="eager (default), torch.compile, or cudagraphs (torch.compile with "
-                   "mode='reduce-overhead')")  # fmt: skip
-    add_out(p)
-    p.set_defaults(func=cmd_train_lm)
-    p = train.add_parser("ar", help="associative recall: test accuracy per epoch, sweep over depth")
-    add_recall_arguments(p)
-    p.add_argument("--layers", type=_int_list, default=(2,), help="comma list of depths, e.g. 1,2,3,4 (default 2)")
-    p.add_argument("--epochs", type=_positive_int, default=50)
-    p.add_argument("--d-model", type=_positive_int, default=64)
-    p.add_argument("--heads", type=_positive_int, default=4)
-    p.add_argument("--batch", type=_positive_int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
-    add_out(p)
-    p.set_defaults(func=cmd_train_ar)
-
-    ar = groups.add_parser("ar", help="associative recall without training").add_subparsers(
-        dest="command", required=True
-    )
-    p = ar.add_parser("handcrafted", help="score the hand-built two-layer attention model")
-    add_recall_arguments(p)
-    p.set_defaults(func=cmd_ar_handcrafted)
-
+                   help="W_ici, bidirectional ICI bytes/s per axis (default: 1.8e11, TPU v5p)")  # fmt: skip
+    p.add_argument("--flops", type=_positive_float, default=4.6e14, help="C, FLOP/s per chip")
+    p.add_argument("--mx", type=_positive_int, default=2, help="M_X, mesh axes of the FSDP dimension")
+    p.add_argument("--my", type=_positive_int, default=1, help="M_Y, mesh axes of the TP dimension")
+    p.add_argument("--x", type=_positive_int, default=16, help="X, FSDP degree")
+    p.add_argument("--y", type=_positive_int, default=4, help="Y, TP degree")
     for name, description in (("attention", "scaled-dot-product attention, stage by stage"),
                               ("mha", "multi-head attention: projections, attention, output"),
                               ("mlp", "two-layer MLP D -> 4D -> D")):  # fmt: skip
-        p = analyze.add_parser(name, help=f"cost model of {description}")
-        p.add_argument("--batch", type=_positive_int, default=16)
+        p = add_command("analyze", name, f"cost model of {description}", cmd_analyze_layer)
+        p.add_argument("--batch", type=_positive_int, default=16, help="sequences B")
         p.add_argument("--seq", type=_positive_int, default=16384, help="sequence length N")
         p.add_argument("--d-model", type=_positive_int, default=4096, help="model width D")
-        p.add_argument("--heads", type=_positive_int, default=32)
+        p.add_argument("--heads", type=_positive_int, default=32, help="attention heads H (not used by mlp)")
         p.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="fp16", help="element type (bytes per element)")
-        p.add_argument("--gpu", default="a100", choices=sorted(DEVICES), help="datasheet to compare against")
-        p.set_defaults(func=cmd_analyze_layer)
+        p.add_argument("--gpu", default="a100", choices=sorted(DEVICES), help=datasheet)
 
-    inspect = groups.add_parser("inspect", help="look at generated code").add_subparsers(dest="command", required=True)
-    p = inspect.add_parser("compiled-xent", help="write the code torch.compile generates for cross-entropy")
-    p.add_argument("--output", type=Path, default=Path("compiled_cross_entropy.py"))
-    p.set_defaults(func=cmd_inspect_compiled_xent)
+    def add_recall_arguments(p):
+        p.add_argument("--keys", type=_positive_int, default=16, help="key vocabulary")
+        p.add_argument("--values", type=_positive_int, default=16, help="value vocabulary")
+        p.add_argument("--pairs", type=_positive_int, default=8, help="key-value pairs per sequence")
+        p.add_argument("--train", type=_positive_int, default=8000, help="training sequences")
+        p.add_argument("--test", type=_positive_int, default=1000, help="test sequences")
+        p.add_argument("--seed", type=_seed, default=0, help="seed of the sequences and of the model's weights")
 
-    p = inspect.add_parser("autocast", help="dtypes of a small model under fp16/bf16 autocast; fp16 vs fp32 sums")
-    p.add_argument("--terms", type=_positive_int, default=1000, help="terms of 0.01 in the accumulation demo")
-    p.set_defaults(func=cmd_inspect_autocast)
-
-    p = groups.add_parser("report", help="the main job: ceilings + every benchmark, written as a markdown report")
+    add_group("train", "train the model on a task")
+    p = add_command("train", "lm", "the LM on a byte-level text corpus, torch vs fastlm kernels: time, loss",
+                    cmd_train_lm)  # fmt: skip
+    p.add_argument("--data", type=_text_file, required=True, help="any UTF-8 text file (required)")
+    p.add_argument("--preset", choices=PRESETS, default=None, help="model preset (default small on a GPU, tiny "
+                   "without one)")  # fmt: skip
+    p.add_argument("--kernels", type=_choice_list(("torch", "fastlm"), "kernel set"), default=("torch", "fastlm"),
+                   help="comma list of kernel sets, each from the same start")  # fmt: skip
+    p.add_argument("--context", type=_positive_int, default=256, help="bytes per training window")
+    p.add_argument("--batch", type=_positive_int, default=16, help="windows per step")
+    p.add_argument("--epochs", type=_positive_int, default=1, help="passes over the training windows")
+    p.add_argument("--lr", type=_positive_float, default=1e-3, help="AdamW learning rate")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None, help="default bf16 on a GPU, fp32 on CPU")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the weights and of the batch order")
+    p.add_argument("--compile", choices=COMPILE_MODES, default="eager",
+                   help="eager, compile (torch.compile), or cudagraphs (torch.compile with "
+                   "mode='reduce-overhead')")  # fmt: skip
     add_out(p)
-    p.set_defaults(func=cmd_report)
+    p = add_command("train", "ar", "associative recall: test accuracy per epoch, sweep over depth", cmd_train_ar)
+    add_recall_arguments(p)
+    p.add_argument("--layers", type=_int_list, default=(2,), help="comma list of depths, e.g. 1,2,3,4")
+    p.add_argument("--epochs", type=_positive_int, default=50, help="passes over the training sequences per depth")
+    p.add_argument("--d-model", type=_positive_int, default=64, help="model width (a multiple of --heads)")
+    p.add_argument("--heads", type=_positive_int, default=4, help="attention heads")
+    p.add_argument("--batch", type=_positive_int, default=64, help="sequences per step")
+    p.add_argument("--lr", type=_positive_float, default=1e-3, help="AdamW learning rate")
+    add_out(p)
+
+    add_group("ar", "associative recall without training")
+    add_recall_arguments(add_command("ar", "handcrafted", "score the hand-built two-layer attention model",
+                                     cmd_ar_handcrafted))  # fmt: skip
+
+    add_group("inspect", "look at generated code")
+    p = add_command("inspect", "compiled-xent", "write the code torch.compile generates for cross-entropy",
+                    cmd_inspect_compiled_xent)  # fmt: skip
+    p.add_argument("--output", type=_output_file, default=Path("compiled_cross_entropy.py"), help="file to write")
+    p = add_command("inspect", "autocast", "dtypes of a small model under fp16/bf16 autocast; fp16 vs fp32 sums",
+                    cmd_inspect_autocast)  # fmt: skip
+    p.add_argument("--terms", type=_positive_int, default=1000, help="terms of 0.01 in the accumulation demo")
+
+    add_out(add_command(None, "report", "the main job: ceilings + every benchmark, written as a markdown report",
+                        cmd_report))  # fmt: skip
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; 2 (after one sentence on stderr) for a mistake in how it was called."""
     args = build_parser().parse_args(argv)
+    # torch.profiler's kineto logs every profiler start and stop to stderr at a severity only level 6
+    # filters out: the profiling commands' piped output would be mostly that. A value set by the user
+    # wins; worker processes inherit it.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     try:
         args.func(args)
+        return 0
     except UserError as error:
-        console.print(f"[red]error:[/] {error}")
-        return 2
-    return 0
+        message = str(error)
+    except (RuntimeError, MemoryError) as error:  # sizes the machine cannot hold are a user's mistake too
+        from fastlm.bench.timing import is_out_of_memory
+
+        if not is_out_of_memory(error):
+            raise
+        message = f"out of memory ({str(error).splitlines()[0][:160]}); try a smaller --batch, --context or model"
+    command = " ".join(filter(None, ("fastlm", args.group, getattr(args, "command", None))))
+    error_console.print(f"{command}: error: {message}", markup=False, highlight=False, soft_wrap=True)
+    return 2
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import torch
 from fastlm.bench import xent
 from fastlm.bench.bandwidth import measure_stages, render_bandwidth
 from fastlm.bench.records import append_records, latest_run, latest_runs_by, read_records
-from fastlm.bench.report import markdown_table
+from fastlm.bench.report import markdown_table, present_columns, si, si_seconds
 from fastlm.bench.timing import measure, measure_after_setup, measure_graph_replay
 from fastlm.cli import main
 
@@ -114,6 +114,35 @@ def test_speedups_are_geometric_means():
     assert "gone" not in result
 
 
+def test_xent_table_explains_fwd_bwd_below_fwd():
+    common = {"vocab": 8, "status": "ok", "fwd_fraction_of_copy": 0.1, "fwd_ms": 10.0, "fwd_p20_ms": 9.0}
+    noisy = {**common, "implementation": "fastlm-fused", "fwd_bwd_ms": 9.5, "fwd_bwd_p80_ms": 11.0}
+    apart = {**common, "implementation": "fastlm", "fwd_bwd_ms": 5.0, "fwd_bwd_p80_ms": 6.0}
+    plain = {**common, "implementation": "eager", "fwd_bwd_ms": 15.0, "fwd_bwd_p80_ms": 16.0}
+    status = {row["implementation"]: row["status"] for row in xent.table_rows([noisy, apart, plain])}
+    assert status["fastlm-fused"] == "ok; fwd+bwd < fwd within timing noise (p20-p80 ranges overlap)"
+    assert status["fastlm"] == "ok; fwd+bwd < fwd with p20-p80 ranges apart: the load changed between the stages, rerun"
+    assert status["eager"] == "ok"
+
+
+@pytest.mark.parametrize(("value", "unit", "text"), [(3.518e13, "", "35.2 T"), (1_050_705_920, "B", "1.05 GB"),
+                                                     (32_768, "B", "32.8 kB"), (999.96, "", "1 k"), (0.25, "", "0.25"),
+                                                     (2.0, "B", "2 B")])  # fmt: skip
+def test_si_keeps_three_digits(value, unit, text):
+    assert si(value, unit) == text
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(0.1369, "137 ms"), (8.4256e-6, "8.43 µs"), (999.96e-6, "1 ms"),
+                                               (2.5, "2.5 s"), (3e-10, "0.3 ns")])  # fmt: skip
+def test_si_seconds_picks_the_unit(seconds, text):
+    assert si_seconds(seconds) == text
+
+
+def test_present_columns_drop_what_no_row_measured():
+    rows = [{"a": 1.0, "b": None, "c": float("nan")}, {"a": 2.0}]
+    assert present_columns(rows, [("a", "A"), ("b", "B"), ("c", "C")]) == [("a", "A")]
+
+
 def test_markdown_table_marks_missing_values():
     table = markdown_table([{"a": 1.23456, "b": None}], [("a", "A"), ("b", "B")])
     assert table.splitlines() == ["| A | B |", "| --- | --- |", "| 1.23 | — |"]
@@ -141,7 +170,7 @@ def test_bench_xent_cli_writes_records_and_report(tmp_path, capsys):
 def test_analyze_xent_prints_the_cost_model(capsys):
     assert main(["analyze", "xent", "--batch", "4096", "--vocab", "128256", "--gpu", "h100"]) == 0
     out = capsys.readouterr().out
-    assert "1,050,705,920" in out and "memory-bound" in out and "313.7 µs" in out
+    assert "1.05 GB" in out and "memory-bound" in out and "314 µs" in out  # 1,050,705,920 B; 313.7 µs
 
 
 @pytest.mark.parametrize("argv", [["analyze", "xent", "--gpu", "v100"], ["bench", "xent", "--batch", "0"]])

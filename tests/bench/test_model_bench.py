@@ -98,10 +98,10 @@ def test_custom_dimensions_and_bad_arguments(tmp_path, capsys):
                  "--out", str(tmp_path)]) == 0  # fmt: skip
     assert "| custom |" in (tmp_path / "reports" / "model.md").read_text()
     assert main(["bench", "model", "--d-model", "32", "--out", str(tmp_path)]) == 2
-    assert "missing --d-ff, --layers, --heads" in " ".join(capsys.readouterr().out.split())
+    assert "missing --d-ff, --layers, --heads" in capsys.readouterr().err
     assert main(["bench", "model", "--d-model", "30", "--d-ff", "64", "--layers", "1", "--heads", "4",
                  "--out", str(tmp_path)]) == 2  # fmt: skip
-    assert "divisible by num_heads" in " ".join(capsys.readouterr().out.split())
+    assert "--d-model (30) must be divisible by --heads (4)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "model", "--mode", "sideways"])
 

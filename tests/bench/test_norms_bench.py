@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from fastlm.bench.bandwidth import CPU_NOTE
 from fastlm.bench.norms import norm_bytes
 from fastlm.cli import main
 
@@ -21,8 +22,14 @@ def test_byte_model_by_hand():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reduced CPU run; GPUs run the full benchmark")
-def test_command_runs_on_cpu(tmp_path):
+def test_command_runs_on_cpu(tmp_path, capsys):
     assert main(["bench", "norms", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(CPU_NOTE)  # said before the run: what a CPU run does not measure
+    assert "norms 1/" in out  # one plain progress line per case when not on a terminal
+    report = (tmp_path / "reports" / "norms.md").read_text()
+    table = [line for line in report.splitlines() if line.startswith("|")]
+    assert CPU_NOTE in report and table and not any("CUDA graph" in line for line in table)  # no dash columns
     records = [json.loads(line) for line in (tmp_path / "results" / "norms.jsonl").read_text().splitlines()]
     ok = [r for r in records if r["status"] == "ok"]
     assert {(r["kind"], r["implementation"]) for r in ok} == {

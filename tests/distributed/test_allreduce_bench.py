@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fastlm.cli import main
-from fastlm.distributed.allreduce_bench import bus_bandwidth
+from fastlm.distributed.allreduce_bench import GLOO_NOTE, bus_bandwidth
 
 
 def test_bus_bandwidth_is_the_ring_traffic_per_link():
@@ -14,7 +14,7 @@ def test_bus_bandwidth_is_the_ring_traffic_per_link():
     assert bus_bandwidth(8.0, 8) == pytest.approx(14.0)
 
 
-def test_command_measures_every_size_and_process_count(tmp_path):
+def test_command_measures_every_size_and_process_count(tmp_path, capfd):
     assert main(["bench", "allreduce", "--backend", "gloo", "--procs", "2,3", "--sizes-mb", "0.01,0.1",
                  "--iters", "2", "--warmup", "1", "--out", str(tmp_path)]) == 0  # fmt: skip
     lines = (tmp_path / "results" / "allreduce.jsonl").read_text().splitlines()
@@ -24,7 +24,11 @@ def test_command_measures_every_size_and_process_count(tmp_path):
         assert r["median_ms"] > 0
         assert r["algbw_gbps"] == pytest.approx(r["size_mb"] * 1e6 / (r["median_ms"] / 1e3) / 1e9, rel=1e-3)
     assert (tmp_path / "reports" / "allreduce_busbw_gloo.png").stat().st_size > 0
-    assert "## gloo" in (tmp_path / "reports" / "allreduce.md").read_text()
+    report = (tmp_path / "reports" / "allreduce.md").read_text()
+    assert "## gloo" in report and GLOO_NOTE in report
+    out = capfd.readouterr().out  # the note first, then a line per process count and, from rank 0, per size
+    assert out.startswith(GLOO_NOTE)
+    assert "all-reduce, 3 processes (gloo): 2 sizes" in out and "all-reduce, 3 processes, 0.1 MB: " in out
 
 
 def test_nccl_without_gpus_is_a_clear_error(capsys, monkeypatch):
@@ -32,7 +36,7 @@ def test_nccl_without_gpus_is_a_clear_error(capsys, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert main(["bench", "allreduce", "--backend", "nccl", "--procs", "2"]) == 2
-    assert "one GPU per process" in capsys.readouterr().out
+    assert "--backend nccl needs one GPU per process" in capsys.readouterr().err
 
 
 def test_report_shows_the_latest_run_of_each_backend(tmp_path):

@@ -5,7 +5,17 @@ import json
 import pytest
 
 from fastlm.cli import main
-from fastlm.distributed.ddp_bench import Timeline, check_variant, collective_intervals, intersection, length, merge
+from fastlm.distributed.ddp_bench import (
+    GLOO_NOTE,
+    Timeline,
+    check_variant,
+    collective_intervals,
+    compare_steps,
+    intersection,
+    length,
+    merge,
+    round_range,
+)
 
 
 def test_merge_and_intersection_by_hand():
@@ -51,7 +61,7 @@ def test_variant_names():
             check_variant(bad)
 
 
-def test_command_on_gloo(tmp_path):
+def test_command_on_gloo(tmp_path, capfd):
     argv = ["bench", "ddp", "--backend", "gloo", "--procs", "2", "--context", "16", "--vocab", "64",
             "--variants", "no-sync,flat,bucketed-0.01,torch-ddp", "--optimizers", "adamw,sharded,zero",
             "--warmup", "1", "--steps", "2", "--rounds", "2", "--profile-steps", "1",
@@ -72,6 +82,12 @@ def test_command_on_gloo(tmp_path):
     assert (tmp_path / "traces" / "ddp_flat_x2.json.gz").stat().st_size > 0
     report = (tmp_path / "reports" / "ddp.md").read_text()
     assert "optimizer-state sharding" in report and "torch-ddp" in report
+    assert GLOO_NOTE in report and "NCCL kernel ms" not in report and "round spread %" in report
+    out = capfd.readouterr().out  # rank 0 of the worker processes reports each variant of each round
+    for line in ("data-parallel steps, 2 processes (gloo, tiny): 4 variants x 2 rounds, then 3 memory rows",
+                 "data-parallel steps, 2 processes, round 2/2: torch-ddp ",
+                 "data-parallel steps, 2 processes: memory row of zero, "):  # fmt: skip
+        assert line in out
 
 
 def test_report_shows_each_rank_counts_latest_run(tmp_path):
@@ -94,6 +110,17 @@ def test_report_shows_each_rank_counts_latest_run(tmp_path):
     assert "| 11 |" in report and "| 33 |" in report and "| 44 |" in report and "| 99 |" not in report
     for tag in ("2", "4-8"):
         assert (tmp_path / "reports" / f"ddp_step_ms_x{tag}.png").stat().st_size > 0
+
+
+def test_differences_within_the_round_spread_are_no_comparison():
+    reference = {"median_ms": 100.0, "round_median_ms": [90.0, 110.0]}
+    overlapping = {"median_ms": 80.0, "round_median_ms": [60.0, 95.0]}  # 20% faster by median, but noise
+    apart = {"median_ms": 50.0, "round_median_ms": [45.0, 55.0]}
+    assert compare_steps(overlapping, reference) == "within noise"
+    assert compare_steps(apart, reference) == pytest.approx(0.5)
+    assert compare_steps(reference, reference) == 1.0
+    assert compare_steps({"median_ms": 80.0, "round_median_ms": [80.0]}, reference) == pytest.approx(0.8)  # 1 round
+    assert round_range(overlapping) == (60.0, 95.0) and round_range({"round_median_ms": [1.0]}) is None
 
 
 def test_bad_arguments_are_refused(capsys):

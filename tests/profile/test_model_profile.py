@@ -65,9 +65,11 @@ def test_snapshot_timeline_counts_allocations_made_before_recording():
     assert timeline.largest_at_peak[1] == (70, "forward (transformer.py:42)")
 
 
-def test_profile_model_command(tmp_path):
+def test_profile_model_command(tmp_path, capsys):
     assert main(["profile", "model", "--context", "32", "--batch", "2", "--warmup", "1", "--steps", "1",
                  "--precision", "fp32", "--timing-steps", "1", "--out", str(tmp_path)]) == 0  # fmt: skip
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("profiling tiny ")]
+    assert [line.split(":")[0] for line in progress] == [f"profiling tiny {i}/6" for i in range(1, 7)]
     records = [json.loads(line) for line in (tmp_path / "results" / "profile_model.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in records] == ["inference", "train"]
     train = records[1]

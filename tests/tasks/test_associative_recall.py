@@ -87,6 +87,8 @@ def test_commands(tmp_path, capsys):
     assert "test accuracy 100.0%" in " ".join(capsys.readouterr().out.split())
     assert main(["train", "ar", "--layers", "1,2", "--epochs", "2", "--train", "300", "--test", "50",
                  "--d-model", "16", "--heads", "2", "--out", str(tmp_path)]) == 0  # fmt: skip
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("1 layer", "2 layer"))]
+    assert [line.split(":")[0] for line in progress] == [f"{d} layer(s), epoch {e}/2" for d in (1, 2) for e in (1, 2)]
     records = [
         json.loads(line) for line in (tmp_path / "results" / "associative_recall.jsonl").read_text().splitlines()
     ]

@@ -27,11 +27,16 @@ import torch
 import fastlm
 from fastlm.analysis.attention import BACKWARD_FLOPS_RATIO, attention_forward_flops
 from fastlm.bench.records import append_records, read_records, with_environment
-from fastlm.bench.report import line_plot, markdown_table
+from fastlm.bench.report import line_plot, markdown_table, present_columns
 from fastlm.bench.timing import is_out_of_memory, measure, measure_after_setup
 
 RESULTS_FILE = "attention.jsonl"
 SWEEPS = ("naive", "compile", "flash", "model")
+CPU_NOTE = (
+    "No GPU: fastlm.flash_attention runs its tiled PyTorch path (the Triton interpreter under "
+    "TRITON_INTERPRET=1), not the Triton kernels, at reduced shapes; SDPA's flash and cuDNN backends, "
+    "peak memory and fastlm's ratios to them need a GPU and are not measured."
+)
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -382,13 +387,19 @@ def render(results_dir: Path, reports_dir: Path) -> str:
         first = model[0]
         plot = _tflops_plot(model, reports_dir, "attention_model_tflops.png",
                             f"Causal attention, 32k tokens/batch, 16 heads, bf16 ({first['gpu']})")  # fmt: skip
+        ratios = model_ratios(model)
         sections += [
             "## Model shapes (`--sweep model`)",
             _environment_line(first) + " · tokens per batch fixed, so B = tokens / N · causal, bf16",
-            markdown_table(model, BENCH_COLUMNS),
-            "fastlm's TFLOP/s relative to each SDPA backend:",
-            markdown_table(model_ratios(model), RATIO_COLUMNS),
+            *([CPU_NOTE] if first["gpu"] == "cpu" else []),
+            markdown_table(model, present_columns(model, BENCH_COLUMNS)),
         ]
+        measured_ratios = present_columns(ratios, RATIO_COLUMNS[2:])  # after D and N, which every row has
+        if measured_ratios:
+            sections += ["fastlm's TFLOP/s relative to each SDPA backend:",
+                         markdown_table(ratios, [*RATIO_COLUMNS[:2], *measured_ratios])]  # fmt: skip
+        else:
+            sections.append("No SDPA backend was measured in this run, so there are no fastlm-vs-SDPA ratios.")
         if plot is not None:
             sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
     flash = latest_sweep(records, "flash")
@@ -396,7 +407,7 @@ def render(results_dir: Path, reports_dir: Path) -> str:
         plot = _tflops_plot([r for r in flash if r["dtype"] == "bfloat16"], reports_dir, "attention_flash_tflops.png",
                             f"Causal attention, batch 1, one head, bf16 ({flash[0]['gpu']})")  # fmt: skip
         sections += ["## Lengths and head dims (`--sweep flash`)", _environment_line(flash[0]),
-                     markdown_table(flash, BENCH_COLUMNS)]  # fmt: skip
+                     markdown_table(flash, present_columns(flash, BENCH_COLUMNS))]  # fmt: skip
         if plot is not None:
             sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
     naive, compiled = latest_sweep(records, "naive"), latest_sweep(records, "compile")

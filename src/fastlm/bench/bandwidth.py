@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from fastlm.bench.report import grouped_bar_plot, markdown_table
+from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns
 from fastlm.bench.timing import (
     Timing,
     drop_grads,
@@ -30,6 +30,12 @@ from fastlm.bench.timing import (
 )
 
 STAGES = ("fwd", "bwd", "fwd_bwd")
+CPU_NOTE = (
+    "No GPU: fastlm's kernels run their plain-PyTorch reference paths (the Triton interpreter under "
+    "TRITON_INTERPRET=1), not the Triton kernels, at reduced shapes; torch.compile, Liger, the CUDA C++ "
+    "conv and the CUDA-graph replays need a GPU and are not measured. These GB/s say nothing about the "
+    "kernels' bandwidth on a GPU."
+)
 
 
 @dataclass(frozen=True)
@@ -139,7 +145,8 @@ def render_bandwidth(
                             markers=(graphed, "replayed as a CUDA graph") if has_graphed else None)  # fmt: skip
     return "\n\n".join([
         f"Device: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
-        f"{first['date']} · measured copy bandwidth {first['copy_gbps_measured']:.0f} GB/s",
-        markdown_table(rows, [*case_columns, *BANDWIDTH_COLUMNS]),
+        f"{first['date']} · measured copy bandwidth {first['copy_gbps_measured']:.3g} GB/s",
+        *([CPU_NOTE] if first["gpu"] == "cpu" else []),
+        markdown_table(rows, present_columns(rows, [*case_columns, *BANDWIDTH_COLUMNS])),
         f"![fwd+bwd bandwidth]({plot.name})",
     ])  # fmt: skip

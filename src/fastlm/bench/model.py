@@ -38,7 +38,7 @@ import torch
 
 from fastlm.analysis.model import MODES, mfu
 from fastlm.bench.records import append_records, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table
+from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns
 from fastlm.bench.timing import is_out_of_memory
 from fastlm.devices import current_device_name, spec_for_device_name
 from fastlm.model import ModelConfig, TransformerLM
@@ -49,6 +49,10 @@ COMPILE_MODES = ("eager", "compile", "cudagraphs")
 SWEEP_COMPILE_MODES = ("eager", "compile")
 TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}
 IMPLEMENTATIONS = ("fastlm", "hf-llama")  # our TransformerLM | transformers' LlamaForCausalLM, same dims
+CPU_NOTE = (
+    "No GPU: steps of the model on the CPU, its fastlm kernels through their reference paths; MFU and peak "
+    "memory need a GPU and are not measured, and these step times say nothing about GPU step times."
+)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens, targets) -> scalar loss
 
@@ -587,6 +591,7 @@ def render(results_dir: Path, reports_dir: Path, runs: int = 1) -> str:
     lines = []
     for records in selected:
         first = records[0]
+        displayed = [_display(r) for r in records]
         rounds = first.get("rounds", 1)
         schedule = f", {rounds} rounds {first['schedule']} ({first['schedule_reason']})" if rounds > 1 else ""
         lines += [
@@ -594,7 +599,8 @@ def render(results_dir: Path, reports_dir: Path, runs: int = 1) -> str:
             f"batch {first['batch']} x context {first['context_length']}, vocab {first['vocab_size']}, "
             f"{first['warmup']} warm-up + {first['steps']} timed steps per row and round{schedule}",
             "",
-            markdown_table([_display(r) for r in records], COLUMNS),
+            *([CPU_NOTE, ""] if first["gpu"] == "cpu" else []),
+            markdown_table(displayed, present_columns(displayed, COLUMNS)),
             "",
         ]
         ratios = ratio_rows(records)

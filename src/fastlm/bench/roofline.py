@@ -1,13 +1,13 @@
 """`fastlm bench roofline`: the device's roofline from its measured ceilings, with every benchmarked
-fastlm kernel placed on it (forward pass, from the latest records of the same GPU).
+fastlm kernel placed on it (forward pass, from the latest records of the same device).
 
 Roofs: memory, the copy bandwidth measured by `fastlm bench ceilings` times the intensity; compute,
-the measured bf16 matmul rate (tensor cores) and the datasheet fp32 rate of the CUDA cores, where
-elementwise math runs. A kernel's point: x = FLOPs / minimum bytes (its cost model), y = FLOPs /
-measured time (norms, softmax, conv1d: of the forward replayed as a CUDA graph where the run has
-it). FLOPs per element of the memory-bound ops, counting add, mul, exp, div as 1:
-LayerNorm 7 (mean, centre, square-and-add, scale, weight, bias), RMSNorm 4, masked softmax 6
-(scale, mask, shift, exp, sum, divide), conv1d from `fastlm.analysis.conv1d`.
+the measured matmul rate (bf16 on the tensor cores of a GPU, fp32 on a CPU) and the datasheet fp32
+rate of the CUDA cores, where elementwise math runs. A kernel's point: x = FLOPs / minimum bytes
+(its cost model), y = FLOPs / measured time (norms, softmax, conv1d: of the forward replayed as a
+CUDA graph where the run has it). FLOPs per element of the memory-bound ops, counting add, mul,
+exp, div as 1: LayerNorm 7 (mean, centre, square-and-add, scale, weight, bias), RMSNorm 4, masked
+softmax 6 (scale, mask, shift, exp, sum, divide), conv1d from `fastlm.analysis.conv1d`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ from fastlm.bench.report import markdown_table, save_figure
 from fastlm.devices import spec_for_device_name
 
 NORM_FLOPS_PER_ELEMENT = {"layer": 7, "rms": 4}
+CPU_NOTE = (
+    "No GPU: this roofline places the kernels' CPU reference-path timings under the CPU's measured copy "
+    "bandwidth and fp32 matmul rate; it says nothing about the Triton kernels on a GPU."
+)
 SOFTMAX_FLOPS_PER_ELEMENT = 6
 
 
@@ -121,7 +125,7 @@ def plot_roofline(path: Path, ceilings: dict, vector_tflops: float | None, point
     ridges = [matmul / bandwidth] + ([vector_tflops * 1e12 / bandwidth] if vector_tflops else [])
     intensities = sorted([2.0**e for e in range(-4, 12)] + ridges)  # the ridges too, so the corners are sharp
     fig, ax = plt.subplots(figsize=(9, 6))
-    measured = f"measured: copy {ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TF/s"
+    measured = f"measured: copy {ceilings['copy_gbps']:.3g} GB/s, {_matmul(ceilings)}"
     ax.plot(intensities, [min(i * bandwidth, matmul) / 1e12 for i in intensities], color="black", label=measured)
     if vector_tflops:
         ax.plot(intensities, [min(i * bandwidth / 1e12, vector_tflops) for i in intensities], color="gray",
@@ -140,6 +144,11 @@ def plot_roofline(path: Path, ceilings: dict, vector_tflops: float | None, point
     return save_figure(fig, path, dpi=120)
 
 
+def _matmul(ceilings: dict) -> str:
+    """The measured matmul rate with its dtype (bf16 on a GPU, fp32 on a CPU)."""
+    return f"{ceilings['matmul_dtype']} matmul {ceilings['matmul_tflops']:.3g} TFLOP/s"
+
+
 def render(results_dir: Path, reports_dir: Path, ceilings: dict) -> str:
     points = kernel_points(results_dir, ceilings["gpu"])
     spec = spec_for_device_name(ceilings["gpu"])
@@ -153,8 +162,9 @@ def render(results_dir: Path, reports_dir: Path, ceilings: dict) -> str:
                ("roof", "roof TFLOP/s"), ("percent", "% of roof"), ("bound", "under the")]  # fmt: skip
     return "\n\n".join([
         f"Device: {ceilings['gpu']} · ceilings measured {ceilings['date']} (git {ceilings['git_sha']}): copy "
-        f"{ceilings['copy_gbps']:.0f} GB/s, bf16 matmul {ceilings['matmul_tflops']:.0f} TFLOP/s · kernels: the "
-        "latest fastlm forward records of this GPU",
-        markdown_table(rows, columns) if rows else "No kernel records of this GPU yet: run the `fastlm bench` ops.",
+        f"{ceilings['copy_gbps']:.3g} GB/s, {_matmul(ceilings)} · kernels: the latest fastlm forward records "
+        "of this device",
+        *([CPU_NOTE] if ceilings["gpu"] == "cpu" else []),
+        markdown_table(rows, columns) if rows else "No kernel records of this device yet: run the `fastlm bench` ops.",
         f"![roofline]({plot.name})",
     ])  # fmt: skip

@@ -122,8 +122,10 @@ def _summarize(samples: list[float]) -> Timing:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """True for the allocator's OutOfMemoryError and for library calls (cuBLAS workspaces, NCCL
-    buffers) that report running out of device memory as a plain RuntimeError."""
-    return isinstance(error, torch.cuda.OutOfMemoryError) or (
-        isinstance(error, RuntimeError) and "out of memory" in str(error)
+    """True for the allocator's OutOfMemoryError, for library calls (cuBLAS workspaces, NCCL
+    buffers) that report running out of device memory as a plain RuntimeError, and for the CPU
+    allocator's failure (a RuntimeError too)."""
+    return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or (
+        isinstance(error, RuntimeError)
+        and any(text in str(error) for text in ("out of memory", "can't allocate memory"))
     )

@@ -17,23 +17,29 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from fastlm.bench.records import append_records, latest_run, read_records, with_environment
-from fastlm.bench.report import line_plot, markdown_table
+from fastlm.bench.report import line_plot, markdown_table, si, si_seconds
 from fastlm.distributed.launch import spawn
 
 RESULTS_FILE = "allreduce.jsonl"
+GLOO_NOTE = (
+    "gloo on CPU tensors: these all-reduces go through host memory and loopback TCP, not NCCL over "
+    "NVLink or PCIe; their bandwidths say nothing about GPUs."
+)
 
 
 def bus_bandwidth(algbw: float, world: int) -> float:
     return algbw * 2 * (world - 1) / world
 
 
-def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: int, out: str) -> None:
+def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: int, out: str,
+            progress: Callable[[str], None] | None) -> None:  # fmt: skip
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
 
     def sync() -> None:
@@ -59,27 +65,35 @@ def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: i
         rows.append({"backend": backend, "world": world, "size_mb": size_mb, "iters": iters,
                      "median_ms": median * 1e3, "algbw_gbps": algbw,
                      "busbw_gbps": bus_bandwidth(algbw, world)})  # fmt: skip
+        if rank == 0 and progress is not None:
+            progress(f"all-reduce, {world} processes, {size_mb:g} MB: {si_seconds(median)}, "
+                     f"busbw {si(bus_bandwidth(algbw, world) * 1e9, 'B/s')}")  # fmt: skip
         del data
     if rank == 0:
         Path(out).write_text(repr(rows))
 
 
-def measure(backend: str, world: int, sizes_mb, *, warmup: int = 5, iters: int = 10) -> list[dict]:
-    """All sizes for one (backend, world size); returns the records (rank 0's view)."""
+def measure(backend: str, world: int, sizes_mb, *, warmup: int = 5, iters: int = 10,
+            progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
+    """All sizes for one (backend, world size); returns the records (rank 0's view). Rank 0 calls
+    ``progress`` after each size."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows")
-        spawn(_worker, world, world, backend, tuple(sizes_mb), warmup, iters, out, backend=backend)
+        spawn(_worker, world, world, backend, tuple(sizes_mb), warmup, iters, out, progress, backend=backend)
         return [with_environment({"op": "allreduce", **row}) for row in ast.literal_eval(Path(out).read_text())]
 
 
-def run(backend: str, worlds, sizes_mb, results_dir: Path, *, warmup: int = 5, iters: int = 10, progress=None):
+def run(backend: str, worlds, sizes_mb, results_dir: Path, *, warmup: int = 5, iters: int = 10,
+        progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
+    """Every size for every world size; appends and returns the records. ``progress`` gets a line as
+    each world size starts and, from its rank 0, after each size."""
     records = []
     for world in worlds:
-        measured = measure(backend, world, sizes_mb, warmup=warmup, iters=iters)
+        if progress is not None:
+            progress(f"all-reduce, {world} processes ({backend}): {len(sizes_mb)} sizes")
+        measured = measure(backend, world, sizes_mb, warmup=warmup, iters=iters, progress=progress)
         append_records(results_dir / RESULTS_FILE, measured)
         records += measured
-        if progress is not None:
-            progress(f"{world} processes")
     return records
 
 
@@ -109,6 +123,7 @@ def render(results_dir: Path, reports_dir: Path) -> str:
             f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · {first['date']} · "
             f"median of {first['iters']} timed all-reduces (slowest rank each)",
             "",
+            *([GLOO_NOTE, ""] if backend == "gloo" else []),
             markdown_table(run, COLUMNS),
             "",
             f"![all-reduce bus bandwidth, {backend}]({plot.name})",

@@ -56,13 +56,18 @@ import torch.distributed as dist
 from torch.autograd import DeviceType
 
 from fastlm.bench.records import append_records, latest_runs_by, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table, save_figure
+from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns, save_figure, si_seconds
 from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
 from fastlm.distributed.launch import spawn
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.profile.ranges import annotate, annotations
 
 RESULTS_FILE = "ddp.jsonl"
+GLOO_NOTE = (
+    "gloo on CPU: no NCCL kernels and no GPU timeline, so communication time, its overlap with the "
+    "backward and the memory columns are not measured; the step times are of CPU processes sharing "
+    "this machine's cores and say nothing about GPUs."
+)
 VARIANTS = ("no-sync", "naive", "flat", "ddp", "bucketed-1", "bucketed-10", "bucketed-100", "bucketed-1000",
             "torch-ddp")  # fmt: skip
 OPTIMIZERS = ("adamw", "sharded", "zero")
@@ -86,16 +91,16 @@ class Settings:
 
 
 def check_variant(name: str) -> str:
-    """``name`` if it is a variant (``bucketed-X`` with any positive X), else ValueError."""
+    """``name`` if it is a variant (``bucketed-X`` with any positive finite X), else ValueError."""
     if name in VARIANTS:
         return name
     if name.startswith("bucketed-"):
         try:
-            if float(name.removeprefix("bucketed-")) > 0:
+            if 0 < float(name.removeprefix("bucketed-")) < float("inf"):
                 return name
         except ValueError:
             pass
-    raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)} (bucketed-X for any X MB > 0)")
+    raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)} (bucketed-X for any finite X MB > 0)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -395,7 +400,8 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _worker(rank: int, world: int, backend: str, settings: Settings, variants, optimizers, out: str) -> None:
+def _worker(rank: int, world: int, backend: str, settings: Settings, variants, optimizers, out: str,
+            progress: Callable[[str], None] | None) -> None:  # fmt: skip
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     # without teardown CUPTI stays attached after a profile and slows every later kernel launch
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
@@ -405,6 +411,9 @@ def _worker(rank: int, world: int, backend: str, settings: Settings, variants, o
         for variant in variants:
             measured, profile = _variant_steps(settings, variant, rank, world, device, profile=round_index == 0)
             times[variant].append(measured)
+            if rank == 0 and progress is not None:
+                progress(f"data-parallel steps, {world} processes, round {round_index + 1}/{settings.rounds}: "
+                         f"{variant} {si_seconds(statistics.median(measured))} per step")  # fmt: skip
             profiles.setdefault(variant, profile)
             _release(device)
             dist.barrier()
@@ -418,6 +427,9 @@ def _worker(rank: int, world: int, backend: str, settings: Settings, variants, o
     for optimizer in optimizers:
         rows.append({"kind": "memory", "optimizer": optimizer, **_memory_row(settings, optimizer, rank, world, device),
                      "status": "ok"})  # fmt: skip
+        if rank == 0 and progress is not None:
+            progress(f"data-parallel steps, {world} processes: memory row of {optimizer}, "
+                     f"{si_seconds(rows[-1]['median_ms'] * 1e-3)} per step")  # fmt: skip
         _release(device)
         dist.barrier()
     if rank == 0:
@@ -425,25 +437,30 @@ def _worker(rank: int, world: int, backend: str, settings: Settings, variants, o
 
 
 def measure(backend: str, world: int, settings: Settings, variants: Sequence[str],
-            optimizers: Sequence[str]) -> list[dict]:  # fmt: skip
-    """Every variant and optimizer for one (backend, world size): the records (rank 0's view)."""
+            optimizers: Sequence[str], progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
+    """Every variant and optimizer for one (backend, world size): the records (rank 0's view). Rank 0
+    calls ``progress`` after each variant of each round and after each memory row."""
     common = {"op": "ddp", "backend": backend, "world": world, **asdict(settings)}
     common.pop("trace_dir")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
-        spawn(_worker, world, world, backend, settings, tuple(variants), tuple(optimizers), out, backend=backend)
+        spawn(_worker, world, world, backend, settings, tuple(variants), tuple(optimizers), out, progress,
+              backend=backend)  # fmt: skip
         return [with_environment({**common, **row}) for row in json.loads(Path(out).read_text())]
 
 
-def run(backend: str, worlds: Sequence[int], settings: Settings, variants: Sequence[str],
-        optimizers: Sequence[str], results_dir: Path, progress=None) -> list[dict]:  # fmt: skip
+def run(backend: str, worlds: Sequence[int], settings: Settings, variants: Sequence[str], optimizers: Sequence[str],
+        results_dir: Path, progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
+    """Every world size in turn; appends and returns the records. ``progress`` gets a line as each
+    world size starts and, from its rank 0, one per variant and round and per memory row."""
     records = []
     for world in worlds:
-        measured = measure(backend, world, settings, variants, optimizers)
+        if progress is not None:
+            progress(f"data-parallel steps, {world} processes ({backend}, {settings.preset}): {len(variants)} "
+                     f"variants x {settings.rounds} rounds, then {len(optimizers)} memory rows")  # fmt: skip
+        measured = measure(backend, world, settings, variants, optimizers, progress)
         append_records(results_dir / RESULTS_FILE, measured)
         records += measured
-        if progress is not None:
-            progress(f"{world} processes")
     return records
 
 
@@ -454,7 +471,7 @@ def run(backend: str, worlds: Sequence[int], settings: Settings, variants: Seque
 STEP_COLUMNS = [("world", "ranks"), ("variant", "variant"), ("median_ms", "step ms (median)"),
                 ("vs_torch_ddp", "vs torch-ddp"), ("tokens_per_s", "tokens/s"), ("comm_ms", "comm ms"),
                 ("comm_kernel_ms", "NCCL kernel ms"), ("rounds_ms", "per-round medians ms"),
-                ("profiled_step_ms", "profiled step ms"),
+                ("spread_percent", "round spread %"), ("profiled_step_ms", "profiled step ms"),
                 ("hidden_percent", "comm hidden behind bwd %"), ("exposed_comm_ms", "exposed comm ms"),
                 ("status", "status")]  # fmt: skip
 MEMORY_COLUMNS = [("world", "ranks"), ("optimizer", "optimizer"), ("init_mb", "after init MB"),
@@ -464,6 +481,21 @@ MEMORY_COLUMNS = [("world", "ranks"), ("optimizer", "optimizer"), ("init_mb", "a
                   ("median_ms", "step ms"), ("status", "status")]  # fmt: skip
 
 
+def round_range(record: dict) -> tuple[float, float] | None:
+    """The lowest and highest per-round median step (ms); None with fewer than two rounds."""
+    rounds = record.get("round_median_ms") or []
+    return (min(rounds), max(rounds)) if len(rounds) >= 2 else None
+
+
+def compare_steps(record: dict, reference: dict) -> float | str:
+    """``record``'s median step over ``reference``'s, or "within noise" where the two variants'
+    per-round medians overlap: a difference smaller than the round-to-round spread is no comparison."""
+    mine, theirs = round_range(record), round_range(reference)
+    if record is not reference and mine and theirs and mine[0] <= theirs[1] and theirs[0] <= mine[1]:
+        return "within noise"
+    return record["median_ms"] / reference["median_ms"]
+
+
 def _step_rows(records: list[dict]) -> list[dict]:
     rows = []
     for r in (r for r in records if r["kind"] == "step"):
@@ -471,7 +503,10 @@ def _step_rows(records: list[dict]) -> list[dict]:
                           and t["world"] == r["world"] and t.get("median_ms")), None)  # fmt: skip
         row = dict(r)
         if reference and r.get("median_ms"):
-            row["vs_torch_ddp"] = r["median_ms"] / reference["median_ms"]
+            row["vs_torch_ddp"] = compare_steps(r, reference)
+        spread = round_range(r)
+        if spread and r.get("median_ms"):
+            row["spread_percent"] = 100 * (spread[1] - spread[0]) / r["median_ms"]
         if r.get("hidden_behind_backward") is not None:
             row["hidden_percent"] = 100 * r["hidden_behind_backward"]
         row["rounds_ms"] = " / ".join(f"{ms:.0f}" for ms in r.get("round_median_ms", []))
@@ -537,12 +572,17 @@ def _render_run(records: list[dict], reports_dir: Path) -> list[str]:
         f"Device: {first['gpu']} · {first['backend']} · torch {first['torch']} · git {first['git_sha']} · "
         f"{first['date']} · preset {first['preset']}, context {first['context']}, batch {first['batch']} per rank, "
         f"{first['precision']}, AdamW · median of {first['rounds']} rounds x {first['steps']} steps "
-        "(slowest rank each), each round with fresh models",
+        "(slowest rank each), each round with fresh models · round spread: (highest - lowest per-round "
+        "median) / median · vs torch-ddp: the ratio of median steps, or 'within noise' where the two "
+        "variants' per-round medians overlap",
         "",
     ]
+    if first["backend"] == "gloo":
+        lines += [GLOO_NOTE, ""]
     steps = _step_rows(records)
     if steps:
-        lines += ["### Step time and communication", "", markdown_table(steps, STEP_COLUMNS), ""]
+        lines += ["### Step time and communication", "", markdown_table(steps, present_columns(steps, STEP_COLUMNS)),
+                  ""]  # fmt: skip
         variants = list(dict.fromkeys(r["variant"] for r in steps))
         series = {f"{w} ranks": [next((r.get("median_ms") for r in steps if r["world"] == w and r["variant"] == v),
                                       None) for v in variants] for w in worlds}  # fmt: skip
@@ -558,5 +598,6 @@ def _render_run(records: list[dict], reports_dir: Path) -> list[str]:
                 lines += [f"![communication overlap, {world} ranks]({plot.name})", ""]
     memory = _memory_rows(records)
     if memory:
-        lines += ["### Memory per rank: optimizer-state sharding", "", markdown_table(memory, MEMORY_COLUMNS), ""]
+        lines += ["### Memory per rank: optimizer-state sharding", "",
+                  markdown_table(memory, present_columns(memory, MEMORY_COLUMNS)), ""]  # fmt: skip
     return lines

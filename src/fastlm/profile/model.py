@@ -38,6 +38,7 @@ ATTENTION_STAGES = ("scores", "mask", "softmax", "output")
 RANGES = TOP_RANGES + tuple(f"attention/{stage}" for stage in ATTENTION_STAGES)
 TOP_KERNELS = 8
 OVERHEAD_ROUNDS = 3  # interleaved rounds of plain and annotated steps when measuring the tool's own cost
+PROGRESS_STEPS = 3 * len(PHASES)  # per phase: timed without the profiler, profiled, timed after it
 
 
 def make_phase_step(model: TransformerLM, phase: str, precision: str, batch: int) -> Callable[[], None]:
@@ -169,20 +170,27 @@ def run(
     device: torch.device,
     out: Path,
     timing_steps: int = 10,
+    progress: Callable[[str], None] = lambda done: None,
 ) -> tuple[list[PhaseProfile], list[dict]]:
-    """Profile both phases of one model; ``timing_steps`` x 3 steps per median of the tool's cost."""
+    """Profile both phases of one model; ``timing_steps`` x 3 steps per median of the tool's cost.
+    ``progress`` is called after each of the PROGRESS_STEPS stages."""
     model = TransformerLM(config).to(device)
     step_of = {phase: make_phase_step(model, phase, precision, batch) for phase in PHASES}
     timings = {}
     for phase, step in step_of.items():  # every baseline before the first profiler starts
         time_steps(step, warmup, 0, device)
         timings[phase] = overhead_timings(step, device, timing_steps)
+        progress(f"{phase}: steps timed with and without the ranges")
     # Without teardown, CUPTI stays attached after profiling and slows every later kernel launch.
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
-    traced = {phase: profile_steps(step, phase, steps, device, out / "traces") for phase, step in step_of.items()}
+    traced = {}
+    for phase, step in step_of.items():
+        traced[phase] = profile_steps(step, phase, steps, device, out / "traces")
+        progress(f"{phase}: profiled")
     profiles = []
     for phase, step in step_of.items():
         after_ms = _median_ms(step, OVERHEAD_ROUNDS * timing_steps, device)
+        progress(f"{phase}: steps timed after the profiler")
         profiles.append(PhaseProfile(phase, steps, traced[phase][1], traced[phase][0], traced[phase][2],
                                      *timings[phase], after_ms))  # fmt: skip
     records = [record(p, config, preset, batch, precision) for p in profiles]

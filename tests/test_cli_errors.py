@@ -1,0 +1,172 @@
+"""Every invalid argument of every `fastlm` command ends with one sentence that names the option,
+exit status 2 and no traceback; every option's --help shows its help and default.
+
+The bad values come from each option's argparse type (a table below), so an option added with a
+type the table does not know fails the test until it gets bad values of its own.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fastlm.cli as cli
+
+CORPUS = Path(__file__).parent / "data" / "corpus.txt"
+MISSING = "/nonexistent/fastlm/corpus.txt"
+
+BAD_VALUES = {  # argparse type -> values it must refuse
+    cli._positive_int: ("0", "-3", "two", "2.5", ""),
+    cli._non_negative_int: ("-1", "two", "0.5"),
+    cli._seed: ("-1", "two", str(2**63)),
+    cli._positive_float: ("0", "-1", "nan", "inf", "two"),
+    cli._int_list: ("", "0", "1,,2", "2,two"),
+    cli._float_list: ("", "0", "nan", "1,inf", "1,two"),
+    cli._host_ops: ("", "bogus", "xent,bogus"),
+    cli._sweep_list: ("", "bogus"),
+    cli._variant_list: ("", "bogus", "bucketed-0", "bucketed-nan", "ddp,"),
+    cli._optimizer_list: ("", "bogus", "adamw,bogus"),
+    cli._rounds: ("0", "2", "two"),  # at least MIN_ROUNDS (3): a median and a spread
+    cli._folder: (str(CORPUS),),  # a file where a folder should be
+    cli._output_file: (str(CORPUS.parent),),  # a folder where a file should be
+    cli._text_file: (MISSING, str(CORPUS.parent), "{empty}"),
+}
+CHOICE_LIST = ("", "bogus", "a,,b")  # any comma-separated subset of choices (`_choice_list`)
+VALID = {"--data": str(CORPUS)}  # values for the required options
+
+
+def _subcommands(parser=None, prefix=()):
+    """(argv prefix, parser) of every command that runs something."""
+    parser = parser or cli.build_parser()
+    sub = [a for a in parser._actions if isinstance(a, cli.argparse._SubParsersAction)]
+    if not sub:
+        yield prefix, parser
+        return
+    for name, child in sub[0].choices.items():
+        yield from _subcommands(child, (*prefix, name))
+
+
+def _options(parser):
+    """Options that take a value (flags and --help take none)."""
+    return [a for a in parser._actions if a.option_strings and a.nargs != 0]
+
+
+def _bad_values(action) -> tuple[str, ...]:
+    if action.choices is not None:
+        return ("bogus",)
+    if action.type in BAD_VALUES:
+        return BAD_VALUES[action.type]
+    if getattr(action.type, "__qualname__", "") == "_comma_list.<locals>.parse":  # a `_choice_list(...)`
+        return CHOICE_LIST
+    raise AssertionError(f"no bad values for {action.option_strings[0]} of type {action.type!r}: add them")
+
+
+def _base_argv(command, parser):
+    argv = list(command)
+    for action in parser._actions:
+        if action.required and action.option_strings:
+            argv += [action.option_strings[0], VALID[action.option_strings[0]]]
+    return argv
+
+
+CASES = [
+    pytest.param([*_base_argv(command, parser), action.option_strings[0], value], action.option_strings[0],
+                 id=f"{' '.join(command)} {action.option_strings[0]}={value!r}")
+    for command, parser in _subcommands()
+    for action in _options(parser)
+    for value in _bad_values(action)
+]  # fmt: skip
+
+
+def _run(argv, capsys) -> tuple[int, str]:
+    """Exit status and everything printed, from the entry point run in this process."""
+    try:
+        status = cli.main(argv)
+    except SystemExit as exit_:
+        status = exit_.code
+    captured = capsys.readouterr()
+    return status, captured.out + captured.err
+
+
+@pytest.mark.parametrize(("argv", "option"), CASES)
+def test_bad_value_is_refused_naming_the_option(argv, option, capsys, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.touch()
+    argv = [arg.replace("{empty}", str(empty)) for arg in argv]
+    status, output = _run(argv, capsys)
+    assert status == 2
+    last = output.strip().splitlines()[-1]
+    assert last.startswith(f"fastlm {argv[0]}") and f"error: argument {option}" in last, output
+    assert "Traceback" not in output
+
+
+NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has GPUs for NCCL")
+# Values each valid on its own that the command refuses together, or that the machine refuses:
+# refused after parsing, before any work, with the options named.
+SEMANTIC_CASES = [
+    (["train", "ar", "--d-model", "10", "--heads", "3"], "--d-model (10) must be divisible by --heads (3)"),
+    (["train", "ar", "--d-model", "6", "--heads", "2"], "--d-model / --heads (6 / 2 = 3) must be even"),
+    (["bench", "model", "--d-model", "32"], "missing --d-ff, --layers, --heads"),
+    (["bench", "model", "--d-model", "30", "--d-ff", "64", "--layers", "1", "--heads", "4"], "--d-model (30)"),
+    (["profile", "memory", "--preset", "tiny,small"], "--preset and --kernels name 2 models"),
+    (["profile", "model", "--kernels", "torch,fastlm"], "--preset and --kernels name 2 models"),
+    (["analyze", "attention", "--d-model", "30", "--heads", "7"], "--d-model (30) must be divisible by --heads"),
+    (["analyze", "mha", "--d-model", "30", "--heads", "7"], "--d-model (30) must be divisible by --heads"),
+    (["ar", "handcrafted", "--keys", "1", "--values", "1", "--pairs", "2"], "--keys=1, --values=1, --pairs=2"),
+    pytest.param(
+        ["bench", "allreduce", "--backend", "nccl"], "--backend nccl needs one GPU per process", marks=NEEDS_NO_GPU
+    ),
+    pytest.param(["bench", "ddp", "--backend", "nccl"], "--backend nccl needs one GPU per process", marks=NEEDS_NO_GPU),
+    (["train", "lm", "--data", str(CORPUS), "--context", "100000"], "--data: the corpus is too small"),
+    (["train", "lm", "--data", "{binary}"], "binary.bin is not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), SEMANTIC_CASES, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_bad_combination_is_one_sentence(argv, message, capsys, tmp_path):
+    binary = tmp_path / "binary.bin"
+    binary.write_bytes(bytes(range(256)) * 64)
+    argv = [arg.replace("{binary}", str(binary)) for arg in argv]
+    status, output = _run(argv, capsys)
+    assert status == 2
+    assert output.strip().splitlines()[-1].startswith(f"fastlm {argv[0]} {argv[1]}: error: "), output
+    assert message in output and "Traceback" not in output
+
+
+def test_console_script_refuses_an_empty_corpus_without_a_traceback(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.touch()
+    done = subprocess.run([sys.executable, "-m", "fastlm", "train", "lm", "--data", str(empty)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == f"fastlm train lm: error: argument --data: '{empty}' is empty"
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", [c for c, _ in _subcommands()], ids=" ".join)
+def test_every_option_shows_help_and_default(command):
+    parser = dict(_subcommands())[command]
+    formatter = parser._get_formatter()
+    for action in _options(parser):
+        text = formatter._expand_help(action)
+        assert action.help, f"{' '.join(command)} {action.option_strings[0]} has no help text"
+        assert "default" in text or action.required, f"{' '.join(command)} {action.option_strings[0]}: {text}"
+
+
+def test_help_shows_defaults_and_the_expected_duration(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "ar", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "--epochs EPOCHS passes over the training sequences per depth (default: 50)" in text
+    assert "--layers LAYERS comma list of depths, e.g. 1,2,3,4 (default: 2)" in text
+    assert "Expected duration with the defaults: on a 2-core CPU" in text and "on a GPU" in text
+
+
+def test_every_listed_command_states_its_duration():
+    parsers = dict(_subcommands())
+    for key, (cpu, gpu) in cli.DURATIONS.items():
+        assert tuple(key.split()) in parsers, f"DURATIONS names a command that does not exist: {key}"
+        assert f"on a 2-core CPU {cpu}; on a GPU {gpu}." in parsers[tuple(key.split())].description
