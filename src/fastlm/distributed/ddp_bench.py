@@ -63,6 +63,7 @@ from fastlm.model import ModelConfig, TransformerLM
 from fastlm.profile.ranges import annotate, annotations
 
 RESULTS_FILE = "ddp.jsonl"
+TIMELINES_FILE = "ddp_timelines.jsonl"  # in the trace folder: the GPU timelines the overlap plots draw
 GLOO_NOTE = (
     "gloo on CPU: no NCCL kernels and no GPU timeline, so communication time, its overlap with the "
     "backward and the memory columns are not measured; the step times are of CPU processes sharing "
@@ -459,9 +460,18 @@ def run(backend: str, worlds: Sequence[int], settings: Settings, variants: Seque
             progress(f"data-parallel steps, {world} processes ({backend}, {settings.preset}): {len(variants)} "
                      f"variants x {settings.rounds} rounds, then {len(optimizers)} memory rows")  # fmt: skip
         measured = measure(backend, world, settings, variants, optimizers, progress)
+        timelines = [_take_timeline(record) for record in measured if "timeline" in record]
+        if timelines and settings.trace_dir:  # bulky (megabytes per run): kept beside the traces, not in git
+            append_records(Path(settings.trace_dir) / TIMELINES_FILE, timelines)
         append_records(results_dir / RESULTS_FILE, measured)
         records += measured
     return records
+
+
+def _take_timeline(record: dict) -> dict:
+    """Removes ``record``'s GPU timeline and returns it keyed by (run_id, world, variant)."""
+    return {"run_id": record["run_id"], "world": record["world"], "variant": record["variant"],
+            "timeline": record.pop("timeline")}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -555,10 +565,19 @@ def overlap_plot(path: Path, records: list[dict], title: str) -> Path:
 
 def render(results_dir: Path, reports_dir: Path) -> str:
     """One section per number of ranks, from the latest run that measured it (a later 8-rank run
-    does not hide the 2- and 4-rank rows of an earlier one); each section's tables come from one run."""
+    does not hide the 2- and 4-rank rows of an earlier one); each section's tables come from one run.
+    The overlap plots need the GPU timelines in ``<out>/traces`` (beside results/); without them a
+    plot already in ``reports_dir`` is shown as it is."""
     runs = latest_runs_by(read_records(results_dir / RESULTS_FILE), "world")
     if not runs:
         return "No data-parallel records yet: run `fastlm bench ddp`.\n"
+    timelines = {(t["run_id"], t["world"], t["variant"]): t["timeline"]
+                 for t in read_records(results_dir.parent / "traces" / TIMELINES_FILE)}  # fmt: skip
+    for records in runs:
+        for record in records:
+            key = (record.get("run_id"), record.get("world"), record.get("variant"))
+            if key in timelines:
+                record["timeline"] = timelines[key]
     return "\n".join(line for records in runs for line in _render_run(records, reports_dir))
 
 
@@ -591,10 +610,11 @@ def _render_run(records: list[dict], reports_dir: Path) -> list[str]:
         lines += [f"![step time per variant, {tag} ranks]({bars.name})", ""]
         for world in worlds:
             timed = [r for r in steps if r["world"] == world and r.get("timeline")]
+            plot = reports_dir / f"ddp_overlap_x{world}.png"
             if timed:
-                plot = overlap_plot(reports_dir / f"ddp_overlap_x{world}.png", timed,
-                                    f"GPU timeline of {first['profile_steps']} steps, rank 0 of {world}: "
+                plot = overlap_plot(plot, timed, f"GPU timeline of {first['profile_steps']} steps, rank 0 of {world}: "
                                     "compute by phase (upper lane) and NCCL (lower lane)")  # fmt: skip
+            if plot.exists() and first["backend"] == "nccl":  # gloo runs have no GPU timeline
                 lines += [f"![communication overlap, {world} ranks]({plot.name})", ""]
     memory = _memory_rows(records)
     if memory:
