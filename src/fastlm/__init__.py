@@ -1,22 +1,32 @@
 """fastlm: fused Triton kernels, a switchable Transformer LM, benchmarks and napkin math.
 
-The public functional API lives here; ``fastlm.nn`` has thin module wrappers.
+The public functional API lives here; ``fastlm.nn`` has thin module wrappers. Each function's op
+module (and with it torch and Triton) is imported on first use, so `import fastlm` and the command
+line's help and cost models start fast.
 """
 
-from fastlm.ops.causal_conv1d import causal_conv1d
-from fastlm.ops.cross_entropy import cross_entropy
-from fastlm.ops.flash_attention import flash_attention
-from fastlm.ops.layer_norm import layer_norm, rms_norm
-from fastlm.ops.linear_cross_entropy import linear_cross_entropy
-from fastlm.ops.masked_softmax import masked_softmax
+import importlib
 
-__all__ = [
-    "causal_conv1d",
-    "cross_entropy",
-    "flash_attention",
-    "layer_norm",
-    "linear_cross_entropy",
-    "masked_softmax",
-    "rms_norm",
-]
+_EXPORTS = {
+    "causal_conv1d": "fastlm.ops.causal_conv1d",
+    "cross_entropy": "fastlm.ops.cross_entropy",
+    "flash_attention": "fastlm.ops.flash_attention",
+    "layer_norm": "fastlm.ops.layer_norm",
+    "linear_cross_entropy": "fastlm.ops.linear_cross_entropy",
+    "masked_softmax": "fastlm.ops.masked_softmax",
+    "rms_norm": "fastlm.ops.layer_norm",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'fastlm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -18,7 +18,15 @@ from rich.console import Console
 from rich.table import Table
 
 from fastlm.devices import DEVICES, device_spec
-from fastlm.model.config import ATTENTION_KERNELS, LOSS_KERNELS, NORM_KERNELS, PRESETS, SOFTMAX_KERNELS, ModelConfig
+from fastlm.model.config import (
+    ATTENTION_KERNELS,
+    COMPILE_MODES,
+    LOSS_KERNELS,
+    NORM_KERNELS,
+    PRESETS,
+    SOFTMAX_KERNELS,
+    ModelConfig,
+)
 
 console = Console()
 error_console = Console(stderr=True)
@@ -1076,8 +1084,6 @@ def add_model_arguments(p: argparse.ArgumentParser, gpu_preset: str = "small") -
 
 @functools.cache  # parsing leaves the parser unchanged: one per process (main runs in-process in tests)
 def build_parser() -> argparse.ArgumentParser:
-    from fastlm.bench.model import COMPILE_MODES  # eager, compile, cudagraphs: bench model and train lm
-
     parser = _Parser(prog="fastlm", description=__doc__.splitlines()[0])
     groups = parser.add_subparsers(dest="group", required=True)
     subcommands = {}
@@ -1120,8 +1126,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("norms", "LayerNorm / RMSNorm fwd, bwd, fwd+bwd vs eager, compile, Liger", cmd_bench_norms),
         ("softmax", "masked softmax fwd, bwd, fwd+bwd vs eager, compile", cmd_bench_softmax),
         ("conv1d", "causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward", cmd_bench_conv1d),
-        ("linear-xent", "fused linear + cross-entropy fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, "
-         "matmul + fastlm CE, Liger, CCE", cmd_bench_linear_xent),
+        (
+            "linear-xent",
+            "fused linear + cross-entropy fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, "
+            "matmul + fastlm CE, Liger, CCE",
+            cmd_bench_linear_xent,
+        ),
         ("roofline", "this device's measured roofline with every benchmarked fastlm kernel on it", cmd_bench_roofline),
     ):  # benchmarks whose only option is --out
         add_out(add_command("bench", name, summary, func))

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 
 @dataclass(frozen=True)
 class DeviceSpec:
@@ -49,6 +47,8 @@ def device_spec(key: str) -> DeviceSpec:
 
 def current_device_name() -> str:
     """'NVIDIA H100 80GB HBM3' on a GPU machine, 'cpu' otherwise."""
+    import torch  # here, not at the top: the device table serves the command line's fast paths
+
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 

@@ -1,6 +1,6 @@
 """Cost model of fused cross-entropy: bytes, FLOPs, intensity, bound, minimum time.
 
-The configuration the issue fixes: logits bf16 (2 B), targets int64 (8 B), losses fp32 (4 B),
+The configuration modelled here: logits bf16 (2 B), targets int64 (8 B), losses fp32 (4 B),
 the saved logsumexp fp32 (4 B), upstream gradient fp32 (4 B), dlogits bf16 (2 B),
 reduction='none'; B rows, V classes.
 

@@ -3,7 +3,7 @@
 At small shapes an op's GPU time is a few microseconds and what the host does per call (Python,
 argument checks, autograd bookkeeping, the launches) sets the pace of a training step. Each case
 calls the public function exactly as a user does, its float inputs requiring grad, next to the
-plain-PyTorch code it replaces, in the same run. Target (issue): fastlm's fwd+bwd host cost at
+plain-PyTorch code it replaces, in the same run. Target: fastlm's fwd+bwd host cost at
 most 1.5x the PyTorch op's; under torch.compile, no more than Inductor's own kernels.
 
 Protocol, per case x compile mode, for each implementation (pytorch, fastlm) and direction:
@@ -52,7 +52,7 @@ RESULTS_FILE = "host.jsonl"
 IMPLEMENTATIONS = ("pytorch", "fastlm")
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
 COMPILE_MODES = ("eager", "compile")
-TARGET_RATIO = 1.5  # the issue's bound on fastlm / pytorch fwd+bwd host cost
+TARGET_RATIO = 1.5  # the bound fastlm aims for on its fwd+bwd host cost over PyTorch's
 LAUNCH = "direct" if DIRECT_LAUNCH else "triton"
 # Calls per round, rounds and warm-up calls: full on a GPU; a few on CPU, where the numbers are
 # reference paths and `fastlm report` must stay quick.

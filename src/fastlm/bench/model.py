@@ -42,10 +42,10 @@ from fastlm.bench.report import grouped_bar_plot, markdown_table, present_column
 from fastlm.bench.timing import is_out_of_memory
 from fastlm.devices import current_device_name, spec_for_device_name
 from fastlm.model import ModelConfig, TransformerLM
+from fastlm.model.config import COMPILE_MODES
 
 RESULTS_FILE = "model.jsonl"
 PRECISIONS = ("fp32", "bf16")
-COMPILE_MODES = ("eager", "compile", "cudagraphs")
 SWEEP_COMPILE_MODES = ("eager", "compile")
 TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}
 IMPLEMENTATIONS = ("fastlm", "hf-llama")  # our TransformerLM | transformers' LlamaForCausalLM, same dims
