@@ -29,6 +29,8 @@ TRITON_OPS = {
 FOUND = """
 import json
 import fastlm, fastlm.ops.weighted_sum
+for name in fastlm.__all__:  # each export's op module registers its ops when first used
+    getattr(fastlm, name)
 from torch._library.triton import triton_ops_to_kernels
 print(json.dumps({op: sorted(k.fn.__name__ for k in kernels) for op, kernels in triton_ops_to_kernels.items()
                   if op.startswith("fastlm::")}))
