@@ -89,7 +89,14 @@ def render(records: list[dict]) -> str:
     head = ["kernels", "compile", "optimizer", "step ms", "GPU ms", "kernels/step", *names]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in records:
-        cells = [r["kernels"], r["compile"], r.get("optimizer", "torch"), f"{r['step_ms']:.1f}", f"{r['gpu_ms']:.1f}", f"{r['kernels_per_step']:.0f}"]
+        cells = [
+            r["kernels"],
+            r["compile"],
+            r["optimizer"],
+            f"{r['step_ms']:.1f}",
+            f"{r['gpu_ms']:.1f}",
+            f"{r['kernels_per_step']:.0f}",
+        ]
         cells += [f"{r['gpu_ms_by_category'].get(n, 0.0):.2f}" for n in names]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
