@@ -279,48 +279,60 @@ def train(args) -> dict:
         return {"step": resumed.step, "losses": []}
     device = _setup(args)
     try:
-        torch.manual_seed(args.seed)  # the same initial weights on every rank
-        model = _wrap(TransformerLM(model_config(args)).to(device), args, device)
-        if args.shard_optimizer:
-            optimizer = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=args.lr)
-        else:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        step = 0
-        if resumed is not None:
-            _restore(resumed.state, model, optimizer, args)
-            step, resumed = resumed.step, None  # drop the loaded tensors: the model holds them now
-        start_new = not args.resume  # the first save of a new run replaces the folder's older checkpoints
-        autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
-        losses = []
-        while step < args.steps:
-            tokens, targets = batch_for_step(step, args, rank, world, device)
-            with autocast:
-                loss = model(tokens, targets)
-            loss.backward()
-            if args.parallel in ("naive", "flat"):
-                allreduce_gradients(model, flat=args.parallel == "flat")
-            elif args.parallel in ("ddp", "bucketed"):
-                model.finish_gradient_synchronization()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            reported = loss.detach().float()
-            if world > 1:
-                dist.all_reduce(reported)
-                reported /= world
-            losses.append(reported.item())
-            if rank == 0:
-                print(f"step {step}/{args.steps} loss {losses[-1]:.4f}", flush=True)
-            last = step == args.steps
-            if args.checkpoint is not None and (last or args.checkpoint_every and step % args.checkpoint_every == 0):
-                save_checkpoint(args, step, config, model, optimizer, rank, start_new)
-                start_new = False
-        if dist.is_initialized():
-            dist.barrier()  # no rank tears down while another still has collectives in flight
-        return {"step": step, "losses": losses}
+        # The loop's model, wrapper and optimizer are freed when it returns, while the process group
+        # is still registered. Freed after destroy_process_group, PyTorch DDP's reducer would drop the
+        # group's last reference, and the group's destructor joins gloo threads that wait for the GIL
+        # the freeing thread holds: a hang at exit.
+        pending = [resumed]  # handed over, so the loop can free the loaded tensors once restored
+        del resumed
+        return _train_loop(args, config, pending, rank, world, device)
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _train_loop(args, config: dict, pending: list, rank: int, world: int, device: torch.device) -> dict:
+    """The steps; ``pending`` holds the checkpoint to resume from (or None), taken out here."""
+    resumed = pending.pop()
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    model = _wrap(TransformerLM(model_config(args)).to(device), args, device)
+    if args.shard_optimizer:
+        optimizer = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=args.lr)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    step = 0
+    if resumed is not None:
+        _restore(resumed.state, model, optimizer, args)
+        step, resumed = resumed.step, None  # drop the loaded tensors: the model holds them now
+    start_new = not args.resume  # the first save of a new run replaces the folder's older checkpoints
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    losses = []
+    while step < args.steps:
+        tokens, targets = batch_for_step(step, args, rank, world, device)
+        with autocast:
+            loss = model(tokens, targets)
+        loss.backward()
+        if args.parallel in ("naive", "flat"):
+            allreduce_gradients(model, flat=args.parallel == "flat")
+        elif args.parallel in ("ddp", "bucketed"):
+            model.finish_gradient_synchronization()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        reported = loss.detach().float()
+        if world > 1:
+            dist.all_reduce(reported)
+            reported /= world
+        losses.append(reported.item())
+        if rank == 0:
+            print(f"step {step}/{args.steps} loss {losses[-1]:.4f}", flush=True)
+        last = step == args.steps
+        if args.checkpoint is not None and (last or args.checkpoint_every and step % args.checkpoint_every == 0):
+            save_checkpoint(args, step, config, model, optimizer, rank, start_new)
+            start_new = False
+    if dist.is_initialized():
+        dist.barrier()  # no rank tears down while another still has collectives in flight
+    return {"step": step, "losses": losses}
 
 
 def main(argv: list[str] | None = None) -> int:
