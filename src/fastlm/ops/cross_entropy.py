@@ -718,10 +718,7 @@ def check_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
     if logits.dim() != 2:
         raise ValueError(f"logits must be 2-D (batch, vocab), got shape {tuple(logits.shape)}")
     check_dtype("logits", logits, LOGIT_DTYPES)
-    if targets.dtype not in TARGET_DTYPES:
-        if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
-            raise TypeError(f"targets must hold integer class indices (int64), got dtype {targets.dtype}")
-        check_dtype("targets", targets, TARGET_DTYPES)
+    check_target_dtype(targets)
     if targets.shape != logits.shape[:1]:
         raise ValueError(
             f"targets must have shape ({logits.shape[0]},) to match logits {tuple(logits.shape)}, "
@@ -731,6 +728,14 @@ def check_inputs(logits: torch.Tensor, targets: torch.Tensor) -> None:
         check_same_device(logits=logits, targets=targets)
     if logits.shape[1] == 0:
         raise ValueError("logits must have at least one class (vocab dimension is 0)")
+
+
+def check_target_dtype(targets: torch.Tensor) -> None:
+    """int64 or int32 class indices; a float, complex or bool tensor gets its own message."""
+    if targets.dtype not in TARGET_DTYPES:
+        if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+            raise TypeError(f"targets must hold integer class indices (int64), got dtype {targets.dtype}")
+        check_dtype("targets", targets, TARGET_DTYPES)
 
 
 def check_target_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> None:

@@ -46,11 +46,11 @@ import torch.nn.functional as F
 from fastlm.ops.common import check_dtype, check_integer, check_number, check_same_device, check_tensor, device_arch
 from fastlm.ops.cross_entropy import (
     LOGIT_DTYPES,
-    TARGET_DTYPES,
     _forward,
     _fused,
     _scale_rows,
     _scale_rows_op,
+    check_target_dtype,
     check_target_range,
     cross_entropy_ref,
 )
@@ -403,10 +403,7 @@ def check_inputs(hidden, weight, targets, bias) -> None:
     for name in ("hidden", "weight", "bias"):
         if name in tensors:
             check_dtype(name, tensors[name], LOGIT_DTYPES)
-    if targets.dtype not in TARGET_DTYPES:
-        if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
-            raise TypeError(f"targets must hold integer class indices (int64), got dtype {targets.dtype}")
-        check_dtype("targets", targets, TARGET_DTYPES)
+    check_target_dtype(targets)
     check_same_device(**tensors)
 
 
