@@ -355,15 +355,21 @@ def test_gpu_bf16_autocast_matches_reference(reduction):
     (loss, grads), (expected, expected_grads) = run_against_reference(
         hidden, weight, bias, targets, upstream, autocast=True, reduction=reduction, z_loss=1e-4, chunk_rows=256
     )
-    # The logits are bf16 under autocast, so a row's loss carries x_t's rounding (|x_t| 2^-9): bound
-    # the error by that of PyTorch's autocast path (bf16 F.linear, then the loss in fp32).
+    # The logits and dlogits are bf16 under autocast, so a row's loss carries x_t's rounding
+    # (|x_t| 2^-9) and each gradient the rounding of the bf16 matmuls: bound every error by that of
+    # PyTorch's autocast path (bf16 F.linear, then the loss in fp32) on the same inputs.
+    torch_inputs = leaves(hidden, weight, bias)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        torch_logits = F.linear(hidden, weight, bias)
+        torch_logits = F.linear(*torch_inputs)
     torch_loss = cross_entropy_ref(torch_logits.float(), targets, reduction=reduction, z_loss=1e-4)
-    torch_error = (torch_loss.double() - expected.detach()).abs().max().item()
-    assert (loss.detach().double() - expected.detach()).abs().max().item() <= 1.5 * torch_error + 1e-3
-    for got, want in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-3)
+    torch_loss.backward(upstream)
+
+    def error(got, want):
+        return (got.detach().double() - want.detach()).abs().max().item()
+
+    assert error(loss, expected) <= 1.5 * error(torch_loss, expected) + 1e-3
+    for got, torch_grad, want in zip(grads, (t.grad for t in torch_inputs), expected_grads, strict=True):
+        assert error(got, want) <= 1.5 * error(torch_grad, want) + 1e-4
 
 
 @pytest.mark.gpu

@@ -121,18 +121,24 @@ def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate
     Same dtype: cuBLAS adds the fp32 product into out and rounds once. fp32 out from 16-bit inputs
     on CUDA in eager mode: aten's ``addmm(..., out_dtype=float32, out=out)`` does the same into
     the fp32 buffer. A trace cannot take that out= form and Inductor lowers the op to a matmul and
-    an add anyway, so traced calls take the functional form: one fp32 temporary of out's size per
-    chunk under torch.compile. CPU has no such overload at all: there the product is formed in fp32
-    from the 16-bit values (exact products, as cuBLAS uses; CPU shapes are small). ``beta=0`` ignores out's old
-    values (even NaN), so the first chunk needs no zero-filled buffer.
+    an add anyway, so traced calls form the fp32 product by ``mm(..., out_dtype=float32)`` and add
+    it: one fp32 temporary of out's size per chunk under torch.compile. (Not ``addmm(...,
+    out_dtype=)``: its fake-tensor decomposition fails in some PyTorch releases.) CPU has no such
+    overload at all: there the product is formed in fp32 from the 16-bit values (exact products,
+    as cuBLAS uses; CPU shapes are small). ``beta=0`` ignores out's old values (even NaN), so the
+    first chunk needs no zero-filled buffer.
     """
     beta = 1 if accumulate else 0
     if out.dtype == a.dtype:
         torch.addmm(out, a, b, beta=beta, out=out)
     elif out.is_cuda and out.dtype == torch.float32 and not traced:
         torch.addmm(out, a, b, beta=beta, out_dtype=torch.float32, out=out)
-    elif out.is_cuda and out.dtype == torch.float32:  # a 16-bit matmul with an fp32 result, then a copy
-        out.copy_(torch.addmm(out, a, b, beta=beta, out_dtype=torch.float32))
+    elif out.is_cuda and out.dtype == torch.float32:  # a 16-bit matmul with an fp32 result, then the sum
+        product = torch.mm(a, b, out_dtype=torch.float32)
+        if accumulate:
+            out.add_(product)
+        else:
+            out.copy_(product)
     elif accumulate:
         out.add_(a.float() @ b.float())
     else:
