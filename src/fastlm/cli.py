@@ -17,6 +17,21 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from fastlm.bench.options import (
+    ATTENTION_SWEEPS,
+    DDP_OPTIMIZERS,
+    DDP_VARIANTS,
+    HOST_COMPILE_MODES,
+    HOST_CPU_CALLS,
+    HOST_CPU_ROUNDS,
+    HOST_CPU_WARMUP,
+    HOST_GPU_CALLS,
+    HOST_GPU_ROUNDS,
+    HOST_GPU_WARMUP,
+    HOST_MIN_ROUNDS,
+    HOST_OPS,
+    check_ddp_variant,
+)
 from fastlm.devices import DEVICES, device_spec
 from fastlm.model.config import (
     ATTENTION_KERNELS,
@@ -197,43 +212,30 @@ def _output_file(text: str) -> Path:
     return path
 
 
-def _host_ops(text: str) -> tuple[str, ...]:
-    from fastlm.bench.host import OPS  # imported on use: it loads torch and the kernels
-
-    return _choice_list(OPS, "op")(text)
+_host_ops = _choice_list(HOST_OPS, "op")
+_sweep_list = _choice_list(ATTENTION_SWEEPS, "sweep")
 
 
 def _rounds(text: str) -> int:
-    from fastlm.bench.host import MIN_ROUNDS
-
     value = _positive_int(text)
-    if value < MIN_ROUNDS:
-        raise argparse.ArgumentTypeError(f"expected at least {MIN_ROUNDS} rounds (a median and a spread), got {value}")
+    if value < HOST_MIN_ROUNDS:
+        raise argparse.ArgumentTypeError(f"expected at least {HOST_MIN_ROUNDS} rounds (a median and a spread), "
+                                         f"got {value}")  # fmt: skip
     return value
 
 
-def _sweep_list(text: str) -> tuple[str, ...]:
-    from fastlm.bench.attention import SWEEPS  # imported on use: it loads torch and the kernels
+def _ddp_variant(part: str) -> str:
+    try:
+        return check_ddp_variant(part)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
-    return _choice_list(SWEEPS, "sweep")(text)
 
-
-def _variant_list(text: str) -> tuple[str, ...]:
-    from fastlm.distributed.ddp_bench import check_variant
-
-    def parse_one(part: str) -> str:
-        try:
-            return check_variant(part)
-        except ValueError as error:
-            raise argparse.ArgumentTypeError(str(error)) from None
-
-    return _comma_list(parse_one, "variants")(text)
+_variant_list = _comma_list(_ddp_variant, "variants")
 
 
 def _optimizer_list(text: str) -> tuple[str, ...]:
-    from fastlm.distributed.ddp_bench import OPTIMIZERS
-
-    return () if text == "none" else _choice_list(OPTIMIZERS, "optimizer")(text)
+    return () if text == "none" else _choice_list(DDP_OPTIMIZERS, "optimizer")(text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,13 +350,13 @@ def run_host_benchmark(
 
     device = _device()
     on_gpu = device.type == "cuda"
-    cases = [host.CASES[name] for name in (ops or host.OPS)]
+    cases = [host.CASES[name] for name in (ops or HOST_OPS)]
     _note_without_gpu(device, host.CPU_NOTE)
     with _steps("host cost", len(cases) * len(modes)) as step:
         host.run(cases, modes, device, out / "results", progress=step,
-                 rounds=rounds or (host.GPU_ROUNDS if on_gpu else host.CPU_ROUNDS),
-                 calls=calls or (host.GPU_CALLS if on_gpu else host.CPU_CALLS),
-                 warmup=host.GPU_WARMUP if on_gpu else host.CPU_WARMUP)  # fmt: skip
+                 rounds=rounds or (HOST_GPU_ROUNDS if on_gpu else HOST_CPU_ROUNDS),
+                 calls=calls or (HOST_GPU_CALLS if on_gpu else HOST_CPU_CALLS),
+                 warmup=HOST_GPU_WARMUP if on_gpu else HOST_CPU_WARMUP)  # fmt: skip
     body = host.render(out / "results", out / "reports")
     return _write_report(out / "reports" / "host.md", "Host cost per call: fastlm vs PyTorch", body)
 
@@ -1135,19 +1137,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("roofline", "this device's measured roofline with every benchmarked fastlm kernel on it", cmd_bench_roofline),
     ):  # benchmarks whose only option is --out
         add_out(add_command("bench", name, summary, func))
-    from fastlm.bench import host
-
     p = add_command("bench", "host", "host (CPU) time per call of each op vs the PyTorch op it replaces, at small "
                     "shapes where the host dominates", cmd_bench_host)  # fmt: skip
-    p.add_argument("--ops", type=_host_ops, default=None, help=f"comma list among {','.join(host.OPS)} (default all)")
-    p.add_argument("--compile", type=_choice_list(host.COMPILE_MODES, "compile mode"), default=("eager",),
+    p.add_argument("--ops", type=_host_ops, default=None, help=f"comma list among {','.join(HOST_OPS)} (default all)")
+    p.add_argument("--compile", type=_choice_list(HOST_COMPILE_MODES, "compile mode"), default=("eager",),
                    help="comma list of eager, compile (torch.compile(fullgraph=True) of each implementation, "
                    "fwd and bwd)")  # fmt: skip
     p.add_argument("--rounds", type=_rounds, default=None,
-                   help=f"rounds, each timing every implementation and direction (default {host.GPU_ROUNDS} on a "
-                   f"GPU, {host.CPU_ROUNDS} without one; at least {host.MIN_ROUNDS})")  # fmt: skip
+                   help=f"rounds, each timing every implementation and direction (default {HOST_GPU_ROUNDS} on a "
+                   f"GPU, {HOST_CPU_ROUNDS} without one; at least {HOST_MIN_ROUNDS})")  # fmt: skip
     p.add_argument("--calls", type=_positive_int, default=None,
-                   help=f"calls per round and timing (default {host.GPU_CALLS} on a GPU, {host.CPU_CALLS} without "
+                   help=f"calls per round and timing (default {HOST_GPU_CALLS} on a GPU, {HOST_CPU_CALLS} without "
                    "one)")  # fmt: skip
     add_out(p)
     p = add_command("bench", "model", "LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)",
@@ -1184,8 +1184,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=_positive_int, default=10, help="timed all-reduces per size")
     add_out(p)
 
-    from fastlm.distributed import ddp_bench
-
     p = add_command("bench", "ddp", "data-parallel step time, communication overlap, optimizer-state sharding",
                     cmd_bench_ddp)  # fmt: skip
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
@@ -1198,9 +1196,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=_positive_int, default=512, help="sequence length")
     p.add_argument("--batch", type=_positive_int, default=4, help="sequences per rank")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="fp32, or bf16 (autocast)")
-    p.add_argument("--variants", type=_variant_list, default=ddp_bench.VARIANTS,
+    p.add_argument("--variants", type=_variant_list, default=DDP_VARIANTS,
                    help="comma list of gradient synchronizations; bucketed-X for any X MB")  # fmt: skip
-    p.add_argument("--optimizers", type=_optimizer_list, default=ddp_bench.OPTIMIZERS,
+    p.add_argument("--optimizers", type=_optimizer_list, default=DDP_OPTIMIZERS,
                    help="memory rows: comma list of adamw, sharded (ShardedOptimizer), zero "
                    "(ZeroRedundancyOptimizer), or none")  # fmt: skip
     p.add_argument("--bucket-mb", type=_positive_float, default=25.0, help="BucketedDDP bucket size of the memory rows")
