@@ -17,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from fastlm.analysis.transformer import DTYPE_BYTES
 from fastlm.bench.options import (
     ATTENTION_SWEEPS,
     DDP_OPTIMIZERS,
@@ -586,195 +587,44 @@ def cmd_profile_memory(args) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _add_columns(table: Table, labels: Sequence[str], numbers: Sequence[str]) -> None:
-    """Text columns that wrap (long words folded, never cut to '…') and right-aligned number
-    columns kept whole, so a table fits 80 columns without losing a digit."""
-    for header in labels:
-        table.add_column(header, overflow="fold")
-    for header in numbers:
-        table.add_column(header, justify="right", no_wrap=True)
+def _print_all(parts) -> None:
+    for part in parts:
+        console.print(part)
 
 
 def cmd_analyze_xent(args) -> None:
-    from fastlm.analysis.xent import FORMULAS, CrossEntropyCost
-    from fastlm.bench.report import si, si_seconds
+    from fastlm.analysis.xent import CrossEntropyCost, cost_tables
 
-    spec = device_spec(args.gpu)
-    cost = CrossEntropyCost(args.batch, args.vocab)
-    fwd, bwd = cost.fwd_bound(spec), cost.bwd_bound(spec)
-    table = Table(title=f"Cross-entropy cost model · B={args.batch}, V={args.vocab} · {spec.name}")
-    _add_columns(table, ("quantity", "formula"), ("forward", "backward"))
-    table.add_row("bytes loaded", f"{FORMULAS['fwd loaded']} | {FORMULAS['bwd loaded']}",
-                  si(cost.fwd_bytes_loaded, "B"), si(cost.bwd_bytes_loaded, "B"))  # fmt: skip
-    table.add_row("bytes stored", f"{FORMULAS['fwd stored']} | {FORMULAS['bwd stored']}",
-                  si(cost.fwd_bytes_stored, "B"), si(cost.bwd_bytes_stored, "B"))  # fmt: skip
-    table.add_row("FLOPs per token", f"{FORMULAS['fwd FLOPs/token']} | {FORMULAS['bwd FLOPs/token']}",
-                  si(cost.fwd_flops_per_token), si(cost.bwd_flops_per_token))  # fmt: skip
-    table.add_row("FLOPs", "B x per token", si(cost.fwd_flops), si(cost.bwd_flops))
-    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fwd.intensity:.3g} FLOP/B", f"{bwd.intensity:.3g} FLOP/B")
-    table.add_row("device ridge (CUDA cores fp32)", f"{spec.vector_fp32_tflops:g} TF / {spec.memory_gbps:g} GB/s",
-                  f"{fwd.ridge:.3g} FLOP/B", f"{bwd.ridge:.3g} FLOP/B")  # fmt: skip
-    tensor_rate = f"{spec.matmul_tflops:g} TF {spec.matmul_dtype} / {spec.memory_gbps:g} GB/s"
-    table.add_row("device ridge (tensor cores)", tensor_rate,
-                  f"{spec.ridge_flops_per_byte:.3g} FLOP/B", f"{spec.ridge_flops_per_byte:.3g} FLOP/B")  # fmt: skip
-    table.add_row("verdict", "intensity vs ridge", fwd.verdict, bwd.verdict)
-    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", si_seconds(fwd.min_time_s), si_seconds(bwd.min_time_s))
-    console.print(table)
-    fused = cost.fused_bound(spec)
-    console.print(
-        f"Fused training pass (loss + dlogits in one kernel): {si(cost.fused_bytes, 'B')}, "
-        f"minimum {si_seconds(fused.min_time_s)} vs {si_seconds(fwd.min_time_s + bwd.min_time_s)} "
-        "for forward + backward."
-    )
+    _print_all(cost_tables(CrossEntropyCost(args.batch, args.vocab), device_spec(args.gpu)))
 
 
 def cmd_analyze_conv1d(args) -> None:
-    from fastlm.analysis.conv1d import FORMULAS, Conv1dCost
-    from fastlm.bench.report import si, si_seconds
+    from fastlm.analysis.conv1d import Conv1dCost, cost_tables
 
-    spec = device_spec(args.gpu)
     sizes = {"fp32": 4, "fp16": 2, "bf16": 2}
     cost = Conv1dCost(args.batch, args.length, args.channels, args.kernel_size, sizes[args.dtype],
                       bias=not args.no_bias, silu=args.activation == "silu")  # fmt: skip
-    fused, padded = cost.fwd_bound(spec), cost.fwd_bound(spec, padding_pass=True)
-    table = Table(title=f"Causal conv1d forward · B={args.batch}, L={args.length}, D={args.channels}, "
-                        f"K={args.kernel_size}, {args.dtype} · {spec.name}")  # fmt: skip
-    _add_columns(table, ("quantity", "formula"), ("fused (masked loads)", "separate padding pass"))
-    table.add_row("bytes", f"{FORMULAS['fused']} | {FORMULAS['padding pass']}", si(fused.bytes, "B"),
-                  si(padded.bytes, "B"))  # fmt: skip
-    table.add_row("FLOPs", FORMULAS["FLOPs"], si(fused.flops), si(padded.flops))
-    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fused.intensity:.3g} FLOP/B",
-                  f"{padded.intensity:.3g} FLOP/B")  # fmt: skip
-    ridge = f"{spec.vector_fp32_tflops:g} TF / {spec.memory_gbps:g} GB/s"
-    table.add_row("device ridge (CUDA cores fp32)", ridge, f"{fused.ridge:.3g} FLOP/B", f"{padded.ridge:.3g} FLOP/B")
-    table.add_row("verdict", "intensity vs ridge", fused.verdict, padded.verdict)
-    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", si_seconds(fused.min_time_s),
-                  si_seconds(padded.min_time_s))  # fmt: skip
-    console.print(table)
-    console.print(f"Backward (fused, z recomputed): {si(cost.bwd_bytes, 'B')}, at least "
-                  f"{si_seconds(cost.bwd_bytes / (spec.memory_gbps * 1e9))}. The conv sits far left of the ridge "
-                  "on the roofline: its floor is bytes / bandwidth, so the fused kernel's target is the copy "
-                  "bandwidth.")  # fmt: skip
+    _print_all(cost_tables(cost, args.dtype, device_spec(args.gpu)))
 
 
 def cmd_analyze_memory(args) -> None:
-    from fastlm.analysis.model import TrainingMemory
+    from fastlm.analysis.model import memory_table
 
     preset, config = _single_model_config(args)
-    gib = lambda n: f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
-    memory = TrainingMemory(config, args.batch, max(args.contexts))
-    table = Table(title=f"Training memory · {preset} · {config.num_parameters():,} parameters · batch {args.batch}")
-    table.add_column("what")
-    table.add_column("formula")
-    table.add_column("bytes", justify="right")
-    table.add_row("parameters (fp32)", "4 x N", gib(memory.parameters))
-    table.add_row("gradients (fp32)", "4 x N", gib(memory.gradients))
-    table.add_row("AdamW state (fp32 m and v)", "8 x N", gib(memory.adamw_state))
-    table.add_row("total before activations", "16 x N", gib(memory.static))
-    for context in args.contexts:
-        one = TrainingMemory(config, args.batch, context)
-        table.add_row(f"one residual-stream activation, context {context}", "batch x context x d_model x bytes",
-                      f"{gib(one.residual_activation(4))} fp32 / {gib(one.residual_activation(2))} bf16")  # fmt: skip
-    console.print(table)
+    console.print(memory_table(config, preset, args.batch, args.contexts))
 
 
 def cmd_analyze_parallel(args) -> None:
     """`analyze parallel`: memory, GPUs, FSDP degree and compute-bound batch of a stack of MLP blocks."""
-    import math
-
-    from fastlm.analysis import parallel as cost
+    from fastlm.analysis import parallel
 
     try:
-        config = cost.ParallelConfig(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, batch=args.batch,
-                                     context_length=args.context)  # fmt: skip
-        mesh = cost.MeshConfig(w_ici=args.w_ici, flops=args.flops, m_x=args.mx, m_y=args.my, x=args.x, y=args.y)
+        config = parallel.ParallelConfig(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, batch=args.batch,
+                                         context_length=args.context)  # fmt: skip
+        mesh = parallel.MeshConfig(w_ici=args.w_ici, flops=args.flops, m_x=args.mx, m_y=args.my, x=args.x, y=args.y)
     except ValueError as error:
         raise UserError(str(error)) from None
-    gb = lambda n: f"{n / cost.GB:,.2f} GB"
-    gib = lambda n: f"{n / 2**30:,.2f} GiB"
-    memory = cost.memory_accounting(config)
-    table = Table(title=f"Training memory · d_model {config.d_model}, d_ff {config.d_ff}, {config.blocks} blocks of "
-                        f"two linear layers · {config.tokens:,} tokens (batch {config.batch} x context "
-                        f"{config.context_length}) · 1 GB = 1e9 bytes, 1 GiB = 2^30")  # fmt: skip
-    table.add_column("what")
-    table.add_column("formula")
-    table.add_column("value", justify="right", no_wrap=True)
-    table.add_column("GiB", justify="right", no_wrap=True)
-    table.add_row("parameters P", "2 x blocks x d_model x d_ff", f"{memory.parameters:,}", "")
-    for what, formula, n_bytes in (("master weights (fp32)", "4 x P", memory.master_weights),
-                                   ("accumulated gradients (fp32)", "4 x P", memory.gradients),
-                                   ("AdamW state (fp32 m and v)", "8 x P", memory.adamw_state),
-                                   ("weights + gradients + AdamW", "16 x P", memory.state)):  # fmt: skip
-        table.add_row(what, formula, gb(n_bytes), gib(n_bytes))
-    table.add_row("saved activations per token (bf16)", "2 x blocks x (d_model + d_ff)",
-                  f"{memory.activations_per_token:,} B", "")  # fmt: skip
-    table.add_row(f"saved activations A, {config.tokens:,} tokens", "tokens x per token", gb(memory.activations),
-                  gib(memory.activations))  # fmt: skip
-    table.add_row("total", "16 x P + A", gb(memory.total), gib(memory.total))
-    gpu = f"{args.gpu_memory_gb:g} GB"
-    gpus = [cost.devices_needed(n_bytes, args.gpu_memory_gb) for n_bytes in (memory.state, memory.total)]
-    table.add_row(f"{gpu} GPUs for 16 x P", f"ceil(16 x P / {gpu})", str(gpus[0]), "")
-    table.add_row(f"{gpu} GPUs for 16 x P + A", f"ceil((16 x P + A) / {gpu})", str(gpus[1]), "")
-    console.print(table)
-    console.print(f"{gpu} GPUs to hold it: [bold]{gpus[0]}[/] for weights, gradients and AdamW state, "
-                  f"[bold]{gpus[1]}[/] with the saved activations too.")  # fmt: skip
-
-    limit_gb = args.device_memory_gb
-    n_min = cost.smallest_fsdp_degree(config, limit_gb)
-    half = memory.activations / 2
-    fsdp = Table(title=f"FSDP over N devices: 16 x P and A/2 sharded, the other A/2 on every device · "
-                       f"per device (16 x P + A/2) / N + A/2 · limit {limit_gb:g} GB")  # fmt: skip
-    fsdp.add_column("N", justify="right", no_wrap=True)
-    fsdp.add_column("(16 x P + A/2) / N", justify="right", no_wrap=True)
-    fsdp.add_column("A/2", justify="right", no_wrap=True)
-    fsdp.add_column("per device", justify="right", no_wrap=True)
-    fsdp.add_column("GiB", justify="right", no_wrap=True)
-    fsdp.add_column(f"< {limit_gb:g} GB", no_wrap=True)
-    shown = sorted({1, 8, 64} | ({n_min - 1, n_min} - {0} if n_min else set()))
-    for n in shown:
-        per_device = cost.fsdp_memory_per_device(config, n)
-        fsdp.add_row(str(n), gb(per_device - half), gb(half), gb(per_device), gib(per_device),
-                     "yes" if per_device < limit_gb * cost.GB else "no")  # fmt: skip
-    console.print(fsdp)
-    if n_min is None:
-        console.print(f"No N_FSDP fits under {limit_gb:g} GB: the replicated half of the activations alone, "
-                      f"A/2 = {gb(half)}, does not; save fewer tokens (--batch, --context).")  # fmt: skip
-    else:
-        per_device = cost.fsdp_memory_per_device(config, n_min)
-        console.print(f"Smallest N_FSDP with per-device memory under {limit_gb:g} GB: [bold]{n_min}[/] "
-                      f"({gb(per_device)} = {gib(per_device)} per device).")  # fmt: skip
-
-    batch = cost.compute_bound_batch(config, mesh)
-    n_devices = mesh.devices
-    title = (f"Forward pass, FSDP x TP · X = {mesh.x} (FSDP, M_X = {mesh.m_x}) x Y = {mesh.y} (TP, M_Y = {mesh.m_y}) "
-             f"= {n_devices} chips · C = {mesh.flops:.3g} FLOP/s, W_ici = {mesh.w_ici:.3g} B/s")  # fmt: skip
-    if batch is None:
-        console.print(f"[bold]{title}[/]")
-        alpha = mesh.ici_intensity
-        console.print(f"No batch is compute-bound: the TP collectives alone take as long as the math, since d_ff = "
-                      f"{config.d_ff} <= alpha x Y / M_Y = {alpha * mesh.y / mesh.m_y:,.1f} "
-                      f"(alpha = C / W_ici = {alpha:,.1f}); use a smaller --y or a larger --my.")  # fmt: skip
-        return
-    times = cost.forward_times(config, mesh, batch)
-    per_device = math.ceil(batch / n_devices)
-    forward = Table(title=title)
-    forward.add_column("quantity")
-    forward.add_column("formula")
-    forward.add_column("value", justify="right", no_wrap=True)
-    us = lambda seconds: f"{seconds * 1e6:,.1f} µs"
-    forward.add_row("alpha, ICI FLOPs per byte", "C / W_ici", f"{mesh.ici_intensity:,.1f} FLOP/B")
-    forward.add_row("smallest compute-bound batch B", "alpha F X / (M_X (F - alpha Y / M_Y))",
-                    f"{batch:,.1f} tokens")  # fmt: skip
-    forward.add_row("per-device batch", "B / N", f"{batch / n_devices:,.1f} tokens")
-    forward.add_row("smallest whole per-device batch", "ceil(B / N), total x N",
-                    f"{per_device:,} ({per_device * n_devices:,} in all)")  # fmt: skip
-    forward.add_row("T_math per block at B", "4 B D F / (N C)", us(times.math_s))
-    forward.add_row("T_FSDP: AllGather weights on X", "4 D F / (Y W_ici M_X)", us(times.fsdp_comms_s))
-    forward.add_row("T_TP: In and Out collectives on Y", "4 B D / (X W_ici M_Y)", us(times.tp_comms_s))
-    console.print(forward)
-    console.print("Compute-bound when T_math >= T_FSDP + T_TP (communication overlapped with math; How to Scale "
-                  "Your Model, 'Mixed FSDP and Tensor Parallelism'); the times are per block and the same ratio holds "
-                  "for all blocks. Assumptions: fastlm.analysis.parallel, docs/distributed.md.")  # fmt: skip
+    _print_all(parallel.cost_tables(config, mesh, args.gpu_memory_gb, args.device_memory_gb))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -883,45 +733,14 @@ def cmd_ar_handcrafted(args) -> None:
                   f"on {len(test)} sequences, train {100 * train_accuracy:.1f}%")  # fmt: skip
 
 
-DTYPE_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
-
-
 def cmd_analyze_layer(args) -> None:
     """`analyze attention|mha|mlp`: the per-stage cost table of one piece of a Transformer layer."""
-    from fastlm.analysis import transformer as cost
-    from fastlm.bench.report import format_value, si, si_seconds
+    from fastlm.analysis.transformer import layer_tables
 
-    spec, n_bytes = device_spec(args.gpu), DTYPE_BYTES[args.dtype]
-    b, n, d, h = args.batch, args.seq, args.d_model, args.heads
-    if args.command == "attention":
-        _check_heads(d, h)
-        stages = [*cost.attention_stages(b, n, d, h, n_bytes), cost.sdpa_total(b, n, d, h, n_bytes)]
-    elif args.command == "mha":
-        _check_heads(d, h)
-        stages = [*cost.mha_stages(b, n, d, h, n_bytes), cost.mha_total(b, n, d, h, n_bytes)]
-    else:
-        stages = [*cost.mlp_stages(b, n, d, n_bytes), cost.mlp_total(b, n, d, n_bytes)]
-    heads = f", H={h} (head dim {d // h})" if args.command != "mlp" else ""
-    table = Table(title=f"{args.command} · B={b}, N={n}, D={d}{heads}, {args.dtype} · {spec.name} "
-                        f"(ridge {spec.ridge_flops_per_byte:.0f} FLOP/B tensor cores, "
-                        f"{spec.vector_ridge_flops_per_byte:.1f} CUDA cores)")  # fmt: skip
-    headers = dict(cost.STAGE_COLUMNS)
-    _add_columns(table, (headers["stage"],), [headers[key] for key in ("flops", "bytes", "intensity")])
-    table.add_column(headers["verdict"], no_wrap=True)
-    table.add_column("min time", justify="right", no_wrap=True)
-    table.add_column(headers["scaling"], max_width=len("scales"))  # values are N or N^2: the header wraps
-    rows = cost.render_stages(stages, spec)
-    table.columns[0].min_width = max(len(word) for row in rows for word in row["stage"].split())  # words stay whole
-    for row in rows:
-        table.add_row(row["stage"], si(row["flops"]), si(row["bytes"], "B"), format_value(row["intensity"]),
-                      row["verdict"].removesuffix("-bound"), si_seconds(row["min_time_us"] * 1e-6),
-                      row["scaling"])  # fmt: skip
-    console.print(table)
-    console.print(
-        "Every stage unfused: each reads its inputs from memory and writes its output once (module "
-        "fastlm.analysis.transformer has the formulas). 'bound' is what limits the stage: memory or "
-        "compute; 'scales as' is how FLOPs and bytes grow with N."
-    )
+    if args.command != "mlp":
+        _check_heads(args.d_model, args.heads)
+    _print_all(layer_tables(args.command, args.batch, args.seq, args.d_model, args.heads, args.dtype,
+                            device_spec(args.gpu)))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
