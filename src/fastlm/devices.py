@@ -45,6 +45,13 @@ def device_spec(key: str) -> DeviceSpec:
         raise ValueError(f"unknown GPU {key!r}; known: {', '.join(DEVICES)}") from None
 
 
+def current_device():
+    """The ``torch.device`` commands run on: the first CUDA GPU if there is one, else the CPU."""
+    import torch  # here, not at the top: the device table serves the command line's fast paths
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def current_device_name() -> str:
     """'NVIDIA H100 80GB HBM3' on a GPU machine, 'cpu' otherwise."""
     import torch  # here, not at the top: the device table serves the command line's fast paths

@@ -6,8 +6,7 @@ import pytest
 from rich.cells import cell_len
 from rich.console import Console
 
-import fastlm.cli
-from fastlm.cli import main
+from fastlm.cli import main, output
 
 WIDTH = 80
 
@@ -29,7 +28,7 @@ WIDTH = 80
 )
 def test_table_fits_80_columns(argv, monkeypatch):
     out = io.StringIO()
-    monkeypatch.setattr(fastlm.cli, "console", Console(file=out, width=WIDTH, force_terminal=False))
+    monkeypatch.setattr(output, "console", Console(file=out, width=WIDTH, force_terminal=False))
     assert main(argv) == 0
     text = out.getvalue()
     assert "┃" in text  # a table was drawn

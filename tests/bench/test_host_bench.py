@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from fastlm.bench import host
+from fastlm.bench.options import HOST_OPS
 from fastlm.bench.records import append_records, read_records
-from fastlm.cli import build_parser, cmd_bench_host, main
+from fastlm.cli import build_parser, main
+from fastlm.cli.bench import cmd_bench_host
 from fastlm.ops import launch
 
 CPU = torch.device("cpu")
@@ -113,6 +115,10 @@ def test_report_compares_launch_paths_and_checks_the_target(tmp_path):
     assert "within 1.5x of PyTorch's for 1 of 1 ops" in report
     assert "launch path direct vs triton" in report
     assert "| rms_norm | fwd+bwd | 12.0 (12.0–12.0) | 30.0 (30.0–30.0) |" in report
+
+
+def test_the_command_line_offers_every_case():
+    assert HOST_OPS == tuple(host.CASES)
 
 
 def test_cli_parses_with_defaults_and_rejects_bad_values(capsys):

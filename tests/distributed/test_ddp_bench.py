@@ -4,11 +4,11 @@ import json
 
 import pytest
 
+from fastlm.bench.options import check_ddp_variant
 from fastlm.cli import main
 from fastlm.distributed.ddp_bench import (
     GLOO_NOTE,
     Timeline,
-    check_variant,
     collective_intervals,
     compare_steps,
     intersection,
@@ -55,10 +55,10 @@ def test_collectives_start_when_the_last_rank_arrives():
 
 
 def test_variant_names():
-    assert check_variant("bucketed-25") == "bucketed-25"
+    assert check_ddp_variant("bucketed-25") == "bucketed-25"
     for bad in ("bucketed-0", "bucketed-x", "ddp2"):
         with pytest.raises(ValueError, match="unknown variant"):
-            check_variant(bad)
+            check_ddp_variant(bad)
 
 
 def test_command_on_gloo(tmp_path, capfd):

@@ -21,7 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.table import Table
+
 from fastlm.analysis.roofline import Bound, elementwise_bound
+from fastlm.analysis.tables import add_columns
+from fastlm.bench.report import si, si_seconds
 from fastlm.devices import DeviceSpec
 
 SILU_FLOPS = 4
@@ -87,3 +91,28 @@ FORMULAS = {
     "padding pass": "B L D s + 2 B (L + K - 1) D s + B L D s + (K + 1) D s",
     "FLOPs": "B L D (2K + bias + 4 silu)",
 }
+
+
+def cost_tables(cost: Conv1dCost, dtype: str, spec: DeviceSpec) -> list[Table | str]:
+    """What `fastlm analyze conv1d` prints, in order: the forward table on ``spec``, fused vs a
+    separate padding pass, then a sentence on the backward; ``dtype`` names the element type."""
+    fused, padded = cost.fwd_bound(spec), cost.fwd_bound(spec, padding_pass=True)
+    table = Table(title=f"Causal conv1d forward · B={cost.batch}, L={cost.length}, D={cost.channels}, "
+                        f"K={cost.kernel_size}, {dtype} · {spec.name}")  # fmt: skip
+    add_columns(table, ("quantity", "formula"), ("fused (masked loads)", "separate padding pass"))
+    table.add_row("bytes", f"{FORMULAS['fused']} | {FORMULAS['padding pass']}", si(fused.bytes, "B"),
+                  si(padded.bytes, "B"))  # fmt: skip
+    table.add_row("FLOPs", FORMULAS["FLOPs"], si(fused.flops), si(padded.flops))
+    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fused.intensity:.3g} FLOP/B",
+                  f"{padded.intensity:.3g} FLOP/B")  # fmt: skip
+    ridge = f"{spec.vector_fp32_tflops:g} TF / {spec.memory_gbps:g} GB/s"
+    table.add_row("device ridge (CUDA cores fp32)", ridge, f"{fused.ridge:.3g} FLOP/B", f"{padded.ridge:.3g} FLOP/B")
+    table.add_row("verdict", "intensity vs ridge", fused.verdict, padded.verdict)
+    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", si_seconds(fused.min_time_s),
+                  si_seconds(padded.min_time_s))  # fmt: skip
+    return [
+        table,
+        f"Backward (fused, z recomputed): {si(cost.bwd_bytes, 'B')}, at least "
+        f"{si_seconds(cost.bwd_bytes / (spec.memory_gbps * 1e9))}. The conv sits far left of the ridge on the "
+        "roofline: its floor is bytes / bandwidth, so the fused kernel's target is the copy bandwidth.",
+    ]

@@ -14,7 +14,10 @@ fp32 runs, so their rows show what the lower precision buys).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from rich.table import Table
 
 from fastlm.devices import DeviceSpec
 from fastlm.model.config import ModelConfig
@@ -64,3 +67,23 @@ class TrainingMemory:
     def static(self) -> int:
         """Everything that lives for the whole run: parameters, gradients and optimizer state."""
         return self.parameters + self.gradients + self.adamw_state
+
+
+def memory_table(config: ModelConfig, name: str, batch: int, contexts: Sequence[int]) -> Table:
+    """What `fastlm analyze memory` prints: the training state of ``config`` (called ``name``) and one
+    residual-stream activation per context length."""
+    gib = lambda n: f"{n / 2**30:,.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+    memory = TrainingMemory(config, batch, max(contexts))
+    table = Table(title=f"Training memory · {name} · {config.num_parameters():,} parameters · batch {batch}")
+    table.add_column("what")
+    table.add_column("formula")
+    table.add_column("bytes", justify="right")
+    table.add_row("parameters (fp32)", "4 x N", gib(memory.parameters))
+    table.add_row("gradients (fp32)", "4 x N", gib(memory.gradients))
+    table.add_row("AdamW state (fp32 m and v)", "8 x N", gib(memory.adamw_state))
+    table.add_row("total before activations", "16 x N", gib(memory.static))
+    for context in contexts:
+        one = TrainingMemory(config, batch, context)
+        table.add_row(f"one residual-stream activation, context {context}", "batch x context x d_model x bytes",
+                      f"{gib(one.residual_activation(4))} fp32 / {gib(one.residual_activation(2))} bf16")  # fmt: skip
+    return table

@@ -52,11 +52,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.table import Table
+
 from fastlm.analysis.attention import SOFTMAX_FLOPS_PER_ELEMENT, scores_bytes
 from fastlm.analysis.roofline import Bound
+from fastlm.analysis.tables import add_columns
+from fastlm.bench.report import format_value, si, si_seconds
 from fastlm.devices import DeviceSpec
 
 ELEMENT_SIZES = {1: "fp8", 2: "fp16/bf16", 4: "fp32"}  # n_bytes accepted, and what they stand for
+DTYPE_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4}  # the element types by name, for the tables
 MASK_FLOPS_PER_ELEMENT = 1  # one add of the additive mask
 GELU_FLOPS_PER_ELEMENT = 8  # tanh approximation, counted in the module docstring
 MLP_EXPANSION = 4  # hidden width of the MLP is 4D
@@ -213,4 +218,42 @@ def render_stages(stages: list[Stage], spec: DeviceSpec) -> list[dict]:
             "scaling": s.scaling,
         }
         for s in stages
+    ]
+
+
+def layer_stages(layer: str, B: int, N: int, D: int, H: int, n_bytes: int) -> list[Stage]:
+    """The stages of ``layer`` (attention, mha or mlp; mlp has no heads and ignores H), then their total."""
+    if layer == "attention":
+        return [*attention_stages(B, N, D, H, n_bytes), sdpa_total(B, N, D, H, n_bytes)]
+    if layer == "mha":
+        return [*mha_stages(B, N, D, H, n_bytes), mha_total(B, N, D, H, n_bytes)]
+    if layer == "mlp":
+        return [*mlp_stages(B, N, D, n_bytes), mlp_total(B, N, D, n_bytes)]
+    raise ValueError(f"layer must be attention, mha or mlp, got {layer!r}")
+
+
+def layer_tables(layer: str, B: int, N: int, D: int, H: int, dtype: str, spec: DeviceSpec) -> list[Table | str]:
+    """What `fastlm analyze attention|mha|mlp` prints: the table of `layer_stages` in element type
+    ``dtype`` (a key of DTYPE_BYTES) on ``spec``, then a note on how to read it."""
+    stages = layer_stages(layer, B, N, D, H, DTYPE_BYTES[dtype])
+    heads = f", H={H} (head dim {D // H})" if layer != "mlp" else ""
+    table = Table(title=f"{layer} · B={B}, N={N}, D={D}{heads}, {dtype} · {spec.name} "
+                        f"(ridge {spec.ridge_flops_per_byte:.0f} FLOP/B tensor cores, "
+                        f"{spec.vector_ridge_flops_per_byte:.1f} CUDA cores)")  # fmt: skip
+    headers = dict(STAGE_COLUMNS)
+    add_columns(table, (headers["stage"],), [headers[key] for key in ("flops", "bytes", "intensity")])
+    table.add_column(headers["verdict"], no_wrap=True)
+    table.add_column("min time", justify="right", no_wrap=True)
+    table.add_column(headers["scaling"], max_width=len("scales"))  # values are N or N^2: the header wraps
+    rows = render_stages(stages, spec)
+    table.columns[0].min_width = max(len(word) for row in rows for word in row["stage"].split())  # words stay whole
+    for row in rows:
+        table.add_row(row["stage"], si(row["flops"]), si(row["bytes"], "B"), format_value(row["intensity"]),
+                      row["verdict"].removesuffix("-bound"), si_seconds(row["min_time_us"] * 1e-6),
+                      row["scaling"])  # fmt: skip
+    return [
+        table,
+        "Every stage unfused: each reads its inputs from memory and writes its output once (module "
+        "fastlm.analysis.transformer has the formulas). 'bound' is what limits the stage: memory or "
+        "compute; 'scales as' is how FLOPs and bytes grow with N.",
     ]

@@ -21,7 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.table import Table
+
 from fastlm.analysis.roofline import Bound, elementwise_bound
+from fastlm.analysis.tables import add_columns
+from fastlm.bench.report import si, si_seconds
 from fastlm.devices import DeviceSpec
 
 LOGIT_BYTES, TARGET_BYTES, LOSS_BYTES, LSE_BYTES, GRAD_OUTPUT_BYTES, GRAD_BYTES = 2, 8, 4, 4, 4, 2
@@ -95,3 +99,33 @@ FORMULAS = {
     "fwd FLOPs/token": "3V + 3",
     "bwd FLOPs/token": "3V + 1",
 }
+
+
+def cost_tables(cost: CrossEntropyCost, spec: DeviceSpec) -> list[Table | str]:
+    """What `fastlm analyze xent` prints, in order: the forward and backward table on ``spec``, then
+    a sentence (rich markup) on the fused training pass."""
+    fwd, bwd = cost.fwd_bound(spec), cost.bwd_bound(spec)
+    table = Table(title=f"Cross-entropy cost model · B={cost.batch}, V={cost.vocab} · {spec.name}")
+    add_columns(table, ("quantity", "formula"), ("forward", "backward"))
+    table.add_row("bytes loaded", f"{FORMULAS['fwd loaded']} | {FORMULAS['bwd loaded']}",
+                  si(cost.fwd_bytes_loaded, "B"), si(cost.bwd_bytes_loaded, "B"))  # fmt: skip
+    table.add_row("bytes stored", f"{FORMULAS['fwd stored']} | {FORMULAS['bwd stored']}",
+                  si(cost.fwd_bytes_stored, "B"), si(cost.bwd_bytes_stored, "B"))  # fmt: skip
+    table.add_row("FLOPs per token", f"{FORMULAS['fwd FLOPs/token']} | {FORMULAS['bwd FLOPs/token']}",
+                  si(cost.fwd_flops_per_token), si(cost.bwd_flops_per_token))  # fmt: skip
+    table.add_row("FLOPs", "B x per token", si(cost.fwd_flops), si(cost.bwd_flops))
+    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fwd.intensity:.3g} FLOP/B", f"{bwd.intensity:.3g} FLOP/B")
+    table.add_row("device ridge (CUDA cores fp32)", f"{spec.vector_fp32_tflops:g} TF / {spec.memory_gbps:g} GB/s",
+                  f"{fwd.ridge:.3g} FLOP/B", f"{bwd.ridge:.3g} FLOP/B")  # fmt: skip
+    tensor_rate = f"{spec.matmul_tflops:g} TF {spec.matmul_dtype} / {spec.memory_gbps:g} GB/s"
+    table.add_row("device ridge (tensor cores)", tensor_rate,
+                  f"{spec.ridge_flops_per_byte:.3g} FLOP/B", f"{spec.ridge_flops_per_byte:.3g} FLOP/B")  # fmt: skip
+    table.add_row("verdict", "intensity vs ridge", fwd.verdict, bwd.verdict)
+    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", si_seconds(fwd.min_time_s), si_seconds(bwd.min_time_s))
+    fused = cost.fused_bound(spec)
+    return [
+        table,
+        f"Fused training pass (loss + dlogits in one kernel): {si(cost.fused_bytes, 'B')}, "
+        f"minimum {si_seconds(fused.min_time_s)} vs {si_seconds(fwd.min_time_s + bwd.min_time_s)} "
+        "for forward + backward.",
+    ]

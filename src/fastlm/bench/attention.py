@@ -26,12 +26,12 @@ import torch
 
 import fastlm
 from fastlm.analysis.attention import BACKWARD_FLOPS_RATIO, attention_forward_flops
+from fastlm.bench.options import ATTENTION_SWEEPS
 from fastlm.bench.records import append_records, read_records, with_environment
 from fastlm.bench.report import line_plot, markdown_table, present_columns
 from fastlm.bench.timing import is_out_of_memory, measure, measure_after_setup
 
 RESULTS_FILE = "attention.jsonl"
-SWEEPS = ("naive", "compile", "flash", "model")
 CPU_NOTE = (
     "No GPU: fastlm.flash_attention runs its tiled PyTorch path (the Triton interpreter under "
     "TRITON_INTERPRET=1), not the Triton kernels, at reduced shapes; SDPA's flash and cuDNN backends, "
@@ -143,7 +143,7 @@ def sweep_shapes(sweep: str, device: torch.device) -> list[Shape]:
         tokens, heads = (32768, 16) if gpu else (512, 2)
         seqs = (1024, 4096, 16384) if gpu else (128, 256)
         return [Shape(tokens // n, heads, n, d, torch.bfloat16) for d in (64, 128) for n in seqs]
-    raise ValueError(f"unknown sweep {sweep!r}; choose from {', '.join(SWEEPS)}")
+    raise ValueError(f"unknown sweep {sweep!r}; choose from {', '.join(ATTENTION_SWEEPS)}")
 
 
 def sweep_implementations(sweep: str) -> list[str]:

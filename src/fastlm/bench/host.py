@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 import fastlm
+from fastlm.bench.options import HOST_COMPILE_MODES, HOST_MIN_ROUNDS
 from fastlm.bench.records import append_records, latest_run, read_records, with_environment
 from fastlm.bench.report import grouped_bar_plot, markdown_table
 from fastlm.bench.timing import drop_grads
@@ -51,14 +52,8 @@ from fastlm.ops.weighted_sum import weighted_sum
 RESULTS_FILE = "host.jsonl"
 IMPLEMENTATIONS = ("pytorch", "fastlm")
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
-COMPILE_MODES = ("eager", "compile")
 TARGET_RATIO = 1.5  # the bound fastlm aims for on its fwd+bwd host cost over PyTorch's
 LAUNCH = "direct" if DIRECT_LAUNCH else "triton"
-# Calls per round, rounds and warm-up calls: full on a GPU; a few on CPU, where the numbers are
-# reference paths and `fastlm report` must stay quick.
-GPU_CALLS, GPU_ROUNDS, GPU_WARMUP = 200, 5, 10
-CPU_CALLS, CPU_ROUNDS, CPU_WARMUP = 10, 3, 2
-MIN_ROUNDS = 3
 SOFTMAX_SCALE = 0.125  # 1 / sqrt(64): attention scores of head dim 64
 CONV_TAPS = 4  # K of the causal conv1d (Mamba's)
 CPU_NOTE = (
@@ -194,7 +189,6 @@ CASES = {
                  _fastlm_weighted_sum),
     )
 }  # fmt: skip
-OPS = tuple(CASES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,8 +334,8 @@ def run(
 ) -> list[dict]:
     """Measure every case in every compile mode (bf16 on a GPU, fp32 on CPU); append and return
     one record per case x mode x implementation x direction."""
-    if rounds < MIN_ROUNDS:
-        raise ValueError(f"rounds must be at least {MIN_ROUNDS}, got {rounds}")
+    if rounds < HOST_MIN_ROUNDS:
+        raise ValueError(f"rounds must be at least {HOST_MIN_ROUNDS}, got {rounds}")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     records = []
     for case in cases:
@@ -483,7 +477,7 @@ def render(results_dir: Path, reports_dir: Path) -> str:
                         for op, r in {r["op"]: r for r in records}.items()],
                        [("op", "op"), ("shape", "shape"), ("baseline", "pytorch: the code fastlm replaces")]),
     ]  # fmt: skip
-    for mode in COMPILE_MODES:
+    for mode in HOST_COMPILE_MODES:
         mine = [r for r in records if r["compile"] == mode]
         title = "eager" if mode == "eager" else "torch.compile(fullgraph=True), both implementations"
         if not any(r["status"] == "ok" for r in mine):

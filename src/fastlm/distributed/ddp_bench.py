@@ -55,6 +55,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd import DeviceType
 
+from fastlm.bench.options import DDP_OPTIMIZERS
 from fastlm.bench.records import append_records, latest_runs_by, read_records, with_environment
 from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns, save_figure, si_seconds
 from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
@@ -69,9 +70,6 @@ GLOO_NOTE = (
     "backward and the memory columns are not measured; the step times are of CPU processes sharing "
     "this machine's cores and say nothing about GPUs."
 )
-VARIANTS = ("no-sync", "naive", "flat", "ddp", "bucketed-1", "bucketed-10", "bucketed-100", "bucketed-1000",
-            "torch-ddp")  # fmt: skip
-OPTIMIZERS = ("adamw", "sharded", "zero")
 PHASES = ("forward", "backward", "sync", "optimizer")
 MB = 1e6
 
@@ -89,19 +87,6 @@ class Settings:
     profile_steps: int = 2
     bucket_mb: float = 25.0  # for the memory rows
     trace_dir: str | None = None
-
-
-def check_variant(name: str) -> str:
-    """``name`` if it is a variant (``bucketed-X`` with any positive finite X), else ValueError."""
-    if name in VARIANTS:
-        return name
-    if name.startswith("bucketed-"):
-        try:
-            if 0 < float(name.removeprefix("bucketed-")) < float("inf"):
-                return name
-        except ValueError:
-            pass
-    raise ValueError(f"unknown variant {name!r}; known: {', '.join(VARIANTS)} (bucketed-X for any finite X MB > 0)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,7 +246,7 @@ def make_optimizer(name: str, params, device: torch.device) -> torch.optim.Optim
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, **options)
-    raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
+    raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(DDP_OPTIMIZERS)}")
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:

@@ -1,0 +1,39 @@
+"""Option values of the benchmarks that load torch: their choices and their device-dependent defaults.
+
+They live here, without torch, so that the command line can build its parser, print `--help` and
+check a value without importing torch or Triton (seconds); the benchmarks import them from here.
+"""
+
+from __future__ import annotations
+
+# `fastlm bench host` (fastlm.bench.host)
+# the keys of fastlm.bench.host.CASES, in its order (tests/bench/test_host_bench.py holds them equal)
+HOST_OPS = ("cross_entropy", "flash_attention", "rms_norm", "layer_norm", "masked_softmax", "causal_conv1d",
+            "weighted_sum")  # fmt: skip
+HOST_COMPILE_MODES = ("eager", "compile")
+# Calls per round, rounds and warm-up calls: full on a GPU; a few on CPU, where the numbers are
+# reference paths and `fastlm report` must stay quick.
+HOST_GPU_CALLS, HOST_GPU_ROUNDS, HOST_GPU_WARMUP = 200, 5, 10
+HOST_CPU_CALLS, HOST_CPU_ROUNDS, HOST_CPU_WARMUP = 10, 3, 2
+HOST_MIN_ROUNDS = 3  # a median and a spread
+
+# `fastlm bench attention` (fastlm.bench.attention)
+ATTENTION_SWEEPS = ("naive", "compile", "flash", "model")
+
+# `fastlm bench ddp` (fastlm.distributed.ddp_bench)
+DDP_VARIANTS = ("no-sync", "naive", "flat", "ddp", "bucketed-1", "bucketed-10", "bucketed-100", "bucketed-1000",
+                "torch-ddp")  # fmt: skip
+DDP_OPTIMIZERS = ("adamw", "sharded", "zero")
+
+
+def check_ddp_variant(name: str) -> str:
+    """``name`` if it is a variant (``bucketed-X`` with any positive finite X), else ValueError."""
+    if name in DDP_VARIANTS:
+        return name
+    if name.startswith("bucketed-"):
+        try:
+            if 0 < float(name.removeprefix("bucketed-")) < float("inf"):
+                return name
+        except ValueError:
+            pass
+    raise ValueError(f"unknown variant {name!r}; known: {', '.join(DDP_VARIANTS)} (bucketed-X for any finite X MB > 0)")

@@ -1,0 +1,164 @@
+"""How commands and their options are declared: argument types, groups, commands, --out.
+
+Each argument type rejects a bad value with one sentence, which argparse prefixes with the
+option's name ("argument --lr: expected a positive finite number, got 'nan'") and exits with 2.
+A mistake argparse cannot see (options that contradict each other) raises `UserError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+
+class UserError(Exception):
+    """A mistake in how fastlm was called; printed as one sentence."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument types
+# ---------------------------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    if text.strip() == "0":
+        return 0
+    try:
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+
+
+def random_seed(text: str) -> int:
+    """A random seed: an integer in [0, 2**63), the range torch's generators take."""
+    value = non_negative_int(text)
+    if value >= 2**63:
+        raise argparse.ArgumentTypeError(f"expected a seed below 2**63, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not 0 < value < float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def comma_list(parse_one: Callable[[str], object], what: str) -> Callable[[str], tuple]:
+    """argparse type: a non-empty comma list, each part parsed by ``parse_one``."""
+
+    def parse(text: str) -> tuple:
+        parts = [part.strip() for part in text.split(",")]
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"expected a comma list of {what}, got {text!r}")
+        try:
+            return tuple(parse_one(part) for part in parts)
+        except argparse.ArgumentTypeError as error:
+            if len(parts) == 1:
+                raise
+            raise argparse.ArgumentTypeError(f"{error} in the comma list {text!r}") from None
+
+    return parse
+
+
+int_list = comma_list(positive_int, "positive integers")
+float_list = comma_list(positive_float, "positive numbers")
+
+
+def choice_list(choices: Sequence[str], what: str = "value") -> Callable[[str], tuple]:
+    """argparse type: a non-empty comma-separated subset of ``choices``."""
+
+    def parse_one(part: str) -> str:
+        if part not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {what} {part!r}; choose from {', '.join(choices)}")
+        return part
+
+    return comma_list(parse_one, f"{what}s among {', '.join(choices)}")
+
+
+def text_file(text: str) -> Path:
+    """An existing, readable, non-empty file."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}" if not path.exists() else f"{text!r} is not a file")
+    try:
+        size = path.stat().st_size
+        with path.open("rb"):
+            pass
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {text!r}: {error.strerror}") from None
+    if size == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is empty")
+    return path
+
+
+def folder(text: str) -> Path:
+    """A folder to write into: missing (it is created) or an existing folder, not a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
+    return path
+
+
+def output_file(text: str) -> Path:
+    """A file to write: not an existing folder."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups and commands
+# ---------------------------------------------------------------------------------------------
+
+
+def _sentence(summary: str) -> str:
+    return f"{summary[0].upper()}{summary[1:]}."
+
+
+def add_group(groups: argparse._SubParsersAction, name: str, summary: str) -> argparse._SubParsersAction:
+    """`fastlm <name>`, listed with ``summary`` among ``groups``; returns the subparsers its commands join."""
+    group = groups.add_parser(name, help=summary, description=_sentence(summary))
+    return group.add_subparsers(dest="command", required=True)
+
+
+def add_command(
+    commands: argparse._SubParsersAction,
+    name: str,
+    summary: str,
+    handler: Callable[[argparse.Namespace], None],
+    duration: tuple[str, str] | None = None,
+) -> argparse.ArgumentParser:
+    """A command that runs ``handler(args)``, listed with ``summary`` among ``commands``.
+
+    ``duration`` is (on a 2-core CPU, on a GPU), for commands that take more than a few seconds:
+    the wall time with the defaults, which their --help states. CPU times are measured on an
+    otherwise idle 2-core CPU (torch's CPU build; processes that share the cores take longer); GPU
+    times come from the run books in benchmarks/, whose calls run 10 minutes at most.
+    """
+    description = _sentence(summary)
+    if duration:
+        cpu, gpu = duration
+        description += f" Expected duration with the defaults: on a 2-core CPU {cpu}; on a GPU {gpu}."
+    parser = commands.add_parser(name, help=summary, description=description)
+    parser.set_defaults(func=handler)
+    return parser
+
+
+def add_out(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=folder, default=Path("fastlm-report"), help="folder for results/ and reports/")

@@ -1,0 +1,147 @@
+"""`fastlm bench allreduce | ddp`: collectives and data-parallel training, one process per rank.
+
+NCCL with one GPU per process where there are GPUs, else gloo on the CPU. The worker processes
+report progress through `output.print_line`, one plain line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from fastlm.bench.options import DDP_OPTIMIZERS, DDP_VARIANTS, check_ddp_variant
+from fastlm.cli import output
+from fastlm.cli.arguments import (
+    UserError,
+    add_command,
+    add_out,
+    choice_list,
+    comma_list,
+    float_list,
+    int_list,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from fastlm.model.config import PRESETS
+
+
+def _ddp_variant(part: str) -> str:
+    try:
+        return check_ddp_variant(part)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+_variant_list = comma_list(_ddp_variant, "variants")
+
+
+def _optimizer_list(text: str) -> tuple[str, ...]:
+    return () if text == "none" else choice_list(DDP_OPTIMIZERS, "optimizer")(text)
+
+
+def _world_sizes(procs: tuple[int, ...], backend: str) -> list[int]:
+    """The process counts of --procs that this machine runs: all of them on gloo; on NCCL those with a
+    GPU per process, saying which are skipped."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    worlds = [n for n in procs if backend == "gloo" or n <= gpus]
+    if not worlds:
+        raise UserError(f"--backend nccl needs one GPU per process; this machine has {gpus}")
+    skipped = sorted(set(procs) - set(worlds))
+    if skipped:
+        output.console.print(f"skipping {', '.join(map(str, skipped))} processes: only {gpus} GPUs")
+    return worlds
+
+
+def cmd_bench_allreduce(args) -> None:
+    import torch
+
+    from fastlm.distributed import allreduce_bench
+
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    worlds = _world_sizes(args.procs, backend)
+    results_dir, reports_dir = args.out / "results", args.out / "reports"
+    if backend == "gloo":
+        output.print_line(allreduce_bench.GLOO_NOTE)
+    allreduce_bench.run(backend, worlds, args.sizes_mb, results_dir, warmup=args.warmup, iters=args.iters,
+                        progress=output.print_line)  # fmt: skip
+    report = output.write_report(
+        reports_dir / "allreduce.md", "All-reduce benchmark", allreduce_bench.render(results_dir, reports_dir)
+    )
+    output.show_report(report)
+
+
+def cmd_bench_ddp(args) -> None:
+    import torch
+
+    from fastlm.distributed import ddp_bench
+
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+    worlds = _world_sizes(args.procs, backend)
+    preset = args.preset or ("xl" if backend == "nccl" else "tiny")
+    settings = ddp_bench.Settings(
+        preset=preset, context=args.context, batch=args.batch, vocab=args.vocab, precision=args.precision,
+        warmup=args.warmup, steps=args.steps, rounds=args.rounds, profile_steps=args.profile_steps,
+        bucket_mb=args.bucket_mb,
+        trace_dir=str(args.out / "traces"),
+    )  # fmt: skip
+    results_dir, reports_dir = args.out / "results", args.out / "reports"
+    if backend == "gloo":
+        output.print_line(ddp_bench.GLOO_NOTE)
+    ddp_bench.run(backend, worlds, settings, args.variants, args.optimizers, results_dir, progress=output.print_line)
+    report = output.write_report(
+        reports_dir / "ddp.md", "Data-parallel training benchmark", ddp_bench.render(results_dir, reports_dir)
+    )
+    output.show_report(report)
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add allreduce and ddp to the bench group's ``commands``."""
+    _add_allreduce_command(commands)
+    _add_ddp_command(commands)
+
+
+def _add_allreduce_command(commands: argparse._SubParsersAction) -> None:
+    p = add_command(commands, "allreduce", "all-reduce time, algbw and busbw vs size and number of processes",
+                    cmd_bench_allreduce, duration=("about 2 minutes", "under 10 minutes"))  # fmt: skip
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: NCCL with one GPU per process when there are GPUs, else gloo on CPU")  # fmt: skip
+    p.add_argument("--procs", type=int_list, default=(2, 4, 6), help="comma list of process counts")
+    p.add_argument("--sizes-mb", type=float_list, default=(1, 10, 100, 1000),
+                   help="comma list of float32 tensor sizes in MB")  # fmt: skip
+    p.add_argument("--warmup", type=non_negative_int, default=5, help="untimed all-reduces per size")
+    p.add_argument("--iters", type=positive_int, default=10, help="timed all-reduces per size")
+    add_out(p)
+
+
+def _add_ddp_command(commands: argparse._SubParsersAction) -> None:
+    p = add_command(commands, "ddp", "data-parallel step time, communication overlap, optimizer-state sharding",
+                    cmd_bench_ddp, duration=("5 to 10 minutes for --procs 2, and longer for 4 processes than for 2 "
+                                             "on 2 cores", "about 5 minutes for --procs 8 --rounds 2"))  # fmt: skip
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: NCCL with a GPU per process when there are 2+ GPUs, else gloo on CPU")  # fmt: skip
+    p.add_argument("--procs", type=int_list, default=(2, 4), help="comma list of process counts")
+    p.add_argument(
+        "--preset", choices=PRESETS, default=None, help="model preset (default xl with NCCL, tiny with gloo)"
+    )
+    p.add_argument("--vocab", type=positive_int, default=10000, help="vocabulary size")
+    p.add_argument("--context", type=positive_int, default=512, help="sequence length")
+    p.add_argument("--batch", type=positive_int, default=4, help="sequences per rank")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="fp32, or bf16 (autocast)")
+    p.add_argument("--variants", type=_variant_list, default=DDP_VARIANTS,
+                   help="comma list of gradient synchronizations; bucketed-X for any X MB")  # fmt: skip
+    p.add_argument("--optimizers", type=_optimizer_list, default=DDP_OPTIMIZERS,
+                   help="memory rows: comma list of adamw, sharded (ShardedOptimizer), zero "
+                   "(ZeroRedundancyOptimizer), or none")  # fmt: skip
+    p.add_argument("--bucket-mb", type=positive_float, default=25.0, help="BucketedDDP bucket size of the memory rows")
+    p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed steps per variant and round")
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps per variant and round")
+    p.add_argument("--rounds", type=positive_int, default=2,
+                   help="passes over the variants, fresh models each; timings are pooled")  # fmt: skip
+    p.add_argument("--profile-steps", type=positive_int, default=2, help="profiled steps per variant")
+    add_out(p)

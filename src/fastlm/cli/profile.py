@@ -1,0 +1,81 @@
+"""`fastlm profile ...`: where time and memory go in a training step of the model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fastlm.cli import output
+from fastlm.cli.arguments import add_command, add_group, add_out, choice_list, int_list, non_negative_int, positive_int
+from fastlm.cli.models import add_model_arguments, single_model_config
+from fastlm.devices import current_device
+from fastlm.model.config import ModelConfig
+
+
+def run_model_profile(
+    out: Path, preset: str, config: ModelConfig, *, batch, precision, warmup, steps, timing_steps
+) -> Path:
+    """Profile inference and a training step; write the markdown summary; returns its path."""
+    from fastlm.profile import model as model_profile
+
+    with output.progress_steps(f"profiling {preset}", model_profile.PROGRESS_STEPS) as step:
+        profiles, records = model_profile.run(config, preset, batch=batch, precision=precision, warmup=warmup,
+                                              steps=steps, device=current_device(), out=out, timing_steps=timing_steps,
+                                              progress=step)  # fmt: skip
+    return output.write_report(
+        out / "reports" / "profile_model.md", "Model profile", model_profile.render(profiles, records)
+    )
+
+
+def cmd_profile_model(args) -> None:
+    if args.attention is None:
+        args.attention = "naive"  # the path with per-stage ranges inside attention
+    preset, config = single_model_config(args)
+    report = run_model_profile(args.out, preset, config, batch=args.batch, precision=args.precision,
+                               warmup=args.warmup, steps=args.steps, timing_steps=args.timing_steps)  # fmt: skip
+    output.show_report(report)
+
+
+def cmd_profile_memory(args) -> None:
+    from fastlm.profile import memory
+
+    preset, config = single_model_config(args)
+    device = current_device()
+    with output.progress_steps("memory", len(args.mode) * len(args.precision) * len(args.contexts)) as step:
+        records, timelines = memory.run(config, preset, contexts=args.contexts, modes=args.mode,
+                                        precisions=args.precision, batch=args.batch, device=device, out=args.out,
+                                        progress=step)  # fmt: skip
+    reports = args.out / "reports"
+    plot = memory.timeline_plot(reports / f"memory_{preset}.png", timelines,
+                                f"Active memory over one step · {preset} · batch {args.batch}")  # fmt: skip
+    report = output.write_report(reports / f"memory_{preset}.md", f"Memory of {preset}", memory.render(records, plot))
+    output.console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
+    where = (
+        "snapshots (pytorch.org/memory_viz) under " + str(args.out / "snapshots")
+        if device.type == "cuda"
+        else ("no allocator snapshot without a GPU")
+    )
+    output.console.print(f"[bold]wrote[/] {report}, {plot}, HTML timelines under {reports}; {where}")
+
+
+def add_commands(groups: argparse._SubParsersAction) -> None:
+    commands = add_group(groups, "profile", "where time and memory go")
+    p = add_command(commands, "model", "kernel summary per range (forward, backward, optimizer, attention stages)",
+                    cmd_profile_model, duration=("about 30 seconds", "under 10 minutes"))  # fmt: skip
+    add_model_arguments(p)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="fp32, or bf16 (autocast)")
+    p.add_argument("--warmup", type=non_negative_int, default=3, help="untraced steps first")
+    p.add_argument("--steps", type=positive_int, default=3, help="profiled steps per phase")
+    p.add_argument("--timing-steps", type=positive_int, default=10,
+                   help="steps per round (3 rounds) when timing the tool's own cost")  # fmt: skip
+    add_out(p)
+    p.set_defaults(attention=None)
+    p = add_command(commands, "memory", "allocator history, timelines and peak memory per context length",
+                    cmd_profile_memory, duration=("about 20 seconds", "under 10 minutes"))  # fmt: skip
+    add_model_arguments(p, gpu_preset="2.7b")
+    p.add_argument("--contexts", type=int_list, default=(128, 256, 512), help="comma list of context lengths")
+    p.add_argument("--mode", type=choice_list(("fwd", "train"), "mode"), default=("fwd", "train"),
+                   help="comma list of fwd (forward pass), train (full step with AdamW)")  # fmt: skip
+    p.add_argument("--precision", type=choice_list(("fp32", "bf16"), "precision"), default=("fp32", "bf16"),
+                   help="comma list of fp32, bf16 (autocast)")  # fmt: skip
+    add_out(p)
