@@ -358,12 +358,14 @@ def evaluation_windows(windows: Windows, args, world: int) -> int:
     """How many held-out windows an evaluation takes: --eval-sequences, or as many as the split has,
     rounded down to a multiple of --micro-batch x processes (every rank runs the same forwards)."""
     unit = args.micro_batch * world
+    if args.eval_sequences < unit:
+        raise UsageError(f"--eval-sequences must be at least --micro-batch x processes = {unit}, got "
+                         f"{args.eval_sequences}")  # fmt: skip
     count = min(args.eval_sequences, windows.count) // unit * unit
     if count == 0:
         raise UsageError(f"the held-out split of {args.data} holds {windows.count} window(s) of --context + 1 = "
-                         f"{args.context + 1} tokens, fewer than --micro-batch x processes = {unit}, or "
-                         f"--eval-sequences is below that; use a smaller --context or --micro-batch, or prepare "
-                         "with a larger --held-out")  # fmt: skip
+                         f"{args.context + 1} tokens, fewer than --micro-batch x processes = {unit}; use a smaller "
+                         "--context or --micro-batch, or prepare the data with a larger --held-out")  # fmt: skip
     return count
 
 
