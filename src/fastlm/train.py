@@ -69,6 +69,7 @@ from fastlm.model.config import COMPILE_MODES
 from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.train_log import TrainLog, loss_plot, read_log
 
+KERNEL_SETS = ("torch", "fastlm")
 PARALLEL = ("none", "naive", "flat", "ddp", "bucketed", "torch-ddp", "fsdp")
 # configuration fields a resumed run may change on purpose; the others define the model and its data
 OVERRIDABLE = ("lr", "min_lr_ratio", "warmup", "steps", "weight_decay", "grad_clip", "batch_tokens", "micro_batch",
@@ -87,6 +88,14 @@ class UsageError(Exception):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `fastlm train`; `run` carries them out. Every help names its default."""
+    add_loop_arguments(p)
+    p.add_argument("--kernels", choices=KERNEL_SETS, default="torch",
+                   help="torch (SDPA, PyTorch norm and loss) or fastlm (fused kernels) "
+                   "(default: %(default)s)")  # fmt: skip
+
+
+def add_loop_arguments(p: argparse.ArgumentParser) -> None:
+    """Every option of `fastlm train` but --kernels (which a benchmark of kernel sets takes as a list)."""
     p.add_argument("--data", type=Path, required=True, metavar="DIR",
                    help="prepared token data (fastlm data prepare --out) (required)")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("runs/train"), metavar="DIR",
@@ -101,7 +110,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sequences per process per forward and backward (default: %(default)s)")  # fmt: skip
     p.add_argument("--batch-tokens", type=int, default=None,
                    help="global batch in tokens, a multiple of --context x --micro-batch x processes, reached by "
-                   "gradient accumulation (default: --context x --micro-batch x processes, no accumulation)")  # fmt: skip
+                   "gradient accumulation (default: --context x --micro-batch x processes, no "
+                   "accumulation)")  # fmt: skip
     p.add_argument("--steps", type=int, default=1000,
                    help="optimizer steps of the run; the cosine ends there (default: %(default)s)")  # fmt: skip
     p.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate (default: %(default)s)")
@@ -112,8 +122,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="AdamW weight decay of matrices and embeddings (default: %(default)s)")  # fmt: skip
     p.add_argument("--grad-clip", type=float, default=1.0,
                    help="clip the global gradient norm to this; 0: no clipping (default: %(default)s)")  # fmt: skip
-    p.add_argument("--kernels", choices=("torch", "fastlm"), default="torch",
-                   help="torch (SDPA, PyTorch norm and loss) or fastlm (fused kernels) (default: %(default)s)")  # fmt: skip
     p.add_argument("--compile", choices=COMPILE_MODES, default=None,
                    help="eager, compile (torch.compile) or cudagraphs (mode reduce-overhead) (default: compile on "
                    "a GPU, eager without one)")  # fmt: skip
@@ -126,13 +134,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-mb", type=float, default=25.0,
                    help="bucket size of --parallel bucketed and torch-ddp (default: %(default)s)")  # fmt: skip
     p.add_argument("--shard-optimizer", action="store_true",
-                   help="shard AdamW's state across processes (ShardedOptimizer); not with --parallel fsdp")  # fmt: skip
+                   help="shard AdamW's state across processes (ShardedOptimizer); not with --parallel "
+                   "fsdp")  # fmt: skip
     p.add_argument("--log-every", type=int, default=10, help="steps per log line and record (default: %(default)s)")
     p.add_argument("--eval-every", type=int, default=200,
                    help="steps between evaluations on the held-out split, also done before the first step and "
                    "after the last; 0: only those (default: %(default)s)")  # fmt: skip
     p.add_argument("--eval-sequences", type=int, default=64,
-                   help="held-out windows per evaluation, the first ones of the split (default: %(default)s)")  # fmt: skip
+                   help="held-out windows per evaluation, the first ones of the split "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument("--checkpoint-every", type=int, default=1000,
                    help="steps between checkpoints, also saved after the last step; 0: no checkpoints "
                    "(default: %(default)s)")  # fmt: skip
@@ -194,10 +204,12 @@ def check_arguments(args: argparse.Namespace, world: int) -> None:
     per_micro_step = args.context * args.micro_batch * world
     if args.batch_tokens is not None and (args.batch_tokens < 1 or args.batch_tokens % per_micro_step):
         raise UsageError(f"--batch-tokens must be a positive multiple of --context x --micro-batch x processes = "
-                         f"{args.context} x {args.micro_batch} x {world} = {per_micro_step}, got {args.batch_tokens}")  # fmt: skip
+                         f"{args.context} x {args.micro_batch} x {world} = {per_micro_step}, "
+                         f"got {args.batch_tokens}")  # fmt: skip
     if args.compile == "cudagraphs" and (args.parallel != "none" or accumulation(args, world) > 1):
         raise UsageError("--compile cudagraphs needs --parallel none and no gradient accumulation (--batch-tokens "
-                         "= --context x --micro-batch): a graph's gradients are overwritten by its next replay")  # fmt: skip
+                         "= --context x --micro-batch): a graph's gradients are overwritten by its next "
+                         "replay")  # fmt: skip
     if args.parallel == "fsdp" and args.shard_optimizer:
         raise UsageError("--shard-optimizer does not combine with --parallel fsdp (FSDP already shards the "
                          "optimizer state)")  # fmt: skip
@@ -338,8 +350,16 @@ def _optimizer(model: torch.nn.Module, args, device: torch.device) -> torch.opti
     return torch.optim.AdamW(groups, **options)
 
 
-def micro_batches(windows: Windows, order: EpochOrder, position: int, micro_batch: int, accumulation: int,
-                  rank: int, world: int, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+def micro_batches(
+    windows: Windows,
+    order: EpochOrder,
+    position: int,
+    micro_batch: int,
+    accumulation: int,
+    rank: int,
+    world: int,
+    device: torch.device,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """This rank's (tokens, targets) micro-batches, (micro_batch, context) each, step after step
     from data position ``position``: of a step's global batch (positions [p, p + G), G = micro_batch
     x accumulation x world) rank r takes the contiguous share [p + r G / world, p + (r + 1) G / world)."""
@@ -459,8 +479,8 @@ def _load_for_resume(args, config: dict) -> checkpoint.Checkpoint:
 def train(args: argparse.Namespace) -> dict:
     """Run the training loop (``args`` with `resolve_defaults` applied and checked); returns
     {"step", "losses" (per step of this run, mean over ranks), "eval" ([step, loss] pairs),
-    "tokens_per_s", "mfu" (medians of the log intervals after the first; None before any)} on
-    every rank. Raises UsageError, DataError and CheckpointError with one-sentence messages."""
+    "tokens_per_s", "mfu" (medians of the log intervals after the first; None before any),
+    "peak_memory_gib"} on every rank. Raises UsageError, DataError and CheckpointError with one-sentence messages."""
     rank, world = _rank_and_world(args)
     data = TokenData(args.data)
     train_windows, held_out = Windows(data.split("train"), args.context), Windows(data.split("val"), args.context)
@@ -474,7 +494,8 @@ def train(args: argparse.Namespace) -> dict:
     if resumed is not None and resumed.step == args.steps:
         if rank == 0:
             print(f"{checkpoint_dir(args)} is at step {resumed.step} of {args.steps}: nothing to train", flush=True)
-        return {"step": resumed.step, "losses": [], "eval": [], "tokens_per_s": None, "mfu": None}
+        return {"step": resumed.step, "losses": [], "eval": [], "tokens_per_s": None, "mfu": None,
+                "peak_memory_gib": None}  # fmt: skip
     device = _setup(args)
     try:
         # The loop's model, wrapper and optimizer are freed when it returns, while the process group
@@ -516,7 +537,7 @@ def _train_loop(args, config: dict, pending: list, rank: int, world: int, device
     meter = _Throughput(model_cfg, args, world, device)
     log = TrainLog(args.out / "log.jsonl", args.steps, step, enabled=rank == 0)
     if rank == 0:
-        _write_run_file(args, config, model_cfg, world, device)
+        _write_run_file(args, config, model_cfg, world, device)  # the end rewrites it with the result
     result = {"losses": [], "eval": []}
     with log:
         log.note(_describe(args, model_cfg, world, accumulate, tokens_per_step, position, train_windows.count))
@@ -575,11 +596,13 @@ def _train_loop(args, config: dict, pending: list, rank: int, world: int, device
                 save_checkpoint(args, step, position, config, model, optimizer, rank, start_new, log)
                 start_new = False
             meter.start()  # evaluations and checkpoints are not training time
+    result = {"step": step, **result, **meter.steady_state()}
     if rank == 0:
         _plot(args, model_cfg, world)
+        _write_run_file(args, config, model_cfg, world, device, result)
     if dist.is_initialized():
         dist.barrier()  # no rank tears down while another still has collectives in flight
-    return {"step": step, **result, **meter.steady_state()}
+    return result
 
 
 class _Throughput:
@@ -612,13 +635,15 @@ class _Throughput:
         return fields
 
     def steady_state(self) -> dict:
-        """Medians over the intervals after the first (which pays for compilation and warm-up)."""
+        """Medians over the intervals after the first (which pays for compilation and warm-up), and
+        the peak memory at the end."""
         steady = self.intervals[1:] or self.intervals
         if not steady:
-            return {"tokens_per_s": None, "mfu": None}
+            return {"tokens_per_s": None, "mfu": None, "peak_memory_gib": None}
         mfu = [i["mfu"] for i in steady if i["mfu"] is not None]
         return {"tokens_per_s": statistics.median(i["tokens_per_s"] for i in steady),
-                "mfu": statistics.median(mfu) if mfu else None}  # fmt: skip
+                "mfu": statistics.median(mfu) if mfu else None,
+                "peak_memory_gib": steady[-1]["peak_memory_gib"]}  # fmt: skip
 
 
 def _describe(args, model_cfg: ModelConfig, world: int, accumulate: int, tokens_per_step: int, position: int,
@@ -630,13 +655,15 @@ def _describe(args, model_cfg: ModelConfig, world: int, accumulate: int, tokens_
             f"{windows:,} training windows, data position {position:,}")  # fmt: skip
 
 
-def _write_run_file(args, config: dict, model_cfg: ModelConfig, world: int, device: torch.device) -> None:
-    """OUT/run.json: the configuration, the model's size and where the run ran."""
+def _write_run_file(args, config: dict, model_cfg: ModelConfig, world: int, device: torch.device,
+                    result: dict | None = None) -> None:  # fmt: skip
+    """OUT/run.json: the configuration, the model's size and where the run ran; at the end also
+    what `train` returns (the per-step losses, the evaluations, steady-state tokens/s and MFU)."""
     from fastlm.bench.records import with_environment
 
     args.out.mkdir(parents=True, exist_ok=True)
     run = with_environment({"config": config, "parameters": model_cfg.num_parameters(), "world_size": world,
-                            "device": str(device), "argv": sys.argv})  # fmt: skip
+                            "device": str(device), "argv": sys.argv, "result": result})  # fmt: skip
     (args.out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
 
 

@@ -93,9 +93,10 @@ def loss_plot(path: Path, runs: Mapping[str, Sequence[dict]], title: str) -> Pat
         train = [(r["step"], r["loss"]) for r in records if "loss" in r]
         held_out = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
         if train:
-            ax.plot(*zip(*train), color=color, linewidth=1, label=f"{name} train".strip())
+            ax.plot(*zip(*train, strict=True), color=color, linewidth=1, label=f"{name} train".strip())
         if held_out:
-            ax.plot(*zip(*held_out), color=color, marker="o", linestyle="--", label=f"{name} held-out".strip())
+            label = f"{name} held-out".strip()
+            ax.plot(*zip(*held_out, strict=True), color=color, marker="o", linestyle="--", label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats per token)")
     ax.set_title(title, fontsize=10)

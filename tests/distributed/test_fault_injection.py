@@ -59,7 +59,8 @@ def _start(directory: Path, data: Path, world: int, mode: list[str], name: str) 
     """Start (or resume) the run whose checkpoints go to ``directory`` (its --out's checkpoints/)."""
     resume = ["--resume"] if checkpoint.newest(directory) is not None else []
     argv = ["--data", str(data), *ARGV, *mode, "--out", str(directory.parent), *resume]
-    return TrainRun(argv, directory.parent.parent / "logs", name, world, env={"FASTLM_CHECKPOINT_PAUSE_S": str(PAUSE_S)})
+    pause = {"FASTLM_CHECKPOINT_PAUSE_S": str(PAUSE_S)}
+    return TrainRun(argv, directory.parent.parent / "logs", name, world, env=pause)
 
 
 def _wait_for_step(run: TrainRun, step: int) -> None:

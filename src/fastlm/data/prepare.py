@@ -246,8 +246,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
                    help="bytes (vocabulary 257) or gpt2 (tiktoken's BPE, vocabulary 50257) (default: gpt2 where "
                    "tiktoken is installed, else bytes)")  # fmt: skip
-    p.add_argument("--held-out", type=float, default=0.05, metavar="FRACTION",
-                   help="fraction of the tokens, taken from the end, held out for evaluation (default: %(default)s)")
+    p.add_argument(
+        "--held-out",
+        type=float,
+        default=0.05,
+        metavar="FRACTION",
+        help="fraction of the tokens, taken from the end, held out for evaluation (default: %(default)s)",
+    )
     p.add_argument("--shard-tokens", type=int, default=100_000_000, metavar="N",
                    help="token ids per shard file (default: %(default)s)")  # fmt: skip
     p.set_defaults(prog=p.prog)
