@@ -62,6 +62,7 @@ from fastlm import checkpoint
 from fastlm.checkpoint import CheckpointError, ConfigMismatchError
 from fastlm.data.prepare import DataError
 from fastlm.data.tokens import EpochOrder, TokenData, Windows
+from fastlm.devices import current_device_name
 from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
 from fastlm.distributed.launch import exit_process
 from fastlm.model import PRESETS, ModelConfig, TransformerLM
@@ -670,7 +671,8 @@ def _write_run_file(args, config: dict, model_cfg: ModelConfig, world: int, devi
 def _plot(args, model_cfg: ModelConfig, world: int) -> None:
     records = read_log(args.out / "log.jsonl")
     title = (f"{args.preset} ({model_cfg.num_parameters() / 1e6:.1f}M) on {args.data.name}, context {args.context}, "
-             f"{batch_tokens(args, world):,} tokens per step, {world} process(es)")  # fmt: skip
+             f"{batch_tokens(args, world):,} tokens per step, {world} process(es) · "
+             f"{current_device_name()}")  # fmt: skip
     loss_plot(args.out / "loss.png", {"": records}, title)
 
 
