@@ -53,7 +53,7 @@ def main() -> None:
         memory = f"{result['peak_memory_gib']:.2f}" if result["peak_memory_gib"] is not None else "-"
         print(f"| {out.name} | {run['world_size']} | {config['parallel']} | {config['kernels']} | {result['step']} | "
               f"{result['tokens_per_s']:,.0f} | {mfu} | {memory} | {_tail_mean(losses):.4f} | "
-              f"{result['eval'][-1][1]:.4f} | {max_diff:.2%} | {tail_diff:.2%} |")  # fmt: skip
+              f"{result['eval'][-1][1]:.4f} | {max_diff:.3%} | {tail_diff:.3%} |")  # fmt: skip
     if args.plot:
         title = f"{len(runs)} runs · {runs[args.runs[0]]['gpu']}"
         loss_plot(args.plot, {out.name: read_log(out / "log.jsonl") for out in runs}, title)
