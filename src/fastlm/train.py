@@ -1,5 +1,6 @@
-"""`fastlm train` (also `python -m fastlm.train`): train the language model on prepared token data,
-in one process or one per GPU under torchrun.
+"""`fastlm train`: train the language model on prepared token data, on one process or one per GPU.
+
+`python -m fastlm.train` is the same command, the module torchrun starts once per GPU:
 
     python -m fastlm.data prepare --input notes.txt --tokenizer bytes --out data/notes
     python -m fastlm.train --data data/notes --preset tiny --context 128 --steps 300 --out runs/notes
