@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU-machine run for data parallelism (2 or more GPUs, one call): NCCL all-reduce sweep, the
 # data-parallel step benchmark of the xl preset (every variant, then the optimizer-state memory
-# rows), and torchrun smoke runs of the training entry point (bucketed DDP, sharded optimizer, FSDP).
+# rows), and torchrun smoke runs of the training loop (bucketed DDP, sharded optimizer, FSDP) on the docs.
 # PROCS (default: 2 and, on 4 GPUs, 4); ROUNDS of the step benchmark (default 2); PARTS (default
 # "allreduce ddp train"). Records and reports land in $OUT/distributed_out.tar.gz, the Chrome traces
 # in $OUT/distributed_traces_N.tar (each under the 16 MB a returned file may have).
@@ -44,8 +44,13 @@ if [[ $PARTS == *ddp* ]]; then
   fastlm bench ddp --procs "$PROCS" --steps 20 --rounds "${ROUNDS:-2}" --out "$WORK" 2>&1 | tail -45
   pack
 fi
-[[ $PARTS == *train* ]] && for mode in "--parallel bucketed --bucket-mb 25" "--parallel torch-ddp --shard-optimizer" "--parallel fsdp"; do
-  echo "== torchrun -m fastlm.train --preset small $mode"
-  torchrun --nproc-per-node 2 -m fastlm.train --preset small --precision bf16 --steps 20 $mode 2>&1 | grep -E "step 20/20|Error|error" | tail -3
-done
+if [[ $PARTS == *train* ]]; then
+  python3 -m fastlm.data prepare --input README.md docs --tokenizer bytes --out "$WORK/train-data" | tail -1
+  for mode in "--parallel bucketed --bucket-mb 25" "--parallel torch-ddp --shard-optimizer" "--parallel fsdp"; do
+    echo "== torchrun -m fastlm.train --preset small $mode"
+    torchrun --nproc-per-node 2 -m fastlm.train --data "$WORK/train-data" --preset small --context 512 \
+      --micro-batch 4 --steps 20 --log-every 20 --checkpoint-every 0 --out "$WORK/train-smoke" $mode 2>&1 \
+      | grep -E "step 20/20|Error|error" | tail -3
+  done
+fi
 ls -la "$OUT"

@@ -6,6 +6,7 @@ imported, which is why it is set at the top of this module.
 
 import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -40,3 +41,14 @@ def _seed():
 def device():
     """The device the kernels are tested on: CUDA when present, else CPU through the interpreter."""
     return torch.device("cuda" if _HAS_CUDA else "cpu")
+
+
+@pytest.fixture(scope="session")
+def corpus_data(tmp_path_factory):
+    """tests/data/corpus.txt prepared with the bytes tokenizer (about 7,600 training and 400
+    held-out tokens): the folder `fastlm train --data` takes."""
+    from fastlm.data.prepare import prepare
+
+    out = tmp_path_factory.mktemp("corpus_data")
+    prepare([Path(__file__).parent / "data" / "corpus.txt"], out, "bytes", held_out=0.05, shard_tokens=10**8)
+    return out

@@ -1,171 +1,288 @@
-"""`python -m fastlm.train`: train the language model on one or many processes.
+"""`fastlm train`: train the language model on prepared token data, on one process or one per GPU.
 
-    torchrun --nproc-per-node 4 -m fastlm.train --preset xl --parallel bucketed --bucket-mb 25
-    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 -m fastlm.train ...
+`python -m fastlm.train` is the same command, the module torchrun starts once per GPU:
 
-Data parallelism: every rank holds the model and takes its slice of each global batch; the global
-batch of step s is drawn from a generator seeded by (seed, s), so a run's data does not depend on
-the number of ranks and a resumed run sees exactly the batches it would have seen. `--parallel`:
-none (one process), naive / flat (`allreduce_gradients` after backward, per parameter / flattened),
-ddp / bucketed (fastlm's overlapping wrappers), torch-ddp (PyTorch's DistributedDataParallel),
-fsdp (PyTorch's FSDP2 `fully_shard`, per block and the root: parameters, gradients and optimizer
-state sharded, for models that do not fit one GPU). `--shard-optimizer` wraps AdamW in
-`ShardedOptimizer`.
+    python -m fastlm.data prepare --input notes.txt --tokenizer bytes --out data/notes
+    python -m fastlm.train --data data/notes --preset tiny --context 128 --steps 300 --out runs/notes
+    torchrun --nproc-per-node 2 -m fastlm.train --data data/owt --preset small --context 2048 --parallel fsdp
 
-Checkpoints (`--checkpoint DIR`, see `fastlm.checkpoint`): every rank takes part in gathering the
-state, rank 0 writes it, verifies it and commits it, keeping the last `--keep-checkpoints`; a
-process killed at any moment leaves the committed checkpoints whole. A folder that already holds
-a checkpoint is only continued (`--resume`) or replaced (`--overwrite`). A checkpoint records the
-run's configuration (model dimensions, batch, precision, seed, learning rate, parallel mode, world
-size); `--resume` continues exactly and refuses a run that differs, unless each change is named
-with `--override FIELD`. Mistakes in the arguments and unusable checkpoints end the command with a
-one-line error.
+A step trains on a global batch of --batch-tokens tokens: --batch-tokens / --context windows (see
+`fastlm.data.tokens`), taken at the run's data position. Each of the P processes takes its
+contiguous share and runs it as A micro-batches of --micro-batch windows (gradient accumulation,
+A = --batch-tokens / (--context x --micro-batch x P)); the gradient is the mean over the global
+batch whatever P and A are, so 1, 2 or 4 processes train the same curve up to rounding. Then the
+global gradient norm is clipped to --grad-clip and AdamW (betas 0.9, 0.95; weight decay on
+matrices and embeddings only) steps with the learning rate of `fastlm.optim.schedule` (linear
+warmup, cosine decay to --min-lr-ratio x --lr over --steps). The model's vocabulary is the data's
+rounded up to a multiple of 64 (tensor-core-friendly shapes; the extra ids never occur).
 
-Tokens are synthetic (uniform ids, next-token targets): this entry point measures and checks the
-parallel machinery; `fastlm train ar` and the text-corpus trainer are about what the model learns.
+`--parallel`: none (one process), naive / flat (`allreduce_gradients` after backward, per parameter
+/ flattened), ddp / bucketed (fastlm's overlapping wrappers), torch-ddp (PyTorch's
+DistributedDataParallel), fsdp (PyTorch's FSDP2 `fully_shard` per block and the root: parameters,
+gradients and optimizer state sharded). `--shard-optimizer` wraps AdamW in `ShardedOptimizer`.
+Micro-batches before the last skip the gradient synchronization. `--compile compile` compiles the
+model (each block under fsdp), `cudagraphs` also replays it as CUDA graphs (one process, no
+accumulation: a graph's gradients are overwritten by its next replay).
+
+Host synchronization happens only at log intervals (--log-every, evaluations, checkpoints): the
+losses and gradient norms stay on the device until then, and the next micro-batch is copied while
+the current one computes. `fastlm.train_log` describes the log lines, OUT/log.jsonl and
+OUT/loss.png; OUT/run.json records the configuration and the machine.
+
+Checkpoints (OUT/checkpoints, see `fastlm.checkpoint`), every --checkpoint-every steps and after the
+last: every rank takes part in gathering the state, rank 0 writes, verifies and commits it, keeping
+the last --keep-checkpoints; a process killed at any moment leaves the committed ones whole. A
+checkpoint holds the model, the optimizer and the data position (windows consumed), and records the
+run's configuration; `--resume` continues exactly (the same tokens, bit for bit on the same
+machine and world size) and refuses a run that differs unless each change is named with
+`--override FIELD`. A folder that holds checkpoints is only continued (--resume) or replaced
+(--overwrite). Mistakes in the arguments end in a one-line error (status 2), unusable checkpoints
+too (status 1), on every rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import math
 import os
+import statistics
 import sys
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from fastlm import checkpoint
 from fastlm.checkpoint import CheckpointError, ConfigMismatchError
+from fastlm.data.prepare import DataError
+from fastlm.data.tokens import EpochOrder, TokenData, Windows
+from fastlm.devices import current_device_name
 from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
 from fastlm.distributed.launch import exit_process
 from fastlm.model import PRESETS, ModelConfig, TransformerLM
+from fastlm.model.config import COMPILE_MODES
+from fastlm.optim.schedule import warmup_cosine_lr
+from fastlm.train_log import TrainLog, loss_plot, read_log
 
-PROG = "python -m fastlm.train"
+KERNEL_SETS = ("torch", "fastlm")
 PARALLEL = ("none", "naive", "flat", "ddp", "bucketed", "torch-ddp", "fsdp")
-# configuration fields a resumed run may change on purpose; the others define the model's parameters
-OVERRIDABLE = ("lr", "batch", "precision", "seed", "parallel", "world_size")
-MAX_SEED = 2**32 - 1  # the batch generator is seeded with seed * 1_000_003 + step, which must fit 64 bits
+# configuration fields a resumed run may change on purpose; the others define the model and its data
+OVERRIDABLE = ("lr", "min_lr_ratio", "warmup", "steps", "weight_decay", "grad_clip", "batch_tokens", "micro_batch",
+               "precision", "kernels", "compile", "seed", "parallel", "world_size", "data")  # fmt: skip
+MAX_SEED = 2**32 - 1  # numpy's PCG64 takes any size, torch.manual_seed 64 bits: one range for both
+VOCAB_MULTIPLE = 64
+BETAS = (0.9, 0.95)
+# ModelConfig's field -> the option that sets it, for its error messages
+MODEL_OPTIONS = {"d_model": "--d-model", "d_ff": "--d-ff", "num_layers": "--layers", "num_heads": "--heads",
+                 "context_length": "--context"}  # fmt: skip
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog=PROG, description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    p.add_argument("--preset", choices=PRESETS, default="tiny", help="model dimensions (fastlm.model presets)")
-    p.add_argument("--vocab", type=int, default=10000, help="vocabulary size; tokens are uniform in [0, vocab)")
-    p.add_argument("--context", type=int, default=512, help="tokens per sequence")
-    p.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
-    p.add_argument(
-        "--steps",
-        type=int,
-        default=10,
-        help="train until this many steps are done (a resumed run counts the checkpoint's)",
-    )
-    p.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate, constant")
-    p.add_argument(
-        "--precision",
-        choices=("fp32", "bf16"),
-        default="fp32",
-        help="bf16 runs the forward pass under torch.autocast; weights and optimizer stay fp32",
-    )
-    p.add_argument(
-        "--parallel",
-        choices=PARALLEL,
-        default="none",
-        help="how gradients are synchronized across ranks (anything but none needs torchrun)",
-    )
-    p.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size of --parallel bucketed and torch-ddp")
-    p.add_argument(
-        "--shard-optimizer",
-        action="store_true",
-        help="shard AdamW's state across ranks (ShardedOptimizer); not with --parallel fsdp",
-    )
-    p.add_argument(
-        "--checkpoint",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="checkpoint folder, written every --checkpoint-every steps and at the end",
-    )
-    p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints; 0: only at the end")
-    p.add_argument("--keep-checkpoints", type=int, default=2, help="how many of the newest checkpoints to keep")
-    p.add_argument("--resume", action="store_true", help="continue the run of the newest checkpoint in --checkpoint")
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="start a new run in a --checkpoint folder that holds checkpoints; they are deleted "
-        "once the new run has saved its first",
-    )
-    p.add_argument(
-        "--override",
-        action="append",
-        choices=OVERRIDABLE,
-        default=[],
-        metavar="FIELD",
-        help=f"with --resume, accept a change of FIELD from the checkpoint's run (repeatable; "
-        f"one of {', '.join(OVERRIDABLE)})",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seeds the initial weights and every step's batch")
-    p.add_argument(
-        "--timeout-s",
-        type=float,
-        default=600.0,
-        help="a collective that waits longer (a rank died or hangs) fails instead of hanging",
-    )
-    args = p.parse_args(argv)
-    for name in ("vocab", "context", "batch", "steps", "keep_checkpoints"):
+class UsageError(Exception):
+    """A mistake in the arguments, or arguments that do not fit the data; one sentence."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `fastlm train`; `run` carries them out. Every help names its default."""
+    add_loop_arguments(p)
+    p.add_argument("--kernels", choices=KERNEL_SETS, default="torch",
+                   help="torch (SDPA, PyTorch norm and loss) or fastlm (fused kernels) "
+                   "(default: %(default)s)")  # fmt: skip
+
+
+def add_loop_arguments(p: argparse.ArgumentParser) -> None:
+    """Every option of `fastlm train` but --kernels (which a benchmark of kernel sets takes as a list)."""
+    p.add_argument("--data", type=Path, required=True, metavar="DIR",
+                   help="prepared token data (fastlm data prepare --out) (required)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=Path("runs/train"), metavar="DIR",
+                   help="folder for log.jsonl, loss.png, run.json and checkpoints/ (default: %(default)s)")  # fmt: skip
+    p.add_argument("--preset", choices=PRESETS, default=None,
+                   help="model dimensions (default: small on a GPU, tiny without one)")  # fmt: skip
+    for flag, what in (("--d-model", "width"), ("--d-ff", "MLP hidden width"), ("--layers", "Transformer blocks"),
+                       ("--heads", "attention heads")):  # fmt: skip
+        p.add_argument(flag, type=int, default=None, help=f"{what} (default: the preset's)")
+    p.add_argument("--context", type=int, default=1024, help="tokens per sequence (default: %(default)s)")
+    p.add_argument("--micro-batch", type=int, default=8,
+                   help="sequences per process per forward and backward (default: %(default)s)")  # fmt: skip
+    p.add_argument("--batch-tokens", type=int, default=None,
+                   help="global batch in tokens, a multiple of --context x --micro-batch x processes, reached by "
+                   "gradient accumulation (default: --context x --micro-batch x processes, no "
+                   "accumulation)")  # fmt: skip
+    p.add_argument("--steps", type=int, default=1000,
+                   help="optimizer steps of the run; the cosine ends there (default: %(default)s)")  # fmt: skip
+    p.add_argument("--lr", type=float, default=6e-4, help="peak AdamW learning rate (default: %(default)s)")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1,
+                   help="the cosine decays to this fraction of --lr (default: %(default)s)")  # fmt: skip
+    p.add_argument("--warmup", type=int, default=100, help="steps of linear warmup (default: %(default)s)")
+    p.add_argument("--weight-decay", type=float, default=0.1,
+                   help="AdamW weight decay of matrices and embeddings (default: %(default)s)")  # fmt: skip
+    p.add_argument("--grad-clip", type=float, default=1.0,
+                   help="clip the global gradient norm to this; 0: no clipping (default: %(default)s)")  # fmt: skip
+    p.add_argument("--compile", choices=COMPILE_MODES, default=None,
+                   help="eager, compile (torch.compile) or cudagraphs (mode reduce-overhead) (default: compile on "
+                   "a GPU, eager without one)")  # fmt: skip
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                   help="bf16 runs the forward under torch.autocast; weights and optimizer stay fp32 (default: bf16 "
+                   "on a GPU, fp32 without one)")  # fmt: skip
+    p.add_argument("--parallel", choices=PARALLEL, default="none",
+                   help="how gradients are synchronized across processes; anything but none needs torchrun "
+                   "(default: %(default)s)")  # fmt: skip
+    p.add_argument("--bucket-mb", type=float, default=25.0,
+                   help="bucket size of --parallel bucketed and torch-ddp (default: %(default)s)")  # fmt: skip
+    p.add_argument("--shard-optimizer", action="store_true",
+                   help="shard AdamW's state across processes (ShardedOptimizer); not with --parallel "
+                   "fsdp")  # fmt: skip
+    p.add_argument("--log-every", type=int, default=10, help="steps per log line and record (default: %(default)s)")
+    p.add_argument("--eval-every", type=int, default=200,
+                   help="steps between evaluations on the held-out split, also done before the first step and "
+                   "after the last; 0: only those (default: %(default)s)")  # fmt: skip
+    p.add_argument("--eval-sequences", type=int, default=64,
+                   help="held-out windows per evaluation, the first ones of the split "
+                   "(default: %(default)s)")  # fmt: skip
+    p.add_argument("--checkpoint-every", type=int, default=1000,
+                   help="steps between checkpoints, also saved after the last step; 0: no checkpoints "
+                   "(default: %(default)s)")  # fmt: skip
+    p.add_argument("--keep-checkpoints", type=int, default=2,
+                   help="how many of the newest checkpoints to keep (default: %(default)s)")  # fmt: skip
+    p.add_argument("--resume", action="store_true", help="continue the run of the newest checkpoint in OUT")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new run in an OUT that holds checkpoints; they are deleted once the new run has "
+                   "saved its first")  # fmt: skip
+    p.add_argument("--override", action="append", choices=OVERRIDABLE, default=[], metavar="FIELD",
+                   help=f"with --resume, accept a change of FIELD from the checkpoint's run (repeatable; one of "
+                   f"{', '.join(OVERRIDABLE)}) (default: none)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the initial weights and the order of the windows (default: %(default)s)")  # fmt: skip
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="a collective that waits longer (a process died or hangs) fails instead of hanging "
+                   "(default: %(default)s)")  # fmt: skip
+    p.set_defaults(prog=p.prog)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments and configuration
+# ---------------------------------------------------------------------------------------------
+
+
+def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """A copy with the device-dependent defaults filled in (preset, precision, compile)."""
+    gpu = torch.cuda.is_available()
+    defaults = {"preset": "small" if gpu else "tiny", "precision": "bf16" if gpu else "fp32",
+                "compile": "compile" if gpu else "eager"}  # fmt: skip
+    return argparse.Namespace(**{**vars(args), **{k: getattr(args, k) or v for k, v in defaults.items()}})
+
+
+def check_arguments(args: argparse.Namespace, world: int) -> None:
+    """Raise UsageError, naming the option, for values out of range and options that do not combine."""
+    for name in ("context", "micro_batch", "steps", "keep_checkpoints", "log_every", "eval_sequences"):
         if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+            raise UsageError(f"{_flag(name)} must be at least 1, got {getattr(args, name)}")
+    for name in ("warmup", "eval_every", "checkpoint_every"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"{_flag(name)} must be 0 or more, got {getattr(args, name)}")
     for name in ("lr", "bucket_mb", "timeout_s"):
         if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
-            p.error(f"--{name.replace('_', '-')} must be a positive number, got {getattr(args, name)}")
-    if args.checkpoint_every < 0:
-        p.error(f"--checkpoint-every must be 0 (only at the end) or more, got {args.checkpoint_every}")
+            raise UsageError(f"{_flag(name)} must be a positive number, got {getattr(args, name)}")
+    for name in ("weight_decay", "grad_clip"):
+        if not (math.isfinite(getattr(args, name)) and getattr(args, name) >= 0):
+            raise UsageError(f"{_flag(name)} must be 0 or a positive number, got {getattr(args, name)}")
+    if not 0 <= args.min_lr_ratio <= 1:
+        raise UsageError(f"--min-lr-ratio must be between 0 and 1, got {args.min_lr_ratio}")
     if not 0 <= args.seed <= MAX_SEED:
-        p.error(f"--seed must be between 0 and {MAX_SEED}, got {args.seed}")
-    if args.parallel == "fsdp" and args.shard_optimizer:
-        p.error("--shard-optimizer does not combine with --parallel fsdp (FSDP already shards the optimizer state)")
-    if args.override and not args.resume:
-        p.error("--override needs --resume")
-    if args.checkpoint is None:
-        for flag in ("resume", "overwrite", "checkpoint_every"):
-            if getattr(args, flag):
-                p.error(f"--{flag.replace('_', '-')} needs --checkpoint")
-        return args
-    if args.resume and args.overwrite:
-        p.error("--resume and --overwrite exclude each other: continue the checkpoint's run, or replace it")
+        raise UsageError(f"--seed must be between 0 and {MAX_SEED}, got {args.seed}")
     try:
-        existing = checkpoint.newest(args.checkpoint)
+        model_config(args, vocab_size=1)
+    except ValueError as error:
+        message = str(error)
+        for field, option in MODEL_OPTIONS.items():
+            message = message.replace(field, option)
+        raise UsageError(message) from None
+    per_micro_step = args.context * args.micro_batch * world
+    if args.batch_tokens is not None and (args.batch_tokens < 1 or args.batch_tokens % per_micro_step):
+        raise UsageError(f"--batch-tokens must be a positive multiple of --context x --micro-batch x processes = "
+                         f"{args.context} x {args.micro_batch} x {world} = {per_micro_step}, "
+                         f"got {args.batch_tokens}")  # fmt: skip
+    if args.compile == "cudagraphs" and (args.parallel != "none" or accumulation(args, world) > 1):
+        raise UsageError("--compile cudagraphs needs --parallel none and no gradient accumulation (--batch-tokens "
+                         "= --context x --micro-batch): a graph's gradients are overwritten by its next "
+                         "replay")  # fmt: skip
+    if args.parallel == "fsdp" and args.shard_optimizer:
+        raise UsageError("--shard-optimizer does not combine with --parallel fsdp (FSDP already shards the "
+                         "optimizer state)")  # fmt: skip
+    if args.override and not args.resume:
+        raise UsageError("--override needs --resume")
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite exclude each other: continue the checkpoint's run, or replace it")
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out {args.out} is a file, not a folder")
+    try:
+        existing = checkpoint.newest(checkpoint_dir(args))
     except CheckpointError as error:
-        if not args.overwrite or args.checkpoint.is_file():  # --overwrite replaces checkpoints, no other file
-            p.error(str(error))
+        if not args.overwrite:
+            raise UsageError(str(error)) from None
         existing = None
     if existing is not None and not (args.resume or args.overwrite):
-        p.error(f"{args.checkpoint} holds a checkpoint (step {existing['step']}): pass --resume to continue "
-                "its run or --overwrite to replace it")  # fmt: skip
-    return args
+        raise UsageError(f"{checkpoint_dir(args)} holds a checkpoint (step {existing['step']}): pass --resume to "
+                         "continue its run or --overwrite to replace it")  # fmt: skip
+    if args.resume and existing is None:
+        raise UsageError(f"--resume: {checkpoint_dir(args)} holds no checkpoint to continue")
 
 
-def model_config(args) -> ModelConfig:
-    return ModelConfig.preset(args.preset, vocab_size=args.vocab, context_length=args.context)
+def _flag(name: str) -> str:
+    return f"--{name.replace('_', '-')}"
 
 
-def run_config(args, world: int) -> dict:
+def batch_tokens(args: argparse.Namespace, world: int) -> int:
+    return args.batch_tokens or args.context * args.micro_batch * world
+
+
+def accumulation(args: argparse.Namespace, world: int) -> int:
+    """Micro-batches per process per step."""
+    return batch_tokens(args, world) // (args.context * args.micro_batch * world)
+
+
+def checkpoint_dir(args: argparse.Namespace) -> Path:
+    return args.out / "checkpoints"
+
+
+def model_config(args: argparse.Namespace, vocab_size: int) -> ModelConfig:
+    """The preset with any dimension given and the kernels chosen; the data's vocabulary rounded up."""
+    dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.layers, "num_heads": args.heads}
+    padded = -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+    config = ModelConfig.preset(args.preset, vocab_size=padded, context_length=args.context,
+                                **{k: v for k, v in dims.items() if v is not None})  # fmt: skip
+    return config.with_kernels(args.kernels)
+
+
+def run_config(args: argparse.Namespace, world: int, data: TokenData) -> dict:
     """What a resumed run must share with the run that wrote the checkpoint to continue it exactly."""
-    model = dataclasses.asdict(model_config(args))
-    return {"preset": args.preset, **model, "batch": args.batch, "precision": args.precision, "seed": args.seed,
-            "lr": args.lr, "lr_schedule": "constant", "parallel": args.parallel, "world_size": world}  # fmt: skip
+    dims = dataclasses.asdict(model_config(args, data.vocab_size))
+    for switch in ("attention", "norm", "loss", "softmax"):  # the kernels field says which
+        del dims[switch]
+    return {"data": data.sha256[:16], "tokenizer": data.tokenizer, "preset": args.preset, **dims,
+            "batch_tokens": batch_tokens(args, world), "micro_batch": args.micro_batch, "precision": args.precision,
+            "kernels": args.kernels, "compile": args.compile, "seed": args.seed, "lr": args.lr,
+            "min_lr_ratio": args.min_lr_ratio, "warmup": args.warmup, "steps": args.steps,
+            "weight_decay": args.weight_decay, "grad_clip": args.grad_clip, "parallel": args.parallel,
+            "world_size": world}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes, wrapping, data
+# ---------------------------------------------------------------------------------------------
 
 
 def _rank_and_world(args) -> tuple[int, int]:
     if args.parallel == "none":
         return 0, 1
     if "RANK" not in os.environ:
-        raise SystemExit(f"{PROG}: error: --parallel {args.parallel} needs torchrun (RANK / WORLD_SIZE are not set)")
+        raise UsageError(f"--parallel {args.parallel} needs torchrun (RANK / WORLD_SIZE are not set)")
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
@@ -197,12 +314,103 @@ def _wrap(model: torch.nn.Module, args, device: torch.device) -> torch.nn.Module
     return model
 
 
-def batch_for_step(step: int, args, rank: int, world: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's slice of step ``step``'s global batch (batch * world sequences)."""
-    generator = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-    tokens = torch.randint(0, args.vocab, (args.batch * world, args.context + 1), generator=generator)
-    mine = tokens[rank * args.batch : (rank + 1) * args.batch]
-    return mine[:, :-1].to(device), mine[:, 1:].to(device)
+def _gradient_sync(model: torch.nn.Module, args, sync: bool) -> contextlib.AbstractContextManager:
+    """The context of a micro-batch's backward: without ``sync``, gradients accumulate locally."""
+    if args.parallel == "fsdp":
+        model.set_requires_gradient_sync(sync)
+    elif not sync and args.parallel in ("ddp", "bucketed", "torch-ddp"):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def _finish_gradient_sync(model: torch.nn.Module, args) -> None:
+    """After the last micro-batch's backward: the wrappers that synchronize after backward do it here."""
+    if args.parallel in ("naive", "flat"):
+        allreduce_gradients(model, flat=args.parallel == "flat")
+    elif args.parallel in ("ddp", "bucketed"):
+        model.finish_gradient_synchronization()
+
+
+def _compile(model: TransformerLM, args) -> None:
+    """Compile in place (state-dict keys stay those of the eager model): each block under fsdp,
+    before sharding (the graphs stop at FSDP's hooks between blocks), else the whole model."""
+    if args.compile == "eager":
+        return
+    mode = {"compile": "default", "cudagraphs": "reduce-overhead"}[args.compile]
+    for module in model.blocks if args.parallel == "fsdp" else [model]:
+        module.compile(mode=mode)
+
+
+def _optimizer(model: torch.nn.Module, args, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices and embeddings (2-d), none on norm weights (fused on CUDA)."""
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    options = {"lr": args.lr, "betas": BETAS, "fused": device.type == "cuda"}
+    if args.shard_optimizer:
+        return ShardedOptimizer(groups, torch.optim.AdamW, **options)
+    return torch.optim.AdamW(groups, **options)
+
+
+def micro_batches(
+    windows: Windows,
+    order: EpochOrder,
+    position: int,
+    micro_batch: int,
+    accumulation: int,
+    rank: int,
+    world: int,
+    device: torch.device,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's (tokens, targets) micro-batches, (micro_batch, context) each, step after step
+    from data position ``position``: of a step's global batch (positions [p, p + G), G = micro_batch
+    x accumulation x world) rank r takes the contiguous share [p + r G / world, p + (r + 1) G / world)."""
+    share = micro_batch * accumulation
+    while True:
+        for index in range(accumulation):
+            rows = torch.from_numpy(windows[order.ids(position + rank * share + index * micro_batch, micro_batch)])
+            if device.type == "cuda":
+                rows = rows.pin_memory()  # so the copy below is asynchronous
+            rows = rows.to(device, non_blocking=True)
+            yield rows[:, :-1], rows[:, 1:]
+        position += share * world
+
+
+def evaluation_windows(windows: Windows, args, world: int) -> int:
+    """How many held-out windows an evaluation takes: --eval-sequences, or as many as the split has,
+    rounded down to a multiple of --micro-batch x processes (every rank runs the same forwards)."""
+    unit = args.micro_batch * world
+    if args.eval_sequences < unit:
+        raise UsageError(f"--eval-sequences must be at least --micro-batch x processes = {unit}, got "
+                         f"{args.eval_sequences}")  # fmt: skip
+    count = min(args.eval_sequences, windows.count) // unit * unit
+    if count == 0:
+        raise UsageError(f"the held-out split of {args.data} holds {windows.count} window(s) of --context + 1 = "
+                         f"{args.context + 1} tokens, fewer than --micro-batch x processes = {unit}; use a smaller "
+                         "--context or --micro-batch, or prepare the data with a larger --held-out")  # fmt: skip
+    return count
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, windows: Windows, count: int, args, rank: int, world: int,
+             device: torch.device, autocast) -> float:  # fmt: skip
+    """Mean loss of the first ``count`` held-out windows; each rank takes its contiguous share."""
+    share = count // world
+    total = torch.zeros((), device=device)
+    for first in range(rank * share, (rank + 1) * share, args.micro_batch):
+        rows = torch.from_numpy(windows[np.arange(first, first + args.micro_batch)]).to(device)
+        if args.compile == "cudagraphs":
+            torch.compiler.cudagraph_mark_step_begin()
+        with autocast:
+            total += model(rows[:, :-1], rows[:, 1:]).float() * args.micro_batch
+    if world > 1:
+        dist.all_reduce(total)
+    return total.item() / count
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------
 
 
 def _state(model, optimizer, args) -> dict:
@@ -218,8 +426,7 @@ def _state(model, optimizer, args) -> dict:
 
 
 def _restore(state: dict, model, optimizer, args) -> None:
-    """Load a `_state` dict, then set the learning rate of this run (equal to the saved one unless
-    --override lr changed it)."""
+    """Load a `_state` dict (the learning rate is set by the schedule before every step)."""
     if args.parallel == "fsdp":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
@@ -229,20 +436,19 @@ def _restore(state: dict, model, optimizer, args) -> None:
     else:
         getattr(model, "module", model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-    for group in optimizer.param_groups:
-        group["lr"] = args.lr
 
 
-def save_checkpoint(args, step: int, config: dict, model, optimizer, rank: int, start_new: bool) -> None:
+def save_checkpoint(args, step: int, position: int, config: dict, model, optimizer, rank: int,
+                    start_new: bool, log: TrainLog) -> None:  # fmt: skip
     """Every rank takes part (sharded states are gathered); rank 0 writes; if that fails, every rank
     raises its error rather than waiting for rank 0."""
-    state = _state(model, optimizer, args)
+    state = {**_state(model, optimizer, args), "data": {"position": position}}
     failure = None
     if rank == 0:
         try:
-            path = checkpoint.save(args.checkpoint, step, config, state, keep=args.keep_checkpoints,
+            path = checkpoint.save(checkpoint_dir(args), step, config, state, keep=args.keep_checkpoints,
                                    start_new=start_new)  # fmt: skip
-            print(f"checkpoint step {step}: {path}", flush=True)
+            log.note(f"checkpoint step {step}: {path}")
         except CheckpointError as error:
             failure = str(error)
     if dist.is_initialized():
@@ -255,7 +461,7 @@ def save_checkpoint(args, step: int, config: dict, model, optimizer, rank: int, 
 
 def _load_for_resume(args, config: dict) -> checkpoint.Checkpoint:
     try:
-        resumed = checkpoint.load(args.checkpoint, config, args.override)
+        resumed = checkpoint.load(checkpoint_dir(args), config, args.override)
     except ConfigMismatchError as error:
         fixed = [f for f in error.fields if f not in OVERRIDABLE]
         if fixed:
@@ -263,20 +469,35 @@ def _load_for_resume(args, config: dict) -> checkpoint.Checkpoint:
         flags = " ".join(f"--override {f}" for f in error.fields)
         raise CheckpointError(f"{error}; pass {flags} to continue with the change") from None
     if resumed.step > args.steps:
-        raise CheckpointError(f"{args.checkpoint} is at step {resumed.step}, past --steps {args.steps}")
+        raise CheckpointError(f"{checkpoint_dir(args)} is at step {resumed.step}, past --steps {args.steps}")
     return resumed
 
 
-def train(args) -> dict:
-    """Run the training loop; returns {"step", "losses"} (rank-averaged loss per step) on every rank."""
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train(args: argparse.Namespace) -> dict:
+    """Run the training loop (``args`` with `resolve_defaults` applied and checked); returns
+    {"step", "losses" (per step of this run, mean over ranks), "eval" ([step, loss] pairs),
+    "tokens_per_s", "mfu" (medians of the log intervals after the first; None before any),
+    "peak_memory_gib"} on every rank. Raises UsageError, DataError and CheckpointError with one-sentence messages."""
     rank, world = _rank_and_world(args)
-    config = run_config(args, world)
+    data = TokenData(args.data)
+    train_windows, held_out = Windows(data.split("train"), args.context), Windows(data.split("val"), args.context)
+    if train_windows.count == 0:
+        raise UsageError(f"the training split of {args.data} holds no window of --context + 1 = {args.context + 1} "
+                         "tokens; use a smaller --context or more text")  # fmt: skip
+    eval_count = evaluation_windows(held_out, args, world)
+    config = run_config(args, world, data)
     # verified before the process group exists, so a bad checkpoint stops every rank with its message
     resumed = _load_for_resume(args, config) if args.resume else None
     if resumed is not None and resumed.step == args.steps:
         if rank == 0:
-            print(f"{args.checkpoint} is at step {resumed.step} of {args.steps}: nothing to train", flush=True)
-        return {"step": resumed.step, "losses": []}
+            print(f"{checkpoint_dir(args)} is at step {resumed.step} of {args.steps}: nothing to train", flush=True)
+        return {"step": resumed.step, "losses": [], "eval": [], "tokens_per_s": None, "mfu": None,
+                "peak_memory_gib": None}  # fmt: skip
     device = _setup(args)
     try:
         # The loop's model, wrapper and optimizer are freed when it returns, while the process group
@@ -285,64 +506,206 @@ def train(args) -> dict:
         # the freeing thread holds: a hang at exit.
         pending = [resumed]  # handed over, so the loop can free the loaded tensors once restored
         del resumed
-        return _train_loop(args, config, pending, rank, world, device)
+        return _train_loop(args, config, pending, rank, world, device, (train_windows, held_out, eval_count))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _train_loop(args, config: dict, pending: list, rank: int, world: int, device: torch.device) -> dict:
+def _train_loop(args, config: dict, pending: list, rank: int, world: int, device: torch.device, data) -> dict:
     """The steps; ``pending`` holds the checkpoint to resume from (or None), taken out here."""
+    train_windows, held_out, eval_count = data
     resumed = pending.pop()
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    model = _wrap(TransformerLM(model_config(args)).to(device), args, device)
-    if args.shard_optimizer:
-        optimizer = ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=args.lr)
-    else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    step = 0
+    model_cfg = model_config(args, config["vocab_size"])
+    model = TransformerLM(model_cfg).to(device)
+    if args.parallel == "fsdp":
+        _compile(model, args)
+    model = _wrap(model, args, device)
+    if args.parallel != "fsdp":
+        _compile(model, args)
+    optimizer = _optimizer(model, args, device)
+    step, position = 0, 0
     if resumed is not None:
         _restore(resumed.state, model, optimizer, args)
-        step, resumed = resumed.step, None  # drop the loaded tensors: the model holds them now
+        step, position = resumed.step, resumed.state["data"]["position"]
+        resumed = None  # drop the loaded tensors: the model holds them now
     start_new = not args.resume  # the first save of a new run replaces the folder's older checkpoints
+    accumulate = accumulation(args, world)
+    tokens_per_step = batch_tokens(args, world)
+    batches = micro_batches(train_windows, EpochOrder(train_windows.count, args.seed), position, args.micro_batch,
+                            accumulate, rank, world, device)  # fmt: skip
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
-    losses = []
-    while step < args.steps:
-        tokens, targets = batch_for_step(step, args, rank, world, device)
-        with autocast:
-            loss = model(tokens, targets)
-        loss.backward()
-        if args.parallel in ("naive", "flat"):
-            allreduce_gradients(model, flat=args.parallel == "flat")
-        elif args.parallel in ("ddp", "bucketed"):
-            model.finish_gradient_synchronization()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        reported = loss.detach().float()
-        if world > 1:
-            dist.all_reduce(reported)
-            reported /= world
-        losses.append(reported.item())
-        if rank == 0:
-            print(f"step {step}/{args.steps} loss {losses[-1]:.4f}", flush=True)
-        last = step == args.steps
-        if args.checkpoint is not None and (last or args.checkpoint_every and step % args.checkpoint_every == 0):
-            save_checkpoint(args, step, config, model, optimizer, rank, start_new)
-            start_new = False
+    meter = _Throughput(model_cfg, args, world, device)
+    log = TrainLog(args.out / "log.jsonl", args.steps, step, enabled=rank == 0)
+    if rank == 0:
+        _write_run_file(args, config, model_cfg, world, device)  # the end rewrites it with the result
+    result = {"losses": [], "eval": []}
+    with log:
+        log.note(_describe(args, model_cfg, world, accumulate, tokens_per_step, position, train_windows.count))
+        if step == 0:
+            loss = evaluate(model, held_out, eval_count, args, rank, world, device, autocast)
+            log.write({"step": 0, "eval_loss": loss})
+            result["eval"].append([0, loss])
+        pending_losses, pending_norms = [], []
+        batch = next(batches)
+        meter.start()
+        while step < args.steps:
+            lr = warmup_cosine_lr(step, lr=args.lr, min_lr=args.lr * args.min_lr_ratio, warmup=args.warmup,
+                                  steps=args.steps)  # fmt: skip
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            step_loss = None
+            for index in range(accumulate):
+                with _gradient_sync(model, args, sync=index == accumulate - 1):
+                    if args.compile == "cudagraphs":
+                        torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are dead
+                    with autocast:
+                        loss = model(*batch)
+                    batch = next(batches)  # its copy overlaps this micro-batch's backward
+                    (loss / accumulate).backward()
+                # a new tensor, not the graph output that the next replay of a CUDA graph overwrites
+                step_loss = loss.detach() / accumulate if step_loss is None else step_loss + loss.detach() / accumulate
+            _finish_gradient_sync(model, args)
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or math.inf)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            position += tokens_per_step // args.context
+            pending_losses.append(step_loss)
+            pending_norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor under fsdp
+            log.advance()
+            last = step == args.steps
+            evaluating = last or (args.eval_every and step % args.eval_every == 0)
+            saving = args.checkpoint_every and (last or step % args.checkpoint_every == 0)
+            if not (evaluating or saving or step % args.log_every == 0):
+                continue
+            losses = torch.stack(pending_losses).float()
+            if world > 1:
+                dist.all_reduce(losses)
+                losses /= world
+            losses = losses.tolist()  # the host waits for the device here, once per log interval
+            record = {"step": step, "loss": sum(losses) / len(losses), "lr": lr,
+                      "grad_norm": pending_norms[-1].item(), "tokens": step * tokens_per_step,
+                      **meter.interval(len(losses) * tokens_per_step)}  # fmt: skip
+            result["losses"] += losses
+            pending_losses, pending_norms = [], []
+            if evaluating:
+                record["eval_loss"] = evaluate(model, held_out, eval_count, args, rank, world, device, autocast)
+                result["eval"].append([step, record["eval_loss"]])
+            log.write(record)
+            if saving:
+                save_checkpoint(args, step, position, config, model, optimizer, rank, start_new, log)
+                start_new = False
+            meter.start()  # evaluations and checkpoints are not training time
+    result = {"step": step, **result, **meter.steady_state()}
+    if rank == 0:
+        _plot(args, model_cfg, world)
+        _write_run_file(args, config, model_cfg, world, device, result)
     if dist.is_initialized():
         dist.barrier()  # no rank tears down while another still has collectives in flight
-    return {"step": step, "losses": losses}
+    return result
+
+
+class _Throughput:
+    """Tokens/s, MFU and peak memory of log intervals, timed on the host between synchronizations."""
+
+    def __init__(self, model_cfg: ModelConfig, args, world: int, device: torch.device) -> None:
+        from fastlm.analysis.model import flops_per_token
+        from fastlm.devices import spec_for_device_name
+
+        self.device, self.world = device, world
+        self.spec = spec_for_device_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        self.flops_per_token = flops_per_token(model_cfg, "train", seq_len=args.context)
+        self.began = time.perf_counter()
+        self.intervals: list[dict] = []
+        self._start = self.began
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+
+    def interval(self, tokens: int) -> dict:
+        """The record fields of the interval since `start` that trained ``tokens`` tokens."""
+        now = time.perf_counter()
+        tokens_per_s = tokens / (now - self._start)
+        mfu = None
+        if self.spec is not None:
+            mfu = self.flops_per_token * tokens_per_s / (self.world * self.spec.matmul_tflops * 1e12)
+        memory = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
+        fields = {"tokens_per_s": tokens_per_s, "mfu": mfu, "peak_memory_gib": memory, "elapsed_s": now - self.began}
+        self.intervals.append(fields)
+        return fields
+
+    def steady_state(self) -> dict:
+        """Medians over the intervals after the first (which pays for compilation and warm-up), and
+        the peak memory at the end."""
+        steady = self.intervals[1:] or self.intervals
+        if not steady:
+            return {"tokens_per_s": None, "mfu": None, "peak_memory_gib": None}
+        mfu = [i["mfu"] for i in steady if i["mfu"] is not None]
+        return {"tokens_per_s": statistics.median(i["tokens_per_s"] for i in steady),
+                "mfu": statistics.median(mfu) if mfu else None,
+                "peak_memory_gib": steady[-1]["peak_memory_gib"]}  # fmt: skip
+
+
+def _describe(args, model_cfg: ModelConfig, world: int, accumulate: int, tokens_per_step: int, position: int,
+              windows: int) -> str:  # fmt: skip
+    parameters = model_cfg.num_parameters()
+    return (f"training {args.preset} ({parameters / 1e6:.1f}M parameters, {args.kernels} kernels, {args.precision}, "
+            f"{args.compile}) on {world} process(es), --parallel {args.parallel}: {tokens_per_step:,} tokens per "
+            f"step = {world} x {accumulate} micro-batch(es) of {args.micro_batch} x {args.context}; "
+            f"{windows:,} training windows, data position {position:,}")  # fmt: skip
+
+
+def _write_run_file(args, config: dict, model_cfg: ModelConfig, world: int, device: torch.device,
+                    result: dict | None = None) -> None:  # fmt: skip
+    """OUT/run.json: the configuration, the model's size and where the run ran; at the end also
+    what `train` returns (the per-step losses, the evaluations, steady-state tokens/s and MFU)."""
+    from fastlm.bench.records import with_environment
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    run = with_environment({"config": config, "parameters": model_cfg.num_parameters(), "world_size": world,
+                            "device": str(device), "argv": sys.argv, "result": result})  # fmt: skip
+    (args.out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
+
+
+def _plot(args, model_cfg: ModelConfig, world: int) -> None:
+    records = read_log(args.out / "log.jsonl")
+    title = (f"{args.preset} ({model_cfg.num_parameters() / 1e6:.1f}M) on {args.data.name}, context {args.context}, "
+             f"{batch_tokens(args, world):,} tokens per step, {world} process(es) · "
+             f"{current_device_name()}")  # fmt: skip
+    loss_plot(args.out / "loss.png", {"": records}, title)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    """`fastlm train`; 0 when done, 2 after a one-line error for a mistake in the arguments or data
+    that does not fit them, 1 for an unusable checkpoint. Prints on every rank."""
+    args = resolve_defaults(args)
+    try:
+        check_arguments(args, _rank_and_world(args)[1])
+        train(args)
+    except (UsageError, DataError) as error:
+        print(f"{args.prog}: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except CheckpointError as error:
+        print(f"{args.prog}: error: {error}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m fastlm.train", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        train(args)
-    except CheckpointError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
-        return 1
-    return 0
+    return run(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -36,8 +36,9 @@ from fastlm.bench.records import append_records, with_environment
 from .train_processes import TrainRun
 
 STEPS = 12
-ARGV = ["--preset", "tiny", "--vocab", "50", "--context", "16", "--batch", "2", "--lr", "1e-2",
-        "--steps", str(STEPS), "--checkpoint-every", "1"]  # fmt: skip
+ARGV = ["--preset", "tiny", "--context", "16", "--micro-batch", "2", "--lr", "1e-2", "--warmup", "3",
+        "--steps", str(STEPS), "--checkpoint-every", "1", "--log-every", "1", "--eval-sequences", "4",
+        "--eval-every", "0"]  # fmt: skip
 PAUSE_S = 0.02  # per stage of a save (3 stages): kills at random moments often land inside one
 SERIES = {"single process": (1, []), "2-rank gloo": (2, ["--parallel", "ddp"])}
 DEFAULT_KILLS = len(SERIES)
@@ -54,10 +55,12 @@ def _identical(a, b) -> bool:
     return a == b
 
 
-def _start(directory: Path, world: int, mode: list[str], name: str) -> TrainRun:
+def _start(directory: Path, data: Path, world: int, mode: list[str], name: str) -> TrainRun:
+    """Start (or resume) the run whose checkpoints go to ``directory`` (its --out's checkpoints/)."""
     resume = ["--resume"] if checkpoint.newest(directory) is not None else []
-    argv = [*ARGV, *mode, "--checkpoint", str(directory), *resume]
-    return TrainRun(argv, directory.parent / "logs", name, world, env={"FASTLM_CHECKPOINT_PAUSE_S": str(PAUSE_S)})
+    argv = ["--data", str(data), *ARGV, *mode, "--out", str(directory.parent), *resume]
+    pause = {"FASTLM_CHECKPOINT_PAUSE_S": str(PAUSE_S)}
+    return TrainRun(argv, directory.parent.parent / "logs", name, world, env=pause)
 
 
 def _wait_for_step(run: TrainRun, step: int) -> None:
@@ -111,23 +114,23 @@ def _check_committed(directory: Path, at_least: int) -> int:
     return step
 
 
-def _series(tmp_path: Path, world: int, mode: list[str], kills: int, rng: random.Random) -> Counter:
+def _series(tmp_path: Path, data: Path, world: int, mode: list[str], kills: int, rng: random.Random) -> Counter:
     """Kill runs of one series ``kills`` times; returns counts of kills, kills inside a checkpoint
     write, resumed starts and finished runs (all bit-identical to the reference, or the test fails)."""
-    reference = _start(tmp_path / "reference", world, mode, "reference")
+    reference = _start(tmp_path / "reference" / "checkpoints", data, world, mode, "reference")
     _wait_for_step(reference, 1)
     start = time.perf_counter()
     assert reference.wait() == [0] * world, reference.output()
     step_s = (time.perf_counter() - start) / (STEPS - 1)  # a step and its save, from the second step on
-    expected = checkpoint.load(tmp_path / "reference").state
+    expected = checkpoint.load(tmp_path / "reference" / "checkpoints").state
     outcome = Counter()
     while outcome["kills"] < kills:
-        directory = tmp_path / f"run{outcome['runs']}"
+        directory = tmp_path / f"run{outcome['runs']}" / "checkpoints"
         committed, attempt = 0, 0
         while True:
             started = time.time()
             outcome["resumes"] += checkpoint.newest(directory) is not None
-            run = _start(directory, world, mode, f"run{outcome['runs']}-{attempt}")
+            run = _start(directory, data, world, mode, f"run{outcome['runs']}-{attempt}")
             attempt += 1
             in_write = outcome["kills"] % 2 == 0
             killing = outcome["kills"] < kills
@@ -145,14 +148,14 @@ def _series(tmp_path: Path, world: int, mode: list[str], kills: int, rng: random
     return outcome
 
 
-def test_killed_runs_lose_nothing_and_resume_exactly(tmp_path):
+def test_killed_runs_lose_nothing_and_resume_exactly(tmp_path, corpus_data):
     kills = int(os.environ.get("FASTLM_FAULT_KILLS", DEFAULT_KILLS))
     rng = random.Random(0)
     start = time.perf_counter()
     outcomes = {}
     for index, (name, (world, mode)) in enumerate(SERIES.items()):
         share = kills // len(SERIES) + (index < kills % len(SERIES))
-        outcomes[name] = _series(tmp_path / name.replace(" ", "-"), world, mode, share, rng)
+        outcomes[name] = _series(tmp_path / name.replace(" ", "-"), corpus_data, world, mode, share, rng)
         if share:  # the first kill and every second one after it wait for a save in flight
             assert outcomes[name]["kills_in_checkpoint_write"] >= 1, outcomes[name]
     wall_s = time.perf_counter() - start

@@ -1,5 +1,6 @@
-"""`python -m fastlm.train`: every --parallel mode trains like one process; checkpoints resume exactly;
-a checkpoint is neither replaced nor continued by mistake; bad input ends in a one-line error."""
+"""`python -m fastlm.train`: every --parallel mode trains like one process (the same losses and
+weights for the same global batch); checkpoints resume exactly; a checkpoint is neither replaced
+nor continued by mistake; bad input ends in a one-line error."""
 
 import os
 
@@ -9,10 +10,18 @@ import torch.multiprocessing as mp
 
 from fastlm import checkpoint, train
 from fastlm.distributed.launch import exit_process, free_port
+from fastlm.train_log import read_log
 
 from .train_processes import TrainRun
 
-COMMON = ["--preset", "tiny", "--vocab", "50", "--context", "16", "--lr", "1e-2"]
+# a constant learning rate (no warmup, no decay), so that runs of 2 and 3 steps agree on their first 2
+SETTINGS = ["--preset", "tiny", "--context", "16", "--micro-batch", "2", "--batch-tokens", "64", "--lr", "1e-2",
+            "--warmup", "0", "--min-lr-ratio", "1", "--log-every", "1", "--eval-sequences", "4"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def common(corpus_data) -> list[str]:
+    return ["--data", str(corpus_data), *SETTINGS]
 
 
 def _rank_main(rank: int, world: int, port: int, argv: list[str]) -> None:
@@ -25,15 +34,20 @@ def _torchrun_like(argv: list[str], world: int = 2) -> None:
     mp.spawn(_rank_main, args=(world, free_port(), argv), nprocs=world)
 
 
-def _weights(path) -> dict:
-    return checkpoint.load(path).state["model"]
+def _weights(out) -> dict:
+    return checkpoint.load(out / "checkpoints").state["model"]
+
+
+def _losses(out) -> list[float]:
+    return [r["loss"] for r in read_log(out / "log.jsonl") if "loss" in r]
 
 
 @pytest.fixture(scope="module")
-def single_process(tmp_path_factory):
-    path = tmp_path_factory.mktemp("single") / "model.pt"
-    train.main([*COMMON, "--batch", "4", "--steps", "3", "--checkpoint", str(path)])
-    return _weights(path)
+def single_process(common, tmp_path_factory):
+    """One process, 2 micro-batches of 2 windows per step: its weights and losses after 3 steps."""
+    out = tmp_path_factory.mktemp("single")
+    assert train.main([*common, "--steps", "3", "--out", str(out)]) == 0
+    return _weights(out), _losses(out)
 
 
 MODES = [
@@ -45,75 +59,88 @@ MODES = [
 # Adam divides by sqrt(v): the last-bit differences between one full-batch mean and the average of
 # two half-batch means reach ~1e-5 in the weights after 3 steps at lr 1e-2
 @pytest.mark.parametrize("mode", MODES, ids=" ".join)
-def test_parallel_training_matches_one_process(mode, single_process, tmp_path):
-    path = tmp_path / "model.pt"
-    _torchrun_like([*COMMON, "--batch", "2", "--steps", "3", "--parallel", *mode, "--checkpoint", str(path)])
-    for name, value in _weights(path).items():
-        torch.testing.assert_close(value, single_process[name], rtol=1e-4, atol=1e-5, msg=name)
+def test_parallel_training_matches_one_process(mode, common, single_process, tmp_path):
+    _torchrun_like([*common, "--steps", "3", "--parallel", *mode, "--out", str(tmp_path)])
+    weights, losses = single_process
+    for name, value in _weights(tmp_path).items():
+        torch.testing.assert_close(value, weights[name], rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(_losses(tmp_path), losses, rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize("mode", [["ddp"], ["ddp", "--shard-optimizer"], ["fsdp"]], ids=" ".join)
-def test_resume_continues_exactly(mode, single_process, tmp_path):
-    path = tmp_path / "model.pt"
-    argv = [*COMMON, "--batch", "2", "--parallel", *mode, "--checkpoint", str(path)]
+def test_resume_continues_exactly(mode, common, single_process, tmp_path):
+    argv = [*common, "--parallel", *mode, "--out", str(tmp_path)]
     _torchrun_like([*argv, "--steps", "2"])
-    assert checkpoint.newest(path)["step"] == 2
-    assert not list(path.glob("*.tmp"))
-    _torchrun_like([*argv, "--steps", "3", "--resume"])
-    for name, value in _weights(path).items():
-        torch.testing.assert_close(value, single_process[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert checkpoint.newest(tmp_path / "checkpoints")["step"] == 2
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+    _torchrun_like([*argv, "--steps", "3", "--resume", "--override", "steps"])
+    resumed = checkpoint.load(tmp_path / "checkpoints")
+    assert resumed.state["data"]["position"] == 3 * 4  # windows consumed: 4 a step
+    for name, value in resumed.state["model"].items():
+        torch.testing.assert_close(value, single_process[0][name], rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(_losses(tmp_path), single_process[1], rtol=1e-5, atol=0)
 
 
 BAD_ARGUMENTS = [
     (["--steps", "0"], "--steps must be at least 1"),
     (["--steps", "-5"], "--steps must be at least 1"),
-    (["--batch", "0"], "--batch must be at least 1"),
-    (["--vocab", "0"], "--vocab must be at least 1"),
+    (["--micro-batch", "0"], "--micro-batch must be at least 1"),
+    (["--context", "0"], "--context must be at least 1"),
+    (["--warmup", "-1"], "--warmup must be 0 or more"),
     (["--lr", "nan"], "--lr must be a positive number"),
     (["--lr", "0"], "--lr must be a positive number"),
+    (["--grad-clip", "-1"], "--grad-clip must be 0 or a positive number"),
+    (["--min-lr-ratio", "2"], "--min-lr-ratio must be between 0 and 1"),
     (["--bucket-mb", "inf"], "--bucket-mb must be a positive number"),
     (["--timeout-s", "-1"], "--timeout-s must be a positive number"),
     (["--seed", "-1"], "--seed must be between 0 and"),
-    (["--checkpoint-every", "-1"], "--checkpoint-every must be 0"),
-    (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint"),
-    (["--resume"], "--resume needs --checkpoint"),
-    (["--overwrite"], "--overwrite needs --checkpoint"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 or more"),
+    (["--heads", "3"], "--d-model (64) must be divisible by --heads (3)"),
+    (["--batch-tokens", "100"], "--batch-tokens must be a positive multiple of --context x --micro-batch x "
+                                "processes = 1024 x 8 x 1 = 8192, got 100"),
+    (["--compile", "cudagraphs", "--batch-tokens", "16384"], "--compile cudagraphs needs --parallel none and no "
+                                                             "gradient accumulation"),
+    (["--resume"], "--resume: runs/train/checkpoints holds no checkpoint to continue"),
     (["--override", "lr"], "--override needs --resume"),
-    (["--override", "vocab_size", "--resume"], "invalid choice"),
-    (["--checkpoint", "run", "--resume", "--overwrite"], "exclude each other"),
-    (["--checkpoint", "run", "--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1"),
+    (["--resume", "--overwrite"], "exclude each other"),
+    (["--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1"),
     (["--parallel", "fsdp", "--shard-optimizer"], "does not combine"),
-]
+    (["--parallel", "ddp"], "--parallel ddp needs torchrun"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("argv, message", BAD_ARGUMENTS, ids=[" ".join(argv) for argv, _ in BAD_ARGUMENTS])
 def test_bad_arguments_are_one_line_errors(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as raised:
-        train.parse_args(argv)
-    assert raised.value.code == 2
-    assert message in capsys.readouterr().err.splitlines()[-1]
+    if "fsdp" in argv:  # as torchrun sets them
+        monkeypatch.setenv("RANK", "0")
+        monkeypatch.setenv("WORLD_SIZE", "2")
+    assert train.main(["--data", str(tmp_path), *argv]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("python -m fastlm.train: error: ") and len(error.splitlines()) == 1
+    assert message in error
 
 
-def test_parallel_mode_needs_torchrun():
-    with pytest.raises(SystemExit, match="needs torchrun"):
-        train.train(train.parse_args(["--parallel", "ddp"]))
+def test_unprepared_or_too_small_data_is_a_one_line_error(common, tmp_path, capsys):
+    assert train.main(["--data", str(tmp_path), "--out", str(tmp_path / "run")]) == 2
+    assert "holds no prepared data (no manifest.json): run fastlm data prepare" in capsys.readouterr().err
+    assert train.main([*common, "--context", "512", "--batch-tokens", "1024", "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert "the held-out split of" in error and "holds 0 window(s) of --context + 1 = 513 tokens" in error
 
 
 @pytest.fixture
-def two_steps(tmp_path):
+def two_steps(common, tmp_path):
     """A folder holding the checkpoint of a 2-step single-process run, and its arguments."""
-    path = tmp_path / "run"
-    argv = [*COMMON, "--batch", "2", "--checkpoint", str(path)]
+    argv = [*common, "--out", str(tmp_path)]
     assert train.main([*argv, "--steps", "2"]) == 0
-    return path, argv
+    return tmp_path / "checkpoints", argv
 
 
 def test_an_existing_checkpoint_is_replaced_only_with_overwrite(two_steps, capsys):
     path, argv = two_steps
     committed = checkpoint.newest(path)
-    with pytest.raises(SystemExit):
-        train.parse_args([*argv, "--steps", "1"])
+    assert train.main([*argv, "--steps", "1"]) == 2
     assert "holds a checkpoint (step 2): pass --resume to continue its run or --overwrite" in capsys.readouterr().err
     assert checkpoint.newest(path) == committed
     assert train.main([*argv, "--steps", "1", "--overwrite"]) == 0
@@ -123,18 +150,20 @@ def test_an_existing_checkpoint_is_replaced_only_with_overwrite(two_steps, capsy
 
 def test_resume_refuses_another_configuration_unless_overridden(two_steps, capsys):
     path, argv = two_steps
-    assert train.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--batch", "3"]) == 1
+    assert train.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--batch-tokens", "128"]) == 1
     error = capsys.readouterr().err
-    assert "batch 2 -> 3, lr 0.01 -> 0.1); pass --override batch --override lr" in error
+    assert "batch_tokens 64 -> 128, lr 0.01 -> 0.1, steps 2 -> 3); pass --override batch_tokens --override lr " \
+           "--override steps" in error  # fmt: skip
     assert len(error.splitlines()) == 1
-    assert train.main([*argv, "--steps", "3", "--resume", "--vocab", "60"]) == 1
-    assert "vocab_size cannot change when resuming" in capsys.readouterr().err
+    assert train.main([*argv, "--steps", "3", "--resume", "--d-model", "32"]) == 1
+    assert "d_model cannot change when resuming" in capsys.readouterr().err
     assert checkpoint.newest(path)["step"] == 2
     # a deliberate change: the new learning rate is the one the optimizer uses from then on
-    assert train.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--override", "lr"]) == 0
+    assert train.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--override", "lr", "--override",
+                       "steps"]) == 0  # fmt: skip
     resumed = checkpoint.load(path)
     assert resumed.step == 3 and resumed.config["lr"] == 0.1
-    assert [group["lr"] for group in resumed.state["optimizer"]["param_groups"]] == [0.1]
+    assert {group["lr"] for group in resumed.state["optimizer"]["param_groups"]} == {0.1}
 
 
 def test_resume_at_or_past_the_last_step(two_steps, capsys):
@@ -142,15 +171,16 @@ def test_resume_at_or_past_the_last_step(two_steps, capsys):
     committed = checkpoint.newest(path)
     assert train.main([*argv, "--steps", "2", "--resume"]) == 0
     assert "at step 2 of 2: nothing to train" in capsys.readouterr().out
-    assert train.main([*argv, "--steps", "1", "--resume"]) == 1
+    assert train.main([*argv, "--steps", "1", "--resume", "--override", "steps"]) == 1
     assert "is at step 2, past --steps 1" in capsys.readouterr().err
     assert checkpoint.newest(path) == committed
 
 
-def test_a_corrupt_checkpoint_stops_every_rank_with_one_line(tmp_path):
-    path = tmp_path / "run"
-    argv = [*COMMON, "--batch", "2", "--steps", "3", "--parallel", "ddp", "--checkpoint", str(path)]
-    written = checkpoint.save(path, 2, train.run_config(train.parse_args(argv), world=2), {"model": {}})
+def test_a_corrupt_checkpoint_stops_every_rank_with_one_line(common, tmp_path):
+    argv = [*common, "--steps", "3", "--parallel", "ddp", "--out", str(tmp_path)]
+    args = train.resolve_defaults(train.parse_args(argv))
+    config = train.run_config(args, world=2, data=train.TokenData(args.data))
+    written = checkpoint.save(tmp_path / "checkpoints", 2, config, {"model": {}})
     written.write_bytes(written.read_bytes()[:-1])
     run = TrainRun([*argv, "--resume"], tmp_path / "logs", "corrupt", world=2)
     assert run.wait() == [1, 1]

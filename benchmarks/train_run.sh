@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Run book of `fastlm train` (python -m fastlm.train) against its targets, one PART per call:
+#   PART=data    the corpus: this repository's text and the Python standard library's sources
+#                (UTF-8 files only, about 30 MB), prepared with the bytes tokenizer into $WORK/data
+#   PART=speed   ROUNDS rounds (default 3) of: one process, then torchrun with PROCS processes
+#                (default 2) under --parallel ddp and fsdp, at the same per-process batch; then
+#                `fastlm bench model` of the same step. Steady-state tokens/s and MFU per run, the
+#                scaling is tokens/s(PROCS) / tokens/s(1) of the same round
+#   PART=loss    LOSS_STEPS steps (default 200) at one global batch: one process (2 accumulated
+#                micro-batches), PROCS processes under ddp, and one process with the fastlm kernels;
+#                the curves' relative differences against the first
+# Sizes: PRESET (default small), CONTEXT (default 2048), MICRO (sequences per process per
+# micro-batch, default 8), SPEED_STEPS (default 150). On a GPU the loop's defaults are bf16 and
+# compile. CPU-sized: PRESET=tiny CONTEXT=128 MICRO=8 SPEED_STEPS=60 LOSS_STEPS=100 ROUNDS=1.
+# Everything lands in $WORK (default /tmp/fastlm-train); the records, tables and plots in $OUT.
+set -euo pipefail
+WORK=${WORK:-/tmp/fastlm-train}
+OUT=${OUT:-gpu-out}
+PRESET=${PRESET:-small} CONTEXT=${CONTEXT:-2048} MICRO=${MICRO:-8} PROCS=${PROCS:-2}
+mkdir -p "$WORK" "$OUT"
+export PYTHONUNBUFFERED=1
+COMMON=(--data "$WORK/data" --preset "$PRESET" --context "$CONTEXT" --micro-batch "$MICRO" --checkpoint-every 0
+        --eval-every 0 --eval-sequences $((MICRO * PROCS)))
+summary() {  # a table of the runs given, their curves' plot, their records appended
+  python3 benchmarks/train_records.py "$@" --plot "$OUT/train_$PART.png" --results "$OUT/train.jsonl" \
+    | tee -a "$OUT/train_$PART.md"
+}
+case ${PART:?set PART to data, speed or loss} in
+data)
+  python3 - "$WORK/corpus" <<'PY'
+import pathlib, sys, sysconfig
+out = pathlib.Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+files = sorted(pathlib.Path(".").glob("**/*.md")) + sorted(pathlib.Path("src").glob("**/*.py"))
+stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"])
+files += sorted(p for p in stdlib.glob("**/*.py") if "site-packages" not in p.relative_to(stdlib).parts)
+kept = 0
+with open(out / "corpus.txt", "w") as f:
+    for path in files:
+        try:
+            f.write(path.read_text(encoding="utf-8") + "\n")
+            kept += 1
+        except (UnicodeDecodeError, OSError):
+            pass  # the standard library ships a few test files in other encodings
+print(f"{kept} of {len(files)} files, {(out / 'corpus.txt').stat().st_size / 1e6:.1f} MB")
+PY
+  python3 -m fastlm.data prepare --input "$WORK/corpus/corpus.txt" --tokenizer bytes --out "$WORK/data"
+  ;;
+speed)
+  STEPS=(--steps "${SPEED_STEPS:-150}" --warmup 10 --log-every 10)
+  runs=()
+  for round in $(seq "${ROUNDS:-3}"); do
+    python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/speed-r$round-1" | tail -2
+    runs+=("$WORK/speed-r$round-1")
+    for mode in ddp fsdp; do
+      torchrun --nproc-per-node "$PROCS" -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --parallel "$mode" \
+        --out "$WORK/speed-r$round-$PROCS$mode" 2>&1 | grep -v "^W.*torch/distributed/run.py" | tail -2
+      runs+=("$WORK/speed-r$round-$PROCS$mode")
+    done
+  done
+  summary "${runs[@]}"
+  python3 -m fastlm bench model --preset "$PRESET" --context "$CONTEXT" --batch "$MICRO" --vocab 320 --mode train \
+    --precision bf16 --compile compile --rounds "${ROUNDS:-3}" --out "$WORK" 2>&1 | grep -E "tokens/s|\| fastlm" \
+    | tee -a "$OUT/train_$PART.md"
+  cp "$WORK/results/model.jsonl" "$OUT/train_bench_model.jsonl"
+  ;;
+loss)
+  STEPS=(--steps "${LOSS_STEPS:-200}" --warmup 20 --log-every 10 --batch-tokens $((CONTEXT * MICRO * PROCS)))
+  python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/loss-1" | tail -2
+  torchrun --nproc-per-node "$PROCS" -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --parallel ddp \
+    --out "$WORK/loss-$PROCS-ddp" 2>&1 | grep -v "^W.*torch/distributed/run.py" | tail -2
+  python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --kernels fastlm --out "$WORK/loss-1-fastlm" | tail -2
+  summary "$WORK/loss-1" "$WORK/loss-$PROCS-ddp" "$WORK/loss-1-fastlm"
+  ;;
+esac

@@ -1,0 +1,2 @@
+"""Token data for training: `prepare` tokenizes text into memory-mapped shards (`fastlm data
+prepare`), `tokens` reads them as windows in a seeded order, `tokenizer` turns text into ids."""

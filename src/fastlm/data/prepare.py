@@ -1,0 +1,279 @@
+"""`fastlm data prepare`: tokenize text once into memory-mapped token shards for `fastlm train`.
+
+Also `python -m fastlm.data prepare`:
+
+    fastlm data prepare --input books/ notes.txt --tokenizer gpt2 --out data/books
+
+    data/books/
+      manifest.json                   tokenizer, vocabulary, dtype, counts, inputs, splits (below)
+      tokens-3f9a1c2b7d4e-00000.bin   token ids as raw little-endian uint16 (uint32 for vocabularies
+      tokens-3f9a1c2b7d4e-00001.bin   past 65536), --shard-tokens per file; np.memmap reads them
+
+Documents are the input files (folders are walked in sorted order, hidden files and --out skipped;
+empty files carry no document). Each document is written after the tokenizer's boundary id, so the
+model sees where a document starts. The held-out split is the last --held-out fraction of the
+token stream; the manifest names each split as token ranges of the shard files, so splitting copies
+nothing.
+
+Idempotent: the manifest records the inputs (path, size, modification time) and the settings; run
+again with the same ones, the command only says the data is ready. Otherwise new shards are written
+(their names carry a tag of the inputs and settings, so they never replace the committed ones),
+the manifest is replaced in one rename, and only then are the shards it no longer names removed:
+a run stopped at any moment leaves the previous data whole.
+
+Cost: the inputs are read once; a document is held in memory whole, and tokenized in pieces of
+about 1 MB cut before a line that starts with a non-space character, a place where GPT-2's
+pre-tokenizer always splits, so the ids equal those of the document tokenized at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from fastlm.data.tokenizer import TOKENIZERS, Tokenizer, default_tokenizer, load_tokenizer
+from fastlm.progress import progress
+
+FORMAT = "fastlm-tokens"
+VERSION = 1
+MANIFEST = "manifest.json"
+_SHARD_NAME = re.compile(r"tokens-[0-9a-f]{12}-\d{5}\.bin(\.tmp)?")
+_PIECE_CHARS = 1 << 20
+_PIECE_END = re.compile(r"\n(?=\S)")
+
+
+class DataError(ValueError):
+    """Input that cannot be prepared or data that cannot be read; one sentence naming the file."""
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def input_files(inputs: list[Path], out: Path) -> list[Path]:
+    """The files named or found below the folders named, in order; DataError for a missing path."""
+    files = []
+    for path in inputs:
+        if path.is_file():
+            files.append(path)
+        elif path.is_dir():
+            found = [p for p in sorted(path.rglob("*")) if p.is_file() and not _hidden_or_output(p, path, out)]
+            if not found:
+                raise DataError(f"--input {path} holds no files")
+            files += found
+        else:
+            raise DataError(f"--input {path} does not exist")
+    return files
+
+
+def _hidden_or_output(path: Path, root: Path, out: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts) or out.resolve() in path.resolve().parents
+
+
+def read_document(path: Path) -> str:
+    """The file's text; DataError when it is binary or not UTF-8."""
+    data = path.read_bytes()
+    if b"\0" in data:
+        raise DataError(f"{path} is not text: it holds NUL bytes (a binary file?)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path} is not UTF-8 text (byte {error.start}: {error.reason})") from None
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """``text`` in pieces of about _PIECE_CHARS characters, each ending at a line break followed by
+    a non-space character (or at the end)."""
+    start = 0
+    while start < len(text):
+        cut = _PIECE_END.search(text, start + _PIECE_CHARS)
+        stop = cut.end() if cut else len(text)
+        yield text[start:stop]
+        start = stop
+
+
+class _ShardWriter:
+    """Appends token ids to numbered shard files of at most ``shard_tokens`` ids, hashing them."""
+
+    def __init__(self, out: Path, tag: str, dtype: np.dtype, shard_tokens: int) -> None:
+        self.out, self.tag, self.shard_tokens = out, tag, shard_tokens
+        self.dtype = dtype.newbyteorder("<")
+        self.shards: list[dict] = []  # {"file", "tokens"} of every shard written so far
+        self.sha256 = hashlib.sha256()
+        self._file = None
+
+    def write(self, tokens: np.ndarray) -> None:
+        tokens = tokens.astype(self.dtype, copy=False)
+        while len(tokens):
+            if self._file is None or self.shards[-1]["tokens"] == self.shard_tokens:
+                self._next_shard()
+            room = self.shard_tokens - self.shards[-1]["tokens"]
+            part, tokens = tokens[:room], tokens[room:]
+            data = part.tobytes()
+            self._file.write(data)
+            self.sha256.update(data)
+            self.shards[-1]["tokens"] += len(part)
+
+    def _next_shard(self) -> None:
+        self.close()
+        name = f"tokens-{self.tag}-{len(self.shards):05d}.bin"
+        self.shards.append({"file": name, "tokens": 0})
+        self._file = (self.out / f"{name}.tmp").open("wb")
+
+    def close(self) -> None:
+        """Finish the open shard: a complete file under its final name."""
+        if self._file is not None:
+            self._file.close()
+            name = self.shards[-1]["file"]
+            os.replace(self.out / f"{name}.tmp", self.out / name)
+            self._file = None
+
+
+def _split_ranges(shards: list[dict], start: int, stop: int) -> list[dict]:
+    """Tokens [start, stop) of the stream as {"file", "start", "stop"} ranges of the shards."""
+    ranges, offset = [], 0
+    for shard in shards:
+        low, high = max(start, offset), min(stop, offset + shard["tokens"])
+        if low < high:
+            ranges.append({"file": shard["file"], "start": low - offset, "stop": high - offset})
+        offset += shard["tokens"]
+    return ranges
+
+
+def read_manifest(directory: Path) -> dict | None:
+    """The manifest of prepared data in ``directory``; None when there is none."""
+    path = Path(directory) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path} cannot be read: {error}") from None
+    if not (isinstance(manifest, dict) and manifest.get("format") == FORMAT and manifest.get("version") == VERSION):
+        raise DataError(f"{path} is not a manifest of fastlm token data (format {FORMAT} version {VERSION})")
+    return manifest
+
+
+def _shards_complete(directory: Path, manifest: dict) -> bool:
+    itemsize = np.dtype(manifest["dtype"]).itemsize
+    for shard in manifest["shards"]:
+        path = directory / shard["file"]
+        if not path.is_file() or path.stat().st_size != shard["tokens"] * itemsize:
+            return False
+    return True
+
+
+def prepare(inputs: list[Path], out: Path, tokenizer_name: str, held_out: float, shard_tokens: int) -> dict:
+    """Tokenize ``inputs`` into ``out`` (see the module's docstring); returns the manifest. Prints
+    progress; raises DataError (or ValueError for the tokenizer) for input it cannot use."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out} is a file, not a folder")
+    files = input_files(inputs, out)
+    tokenizer = load_tokenizer(tokenizer_name)
+    sources = [{"path": str(f.resolve()), "bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns} for f in files]
+    settings = {"tokenizer": tokenizer.name, "held_out": held_out, "shard_tokens": shard_tokens}
+    existing = read_manifest(out) if out.is_dir() else None
+    if existing is not None and existing["inputs"] == sources and existing["settings"] == settings:
+        if _shards_complete(out, existing):
+            print(f"{out} is ready: {existing['tokens']:,} tokens, {existing['documents']} document(s) "
+                  f"(prepared before from the same inputs and settings)", flush=True)  # fmt: skip
+            return existing
+    tag = hashlib.sha256(json.dumps([sources, settings]).encode()).hexdigest()[:12]
+    out.mkdir(parents=True, exist_ok=True)
+    writer = _ShardWriter(out, tag, token_dtype(tokenizer.vocab_size), shard_tokens)
+    try:
+        documents = _tokenize(files, tokenizer, writer)
+    finally:
+        writer.close()
+    total = sum(shard["tokens"] for shard in writer.shards)
+    if documents == 0:
+        raise DataError(f"--input holds no text: {len(files)} file(s), all empty")
+    held = int(total * held_out)
+    if held < 2:
+        raise DataError(f"--held-out {held_out} of {total:,} tokens leaves {held} held-out tokens; use more text "
+                        "or a larger --held-out")  # fmt: skip
+    manifest = {
+        "format": FORMAT, "version": VERSION, "tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size,
+        "eot": tokenizer.eot, "dtype": writer.dtype.str, "tokens": total, "documents": documents,
+        "sha256": writer.sha256.hexdigest(), "settings": settings, "inputs": sources, "shards": writer.shards,
+        "splits": {"train": _split_ranges(writer.shards, 0, total - held),
+                   "val": _split_ranges(writer.shards, total - held, total)},
+    }  # fmt: skip
+    temporary = out / f"{MANIFEST}.tmp"
+    temporary.write_text(json.dumps(manifest, indent=1))
+    os.replace(temporary, out / MANIFEST)  # the commit
+    named = {shard["file"] for shard in writer.shards}
+    for path in out.iterdir():
+        if _SHARD_NAME.fullmatch(path.name) and path.name not in named:
+            path.unlink()
+    print(f"wrote {out}: {total:,} tokens ({total - held:,} train, {held:,} held out), {documents} document(s), "
+          f"{tokenizer.name} tokenizer (vocabulary {tokenizer.vocab_size:,})", flush=True)  # fmt: skip
+    return manifest
+
+
+def _tokenize(files: list[Path], tokenizer: Tokenizer, writer: _ShardWriter) -> int:
+    """Write every non-empty file as a document; returns how many there were."""
+    documents = 0
+    total_bytes = sum(f.stat().st_size for f in files)
+    with progress("tokenizing", total=total_bytes) as bar:
+        for index, path in enumerate(files, 1):
+            text = read_document(path)
+            if text:
+                documents += 1
+                writer.write(np.array([tokenizer.eot]))
+                for piece in _pieces(text):
+                    writer.write(tokenizer.encode(piece))
+                    bar.advance(len(piece.encode("utf-8")))
+            if len(files) > 1:
+                bar.note(f"tokenized {index}/{len(files)} files: {path}")
+    return documents
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `fastlm data prepare`; `run` carries them out."""
+    p.add_argument("--input", type=Path, nargs="+", required=True, metavar="PATH",
+                   help="text files, and folders whose files are all taken (required)")  # fmt: skip
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for the shards (required)")
+    p.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
+                   help="bytes (vocabulary 257) or gpt2 (tiktoken's BPE, vocabulary 50257) (default: gpt2 where "
+                   "tiktoken is installed, else bytes)")  # fmt: skip
+    p.add_argument(
+        "--held-out",
+        type=float,
+        default=0.05,
+        metavar="FRACTION",
+        help="fraction of the tokens, taken from the end, held out for evaluation (default: %(default)s)",
+    )
+    p.add_argument("--shard-tokens", type=int, default=100_000_000, metavar="N",
+                   help="token ids per shard file (default: %(default)s)")  # fmt: skip
+    p.set_defaults(prog=p.prog)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`fastlm data prepare`; 0, or 2 after a one-line error for input it cannot use."""
+    try:
+        if not 0 < args.held_out <= 0.5:
+            raise DataError(f"--held-out must be above 0 and at most 0.5, got {args.held_out}")
+        if args.shard_tokens < 1:
+            raise DataError(f"--shard-tokens must be at least 1, got {args.shard_tokens}")
+        tokenizer = args.tokenizer or default_tokenizer()
+        prepare(args.input, args.out, tokenizer, args.held_out, args.shard_tokens)
+    except DataError as error:
+        message = str(error)
+    except ValueError as error:  # the tokenizer's
+        message = f"--tokenizer: {error}"
+    except OSError as error:
+        message = f"{error.filename}: {error.strerror}"
+    else:
+        return 0
+    print(f"{args.prog}: error: {message}", flush=True, file=sys.stderr)
+    return 2

@@ -1,0 +1,105 @@
+"""The log of a training run: a line per log interval (above a progress bar on a terminal), the
+same numbers as JSON lines in OUT/log.jsonl, and the loss curves as OUT/loss.png.
+
+A record of log.jsonl, one per log interval and one per evaluation that falls between them:
+    step             optimizer steps done
+    loss             mean training loss of the interval's steps (nats per token, over all ranks)
+    lr               the learning rate of the interval's last step
+    grad_norm        global gradient norm of the interval's last step, before clipping
+    tokens           tokens trained on so far (steps x global batch)
+    tokens_per_s     over the interval, all ranks together; the first interval pays for compilation
+    mfu              model FLOPs utilization per GPU (fastlm.analysis.model); null without a known GPU
+    peak_memory_gib  rank 0's peak allocated CUDA memory so far; null on CPU
+    elapsed_s        since this process started training
+    eval_loss        mean loss on the held-out windows, when evaluated at this step
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from fastlm.progress import Progress, progress
+
+
+def format_record(record: dict, steps: int) -> str:
+    """The log line of a record: 'step 10/300 | loss 3.1416 | lr 6.00e-04 | ...'."""
+    fields = [f"step {record['step']}/{steps}"]
+    formats = (("loss", "loss {:.4f}"), ("eval_loss", "eval loss {:.4f}"), ("lr", "lr {:.2e}"),
+               ("grad_norm", "grad norm {:.3f}"), ("tokens_per_s", "{:,.0f} tokens/s"), ("mfu", "MFU {:.1%}"),
+               ("peak_memory_gib", "peak memory {:.2f} GiB"))  # fmt: skip
+    fields += [text.format(record[key]) for key, text in formats if record.get(key) is not None]
+    return " | ".join(fields)
+
+
+def read_log(path: Path) -> list[dict]:
+    """The records of a log.jsonl; [] when it does not exist."""
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+class TrainLog:
+    """Rank 0's log (``enabled``; every other rank's calls do nothing). A resumed run keeps the
+    records up to its checkpoint's step and drops those that a stopped run wrote after it."""
+
+    def __init__(self, path: Path, steps: int, start_step: int, enabled: bool) -> None:
+        self.path, self.steps, self.start_step, self.enabled = Path(path), steps, start_step, enabled
+        self._bar: Progress | None = None
+        self._context = None
+
+    def __enter__(self) -> TrainLog:
+        if self.enabled:
+            kept = [r for r in read_log(self.path) if r["step"] <= self.start_step] if self.start_step else []
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            self._context = progress("training", total=self.steps, completed=self.start_step)
+            self._bar = self._context.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._context is not None:
+            self._context.__exit__(*exc)
+
+    def advance(self) -> None:
+        if self._bar is not None:
+            self._bar.advance()
+
+    def note(self, line: str) -> None:
+        if self._bar is not None:
+            self._bar.note(line)
+
+    def write(self, record: dict) -> None:
+        """Append ``record`` to log.jsonl and show its line."""
+        if self._bar is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            self._bar.note(format_record(record, self.steps))
+
+
+def loss_plot(path: Path, runs: Mapping[str, Sequence[dict]], title: str) -> Path:
+    """Training loss (lines) and held-out loss (markers) per step of each named run's records."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fastlm.bench.report import save_figure
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for index, (name, records) in enumerate(runs.items()):
+        color = f"C{index}"
+        train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+        held_out = [(r["step"], r["eval_loss"]) for r in records if "eval_loss" in r]
+        if train:
+            ax.plot(*zip(*train, strict=True), color=color, linewidth=1, label=f"{name} train".strip())
+        if held_out:
+            label = f"{name} held-out".strip()
+            ax.plot(*zip(*held_out, strict=True), color=color, marker="o", linestyle="--", label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return save_figure(fig, Path(path), dpi=120)

@@ -1,0 +1,24 @@
+"""`fastlm bench train`: both kernel sets train the same curve from the same start, and the
+comparison writes its records and plot."""
+
+import argparse
+
+import pytest
+
+from fastlm.bench import train_kernels
+from fastlm.bench.records import read_records
+
+
+def test_kernel_sets_train_alike(corpus_data, tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="fastlm bench train")
+    train_kernels.add_arguments(parser)
+    args = parser.parse_args(["--data", str(corpus_data), "--out", str(tmp_path), "--preset", "tiny", "--context",
+                              "16", "--micro-batch", "2", "--steps", "2", "--eval-sequences", "2",
+                              "--log-every", "1"])  # fmt: skip
+    assert train_kernels.run(args) == 0  # the fused kernels run under the (slow) Triton interpreter: 2 steps
+    torch_run, fastlm_run = read_records(tmp_path / "results" / train_kernels.RESULTS_FILE)
+    assert (torch_run["kernels"], fastlm_run["kernels"]) == ("torch", "fastlm")
+    assert fastlm_run["final_loss"] == pytest.approx(torch_run["final_loss"], rel=1e-4)
+    assert fastlm_run["eval_loss"] == pytest.approx(torch_run["eval_loss"], rel=1e-4)
+    assert (tmp_path / "kernels.png").stat().st_size > 0 and (tmp_path / "fastlm" / "log.jsonl").exists()
+    assert "fastlm kernels: " in capsys.readouterr().out

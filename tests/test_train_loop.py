@@ -1,0 +1,125 @@
+"""The training loop of `fastlm train` in one process (CPU, tiny preset, tests/data/corpus.txt):
+it learns and writes its log and plot; gradient accumulation, the learning-rate schedule and
+clipping do what they say; an interrupted run resumes on the same tokens, bit for bit."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fastlm import checkpoint, train
+from fastlm.data.tokens import EpochOrder, Windows
+from fastlm.optim.schedule import warmup_cosine_lr
+from fastlm.train_log import read_log
+
+SMALL = ["--preset", "tiny", "--context", "16", "--log-every", "1", "--eval-sequences", "4"]
+
+
+def _run(corpus_data, out, *argv) -> list[dict]:
+    assert train.main(["--data", str(corpus_data), *SMALL, "--out", str(out), *argv]) == 0
+    return read_log(out / "log.jsonl")
+
+
+def test_training_learns_and_writes_its_log(corpus_data, tmp_path, capsys):
+    records = _run(corpus_data, tmp_path, "--context", "32", "--micro-batch", "8", "--steps", "40", "--warmup", "4",
+                   "--lr", "3e-3", "--log-every", "10", "--eval-every", "20", "--eval-sequences", "16")  # fmt: skip
+    assert [r["step"] for r in records] == [0, 10, 20, 30, 40]
+    assert [("eval_loss" in r) for r in records] == [True, False, True, False, True]
+    assert records[-1]["eval_loss"] < 0.6 * records[0]["eval_loss"]  # from ln(320) = 5.8 (the padded vocabulary)
+    assert records[-1]["loss"] < 0.6 * records[1]["loss"]
+    for record in records[1:]:
+        assert record["tokens"] == record["step"] * 8 * 32 and record["tokens_per_s"] > 0 and record["grad_norm"] > 0
+        assert record["mfu"] is None and record["peak_memory_gib"] is None  # no GPU
+    out = capsys.readouterr().out
+    assert "step 20/40 | loss " in out and " | eval loss " in out and "checkpoint step 40: " in out
+    assert (tmp_path / "loss.png").stat().st_size > 0
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["config"]["vocab_size"] == 320 and run["gpu"] == "cpu"
+
+
+def _weights(out) -> dict:
+    return checkpoint.load(out / "checkpoints").state["model"]
+
+
+def test_accumulation_matches_one_large_batch(corpus_data, tmp_path):
+    # 4 windows a step: one micro-batch of 4, or 2 of 2 whose gradients add up
+    whole = _run(corpus_data, tmp_path / "whole", "--micro-batch", "4", "--steps", "3")
+    halves = _run(corpus_data, tmp_path / "halves", "--micro-batch", "2", "--batch-tokens", "64", "--steps", "3")
+    torch.testing.assert_close([r["loss"] for r in halves[1:]], [r["loss"] for r in whole[1:]], rtol=1e-6, atol=0)
+    reference = _weights(tmp_path / "whole")
+    for name, value in _weights(tmp_path / "halves").items():
+        torch.testing.assert_close(value, reference[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_learning_rate_follows_the_schedule(corpus_data, tmp_path):
+    records = _run(corpus_data, tmp_path, "--micro-batch", "2", "--steps", "6", "--warmup", "2", "--lr", "1e-3",
+                   "--min-lr-ratio", "0.2", "--checkpoint-every", "0")  # fmt: skip
+    expected = [warmup_cosine_lr(step, lr=1e-3, min_lr=2e-4, warmup=2, steps=6) for step in range(6)]
+    assert [r["lr"] for r in records[1:]] == pytest.approx(expected)
+
+
+def _norm(tensors) -> float:
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors])).item()
+
+
+@pytest.mark.parametrize("clip", [0.05, 0.0])
+def test_gradient_clipping(corpus_data, tmp_path, clip):
+    # after one AdamW step the first moment is (1 - beta1) x the gradient it was given: the clipped one
+    records = _run(corpus_data, tmp_path, "--micro-batch", "2", "--steps", "1", "--grad-clip", str(clip))
+    state = checkpoint.load(tmp_path / "checkpoints").state["optimizer"]["state"]
+    first_moment = _norm([s["exp_avg"] for s in state.values()])
+    norm = records[1]["grad_norm"]  # before clipping
+    assert norm > 0.05
+    assert first_moment == pytest.approx((1 - train.BETAS[0]) * (min(norm, clip) if clip else norm), rel=1e-4)
+
+
+def _untimed(records: list[dict]) -> list[dict]:
+    """Every logged number but the timings, which differ from run to run."""
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in records]
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_interrupted_run_resumes_on_the_same_tokens(corpus_data, tmp_path, monkeypatch):
+    argv = ["--micro-batch", "2", "--steps", "5", "--warmup", "2", "--checkpoint-every", "2"]
+    straight = _run(corpus_data, tmp_path / "straight", *argv)
+    save = train.save_checkpoint
+
+    def save_then_stop(args, step, *rest, **kwargs):  # the process dies right after committing step 2
+        save(args, step, *rest, **kwargs)
+        if step == 2:
+            raise _Interrupted
+
+    monkeypatch.setattr(train, "save_checkpoint", save_then_stop)
+    with pytest.raises(_Interrupted):
+        _run(corpus_data, tmp_path / "interrupted", *argv)
+    monkeypatch.undo()
+    assert checkpoint.load(tmp_path / "interrupted" / "checkpoints").state["data"] == {"position": 2 * 2}
+    resumed = _run(corpus_data, tmp_path / "interrupted", *argv, "--resume")
+    assert _untimed(resumed) == _untimed(straight)
+    reference = checkpoint.load(tmp_path / "straight" / "checkpoints").state
+    final = checkpoint.load(tmp_path / "interrupted" / "checkpoints").state
+    assert final["data"] == reference["data"] == {"position": 5 * 2}
+    for name, value in final["model"].items():
+        assert torch.equal(value, reference["model"][name]), name
+
+
+def test_ranks_take_contiguous_shares_of_one_global_batch():
+    windows = Windows([np.arange(1000)], context=4)
+    order = EpochOrder(windows.count, seed=0)
+
+    def steps(world: int, rank: int, micro_batch: int) -> list[np.ndarray]:
+        accumulation = 8 // (micro_batch * world)
+        batches = train.micro_batches(windows, order, 10, micro_batch, accumulation, rank, world, torch.device("cpu"))
+        return [torch.cat([next(batches)[0] for _ in range(accumulation)]).numpy() for _ in range(2)]
+
+    one = steps(world=1, rank=0, micro_batch=2)
+    for world, micro_batch in ((2, 2), (4, 1), (2, 4)):
+        shares = [steps(world, rank, micro_batch) for rank in range(world)]
+        for step in range(2):
+            np.testing.assert_array_equal(np.concatenate([share[step] for share in shares]), one[step])
+    expected = windows[order.ids(18, 8)][:, :-1]  # the second step starts 8 windows later
+    np.testing.assert_array_equal(one[1], expected)
