@@ -7,8 +7,6 @@
 #   PART=big      the 10b preset (eager rows, then compiled rows for at most LAST_S seconds)
 #   PART=profile  the committed profile of small, the memory table of 2.7b, 2.7b at batch 16, then
 #                 10b (bf16, compiled) for at most LAST_S seconds
-#   PART=train    `fastlm train lm`, one epoch per kernel set of the small preset on this
-#                 repository's docs and sources, in each COMPILE mode (default eager; comma list)
 #   PART=switch   SWITCH=norm|attention|loss: the compiled training step of PRESETS (default xl)
 #                 with PyTorch kernels, then with only that switch on fastlm (which kernel costs what)
 #   PART=e2e      the end-to-end matrix in one run: PRESETS (default xl) at BATCH (default 4) x
@@ -66,14 +64,6 @@ profile)
   pack
   timeout "${LAST_S:-200}" fastlm bench model --preset 10b --mode fwd,fwd+bwd,train --precision bf16 \
     --compile compile --warmup 3 --out "$WORK" 2>&1 | grep "| fastlm"
-  ;;
-train)
-  find README.md docs src \( -name '*.md' -o -name '*.py' \) -type f | sort | xargs cat > "$WORK/corpus.txt"
-  COMPILE=${COMPILE:-eager}
-  for mode in ${COMPILE//,/ }; do
-    fastlm train lm --data "$WORK/corpus.txt" --compile "$mode" --out "$WORK" 2>&1 | tail -9
-    pack
-  done
   ;;
 switch)
   # one invocation (one run): the PyTorch kernel set, and the fastlm set with the other switches

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fastlm import train_options
 from fastlm.cli import arguments, bench, bench_distributed, build_parser, main
 
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
@@ -35,8 +36,13 @@ BAD_VALUES = {  # argparse type -> values it must refuse
     arguments.output_file: (str(CORPUS.parent),),  # a folder where a file should be
     arguments.text_file: (MISSING, str(CORPUS.parent), "{empty}"),
 }
+# The training commands take plain int / float / Path options and check them after parsing (their
+# own entry points, `python -m fastlm.train` and `python -m fastlm.data`, share the checks).
+BAD_VALUES |= {int: ("-1", "two"), float: ("-1", "nan", "two"), Path: (MISSING,),
+               train_options._kernel_sets: ("", "bogus", "torch,bogus")}  # fmt: skip
+CHECKED_AFTER_PARSING = {("train",), ("data", "prepare"), ("bench", "train")}
 CHOICE_LIST = ("", "bogus", "a,,b")  # any comma-separated subset of choices (`choice_list`)
-VALID = {"--data": str(CORPUS)}  # values for the required options
+VALID = {"--data": str(CORPUS), "--input": str(CORPUS), "--out": "{empty_dir}"}  # the required options
 
 
 def _subcommands(parser=None, prefix=()):
@@ -56,6 +62,8 @@ def _options(parser):
 
 
 def _bad_values(action) -> tuple[str, ...]:
+    if action.type is Path and action.option_strings[0] == "--out":
+        return (str(CORPUS),)  # a file where the output folder should be
     if action.choices is not None:
         return ("bogus",)
     if action.type in BAD_VALUES:
@@ -96,11 +104,14 @@ def _run(argv, capsys) -> tuple[int, str]:
 def test_bad_value_is_refused_naming_the_option(argv, option, capsys, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.touch()
-    argv = [arg.replace("{empty}", str(empty)) for arg in argv]
+    argv = [arg.replace("{empty}", str(empty)).replace("{empty_dir}", str(tmp_path / "out")) for arg in argv]
     status, output = _run(argv, capsys)
     assert status == 2
     last = output.strip().splitlines()[-1]
-    assert last.startswith(f"fastlm {argv[0]}") and f"error: argument {option}" in last, output
+    named = f"error: argument {option}" in last
+    if tuple(a for a in argv[:2] if not a.startswith("-")) in CHECKED_AFTER_PARSING:
+        named = named or f"error: {option} " in last
+    assert last.startswith(f"fastlm {argv[0]}") and named, output
     assert "Traceback" not in output
 
 
@@ -108,8 +119,8 @@ NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machin
 # Values each valid on its own that the command refuses together, or that the machine refuses:
 # refused after parsing, before any work, with the options named.
 SEMANTIC_CASES = [
-    (["train", "ar", "--d-model", "10", "--heads", "3"], "--d-model (10) must be divisible by --heads (3)"),
-    (["train", "ar", "--d-model", "6", "--heads", "2"], "--d-model / --heads (6 / 2 = 3) must be even"),
+    (["ar", "train", "--d-model", "10", "--heads", "3"], "--d-model (10) must be divisible by --heads (3)"),
+    (["ar", "train", "--d-model", "6", "--heads", "2"], "--d-model / --heads (6 / 2 = 3) must be even"),
     (["bench", "model", "--d-model", "32"], "missing --d-ff, --layers, --heads"),
     (["bench", "model", "--d-model", "30", "--d-ff", "64", "--layers", "1", "--heads", "4"], "--d-model (30)"),
     (["profile", "memory", "--preset", "tiny,small"], "--preset and --kernels name 2 models"),
@@ -121,8 +132,7 @@ SEMANTIC_CASES = [
         ["bench", "allreduce", "--backend", "nccl"], "--backend nccl needs one GPU per process", marks=NEEDS_NO_GPU
     ),
     pytest.param(["bench", "ddp", "--backend", "nccl"], "--backend nccl needs one GPU per process", marks=NEEDS_NO_GPU),
-    (["train", "lm", "--data", str(CORPUS), "--context", "100000"], "--data: the corpus is too small"),
-    (["train", "lm", "--data", "{binary}"], "binary.bin is not UTF-8 text"),
+    (["data", "prepare", "--input", "{binary}", "--out", "{out}"], "binary.bin"),
 ]
 
 
@@ -130,20 +140,18 @@ SEMANTIC_CASES = [
 def test_bad_combination_is_one_sentence(argv, message, capsys, tmp_path):
     binary = tmp_path / "binary.bin"
     binary.write_bytes(bytes(range(256)) * 64)
-    argv = [arg.replace("{binary}", str(binary)) for arg in argv]
+    argv = [arg.replace("{binary}", str(binary)).replace("{out}", str(tmp_path / "out")) for arg in argv]
     status, output = _run(argv, capsys)
     assert status == 2
     assert output.strip().splitlines()[-1].startswith(f"fastlm {argv[0]} {argv[1]}: error: "), output
     assert message in output and "Traceback" not in output
 
 
-def test_console_script_refuses_an_empty_corpus_without_a_traceback(tmp_path):
-    empty = tmp_path / "empty.txt"
-    empty.touch()
-    done = subprocess.run([sys.executable, "-m", "fastlm", "train", "lm", "--data", str(empty)],
+def test_console_script_refuses_data_that_is_not_prepared_without_a_traceback(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "fastlm", "train", "--data", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1] == f"fastlm train lm: error: argument --data: '{empty}' is empty"
+    assert done.stderr.strip().splitlines()[-1].startswith(f"fastlm train: error: --data {tmp_path}")
     assert "Traceback" not in done.stdout + done.stderr
 
 
@@ -159,7 +167,7 @@ def test_every_option_shows_help_and_default(command):
 
 def test_help_shows_defaults_and_the_expected_duration(capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["train", "ar", "--help"])
+        main(["ar", "train", "--help"])
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "--epochs EPOCHS passes over the training sequences per depth (default: 50)" in text
@@ -170,7 +178,7 @@ def test_help_shows_defaults_and_the_expected_duration(capsys):
 # The commands that take more than a few seconds: each states its wall time with the defaults.
 LONG_COMMANDS = {
     "bench xent", "bench attention", "bench norms", "bench softmax", "bench conv1d", "bench host", "bench model",
-    "bench allreduce", "bench ddp", "profile model", "profile memory", "train lm", "train ar",
+    "bench allreduce", "bench ddp", "profile model", "profile memory", "ar train",
     "inspect compiled-xent", "report",
 }  # fmt: skip
 

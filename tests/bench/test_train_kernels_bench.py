@@ -7,11 +7,12 @@ import pytest
 
 from fastlm.bench import train_kernels
 from fastlm.bench.records import read_records
+from fastlm.train_options import add_kernel_comparison_arguments
 
 
 def test_kernel_sets_train_alike(corpus_data, tmp_path, capsys):
     parser = argparse.ArgumentParser(prog="fastlm bench train")
-    train_kernels.add_arguments(parser)
+    add_kernel_comparison_arguments(parser)
     args = parser.parse_args(["--data", str(corpus_data), "--out", str(tmp_path), "--preset", "tiny", "--context",
                               "16", "--micro-batch", "2", "--steps", "2", "--eval-sequences", "2",
                               "--log-every", "1"])  # fmt: skip

@@ -85,7 +85,7 @@ def test_bad_configs_raise(overrides, message):
 def test_commands(tmp_path, capsys):
     assert main(["ar", "handcrafted", "--train", "200", "--test", "100"]) == 0
     assert "test accuracy 100.0%" in " ".join(capsys.readouterr().out.split())
-    assert main(["train", "ar", "--layers", "1,2", "--epochs", "2", "--train", "300", "--test", "50",
+    assert main(["ar", "train", "--layers", "1,2", "--epochs", "2", "--train", "300", "--test", "50",
                  "--d-model", "16", "--heads", "2", "--out", str(tmp_path)]) == 0  # fmt: skip
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("1 layer", "2 layer"))]
     assert [line.split(":")[0] for line in progress] == [f"{d} layer(s), epoch {e}/2" for d in (1, 2) for e in (1, 2)]
@@ -94,7 +94,7 @@ def test_commands(tmp_path, capsys):
     ]
     assert [(r["layers"], r["epoch"]) for r in records] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert (tmp_path / "reports" / "associative_recall.png").stat().st_size > 0
-    assert main(["train", "ar", "--d-model", "10", "--heads", "3"]) == 2
+    assert main(["ar", "train", "--d-model", "10", "--heads", "3"]) == 2
     assert main(["ar", "handcrafted", "--keys", "1", "--values", "1", "--pairs", "2"]) == 2
 
 

@@ -17,34 +17,21 @@ from collections.abc import Sequence
 
 from fastlm import train
 from fastlm.bench.records import append_records, with_environment
+from fastlm.data.prepare import DataError
 from fastlm.train_log import loss_plot, read_log
+from fastlm.train_options import UsageError
 
 RESULTS_FILE = "train_kernels.jsonl"
-
-
-def _kernel_sets(text: str) -> tuple[str, ...]:
-    names = tuple(part.strip() for part in text.split(","))
-    unknown = [name for name in names if name not in train.KERNEL_SETS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(train.KERNEL_SETS)}, got {text!r}")
-    return names
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `fastlm train`, with --kernels a list of kernel sets to compare."""
-    train.add_loop_arguments(p)
-    p.add_argument("--kernels", type=_kernel_sets, default=train.KERNEL_SETS,
-                   help="comma list of kernel sets, each trained from the same start "
-                   "(default: torch,fastlm)")  # fmt: skip
 
 
 def compare_kernels(args: argparse.Namespace, kernel_sets: Sequence[str]) -> list[dict]:
     """Train once per kernel set with the options of ``args`` (checked as `fastlm train` checks
     them); one record per run: kernels, wall_s, tokens_per_s, mfu, the last training and held-out
-    losses, and the configuration. Raises train.UsageError / DataError like `train.train`."""
+    losses, and the configuration. Raises UsageError / DataError like `train.train`."""
     if args.parallel != "none" or args.resume:
-        raise train.UsageError("the kernel benchmark trains fresh runs in one process: it takes neither --parallel "
+        raise UsageError("the kernel benchmark trains fresh runs in one process: it takes neither --parallel "
                                "nor --resume")  # fmt: skip
+    train.check_arguments(train.resolve_defaults(argparse.Namespace(**{**vars(args), "kernels": kernel_sets[0]})), 1)
     runs, records = {}, []
     for kernels in kernel_sets:
         fresh = {"kernels": kernels, "out": args.out / kernels, "checkpoint_every": 0, "overwrite": True}
@@ -71,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     """`fastlm bench train`: print one line per kernel set; 0, or 2 after a one-line error."""
     try:
         records = compare_kernels(args, args.kernels)
-    except (train.UsageError, train.DataError) as error:
+    except (UsageError, DataError) as error:
         print(f"{args.prog}: error: {error}", flush=True, file=sys.stderr)
         return 2
     for r in records:

@@ -14,10 +14,10 @@ import argparse
 import functools
 import os
 
-from fastlm.cli import analyze, ar, bench, inspect, output, profile, report, train
+from fastlm.cli import analyze, ar, bench, data, inspect, output, profile, report, train
 from fastlm.cli.arguments import UserError
 
-GROUPS = (bench, profile, analyze, train, ar, inspect, report)
+GROUPS = (train, data, bench, profile, analyze, ar, inspect, report)
 
 
 @functools.cache  # parsing leaves the parser unchanged: one per process (main runs in-process in tests)
@@ -37,8 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     # wins; worker processes inherit it.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     try:
-        args.func(args)
-        return 0
+        return args.func(args) or 0  # handlers that report their own errors return their status
     except UserError as error:
         message = str(error)
     except (RuntimeError, MemoryError) as error:  # sizes the machine cannot hold are a user's mistake too

@@ -38,6 +38,7 @@ from fastlm.cli.arguments import (
 from fastlm.cli.models import add_model_arguments, model_configs
 from fastlm.devices import current_device
 from fastlm.model.config import COMPILE_MODES, PRESETS
+from fastlm.train_options import add_kernel_comparison_arguments
 
 _host_ops = choice_list(HOST_OPS, "op")
 _sweep_list = choice_list(ATTENTION_SWEEPS, "sweep")
@@ -244,6 +245,12 @@ def cmd_bench_model(args) -> None:
     output.show_report(report)
 
 
+def cmd_bench_train(args) -> int:
+    from fastlm.bench import train_kernels
+
+    return train_kernels.run(args)
+
+
 def add_commands(groups: argparse._SubParsersAction) -> None:
     commands = add_group(groups, "bench", "measure ops against their baselines")
     p = add_command(commands, "ceilings", "measured copy GB/s and matmul TFLOP/s (bf16 on a GPU, fp32 on a CPU) of "
@@ -315,3 +322,6 @@ def _add_model_command(commands: argparse._SubParsersAction) -> None:
                    help="every preset but tiny x fwd, fwd+bwd, train x fp32, bf16 x eager, compile")  # fmt: skip
     p.add_argument("--hf", action="store_true", help="also measure transformers' LlamaForCausalLM of the same dims")
     add_out(p)
+    p = add_command(commands, "train", "the training loop of fastlm train once per kernel set, from the same start: "
+                    "time, tokens/s, MFU, loss curves", cmd_bench_train)  # fmt: skip
+    add_kernel_comparison_arguments(p)

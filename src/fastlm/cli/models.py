@@ -7,9 +7,15 @@ import dataclasses
 
 from fastlm.cli.arguments import UserError, choice_list, positive_int
 from fastlm.devices import current_device
-from fastlm.model.config import ATTENTION_KERNELS, LOSS_KERNELS, NORM_KERNELS, PRESETS, SOFTMAX_KERNELS, ModelConfig
-
-KERNEL_SETS = ("torch", "fastlm")  # what ModelConfig.with_kernels takes
+from fastlm.model.config import (
+    ATTENTION_KERNELS,
+    KERNEL_SETS,
+    LOSS_KERNELS,
+    NORM_KERNELS,
+    PRESETS,
+    SOFTMAX_KERNELS,
+    ModelConfig,
+)
 
 
 def add_model_arguments(p: argparse.ArgumentParser, gpu_preset: str = "small") -> None:

@@ -17,6 +17,7 @@ ATTENTION_KERNELS = ("naive", "sdpa", "fastlm")  # materialized softmax | torch 
 NORM_KERNELS = ("torch", "fastlm")
 SOFTMAX_KERNELS = ("torch", "fastlm")  # the naive path's mask + softmax: two PyTorch ops | fastlm.masked_softmax
 LOSS_KERNELS = ("torch", "fastlm")  # LM head + F.cross_entropy | fastlm.linear_cross_entropy
+KERNEL_SETS = ("torch", "fastlm")  # what ModelConfig.with_kernels takes: every switch at once
 # How a step runs: eager, torch.compile, or torch.compile(mode="reduce-overhead") (CUDA graphs)
 COMPILE_MODES = ("eager", "compile", "cudagraphs")
 
