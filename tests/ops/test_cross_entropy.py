@@ -25,7 +25,7 @@ from fastlm.ops.cross_entropy import (
     cross_entropy_ref,
 )
 
-from .reference import compiled_code_launches
+from .launches import compiled_code_launches
 
 # Shapes: 1 class and 1 row (degenerate), a prime vocab (masking inside one block), a vocab just
 # above the 8192-wide block (a second, almost empty block), and a wide-ish batch of small rows.

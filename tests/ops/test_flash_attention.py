@@ -25,7 +25,7 @@ from fastlm.ops.flash_attention import (
     flash_attention_ref,
 )
 
-from .reference import assert_direct_launch_matches_dispatcher, compiled_code_launches
+from .launches import assert_direct_launch_matches_dispatcher, compiled_code_launches
 
 # (batch, heads, kv heads, Nq, Nk, head dim). Tiles are 64-128 rows (attention_config), so 131 and
 # 200 run a whole tile, a masked diagonal tile and a partial last tile; 37 is a prime inside one

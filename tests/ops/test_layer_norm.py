@@ -16,7 +16,7 @@ from fastlm.ops.layer_norm import (
     rms_norm_ref,
 )
 
-from .reference import compiled_code_launches
+from .launches import compiled_code_launches
 
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
 

@@ -20,7 +20,8 @@ from fastlm.ops.linear_cross_entropy import (
     linear_cross_entropy_ref,
 )
 
-from .reference import check_against_reference, compiled_code_launches
+from .launches import compiled_code_launches
+from .reference import check_against_reference
 from .test_cross_entropy import poisoned_outputs  # noqa: F401 (a fixture)
 
 # 21 tokens: chunks of 8 leave a partial last chunk of 5; width 29 (prime); vocabulary 131: prime,

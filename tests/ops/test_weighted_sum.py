@@ -9,7 +9,7 @@ from fastlm.ops import weighted_sum as template
 from fastlm.ops.common import device_arch
 from fastlm.ops.weighted_sum import WeightedSumFunction, weighted_sum, weighted_sum_config, weighted_sum_ref
 
-from .reference import assert_direct_launch_matches_dispatcher, compiled_code_launches
+from .launches import assert_direct_launch_matches_dispatcher, compiled_code_launches
 
 
 @pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 33, 100), (40, 2000)])  # partial row and column blocks
