@@ -1,15 +1,15 @@
 """Every op at least as accurate as PyTorch's own op, against float64, across magnitudes and dtypes.
 
 Each case runs fastlm and the PyTorch op on the same inputs, rounded to the dtype and moved by a
-common offset, and compares both with the PyTorch op evaluated in float64 on those inputs: the
-output and the gradient of every input, for an upstream gradient rounded to the output's dtype.
-The error is normwise (`normwise_error`); fastlm's must not pass torch's by more than
-TOLERANCE[dtype]: 1e-6 in fp32; in bf16 / fp16 an eighth of the dtype's unit roundoff, because
-both results are rounded to the dtype at different points (torch after each op of a composite,
-fastlm where a kernel stores in the input's dtype), and either can land a fraction of a rounding
-closer (truncating instead of rounding would exceed it). Attention in bf16 / fp16 rounds P and dS to
-the input dtype before their matmuls, as FlashAttention does on tensor cores, where torch's CPU
-attention keeps them in fp32: it gets a quarter of the unit roundoff.
+common offset, through `check_against_float64` (the PyTorch op in float64 is the truth): the output
+and the gradient of every input, for an upstream gradient rounded to the output's dtype. fastlm's
+normwise error must not pass torch's by more than TOLERANCE[dtype]: 1e-6 in fp32; in bf16 / fp16
+an eighth of the dtype's unit roundoff, because both results are rounded to the dtype at different
+points (torch after each op of a composite, fastlm where a kernel stores in the input's dtype), and
+either can land a fraction of a rounding closer (truncating instead of rounding would exceed it).
+Attention in bf16 / fp16 rounds P and dS to the input dtype before their matmuls, as FlashAttention
+does on tensor cores, where torch's CPU attention keeps them in fp32: it gets a quarter of the unit
+roundoff.
 
 Offsets: the ops that are invariant to a common shift of their inputs (cross-entropy, softmax)
 take the dtype's whole range (1e6 in fp32 and bf16; fp16 ends at 65504). The others take offsets
@@ -27,13 +27,12 @@ import torch.nn.functional as F
 import fastlm
 from fastlm.ops.weighted_sum import weighted_sum
 
-from .reference import normwise_error
+from .reference import check_against_float64, unit_roundoff
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SHIFTS = {"fp32": (0.0, 1e3, 1e4, 1e6), "bf16": (0.0, 1e3, 1e4, 1e6), "fp16": (0.0, 1e3, 1e4)}
 VALUES = {"fp32": (0.0, 1e3, 1e4, 1e6), "bf16": (0.0, 1e1, 1e2), "fp16": (0.0, 1e2, 1e3)}
-UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
-TOLERANCE = {"fp32": 1e-6, "bf16": UNIT_ROUNDOFF["bf16"] / 8, "fp16": UNIT_ROUNDOFF["fp16"] / 8}
+TOLERANCE = {"fp32": 1e-6, "bf16": unit_roundoff(torch.bfloat16) / 8, "fp16": unit_roundoff(torch.float16) / 8}
 TARGETS = torch.randint(0, 37, (6,), generator=torch.Generator().manual_seed(1))
 
 
@@ -106,30 +105,14 @@ def _inputs(case, dtype, offset, device):
         inputs[1] = torch.where(inputs[1] < -0.8, float("-inf"), 0.0)  # about a fifth of the keys
     if case is CASES["causal_conv1d silu"]:
         inputs[1] /= case.shapes[1][1]  # taps summing to about 1: outputs near the offset, not K times it
-    return [t.to(dtype) for t in inputs]
-
-
-def _output_and_gradients(function, inputs, upstream):
-    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
-    out = function(*leaves)
-    return [out, *torch.autograd.grad(out, leaves, upstream.to(out.dtype))]
+    compared = range(len(inputs)) if offset == 0 or case.gradients_at_offset is None else case.gradients_at_offset
+    return [t.to(dtype).requires_grad_(i in compared) for i, t in enumerate(inputs)]
 
 
 @pytest.mark.parametrize("name,dtype,offset", _grid())
 def test_at_least_as_accurate_as_torch(name, dtype, offset, device):
     case = CASES[name]
     inputs = _inputs(case, DTYPES[dtype], offset, device)
-    shape = case.torch(*[t.double() for t in inputs]).shape
-    upstream = torch.ones(shape, device=device) if case.unit_upstream else torch.randn(shape, device=device)
-    upstream = upstream.to(DTYPES[dtype]).double()  # what both receive, so the truth gets it too
-    truth = _output_and_gradients(case.torch, [t.double() for t in inputs], upstream)
-    theirs = _output_and_gradients(case.torch, inputs, upstream)
-    ours = _output_and_gradients(case.fastlm, inputs, upstream)
-    compared = range(len(truth)) if offset == 0 or case.gradients_at_offset is None else (
-        0, *(1 + i for i in case.gradients_at_offset))  # fmt: skip
+    upstream = torch.tensor(1.0, device=device) if case.unit_upstream else None  # a summed loss
     tolerance = TOLERANCE[dtype] * (case.tolerance_factor if dtype != "fp32" else 1.0)
-    for index in compared:
-        what = "output" if index == 0 else f"gradient of input {index - 1}"
-        assert torch.isfinite(truth[index]).all(), f"{what}: the float64 truth itself is not finite"
-        mine, torchs = normwise_error(ours[index], truth[index]), normwise_error(theirs[index], truth[index])
-        assert mine <= torchs + tolerance, f"{what}: fastlm's error {mine:.3g} > torch's {torchs:.3g} + {tolerance:.1g}"
+    check_against_float64(case.fastlm, case.torch, inputs, tolerance, upstream=upstream)
