@@ -826,13 +826,15 @@ def rms_norm(
 
 
 def layer_norm_ref(x, weight=None, bias=None, eps=1e-5):
-    """Plain PyTorch, fp32 math: the reference the kernels are tested against."""
-    out = torch.nn.functional.layer_norm(x.float(), x.shape[-1:], None, None, eps)
-    out = out * weight.float() if weight is not None else out
-    return (out + bias.float() if bias is not None else out).to(x.dtype)
+    """Plain PyTorch in fp32, or float64 for float64 inputs: the reference the kernels are tested against."""
+    compute = torch.promote_types(x.dtype, torch.float32)
+    out = torch.nn.functional.layer_norm(x.to(compute), x.shape[-1:], None, None, eps)
+    out = out * weight.to(compute) if weight is not None else out
+    return (out + bias.to(compute) if bias is not None else out).to(x.dtype)
 
 
 def rms_norm_ref(x, weight=None, eps=1e-5):
-    x32 = x.float()
-    out = x32 * torch.rsqrt(x32.square().mean(dim=-1, keepdim=True) + eps)
-    return (out * weight.float() if weight is not None else out).to(x.dtype)
+    compute = torch.promote_types(x.dtype, torch.float32)
+    xc = x.to(compute)
+    out = xc * torch.rsqrt(xc.square().mean(dim=-1, keepdim=True) + eps)
+    return (out * weight.to(compute) if weight is not None else out).to(x.dtype)
