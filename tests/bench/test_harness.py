@@ -8,10 +8,10 @@ import torch
 
 from fastlm.bench import xent
 from fastlm.bench.bandwidth import measure_stages, render_bandwidth
-from fastlm.bench.records import append_records, latest_run, latest_runs_by, read_records
-from fastlm.bench.report import markdown_table, present_columns, si, si_seconds
-from fastlm.bench.timing import measure, measure_after_setup, measure_graph_replay
 from fastlm.cli import main
+from fastlm.harness.records import append_records, latest_run, latest_runs_by, read_records
+from fastlm.harness.tables import markdown_table, present_columns, si, si_seconds
+from fastlm.harness.timing import measure, measure_after_setup, measure_graph_replay
 
 
 def test_measure_returns_ordered_quantiles():

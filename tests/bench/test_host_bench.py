@@ -8,9 +8,9 @@ import torch
 
 from fastlm.bench import host
 from fastlm.bench.options import HOST_OPS
-from fastlm.bench.records import append_records, read_records
 from fastlm.cli import build_parser, main
 from fastlm.cli.bench import cmd_bench_host
+from fastlm.harness.records import append_records, read_records
 from fastlm.ops import launch
 
 CPU = torch.device("cpu")

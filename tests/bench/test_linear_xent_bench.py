@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fastlm.bench import linear_xent
-from fastlm.bench.records import read_records
+from fastlm.harness.records import read_records
 
 CEILINGS = {"matmul_tflops": 0.5, "copy_gbps": 10.0}  # what `fastlm bench ceilings` records
 

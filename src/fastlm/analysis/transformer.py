@@ -57,8 +57,8 @@ from rich.table import Table
 from fastlm.analysis.attention import SOFTMAX_FLOPS_PER_ELEMENT, scores_bytes
 from fastlm.analysis.roofline import Bound
 from fastlm.analysis.tables import add_columns
-from fastlm.bench.report import format_value, si, si_seconds
 from fastlm.devices import DeviceSpec
+from fastlm.harness.tables import format_value, si, si_seconds
 
 ELEMENT_SIZES = {1: "fp8", 2: "fp16/bf16", 4: "fp32"}  # n_bytes accepted, and what they stand for
 DTYPE_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4}  # the element types by name, for the tables

@@ -27,9 +27,10 @@ import torch
 import fastlm
 from fastlm.analysis.attention import BACKWARD_FLOPS_RATIO, attention_forward_flops
 from fastlm.bench.options import ATTENTION_SWEEPS
-from fastlm.bench.records import append_records, read_records, with_environment
-from fastlm.bench.report import line_plot, markdown_table, present_columns
-from fastlm.bench.timing import is_out_of_memory, measure, measure_after_setup
+from fastlm.harness.plots import line_plot
+from fastlm.harness.records import append_records, read_records, with_environment
+from fastlm.harness.tables import markdown_table, present_columns
+from fastlm.harness.timing import is_out_of_memory, measure, measure_after_setup
 
 RESULTS_FILE = "attention.jsonl"
 CPU_NOTE = (

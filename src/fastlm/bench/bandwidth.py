@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
-from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns
-from fastlm.bench.timing import (
+from fastlm.harness.plots import grouped_bar_plot
+from fastlm.harness.tables import markdown_table, present_columns
+from fastlm.harness.timing import (
     Timing,
     drop_grads,
     is_out_of_memory,

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import fastlm
 from fastlm.analysis.conv1d import Conv1dCost
 from fastlm.bench.bandwidth import STAGES, Implementation, measure_stages, render_bandwidth
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
+from fastlm.harness.records import append_records, latest_run, read_records, with_environment
 
 RESULTS_FILE = "conv1d.jsonl"
 GPU_CASES = (((1, 8192, 8192), 3, torch.float16), ((8, 4096, 2048), 4, torch.bfloat16))

@@ -43,9 +43,10 @@ import torch.nn.functional as F
 
 import fastlm
 from fastlm.bench.options import HOST_COMPILE_MODES, HOST_MIN_ROUNDS
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table
-from fastlm.bench.timing import drop_grads
+from fastlm.harness.plots import grouped_bar_plot
+from fastlm.harness.records import append_records, latest_run, read_records, with_environment
+from fastlm.harness.tables import markdown_table
+from fastlm.harness.timing import drop_grads
 from fastlm.ops.launch import DIRECT_LAUNCH
 from fastlm.ops.weighted_sum import weighted_sum
 

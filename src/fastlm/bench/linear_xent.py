@@ -26,9 +26,10 @@ import torch
 import torch.nn.functional as F
 
 import fastlm
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table
-from fastlm.bench.timing import is_out_of_memory, measure
+from fastlm.harness.plots import grouped_bar_plot
+from fastlm.harness.records import append_records, latest_run, read_records, with_environment
+from fastlm.harness.tables import markdown_table
+from fastlm.harness.timing import is_out_of_memory, measure
 from fastlm.ops.common import device_arch
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy_config
 

@@ -29,7 +29,6 @@ import contextlib
 import dataclasses
 import gc
 import statistics
-import timeit
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,92 +36,29 @@ from pathlib import Path
 import torch
 
 from fastlm.analysis.model import MODES, mfu
-from fastlm.bench.records import append_records, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns
-from fastlm.bench.timing import is_out_of_memory
 from fastlm.devices import current_device_name, spec_for_device_name
+from fastlm.harness.plots import grouped_bar_plot
+from fastlm.harness.records import append_records, read_records, with_environment
+from fastlm.harness.steps import LossFn, Row, make_optimizer, make_step, time_steps
+from fastlm.harness.tables import markdown_table, present_columns
+from fastlm.harness.timing import is_out_of_memory
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.model.config import COMPILE_MODES
+from fastlm.model.config import COMPILE_MODES, TORCH_COMPILE_MODE
 
 RESULTS_FILE = "model.jsonl"
 PRECISIONS = ("fp32", "bf16")
 SWEEP_COMPILE_MODES = ("eager", "compile")
-TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}
 IMPLEMENTATIONS = ("fastlm", "hf-llama")  # our TransformerLM | transformers' LlamaForCausalLM, same dims
 CPU_NOTE = (
     "No GPU: steps of the model on the CPU, its fastlm kernels through their reference paths; MFU and peak "
     "memory need a GPU and are not measured, and these step times say nothing about GPU step times."
 )
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens, targets) -> scalar loss
-
-
-@dataclass(frozen=True)
-class Row:
-    """One measurement: how a model is stepped."""
-
-    mode: str
-    precision: str
-    compile: str
-
 
 def rows(modes: Sequence[str], precisions: Sequence[str], compile_modes: Sequence[str]) -> list[Row]:
     """Eager rows first, then each compile mode's (one compilation per mode and precision); train
     last in each group, so the AdamW state it allocates never inflates another row's peak memory."""
     return [Row(m, p, c) for c in COMPILE_MODES if c in compile_modes for p in precisions for m in MODES if m in modes]
-
-
-def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW for every model measured here: the fused single-kernel implementation on CUDA, so the
-    optimizer costs the same for every model and as little as PyTorch allows."""
-    on_cuda = next(model.parameters()).is_cuda
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_cuda)
-
-
-def make_step(
-    loss_fn: LossFn,
-    model: torch.nn.Module,
-    row: Row,
-    tokens: torch.Tensor,
-    targets: torch.Tensor,
-    optimizer: torch.optim.Optimizer | None,
-) -> Callable[[], None]:
-    device = tokens.device
-
-    def forward() -> torch.Tensor:
-        with precision_context(row.precision, device):
-            return loss_fn(tokens, targets)
-
-    def step() -> None:
-        if row.compile == "cudagraphs":
-            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are dead
-        if row.mode == "fwd":
-            forward()
-            return
-        model.zero_grad(set_to_none=True)
-        forward().backward()
-        if row.mode == "train":
-            optimizer.step()
-
-    return step
-
-
-def time_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.device) -> list[float]:
-    """Milliseconds of each of the warmup + steps calls, synchronized before the clock stops."""
-    times = []
-    for _ in range(warmup + steps):
-        start = timeit.default_timer()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((timeit.default_timer() - start) * 1e3)
-    return times
 
 
 def summarize_rounds(round_times: Sequence[Sequence[float]], warmup: int, tokens_per_step: int) -> dict:

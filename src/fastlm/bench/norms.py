@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import fastlm
 from fastlm.bench.bandwidth import STAGES, Implementation, measure_stages, render_bandwidth
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
+from fastlm.harness.records import append_records, latest_run, read_records, with_environment
 
 RESULTS_FILE = "norms.jsonl"
 KINDS = ("layer", "rms")

@@ -18,9 +18,10 @@ from pathlib import Path
 
 from fastlm.analysis.conv1d import Conv1dCost
 from fastlm.analysis.xent import CrossEntropyCost
-from fastlm.bench.records import latest_run, read_records
-from fastlm.bench.report import markdown_table, save_figure
 from fastlm.devices import spec_for_device_name
+from fastlm.harness.plots import save_figure
+from fastlm.harness.records import latest_run, read_records
+from fastlm.harness.tables import markdown_table
 
 NORM_FLOPS_PER_ELEMENT = {"layer": 7, "rms": 4}
 CPU_NOTE = (

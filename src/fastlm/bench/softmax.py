@@ -16,7 +16,7 @@ import torch
 
 import fastlm
 from fastlm.bench.bandwidth import STAGES, Implementation, measure_stages, render_bandwidth
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
+from fastlm.harness.records import append_records, latest_run, read_records, with_environment
 
 RESULTS_FILE = "softmax.jsonl"
 SCALE = 0.125

@@ -25,9 +25,10 @@ import torch.nn.functional as F
 
 import fastlm
 from fastlm.analysis.xent import CrossEntropyCost
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table
-from fastlm.bench.timing import Timing, measure, measure_after_setup
+from fastlm.harness.plots import grouped_bar_plot
+from fastlm.harness.records import append_records, latest_run, read_records, with_environment
+from fastlm.harness.tables import markdown_table
+from fastlm.harness.timing import Timing, measure, measure_after_setup
 
 RESULTS_FILE = "xent.jsonl"
 DEFAULT_BATCH = 4096

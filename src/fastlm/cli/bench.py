@@ -52,7 +52,7 @@ def _rounds(text: str) -> int:
 
 
 def cmd_bench_ceilings(args) -> None:
-    from fastlm.bench.ceilings import record_ceilings
+    from fastlm.harness.ceilings import record_ceilings
 
     record = record_ceilings(args.out / "results", current_device())
     table = Table(title=f"Measured ceilings · {record['gpu']}")
@@ -72,7 +72,7 @@ def cmd_bench_ceilings(args) -> None:
 def run_xent_benchmark(out: Path, batch: int | None, vocabs: tuple[int, ...] | None) -> Path:
     """Ceilings, then the cross-entropy sweep, then its markdown report; returns the report path."""
     from fastlm.bench import xent
-    from fastlm.bench.ceilings import record_ceilings
+    from fastlm.harness.ceilings import record_ceilings
 
     device = current_device()
     if batch is None:
@@ -97,7 +97,7 @@ def cmd_bench_xent(args) -> None:
 def run_bandwidth_benchmark(out: Path, module, name: str, title: str) -> Path:
     """`bench norms | softmax | conv1d`: copy ceiling, every case x implementation; the report's path."""
     from fastlm.bench.bandwidth import CPU_NOTE
-    from fastlm.bench.ceilings import record_ceilings
+    from fastlm.harness.ceilings import record_ceilings
 
     device = current_device()
     output.note_without_gpu(device, CPU_NOTE)
@@ -123,9 +123,9 @@ def cmd_bench_softmax(args) -> None:
 def run_roofline(out: Path) -> Path:
     """The roofline report from the results under ``out``, with this device's latest ceilings."""
     from fastlm.bench import roofline
-    from fastlm.bench.ceilings import RESULTS_FILE, record_ceilings
-    from fastlm.bench.records import read_records
     from fastlm.devices import current_device_name
+    from fastlm.harness.ceilings import RESULTS_FILE, record_ceilings
+    from fastlm.harness.records import read_records
 
     results_dir, reports_dir = out / "results", out / "reports"
     output.note_without_gpu(current_device(), roofline.CPU_NOTE)

@@ -26,7 +26,7 @@ from fastlm.model.config import COMPILE_MODES, PRESETS
 
 
 def cmd_train_lm(args) -> None:
-    from fastlm.bench.records import append_records, with_environment
+    from fastlm.harness.records import append_records, with_environment
     from fastlm.tasks.text_training import TextSettings, load_corpus, loss_plot, split_windows, train_kernels
 
     device = current_device()
@@ -63,7 +63,7 @@ def cmd_train_lm(args) -> None:
 
 
 def cmd_train_ar(args) -> None:
-    from fastlm.bench.records import append_records, with_environment
+    from fastlm.harness.records import append_records, with_environment
     from fastlm.tasks.associative_recall import make_splits
     from fastlm.tasks.recall_training import TARGET_ACCURACY, TrainSettings, accuracy_plot, minimum_layers, train_depth
 

@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
-from fastlm.bench.report import line_plot, markdown_table, si, si_seconds
 from fastlm.distributed.launch import spawn
+from fastlm.harness.plots import line_plot
+from fastlm.harness.records import append_records, latest_run, read_records, with_environment
+from fastlm.harness.tables import markdown_table, si, si_seconds
 
 RESULTS_FILE = "allreduce.jsonl"
 GLOO_NOTE = (

@@ -56,10 +56,11 @@ import torch.distributed as dist
 from torch.autograd import DeviceType
 
 from fastlm.bench.options import DDP_OPTIMIZERS
-from fastlm.bench.records import append_records, latest_runs_by, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns, save_figure, si_seconds
 from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
 from fastlm.distributed.launch import spawn
+from fastlm.harness.plots import grouped_bar_plot, save_figure
+from fastlm.harness.records import append_records, latest_runs_by, read_records, with_environment
+from fastlm.harness.tables import markdown_table, present_columns, si_seconds
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.profile.ranges import annotate, annotations
 

@@ -19,6 +19,7 @@ SOFTMAX_KERNELS = ("torch", "fastlm")  # the naive path's mask + softmax: two Py
 LOSS_KERNELS = ("torch", "fastlm")  # LM head + F.cross_entropy | fastlm.linear_cross_entropy
 # How a step runs: eager, torch.compile, or torch.compile(mode="reduce-overhead") (CUDA graphs)
 COMPILE_MODES = ("eager", "compile", "cudagraphs")
+TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}  # torch.compile(mode=...) of each
 
 # name -> (d_model, d_ff, num_layers, num_heads)
 PRESET_DIMENSIONS = {

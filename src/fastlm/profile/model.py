@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 
 from fastlm.analysis.attention import naive_attention_stage_flops
-from fastlm.bench.model import make_optimizer, precision_context, time_steps
-from fastlm.bench.records import append_records, with_environment
-from fastlm.bench.report import markdown_table
+from fastlm.harness.records import append_records, with_environment
+from fastlm.harness.steps import make_optimizer, precision_context, time_steps
+from fastlm.harness.tables import markdown_table
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.profile.kernels import OUTSIDE, KernelStats, category_shares, merge, summarize_kernels
 from fastlm.profile.ranges import annotate, annotations

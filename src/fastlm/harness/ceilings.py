@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from fastlm.bench.records import append_records, with_environment
-from fastlm.bench.timing import measure
 from fastlm.devices import current_device_name, spec_for_device_name
+from fastlm.harness.records import append_records, with_environment
+from fastlm.harness.timing import measure
 
 RESULTS_FILE = "ceilings.jsonl"
 
