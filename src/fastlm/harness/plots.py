@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 
@@ -16,6 +16,15 @@ def save_figure(fig, path: Path, dpi: int = 120) -> Path:
     fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+def bar_series(records: Sequence[dict], groups: Sequence[str], group_of: Callable[[dict], str],
+               implementations: Sequence[str], key: str) -> dict[str, list[float | None]]:  # fmt: skip
+    """`grouped_bar_plot`'s series: for each of ``implementations`` with an "ok" record, ``key`` of its
+    ok record in each of ``groups`` (the group of a record is ``group_of(record)``), None where none."""
+    ok = {(group_of(r), r["implementation"]): r for r in records if r["status"] == "ok"}
+    return {name: [ok.get((group, name), {}).get(key) for group in groups] for name in implementations
+            if any((group, name) in ok for group in groups)}  # fmt: skip
 
 
 def grouped_bar_plot(

@@ -52,3 +52,9 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> 
     for row in rows:
         lines.append("| " + " | ".join(format_value(row.get(key)) for key, _ in columns) + " |")
     return "\n".join(lines)
+
+
+def device_line(record: dict) -> str:
+    """Where and with what ``record`` was measured, as a report's first line starts."""
+    return (f"Device: {record['gpu']} · torch {record['torch']} · triton {record['triton']} · "
+            f"git {record['git_sha']} · {record['date']}")  # fmt: skip
