@@ -22,6 +22,7 @@ from fastlm.cli.arguments import (
 )
 from fastlm.cli.models import KERNEL_SETS, check_heads
 from fastlm.devices import current_device
+from fastlm.harness.progress import progress_steps
 from fastlm.model.config import COMPILE_MODES, PRESETS
 
 
@@ -41,7 +42,7 @@ def cmd_train_lm(args) -> None:
     steps = settings.epochs * -(-windows[0].shape[0] // settings.batch)
     runs = []
     for kernels in args.kernels:
-        with output.progress_steps(f"{kernels} kernels, step", steps) as step:
+        with progress_steps(f"{kernels} kernels, step", steps) as step:
             # the loss is not read here: that would synchronize
             runs.append(train_kernels(windows, kernels, settings, device, on_step=lambda done, loss: step()))
     records = [with_environment({"task": "text", "data": str(args.data), "corpus_bytes": args.data.stat().st_size,
@@ -74,7 +75,7 @@ def cmd_train_ar(args) -> None:
     splits = make_splits(task)
     rows = []
     for layers in args.layers:
-        with output.progress_steps(f"{layers} layer(s), epoch", settings.epochs) as step:
+        with progress_steps(f"{layers} layer(s), epoch", settings.epochs) as step:
             rows += train_depth(task, splits, layers, settings, on_epoch=lambda row: step(
                 f"test accuracy {100 * row['test_accuracy']:.1f}%, loss {row['train_loss']:.3f}"))  # fmt: skip
     records = [with_environment({"task": "associative_recall", **task.__dict__, **settings.__dict__, **row})
