@@ -65,7 +65,7 @@ from fastlm.harness.progress import print_line
 from fastlm.harness.records import append_records, with_environment
 from fastlm.harness.tables import si_seconds
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.profile.ranges import annotate, annotations
+from fastlm.model.ranges import annotate, annotations
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,7 @@ class Benchmark:
         raise NotImplementedError
 
     def label(self, case, implementation: Implementation) -> str:
+        """What the progress line says once (case, implementation) is measured."""
         raise NotImplementedError
 
     def measure(self, case, made, run: Run) -> dict:
@@ -105,6 +106,7 @@ class Benchmark:
         return sum(len(self.implementations(case)) for case in self.cases(device))
 
     def measurements(self, run: Run) -> Iterator[Measured]:
+        """Every (case, implementation) in turn, one record each."""
         for case in self.cases(run.device):
             for implementation in self.implementations(case):
                 record = {
