@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from fastlm.bench.records import append_records, with_environment
+from fastlm.harness.records import append_records, with_environment
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.ops.common import device_arch
 from fastlm.optim import AdamW, AdamWConfig, adamw_config

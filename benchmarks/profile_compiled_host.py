@@ -19,8 +19,9 @@ from collections import defaultdict
 import torch
 from profile_compiled_step import OPTIMIZERS
 
-from fastlm.bench.model import TORCH_COMPILE_MODE, Row, make_step, time_steps
+from fastlm.harness.steps import Row, make_step, time_steps
 from fastlm.model import ModelConfig, TransformerLM
+from fastlm.model.config import TORCH_COMPILE_MODE
 
 # First match wins: the path fragment of a function's file names its owner.
 OWNERS = (

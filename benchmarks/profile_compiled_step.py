@@ -25,9 +25,10 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from fastlm.bench.model import TORCH_COMPILE_MODE, Row, make_optimizer, make_step, time_steps
-from fastlm.bench.records import append_records, with_environment
+from fastlm.harness.records import append_records, with_environment
+from fastlm.harness.steps import Row, make_optimizer, make_step, time_steps
 from fastlm.model import ModelConfig, TransformerLM
+from fastlm.model.config import TORCH_COMPILE_MODE
 from fastlm.optim import AdamW
 
 # The optimizer of each step: PyTorch's fused AdamW (what `fastlm bench model` uses) or fastlm's.

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 import fastlm
-from fastlm.bench.records import append_records, environment
+from fastlm.harness.records import append_records, environment
 from fastlm.ops.launch import eager_kernel
 
 

@@ -17,7 +17,7 @@ import argparse
 import json
 from pathlib import Path
 
-from fastlm.bench.records import append_records
+from fastlm.harness.records import append_records
 from fastlm.train_log import loss_plot, read_log
 
 

@@ -48,28 +48,27 @@ import dataclasses
 import json
 import math
 import os
-import statistics
 import sys
-import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from fastlm import checkpoint
-from fastlm.checkpoint import CheckpointError, ConfigMismatchError
+from fastlm.checkpoint import CheckpointError
 from fastlm.data.prepare import DataError
 from fastlm.data.tokens import EpochOrder, TokenData, Windows
 from fastlm.devices import current_device_name
-from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
+from fastlm.distributed import ShardedOptimizer
 from fastlm.distributed.launch import exit_process
+from fastlm.distributed.wrappers import BUCKETED_MODES, ParallelSpec, Wrapped, wrap
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.optim.schedule import warmup_cosine_lr
-from fastlm.train_log import TrainLog, loss_plot, read_log
-from fastlm.train_options import MAX_SEED, OVERRIDABLE, UsageError, add_arguments
+from fastlm.train_checkpoint import checkpoint_dir, load_for_resume, restore, save_checkpoint
+from fastlm.train_log import Throughput, TrainLog, loss_plot, read_log
+from fastlm.train_options import MAX_SEED, UsageError, add_arguments
 
 VOCAB_MULTIPLE = 64
 BETAS = (0.9, 0.95)
@@ -160,10 +159,6 @@ def accumulation(args: argparse.Namespace, world: int) -> int:
     return batch_tokens(args, world) // (args.context * args.micro_batch * world)
 
 
-def checkpoint_dir(args: argparse.Namespace) -> Path:
-    return args.out / "checkpoints"
-
-
 def model_config(args: argparse.Namespace, vocab_size: int) -> ModelConfig:
     """The preset with any dimension given and the kernels chosen; the data's vocabulary rounded up."""
     dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.layers, "num_heads": args.heads}
@@ -210,21 +205,10 @@ def _setup(args) -> torch.device:
     return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _wrap(model: torch.nn.Module, args, device: torch.device) -> torch.nn.Module:
-    if args.parallel == "ddp":
-        return DDP(model)
-    if args.parallel == "bucketed":
-        return BucketedDDP(model, args.bucket_mb)
-    if args.parallel == "torch-ddp":
-        device_ids = [device.index] if device.type == "cuda" else None
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=args.bucket_mb)
-    if args.parallel == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        for block in model.blocks:
-            fully_shard(block)
-        return fully_shard(model)
-    return model
+def _wrap(model: torch.nn.Module, args, device: torch.device) -> Wrapped:
+    """The model wrapped for --parallel (the registry of `fastlm.distributed.wrappers`)."""
+    bucket_mb = args.bucket_mb if args.parallel in BUCKETED_MODES else None
+    return wrap(model, ParallelSpec(args.parallel, bucket_mb), device)
 
 
 def _gradient_sync(model: torch.nn.Module, args, sync: bool) -> contextlib.AbstractContextManager:
@@ -234,14 +218,6 @@ def _gradient_sync(model: torch.nn.Module, args, sync: bool) -> contextlib.Abstr
     elif not sync and args.parallel in ("ddp", "bucketed", "torch-ddp"):
         return model.no_sync()
     return contextlib.nullcontext()
-
-
-def _finish_gradient_sync(model: torch.nn.Module, args) -> None:
-    """After the last micro-batch's backward: the wrappers that synchronize after backward do it here."""
-    if args.parallel in ("naive", "flat"):
-        allreduce_gradients(model, flat=args.parallel == "flat")
-    elif args.parallel in ("ddp", "bucketed"):
-        model.finish_gradient_synchronization()
 
 
 def _compile(model: TransformerLM, args) -> None:
@@ -322,71 +298,6 @@ def evaluate(model: torch.nn.Module, windows: Windows, count: int, args, rank: i
 
 
 # ---------------------------------------------------------------------------------------------
-# Checkpoints
-# ---------------------------------------------------------------------------------------------
-
-
-def _state(model, optimizer, args) -> dict:
-    """{"model", "optimizer"} state dicts in the layout of an unsharded single-process run."""
-    if args.parallel == "fsdp":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
-    else:
-        model_state, optimizer_state = getattr(model, "module", model).state_dict(), optimizer.state_dict()
-    return {"model": model_state, "optimizer": optimizer_state}
-
-
-def _restore(state: dict, model, optimizer, args) -> None:
-    """Load a `_state` dict (the learning rate is set by the schedule before every step)."""
-    if args.parallel == "fsdp":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        options = StateDictOptions(full_state_dict=True)
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"], options=options)  # fmt: skip
-    else:
-        getattr(model, "module", model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-
-
-def save_checkpoint(args, step: int, position: int, config: dict, model, optimizer, rank: int,
-                    start_new: bool, log: TrainLog) -> None:  # fmt: skip
-    """Every rank takes part (sharded states are gathered); rank 0 writes; if that fails, every rank
-    raises its error rather than waiting for rank 0."""
-    state = {**_state(model, optimizer, args), "data": {"position": position}}
-    failure = None
-    if rank == 0:
-        try:
-            path = checkpoint.save(checkpoint_dir(args), step, config, state, keep=args.keep_checkpoints,
-                                   start_new=start_new)  # fmt: skip
-            log.note(f"checkpoint step {step}: {path}")
-        except CheckpointError as error:
-            failure = str(error)
-    if dist.is_initialized():
-        shared = [failure]
-        dist.broadcast_object_list(shared, src=0)
-        failure = shared[0]
-    if failure is not None:
-        raise CheckpointError(failure)
-
-
-def _load_for_resume(args, config: dict) -> checkpoint.Checkpoint:
-    try:
-        resumed = checkpoint.load(checkpoint_dir(args), config, args.override)
-    except ConfigMismatchError as error:
-        fixed = [f for f in error.fields if f not in OVERRIDABLE]
-        if fixed:
-            raise CheckpointError(f"{error}; {', '.join(fixed)} cannot change when resuming") from None
-        flags = " ".join(f"--override {f}" for f in error.fields)
-        raise CheckpointError(f"{error}; pass {flags} to continue with the change") from None
-    if resumed.step > args.steps:
-        raise CheckpointError(f"{checkpoint_dir(args)} is at step {resumed.step}, past --steps {args.steps}")
-    return resumed
-
-
-# ---------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------
 
@@ -405,7 +316,7 @@ def train(args: argparse.Namespace) -> dict:
     eval_count = evaluation_windows(held_out, args, world)
     config = run_config(args, world, data)
     # verified before the process group exists, so a bad checkpoint stops every rank with its message
-    resumed = _load_for_resume(args, config) if args.resume else None
+    resumed = load_for_resume(args, config) if args.resume else None
     if resumed is not None and resumed.step == args.steps:
         if rank == 0:
             print(f"{checkpoint_dir(args)} is at step {resumed.step} of {args.steps}: nothing to train", flush=True)
@@ -434,13 +345,14 @@ def _train_loop(args, config: dict, pending: list, rank: int, world: int, device
     model = TransformerLM(model_cfg).to(device)
     if args.parallel == "fsdp":
         _compile(model, args)
-    model = _wrap(model, args, device)
+    wrapped = _wrap(model, args, device)
+    model = wrapped.module
     if args.parallel != "fsdp":
         _compile(model, args)
     optimizer = _optimizer(model, args, device)
     step, position = 0, 0
     if resumed is not None:
-        _restore(resumed.state, model, optimizer, args)
+        restore(resumed.state, model, optimizer, args)
         step, position = resumed.step, resumed.state["data"]["position"]
         resumed = None  # drop the loaded tensors: the model holds them now
     start_new = not args.resume  # the first save of a new run replaces the folder's older checkpoints
@@ -449,7 +361,7 @@ def _train_loop(args, config: dict, pending: list, rank: int, world: int, device
     batches = micro_batches(train_windows, EpochOrder(train_windows.count, args.seed), position, args.micro_batch,
                             accumulate, rank, world, device)  # fmt: skip
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
-    meter = _Throughput(model_cfg, args, world, device)
+    meter = Throughput(model_cfg, args, world, device)
     log = TrainLog(args.out / "log.jsonl", args.steps, step, enabled=rank == 0)
     if rank == 0:
         _write_run_file(args, config, model_cfg, world, device)  # the end rewrites it with the result
@@ -479,7 +391,7 @@ def _train_loop(args, config: dict, pending: list, rank: int, world: int, device
                     (loss / accumulate).backward()
                 # a new tensor, not the graph output that the next replay of a CUDA graph overwrites
                 step_loss = loss.detach() / accumulate if step_loss is None else step_loss + loss.detach() / accumulate
-            _finish_gradient_sync(model, args)
+            wrapped.synchronize()  # the wrappers that average after backward do it here
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or math.inf)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -520,47 +432,6 @@ def _train_loop(args, config: dict, pending: list, rank: int, world: int, device
     return result
 
 
-class _Throughput:
-    """Tokens/s, MFU and peak memory of log intervals, timed on the host between synchronizations."""
-
-    def __init__(self, model_cfg: ModelConfig, args, world: int, device: torch.device) -> None:
-        from fastlm.analysis.model import flops_per_token
-        from fastlm.devices import spec_for_device_name
-
-        self.device, self.world = device, world
-        self.spec = spec_for_device_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-        self.flops_per_token = flops_per_token(model_cfg, "train", seq_len=args.context)
-        self.began = time.perf_counter()
-        self.intervals: list[dict] = []
-        self._start = self.began
-
-    def start(self) -> None:
-        self._start = time.perf_counter()
-
-    def interval(self, tokens: int) -> dict:
-        """The record fields of the interval since `start` that trained ``tokens`` tokens."""
-        now = time.perf_counter()
-        tokens_per_s = tokens / (now - self._start)
-        mfu = None
-        if self.spec is not None:
-            mfu = self.flops_per_token * tokens_per_s / (self.world * self.spec.matmul_tflops * 1e12)
-        memory = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
-        fields = {"tokens_per_s": tokens_per_s, "mfu": mfu, "peak_memory_gib": memory, "elapsed_s": now - self.began}
-        self.intervals.append(fields)
-        return fields
-
-    def steady_state(self) -> dict:
-        """Medians over the intervals after the first (which pays for compilation and warm-up), and
-        the peak memory at the end."""
-        steady = self.intervals[1:] or self.intervals
-        if not steady:
-            return {"tokens_per_s": None, "mfu": None, "peak_memory_gib": None}
-        mfu = [i["mfu"] for i in steady if i["mfu"] is not None]
-        return {"tokens_per_s": statistics.median(i["tokens_per_s"] for i in steady),
-                "mfu": statistics.median(mfu) if mfu else None,
-                "peak_memory_gib": steady[-1]["peak_memory_gib"]}  # fmt: skip
-
-
 def _describe(args, model_cfg: ModelConfig, world: int, accumulate: int, tokens_per_step: int, position: int,
               windows: int) -> str:  # fmt: skip
     parameters = model_cfg.num_parameters()
@@ -574,7 +445,7 @@ def _write_run_file(args, config: dict, model_cfg: ModelConfig, world: int, devi
                     result: dict | None = None) -> None:  # fmt: skip
     """OUT/run.json: the configuration, the model's size and where the run ran; at the end also
     what `train` returns (the per-step losses, the evaluations, steady-state tokens/s and MFU)."""
-    from fastlm.bench.records import with_environment
+    from fastlm.harness.records import with_environment
 
     args.out.mkdir(parents=True, exist_ok=True)
     run = with_environment({"config": config, "parameters": model_cfg.num_parameters(), "world_size": world,

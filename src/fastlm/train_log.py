@@ -17,9 +17,14 @@ A record of log.jsonl, one per log interval and one per evaluation that falls be
 from __future__ import annotations
 
 import json
+import statistics
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import torch
+
+from fastlm.model.config import ModelConfig
 from fastlm.progress import Progress, progress
 
 
@@ -85,7 +90,7 @@ def loss_plot(path: Path, runs: Mapping[str, Sequence[dict]], title: str) -> Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fastlm.bench.report import save_figure
+    from fastlm.harness.plots import save_figure
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for index, (name, records) in enumerate(runs.items()):
@@ -103,3 +108,44 @@ def loss_plot(path: Path, runs: Mapping[str, Sequence[dict]], title: str) -> Pat
     ax.grid(alpha=0.3)
     ax.legend()
     return save_figure(fig, Path(path), dpi=120)
+
+
+class Throughput:
+    """Tokens/s, MFU and peak memory of log intervals, timed on the host between synchronizations."""
+
+    def __init__(self, model_cfg: ModelConfig, args, world: int, device: torch.device) -> None:
+        from fastlm.analysis.model import flops_per_token
+        from fastlm.devices import spec_for_device_name
+
+        self.device, self.world = device, world
+        self.spec = spec_for_device_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        self.flops_per_token = flops_per_token(model_cfg, "train", seq_len=args.context)
+        self.began = time.perf_counter()
+        self.intervals: list[dict] = []
+        self._start = self.began
+
+    def start(self) -> None:
+        self._start = time.perf_counter()
+
+    def interval(self, tokens: int) -> dict:
+        """The record fields of the interval since `start` that trained ``tokens`` tokens."""
+        now = time.perf_counter()
+        tokens_per_s = tokens / (now - self._start)
+        mfu = None
+        if self.spec is not None:
+            mfu = self.flops_per_token * tokens_per_s / (self.world * self.spec.matmul_tflops * 1e12)
+        memory = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
+        fields = {"tokens_per_s": tokens_per_s, "mfu": mfu, "peak_memory_gib": memory, "elapsed_s": now - self.began}
+        self.intervals.append(fields)
+        return fields
+
+    def steady_state(self) -> dict:
+        """Medians over the intervals after the first (which pays for compilation and warm-up), and
+        the peak memory at the end."""
+        steady = self.intervals[1:] or self.intervals
+        if not steady:
+            return {"tokens_per_s": None, "mfu": None, "peak_memory_gib": None}
+        mfu = [i["mfu"] for i in steady if i["mfu"] is not None]
+        return {"tokens_per_s": statistics.median(i["tokens_per_s"] for i in steady),
+                "mfu": statistics.median(mfu) if mfu else None,
+                "peak_memory_gib": steady[-1]["peak_memory_gib"]}  # fmt: skip

@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fastlm.distributed.wrappers import MODES
 from fastlm.model.config import COMPILE_MODES, KERNEL_SETS, PRESETS
 
-PARALLEL = ("none", "naive", "flat", "ddp", "bucketed", "torch-ddp", "fsdp")
 # configuration fields a resumed run may change on purpose; the others define the model and its data
 OVERRIDABLE = ("lr", "min_lr_ratio", "warmup", "steps", "weight_decay", "grad_clip", "batch_tokens", "micro_batch",
                "precision", "kernels", "compile", "seed", "parallel", "world_size", "data")  # fmt: skip
@@ -62,7 +62,7 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
                    help="bf16 runs the forward under torch.autocast; weights and optimizer stay fp32 (default: bf16 "
                    "on a GPU, fp32 without one)")  # fmt: skip
-    p.add_argument("--parallel", choices=PARALLEL, default="none",
+    p.add_argument("--parallel", choices=MODES, default="none",
                    help="how gradients are synchronized across processes; anything but none needs torchrun "
                    "(default: %(default)s)")  # fmt: skip
     p.add_argument("--bucket-mb", type=float, default=25.0,

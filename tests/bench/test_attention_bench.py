@@ -6,6 +6,9 @@ import torch
 from fastlm.analysis.attention import attention_forward_flops, scores_bytes
 from fastlm.bench import attention
 from fastlm.cli import main
+from fastlm.harness.benchmark import Implementation, Run, measure_or_status
+from fastlm.harness.records import read_records
+from fastlm.harness.runner import run_benchmark
 from fastlm.ops.flash_attention import flash_attention_ref
 
 
@@ -46,11 +49,12 @@ def test_cpu_model_sweep_runs_and_renders(tmp_path, monkeypatch):
     # One small shape: on CPU the kernels run through the (slow) interpreter.
     tiny = [attention.Shape(2, 2, 64, 32, torch.bfloat16)]
     monkeypatch.setattr(attention, "sweep_shapes", lambda sweep, device: tiny)
-    records = attention.run(["model"], torch.device("cpu"), tmp_path / "results")
+    report = run_benchmark(attention.AttentionBenchmark(("model",)), tmp_path, torch.device("cpu"))
+    records = read_records(tmp_path / "results" / "attention.jsonl")
     statuses = {r["implementation"]: r["status"] for r in records}
     assert statuses == {"fastlm": "ok", "sdpa-flash": "needs a GPU", "sdpa-cudnn": "needs a GPU"}
     assert all(r["fwd_tflops"] > 0 for r in records if r["status"] == "ok")
-    markdown = attention.render(tmp_path / "results", tmp_path / "reports")
+    markdown = report.read_text()
     assert "| bfloat16 | 32 | 64 | 2 | fastlm |" in markdown
     # no table of dashes for what a CPU run cannot measure: the SDPA ratios, peak memory
     assert "vs SDPA" not in markdown and "peak MiB" not in markdown
@@ -69,6 +73,7 @@ def test_out_of_memory_is_recorded_not_raised():
     def exhausts_memory(q, k, v):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB")
 
-    impl = attention.Implementation("oom", "always out of memory", lambda device, dtype: exhausts_memory)
-    shape = attention.Shape(1, 0, 16, 8, torch.float32)
-    assert attention._measure_one("naive", impl, shape, torch.device("cpu")) == {"status": "OOM"}
+    impl = Implementation("oom", lambda case: exhausts_memory, "always out of memory")
+    case = attention.Case("naive", attention.Shape(1, 0, 16, 8, torch.float32))
+    benchmark, run = attention.AttentionBenchmark(("naive",)), Run(torch.device("cpu"), None)
+    assert measure_or_status(benchmark, case, impl, run) == {"status": "OOM"}

@@ -8,10 +8,11 @@ import torch
 
 from fastlm.bench import xent
 from fastlm.bench.bandwidth import measure_stages, render_bandwidth
-from fastlm.bench.records import append_records, latest_run, latest_runs_by, read_records
-from fastlm.bench.report import markdown_table, present_columns, si, si_seconds
-from fastlm.bench.timing import measure, measure_after_setup, measure_graph_replay
 from fastlm.cli import main
+from fastlm.harness.benchmark import Benchmark, Implementation, Run, measure_or_status
+from fastlm.harness.records import append_records, latest_run, latest_runs_by, read_records
+from fastlm.harness.tables import markdown_table, present_columns, si, si_seconds
+from fastlm.harness.timing import measure, measure_after_setup, measure_graph_replay
 
 
 def test_measure_returns_ordered_quantiles():
@@ -83,6 +84,63 @@ def test_bandwidth_report_shows_the_graph_replay_column_and_ticks(tmp_path):
     assert row.split(" | ")[-2] == "80"  # fwd+bwd % of copy, CUDA graph
     assert "ok; fwd CUDA graph error: capture failed; fwd+bwd CUDA graph error: capture failed" in text
     assert (tmp_path / "plot.png").stat().st_size > 0
+
+
+class _Toy(Benchmark):
+    """Two cases x three implementations: one that runs, one that needs a GPU, one that is missing."""
+
+    name = "toy"
+    title = "Toy benchmark"
+    progress_name = "toy"
+
+    def cases(self, device):
+        return [1, 2]
+
+    def implementations(self, case):
+        return (Implementation("square", lambda case: lambda: case * case),
+                Implementation("gpu", lambda case: lambda: 0, needs_gpu=True),
+                Implementation("missing", lambda case: "missing: toy-kernels is not installed"))  # fmt: skip
+
+    def describe(self, case, implementation, run):
+        return {"op": "toy", "case": case, "implementation": implementation.name}
+
+    def label(self, case, implementation):
+        return f"{case} {implementation.name}"
+
+    def measure(self, case, fn, run):
+        return {"status": "ok", "value": fn()}
+
+    def render(self, results_dir, reports_dir):
+        return markdown_table(read_records(results_dir / self.results_file), [("case", "case"), ("status", "status")])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU-only implementation runs on a GPU")
+def test_runner_appends_records_writes_the_report_and_prints_a_line_per_step(tmp_path, capsys):
+    from fastlm.harness.runner import run_benchmark
+
+    report = run_benchmark(_Toy(), tmp_path, torch.device("cpu"))
+    statuses = {"square": "ok", "gpu": "needs a GPU", "missing": "missing: toy-kernels is not installed"}
+    steps = [(case, name) for case in (1, 2) for name in statuses]
+    records = read_records(tmp_path / "results" / "toy.jsonl")
+    assert [(r["case"], r["implementation"], r["status"]) for r in records] == [(c, n, statuses[n]) for c, n in steps]
+    assert records[3]["value"] == 4 and all(r["gpu"] == "cpu" and "run_id" in r for r in records)
+    assert report == tmp_path / "reports" / "toy.md"
+    assert report.read_text().startswith("# Toy benchmark\n\n| case | status |")
+    # piped output: one plain line per step, no bar
+    assert capsys.readouterr().out.splitlines() == [f"toy {i}/6: {c} {n}" for i, (c, n) in enumerate(steps, 1)]
+
+
+@pytest.mark.parametrize(("error", "status"), [
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"), "OOM"),
+    (RuntimeError("cuDNN rejects this shape\nmore detail"), "error: cuDNN rejects this shape"),
+])  # fmt: skip
+def test_a_failed_measurement_becomes_the_status(error, status):
+    class Failing(_Toy):
+        def measure(self, case, fn, run):
+            raise error
+
+    impl = Implementation("square", lambda case: lambda: case)
+    assert measure_or_status(Failing(), 1, impl, Run(torch.device("cpu"), None)) == {"status": status}
 
 
 def test_records_round_trip_and_latest_run(tmp_path):

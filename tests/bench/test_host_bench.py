@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from fastlm.bench import host
+from fastlm.bench.host_cases import CASES
 from fastlm.bench.options import HOST_OPS
-from fastlm.bench.records import append_records, read_records
 from fastlm.cli import build_parser, main
 from fastlm.cli.bench import cmd_bench_host
+from fastlm.harness.benchmark import Run
+from fastlm.harness.records import append_records
 from fastlm.ops import launch
 
 CPU = torch.device("cpu")
@@ -59,17 +61,18 @@ def test_ratio_pairs_rounds():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the reduced CPU run; GPUs compile the compile mode")
-def test_tiny_cpu_run_writes_records_and_report(tmp_path):
+def test_tiny_cpu_run_writes_records_and_report(tmp_path, monkeypatch):
     # tiny shapes: under TRITON_INTERPRET=1 the fastlm kernels run in the interpreter
-    cases = [dataclasses.replace(host.CASES[op], shape=(4, 32)) for op in ("rms_norm", "weighted_sum")]
-    steps = []
-    host.run(cases, ("eager", "compile"), CPU, tmp_path / "results", calls=3, rounds=3, warmup=1,
-             progress=steps.append)  # fmt: skip
-    assert steps == ["rms_norm eager", "rms_norm compile", "weighted_sum eager", "weighted_sum compile"]
-    records = read_records(tmp_path / "results" / host.RESULTS_FILE)
+    small = {op: dataclasses.replace(CASES[op], shape=(4, 32)) for op in ("rms_norm", "weighted_sum")}
+    monkeypatch.setattr(host, "CASES", small)
+    benchmark = host.HostBenchmark(tuple(small), ("eager", "compile"), rounds=3, calls=3)
+    steps = list(benchmark.measurements(Run(CPU, None)))
+    assert [step.label for step in steps] == ["rms_norm eager", "rms_norm compile", "weighted_sum eager",
+                                              "weighted_sum compile"]  # fmt: skip
+    records = [record for step in steps for record in step.records]
     assert {(r["op"], r["compile"], r["implementation"], r["direction"]) for r in records} == {
         (op, mode, impl, d) for op in ("rms_norm", "weighted_sum") for mode in ("eager", "compile")
-        for impl in host.IMPLEMENTATIONS for d in host.DIRECTIONS
+        for impl in ("pytorch", "fastlm") for d in host.DIRECTIONS
     }  # fmt: skip
     expected_launch = "direct" if launch.DIRECT_LAUNCH else "triton"
     for r in records:
@@ -82,7 +85,8 @@ def test_tiny_cpu_run_writes_records_and_report(tmp_path):
         assert 0 < r["wall_us_min"] <= r["wall_us"] <= r["wall_us_max"]
         assert 0 < r["cpu_us_min"] <= r["cpu_us"] <= r["cpu_us_max"]
 
-    report = host.render(tmp_path / "results", tmp_path / "reports")
+    append_records(tmp_path / "results" / "host.jsonl", records)
+    report = benchmark.render(tmp_path / "results", tmp_path / "reports")
     assert host.CPU_NOTE in report
     assert "| rms_norm | fwd+bwd |" in report and "| weighted_sum | bwd |" in report
     row = next(line for line in report.splitlines() if line.startswith("| weighted_sum | fwd+bwd |"))
@@ -107,9 +111,9 @@ def _gpu_records(run_id: str, launch_path: str, fastlm_cpu_us: float) -> list[di
 
 def test_report_compares_launch_paths_and_checks_the_target(tmp_path):
     results = tmp_path / "results"
-    append_records(results / host.RESULTS_FILE, _gpu_records("1-triton", "triton", 30.0))
-    append_records(results / host.RESULTS_FILE, _gpu_records("2-direct", "direct", 12.0))
-    report = host.render(results, tmp_path / "reports")
+    append_records(results / "host.jsonl", _gpu_records("1-triton", "triton", 30.0))
+    append_records(results / "host.jsonl", _gpu_records("2-direct", "direct", 12.0))
+    report = host.HostBenchmark().render(results, tmp_path / "reports")
     assert host.CPU_NOTE not in report
     assert "| rms_norm | fwd+bwd | 10.0 (10.0–10.0) | 12.0 (12.0–12.0) | 1.20x (1.20–1.20) |" in report
     assert "within 1.5x of PyTorch's for 1 of 1 ops" in report
@@ -118,7 +122,7 @@ def test_report_compares_launch_paths_and_checks_the_target(tmp_path):
 
 
 def test_the_command_line_offers_every_case():
-    assert HOST_OPS == tuple(host.CASES)
+    assert HOST_OPS == tuple(CASES)
 
 
 def test_cli_parses_with_defaults_and_rejects_bad_values(capsys):

@@ -7,9 +7,16 @@ import pytest
 import torch
 
 from fastlm.bench import linear_xent
-from fastlm.bench.records import read_records
+from fastlm.harness.benchmark import Run
+from fastlm.harness.records import append_records, read_records
 
 CEILINGS = {"matmul_tflops": 0.5, "copy_gbps": 10.0}  # what `fastlm bench ceilings` records
+
+
+def measure_all() -> list[dict]:
+    """The records of every (case, implementation) on the CPU, against CEILINGS."""
+    steps = linear_xent.LinearCrossEntropyBenchmark().measurements(Run(torch.device("cpu"), CEILINGS))
+    return [record for step in steps for record in step.records]
 
 
 def test_matmul_flops_by_hand():
@@ -35,21 +42,21 @@ def test_table_rows_compare_each_case_with_its_eager_row():
     assert "speedup" not in rows[3]  # eager ran out of memory there: no ratio
 
 
-def test_out_of_memory_is_recorded_and_the_run_goes_on(tmp_path, monkeypatch):
+def test_out_of_memory_is_recorded_and_the_run_goes_on(monkeypatch):
     def out_of_memory(hidden, weight, targets):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
 
-    broken = dataclasses.replace(linear_xent.IMPLEMENTATIONS[0], name="broken", make=lambda: out_of_memory)
+    broken = dataclasses.replace(linear_xent.IMPLEMENTATIONS[0], name="broken", make=lambda case: out_of_memory)
     monkeypatch.setattr(linear_xent, "IMPLEMENTATIONS", (broken, linear_xent.IMPLEMENTATIONS[0]))
-    records = linear_xent.run(torch.device("cpu"), CEILINGS, tmp_path)
+    records = measure_all()
     assert [(r["implementation"], r["status"]) for r in records] == [("broken", "OOM"), ("eager", "ok")]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reduced CPU run; GPUs run the full benchmark")
 def test_cpu_run_writes_records_table_and_plot(tmp_path):
     results, reports = tmp_path / "results", tmp_path / "reports"
-    linear_xent.run(torch.device("cpu"), CEILINGS, results)
-    records = read_records(results / linear_xent.RESULTS_FILE)
+    append_records(results / "linear_xent.jsonl", measure_all())
+    records = read_records(results / "linear_xent.jsonl")
     assert {r["implementation"]: r["status"] for r in records} == {
         "eager": "ok", "compile": "needs a GPU", "matmul+fastlm-ce": "ok", "fastlm": "ok", "liger": "needs a GPU",
         "cce": "needs a GPU",
@@ -59,7 +66,7 @@ def test_cpu_run_writes_records_table_and_plot(tmp_path):
     expected_tflops = 6 * tokens * width * vocab / (fastlm_row["fwd_bwd_ms"] * 1e-3) / 1e12
     assert fastlm_row["tflops"] == pytest.approx(expected_tflops)
     assert fastlm_row["chunk_rows"] == 2**28 // (2 * 100) // 128 * 128  # default bytes of bf16 logits, 128-row tiles
-    report = linear_xent.render(results, reports)
+    report = linear_xent.LinearCrossEntropyBenchmark().render(results, reports)
     assert "| 16 | 100 | fastlm |" in report
     assert (reports / "linear_xent_fwd_bwd_ms.png").stat().st_size > 0
     assert not (reports / "linear_xent_peak_memory.png").exists()  # peak memory is measured on CUDA only

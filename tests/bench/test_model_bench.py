@@ -8,10 +8,24 @@ import pytest
 import torch
 
 from fastlm.bench import model as model_bench
+from fastlm.bench import model_report
 from fastlm.cli import main
+from fastlm.harness.runner import run_benchmark
 from fastlm.model import ModelConfig
 
 TINY = ModelConfig.preset("tiny", vocab_size=50, context_length=16)
+HF = model_bench.IMPLEMENTATIONS[1]
+
+
+def measure(subjects, rows, *, batch=1, warmup=1, steps=3, **kwargs) -> list[dict]:
+    """The records of every step of `measure_rounds` on the CPU."""
+    steps_taken = model_bench.measure_rounds(subjects, rows, batch=batch, warmup=warmup, steps=steps,
+                                             device=torch.device("cpu"), **kwargs)  # fmt: skip
+    return [record for step in steps_taken for record in step.records]
+
+
+def measure_config(config, rows, **kwargs) -> list[dict]:
+    return measure([model_bench.Subject("tiny", config)], rows, rounds=1, **kwargs)
 
 
 def test_rows_put_eager_first_and_train_last():
@@ -33,7 +47,7 @@ def test_each_compile_mode_compiles_once_in_its_own_mode(monkeypatch):
     monkeypatch.setattr(torch, "compile", recording_compile)
     rows = model_bench.rows(("fwd", "train"), ("fp32",), ("cudagraphs", "eager", "compile"))
     assert [r.compile for r in rows] == ["eager", "eager", "compile", "compile", "cudagraphs", "cudagraphs"]
-    records = model_bench.measure_config(TINY, "tiny", rows, batch=1, warmup=0, steps=1, device=torch.device("cpu"))
+    records = measure_config(TINY, rows, warmup=0, steps=1)
     assert [r["status"] for r in records] == ["ok"] * 6
     assert compiled_modes == ["default", "reduce-overhead"]
 
@@ -52,8 +66,7 @@ def test_summary_reports_the_first_step_separately():
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd", "train"])
 def test_each_mode_measures_and_trains_only_in_train(mode):
-    (record,) = model_bench.measure_config(TINY, "tiny", [model_bench.Row(mode, "fp32", "eager")], batch=2,
-                                           warmup=1, steps=2, device=torch.device("cpu"))  # fmt: skip
+    (record,) = measure_config(TINY, [model_bench.Row(mode, "fp32", "eager")], batch=2, warmup=1, steps=2)
     assert record["status"] == "ok" and record["mode"] == mode
     assert record["median_ms"] > 0 and record["tokens_per_s"] > 0
     assert record["steps"] == 2 and record["batch"] == 2
@@ -65,7 +78,7 @@ def test_out_of_memory_becomes_the_row_status(monkeypatch):
 
     monkeypatch.setattr(model_bench, "time_steps", out_of_memory)
     rows = [model_bench.Row("fwd", "fp32", "eager"), model_bench.Row("train", "fp32", "eager")]
-    records = model_bench.measure_config(TINY, "tiny", rows, batch=1, warmup=0, steps=1, device=torch.device("cpu"))
+    records = measure_config(TINY, rows, warmup=0, steps=1)
     assert [r["status"] for r in records] == ["out of memory", "out of memory"]
 
 
@@ -75,8 +88,7 @@ def test_other_errors_are_not_hidden(monkeypatch):
 
     monkeypatch.setattr(model_bench, "time_steps", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        model_bench.measure_config(TINY, "tiny", [model_bench.Row("fwd", "fp32", "eager")], batch=1, warmup=0,
-                                   steps=1, device=torch.device("cpu"))  # fmt: skip
+        measure_config(TINY, [model_bench.Row("fwd", "fp32", "eager")], warmup=0, steps=1)
 
 
 def test_bench_model_command_writes_records_and_report(tmp_path):
@@ -129,11 +141,6 @@ def fake_rounds(monkeypatch, medians_ms: list[float], raise_at: int | None = Non
     return calls
 
 
-def measure(subjects, rows, **kwargs):
-    return model_bench.measure_subjects(subjects, rows, batch=1, warmup=1, steps=3, device=torch.device("cpu"),
-                                        **kwargs)  # fmt: skip
-
-
 def test_interleaved_rounds_visit_every_configuration_before_the_next_round(monkeypatch):
     subjects = [model_bench.Subject("tiny", TORCH_KERNELS), model_bench.Subject("tiny", FASTLM_KERNELS)]
     rows = [model_bench.Row("fwd", "fp32", "eager"), model_bench.Row("train", "fp32", "eager")]
@@ -183,8 +190,7 @@ def test_models_are_built_and_compiled_once_across_rounds(monkeypatch):
     naive = dataclasses.replace(small, attention="naive")  # a second model, still plain PyTorch: quick on CPU
     subjects = [model_bench.Subject("tiny", small), model_bench.Subject("tiny", naive)]
     rows = model_bench.rows(("fwd",), ("fp32",), ("eager", "compile"))
-    records = model_bench.measure_subjects(subjects, rows, batch=1, warmup=0, steps=1, rounds=2,
-                                           device=torch.device("cpu"), interleave=True)  # fmt: skip
+    records = measure(subjects, rows, warmup=0, steps=1, rounds=2, interleave=True)
     assert [len(r["round_median_ms"]) for r in records] == [2] * 4
     assert builds == ["sdpa", "naive"] and compiled_modes == ["default", "default"]  # one model each, compiled once
 
@@ -200,7 +206,7 @@ def test_out_of_memory_in_a_later_round_ends_only_that_configuration(monkeypatch
 def test_the_schedule_falls_back_to_back_to_back_when_the_models_do_not_fit():
     xl = ModelConfig.preset("xl")
     subjects = [model_bench.Subject("xl", xl.with_kernels(kernels)) for kernels in ("torch", "fastlm")]
-    subjects.append(model_bench.Subject("xl", xl, "hf-llama"))
+    subjects.append(model_bench.Subject("xl", xl, HF))
     rows = model_bench.rows(("train",), ("bf16",), ("eager", "compile", "cudagraphs"))
     h100 = 85_029_158_912  # bytes of an H100 80GB HBM3
     # measured alone: xl trains in 33.6 GiB at batch 4 (H100, benchmarks/results/model.jsonl); the estimate is above
@@ -220,10 +226,10 @@ def test_report_shows_median_spread_and_paired_ratios(monkeypatch, tmp_path):
     monkeypatch.setattr(model_bench, "build_hf_llama", hf_stand_in)
     # each round measures our model with torch kernels, HF Llama (once per shape), ours with fastlm kernels
     fake_rounds(monkeypatch, [100.0, 120.0, 90.0, 110.0, 130.0, 100.0])
-    model_bench.run([("tiny", TORCH_KERNELS), ("tiny", FASTLM_KERNELS)], [model_bench.Row("train", "fp32", "eager")],
-                    batch=1, warmup=1, steps=3, rounds=2, device=torch.device("cpu"), results_dir=tmp_path,
-                    implementations=("fastlm", "hf-llama"))  # fmt: skip
-    report = model_bench.render(tmp_path, tmp_path)
+    benchmark = model_bench.ModelBenchmark((("tiny", TORCH_KERNELS), ("tiny", FASTLM_KERNELS)),
+                                           (model_bench.Row("train", "fp32", "eager"),), batch=1, warmup=1, steps=3,
+                                           rounds=2, hf=True)  # fmt: skip
+    report = run_benchmark(benchmark, tmp_path, torch.device("cpu")).read_text()
     assert "1 warm-up + 3 timed steps per row and round, 2 rounds interleaved" in report
     lines = report.splitlines()
     torch_row, hf_row, fastlm_row = [line for line in lines if line.startswith(("| fastlm", "| hf-llama"))]
@@ -240,8 +246,8 @@ def test_report_shows_median_spread_and_paired_ratios(monkeypatch, tmp_path):
 def test_unpaired_ratio_spread_takes_the_extremes():
     ours = {"schedule": "back to back", "round_median_ms": [90.0, 100.0, 95.0], "median_ms": 95.0}
     theirs = {"schedule": "back to back", "round_median_ms": [100.0, 110.0, 105.0], "median_ms": 105.0}
-    assert model_bench.speed_ratio(ours, theirs) == pytest.approx((105 / 95, 100 / 100, 110 / 90))
-    paired = model_bench.speed_ratio({**ours, "schedule": "interleaved"}, {**theirs, "schedule": "interleaved"})
+    assert model_report.speed_ratio(ours, theirs) == pytest.approx((105 / 95, 100 / 100, 110 / 90))
+    paired = model_report.speed_ratio({**ours, "schedule": "interleaved"}, {**theirs, "schedule": "interleaved"})
     assert paired == pytest.approx((105 / 95, 110 / 100, 100 / 90))
 
 

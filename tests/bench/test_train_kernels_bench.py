@@ -6,7 +6,7 @@ import argparse
 import pytest
 
 from fastlm.bench import train_kernels
-from fastlm.bench.records import read_records
+from fastlm.harness.records import read_records
 from fastlm.train_options import add_kernel_comparison_arguments
 
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from fastlm.cli import main
-from fastlm.distributed.allreduce_bench import GLOO_NOTE, bus_bandwidth
+from fastlm.distributed.allreduce_bench import GLOO_NOTE, bus_bandwidth, render
 
 
 def test_bus_bandwidth_is_the_ring_traffic_per_link():
@@ -40,8 +40,6 @@ def test_nccl_without_gpus_is_a_clear_error(capsys, monkeypatch):
 
 
 def test_report_shows_the_latest_run_of_each_backend(tmp_path):
-    from fastlm.distributed.allreduce_bench import render
-
     def row(run_id, backend, median_ms):
         return {"run_id": run_id, "backend": backend, "gpu": "cpu" if backend == "gloo" else "GPU", "torch": "2",
                 "git_sha": run_id, "date": "d", "iters": 5, "world": 2, "size_mb": 1.0, "median_ms": median_ms,

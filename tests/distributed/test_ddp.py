@@ -10,11 +10,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fastlm.distributed import DDP, BucketedDDP, allreduce_gradients
+from fastlm.distributed import DDP, BucketedDDP
 from fastlm.distributed.launch import spawn
+from fastlm.distributed.wrappers import ParallelSpec, wrap
 
 WORLD = 2
-VARIANTS = ["naive", "flat", "ddp", "bucketed-tiny", "bucketed-large"]
+CPU = torch.device("cpu")
+SPECS = {
+    "naive": ParallelSpec("naive"),
+    "flat": ParallelSpec("flat"),
+    "ddp": ParallelSpec("ddp"),
+    "bucketed-tiny": ParallelSpec("bucketed", 0.0001),  # a bucket per parameter
+    "bucketed-large": ParallelSpec("bucketed", 100),  # one bucket for everything
+}
 
 
 class TiedModel(nn.Module):
@@ -38,31 +46,18 @@ def _spawn(body, *args) -> None:
     spawn(body, WORLD, *args, backend="gloo", timeout_s=60)
 
 
-def _wrap(variant: str, model: nn.Module):
-    if variant == "ddp":
-        return DDP(model)
-    if variant.startswith("bucketed"):
-        return BucketedDDP(model, bucket_size_mb=0.0001 if variant == "bucketed-tiny" else 100)
-    return model
-
-
-def _sync(variant: str, wrapped) -> None:
-    if variant in ("naive", "flat"):
-        allreduce_gradients(wrapped, flat=variant == "flat")
-    else:
-        wrapped.finish_gradient_synchronization()
-
-
-def _train_matches_single_process(rank: int, variant: str, accumulate: bool) -> None:
+def _train_matches_single_process(rank: int, spec: ParallelSpec, accumulate: bool) -> None:
+    after_backward = spec.mode in ("naive", "flat")  # these do not broadcast the weights
     torch.manual_seed(rank)  # different initial weights per rank: the wrapper must broadcast rank 0's
     model = TiedModel()
-    if variant in ("naive", "flat"):
+    if after_backward:
         torch.manual_seed(0)
-        model = TiedModel()  # these variants do not broadcast: start equal
-    wrapped = _wrap(variant, model)
+        model = TiedModel()  # start equal
+    parallel = wrap(model, spec, CPU)
+    wrapped = parallel.module
     torch.manual_seed(0)
     reference = TiedModel()
-    if variant not in ("naive", "flat"):
+    if not after_backward:
         reference.load_state_dict(model.state_dict())  # rank 0's weights, broadcast
     data = torch.randint(0, 11, (3, 2 * WORLD, 5), generator=torch.Generator().manual_seed(1))
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
@@ -70,13 +65,13 @@ def _train_matches_single_process(rank: int, variant: str, accumulate: bool) -> 
     for step in range(3):
         batch = data[step]  # (2 * WORLD, 5): each rank takes its half
         mine = batch[2 * rank : 2 * rank + 2]
-        if accumulate and variant not in ("naive", "flat"):
+        if accumulate and not after_backward:
             with wrapped.no_sync():
                 wrapped(mine[:1]).square().mean().mul(0.5).backward()
             wrapped(mine[1:]).square().mean().mul(0.5).backward()
         else:
             wrapped(mine).square().mean().backward()
-        _sync(variant, wrapped)
+        parallel.synchronize()
         optimizer.step()
         optimizer.zero_grad()
         reference(batch).square().mean().backward()
@@ -86,14 +81,14 @@ def _train_matches_single_process(rank: int, variant: str, accumulate: bool) -> 
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=f"rank {rank}: {name}")
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", SPECS)
 def test_training_matches_single_process(variant):
-    _spawn(_train_matches_single_process, variant, False)
+    _spawn(_train_matches_single_process, SPECS[variant], False)
 
 
 @pytest.mark.parametrize("variant", ["ddp", "bucketed-tiny"])
 def test_no_sync_accumulates_then_syncs(variant):
-    _spawn(_train_matches_single_process, variant, True)
+    _spawn(_train_matches_single_process, SPECS[variant], True)
 
 
 def _mismatch(rank: int, cls_name: str) -> None:

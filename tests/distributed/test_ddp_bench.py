@@ -4,18 +4,11 @@ import json
 
 import pytest
 
-from fastlm.bench.options import check_ddp_variant
 from fastlm.cli import main
-from fastlm.distributed.ddp_bench import (
-    GLOO_NOTE,
-    Timeline,
-    collective_intervals,
-    compare_steps,
-    intersection,
-    length,
-    merge,
-    round_range,
-)
+from fastlm.distributed.bench_options import ddp_variant
+from fastlm.distributed.ddp_report import GLOO_NOTE, compare_steps, render, round_range
+from fastlm.distributed.timeline import Timeline, collective_intervals, intersection, length, merge
+from fastlm.distributed.wrappers import ParallelSpec
 
 
 def test_merge_and_intersection_by_hand():
@@ -54,11 +47,14 @@ def test_collectives_start_when_the_last_rank_arrives():
     assert collective_intervals([rank0, rank1[:1]]) is None  # kernel counts differ: no pairing
 
 
-def test_variant_names():
-    assert check_ddp_variant("bucketed-25") == "bucketed-25"
-    for bad in ("bucketed-0", "bucketed-x", "ddp2"):
+def test_variant_names_parse_into_wrapper_specs():
+    assert ddp_variant("bucketed-25").spec == ParallelSpec("bucketed", 25.0)
+    assert ddp_variant("bucketed-25").name == "bucketed-25"  # records keep the name as given
+    assert ddp_variant("no-sync").spec == ParallelSpec("none")  # the compute-only step
+    assert ddp_variant("torch-ddp").spec == ParallelSpec("torch-ddp")  # PyTorch's own bucket size
+    for bad in ("bucketed-0", "bucketed-x", "bucketed-inf", "ddp2", "none"):
         with pytest.raises(ValueError, match="unknown variant"):
-            check_ddp_variant(bad)
+            ddp_variant(bad)
 
 
 def test_command_on_gloo(tmp_path, capfd):
@@ -91,8 +87,6 @@ def test_command_on_gloo(tmp_path, capfd):
 
 
 def test_report_shows_each_rank_counts_latest_run(tmp_path):
-    from fastlm.distributed.ddp_bench import render
-
     def step(run_id, world, variant, median_ms):
         return {"run_id": run_id, "kind": "step", "world": world, "variant": variant, "median_ms": median_ms,
                 "gpu": "GPU", "backend": "nccl", "torch": "2", "git_sha": run_id, "date": "d", "preset": "xl",

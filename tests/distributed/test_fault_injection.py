@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from fastlm import checkpoint
-from fastlm.bench.records import append_records, with_environment
+from fastlm.harness.records import append_records, with_environment
 
 from .train_processes import TrainRun
 

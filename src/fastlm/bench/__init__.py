@@ -1,1 +1,2 @@
-"""One benchmark harness for every op: timing, result records, ceilings, tables and plots."""
+"""One module per benchmark: a `fastlm.harness.benchmark.Benchmark` (cases, implementations, a
+measurement and a report section) that `fastlm.harness.runner` runs."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 import timeit
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +27,12 @@ import torch
 import fastlm
 from fastlm.analysis.attention import BACKWARD_FLOPS_RATIO, attention_forward_flops
 from fastlm.bench.options import ATTENTION_SWEEPS
-from fastlm.bench.records import append_records, read_records, with_environment
-from fastlm.bench.report import line_plot, markdown_table, present_columns
-from fastlm.bench.timing import is_out_of_memory, measure, measure_after_setup
+from fastlm.harness.benchmark import Benchmark, Implementation, Run
+from fastlm.harness.plots import line_plot
+from fastlm.harness.records import read_records
+from fastlm.harness.tables import device_line, markdown_table, present_columns
+from fastlm.harness.timing import measure, measure_after_setup
 
-RESULTS_FILE = "attention.jsonl"
 CPU_NOTE = (
     "No GPU: fastlm.flash_attention runs its tiled PyTorch path (the Triton interpreter under "
     "TRITON_INTERPRET=1), not the Triton kernels, at reduced shapes; SDPA's flash and cuDNN backends, "
@@ -49,54 +50,6 @@ def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         mask = torch.ones(n, n, device=q.device, dtype=torch.bool).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
-
-
-@dataclass(frozen=True)
-class Implementation:
-    name: str
-    description: str
-    make: Callable[[torch.device, torch.dtype], AttentionFn | str]  # the function, or why unavailable
-
-
-def _naive(device, dtype):
-    return naive_attention
-
-
-def _compiled(device, dtype):
-    torch._dynamo.reset()  # one fresh compilation per shape: never fall back to eager on cache limits
-    return torch.compile(naive_attention, dynamic=False)
-
-
-def _fastlm(device, dtype):
-    return lambda q, k, v: fastlm.flash_attention(q, k, v, causal=True)
-
-
-def _sdpa(backend_name: str):
-    def make(device, dtype):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        if device.type != "cuda":
-            return "needs a GPU"
-        if dtype == torch.float32:
-            return "unsupported: fp32"
-        backend = getattr(SDPBackend, backend_name)
-
-        def attend(q, k, v):
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-        return attend
-
-    return make
-
-
-IMPLEMENTATIONS = {
-    "naive": Implementation("naive", "PyTorch eager, materialized scores", _naive),
-    "compile": Implementation("compile", "torch.compile of the naive attention", _compiled),
-    "fastlm": Implementation("fastlm", "fastlm.flash_attention (Triton)", _fastlm),
-    "sdpa-flash": Implementation("sdpa-flash", "SDPA, FlashAttention-2 backend", _sdpa("FLASH_ATTENTION")),
-    "sdpa-cudnn": Implementation("sdpa-cudnn", "SDPA, cuDNN backend", _sdpa("CUDNN_ATTENTION")),
-}
 
 
 @dataclass(frozen=True)
@@ -146,13 +99,56 @@ def sweep_shapes(sweep: str, device: torch.device) -> list[Shape]:
     raise ValueError(f"unknown sweep {sweep!r}; choose from {', '.join(ATTENTION_SWEEPS)}")
 
 
-def sweep_implementations(sweep: str) -> list[str]:
-    return {
-        "naive": ["naive"],
-        "compile": ["compile"],
-        "flash": ["fastlm", "naive", "sdpa-flash", "sdpa-cudnn"],
-        "model": ["fastlm", "sdpa-flash", "sdpa-cudnn"],
-    }[sweep]
+@dataclass(frozen=True)
+class Case:
+    sweep: str
+    shape: Shape
+
+
+def _naive(_case: Case) -> AttentionFn:
+    return naive_attention
+
+
+def _compiled(_case: Case) -> AttentionFn:
+    torch._dynamo.reset()  # one fresh compilation per shape: never fall back to eager on cache limits
+    return torch.compile(naive_attention, dynamic=False)
+
+
+def _fastlm(_case: Case) -> AttentionFn:
+    return lambda q, k, v: fastlm.flash_attention(q, k, v, causal=True)
+
+
+def _sdpa(backend_name: str) -> Callable[[Case], AttentionFn | str]:
+    def make(case: Case) -> AttentionFn | str:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        if case.shape.dtype == torch.float32:
+            return "unsupported: fp32"
+        backend = getattr(SDPBackend, backend_name)
+
+        def attend(q, k, v):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        return attend
+
+    return make
+
+
+IMPLEMENTATIONS = {
+    "naive": Implementation("naive", _naive, "PyTorch eager, materialized scores"),
+    "compile": Implementation("compile", _compiled, "torch.compile of the naive attention"),
+    "fastlm": Implementation("fastlm", _fastlm, "fastlm.flash_attention (Triton)"),
+    "sdpa-flash": Implementation("sdpa-flash", _sdpa("FLASH_ATTENTION"), "SDPA, FlashAttention-2 backend",
+                                 needs_gpu=True),
+    "sdpa-cudnn": Implementation("sdpa-cudnn", _sdpa("CUDNN_ATTENTION"), "SDPA, cuDNN backend", needs_gpu=True),
+}  # fmt: skip
+SWEEP_IMPLEMENTATIONS = {
+    "naive": ("naive",),
+    "compile": ("compile",),
+    "flash": ("fastlm", "naive", "sdpa-flash", "sdpa-cudnn"),
+    "model": ("fastlm", "sdpa-flash", "sdpa-cudnn"),
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,51 +219,6 @@ def _bench_timings(fn: AttentionFn, q, k, v, device, shape: Shape) -> dict:
         "fwd_bwd_tflops": (1 + BACKWARD_FLOPS_RATIO) * flops / step.median_ms / 1e9,
         "peak_memory_mb": peak_mb,
     }
-
-
-def _measure_one(sweep: str, impl: Implementation, shape: Shape, device: torch.device) -> dict:
-    fn = impl.make(device, shape.dtype)
-    if isinstance(fn, str):
-        return {"status": fn}
-    tensors: list[torch.Tensor] = []
-    try:
-        tensors = shape.make_inputs(device)
-        if sweep in ("naive", "compile"):
-            return {"status": "ok", **_loop_timings(fn, *tensors, device, steps=100 if device.type == "cuda" else 3,
-                                                    warmup=3 if device.type == "cuda" else 1)}  # fmt: skip
-        return {"status": "ok", **_bench_timings(fn, *tensors, device, shape)}
-    except RuntimeError as error:  # out of memory, or an SDPA backend that rejects this shape or dtype
-        if is_out_of_memory(error):
-            return {"status": "OOM"}
-        return {"status": f"error: {str(error).splitlines()[0][:120]}"}
-    finally:
-        del tensors
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-
-
-def run(
-    sweeps: Iterable[str],
-    device: torch.device,
-    results_dir: Path,
-    progress: Callable[[str], None] = lambda done: None,
-) -> list[dict]:
-    """Measure the sweeps; append and return the records (one run id for all of them)."""
-    records = []
-    for sweep in sweeps:
-        for shape in sweep_shapes(sweep, device):
-            for name in sweep_implementations(sweep):
-                impl = IMPLEMENTATIONS[name]
-                record = {"op": "attention", "sweep": sweep, "implementation": name, **shape.record()}
-                record.update(_measure_one(sweep, impl, shape, device))
-                records.append(with_environment(record))
-                progress(f"{sweep} {name} N={shape.seq} D={shape.head_dim} {record['dtype']}")
-    append_records(results_dir / RESULTS_FILE, records)
-    return records
-
-
-def total_measurements(sweeps: Iterable[str], device: torch.device) -> int:
-    return sum(len(sweep_shapes(s, device)) * len(sweep_implementations(s)) for s in sweeps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,53 +329,80 @@ def _tflops_plot(records: list[dict], reports_dir: Path, name: str, title: str) 
     return line_plot(reports_dir / name, panels, xlabel="sequence length", ylabel="TFLOP/s", title=title, logx=True)
 
 
-def render(results_dir: Path, reports_dir: Path) -> str:
-    """Markdown for the latest run of each sweep; writes the PNG plots."""
-    records = read_records(results_dir / RESULTS_FILE)
-    sections = []
-    model = latest_sweep(records, "model")
-    if model:
-        first = model[0]
-        plot = _tflops_plot(model, reports_dir, "attention_model_tflops.png",
-                            f"Causal attention, 32k tokens/batch, 16 heads, bf16 ({first['gpu']})")  # fmt: skip
-        ratios = model_ratios(model)
-        sections += [
-            "## Model shapes (`--sweep model`)",
-            _environment_line(first) + " · tokens per batch fixed, so B = tokens / N · causal, bf16",
-            *([CPU_NOTE] if first["gpu"] == "cpu" else []),
-            markdown_table(model, present_columns(model, BENCH_COLUMNS)),
-        ]
-        measured_ratios = present_columns(ratios, RATIO_COLUMNS[2:])  # after D and N, which every row has
-        if measured_ratios:
-            sections += ["fastlm's TFLOP/s relative to each SDPA backend:",
-                         markdown_table(ratios, [*RATIO_COLUMNS[:2], *measured_ratios])]  # fmt: skip
-        else:
-            sections.append("No SDPA backend was measured in this run, so there are no fastlm-vs-SDPA ratios.")
-        if plot is not None:
-            sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
-    flash = latest_sweep(records, "flash")
-    if flash:
-        plot = _tflops_plot([r for r in flash if r["dtype"] == "bfloat16"], reports_dir, "attention_flash_tflops.png",
-                            f"Causal attention, batch 1, one head, bf16 ({flash[0]['gpu']})")  # fmt: skip
-        sections += ["## Lengths and head dims (`--sweep flash`)", _environment_line(flash[0]),
-                     markdown_table(flash, present_columns(flash, BENCH_COLUMNS))]  # fmt: skip
-        if plot is not None:
-            sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
-    naive, compiled = latest_sweep(records, "naive"), latest_sweep(records, "compile")
-    if naive or compiled:
-        first = (naive or compiled)[0]
-        sections += [
-            "## Naive PyTorch attention, eager and compiled (`--sweep naive`, `--sweep compile`)",
-            _environment_line(first) + " · batch 8, one head, fp32, causal mask",
-            markdown_table(_side_by_side(naive, compiled), SIDE_BY_SIDE_COLUMNS),
-        ]
-    if not sections:
-        return "No attention records yet: run `fastlm bench attention`.\n"
-    return "\n\n".join(sections)
+@dataclass(frozen=True)
+class AttentionBenchmark(Benchmark):
+    """The sweeps (among ATTENTION_SWEEPS), in order, each shape with its sweep's implementations."""
 
+    sweeps: tuple[str, ...] = ("model",)
 
-def _environment_line(record: dict) -> str:
-    return (
-        f"Device: {record['gpu']} · torch {record['torch']} · triton {record['triton']} · "
-        f"git {record['git_sha']} · {record['date']}"
-    )
+    name = "attention"
+    title = "Attention benchmark"
+    progress_name = "attention"
+    cpu_note = CPU_NOTE
+
+    def cases(self, device: torch.device) -> list[Case]:
+        return [Case(sweep, shape) for sweep in self.sweeps for shape in sweep_shapes(sweep, device)]
+
+    def implementations(self, case: Case) -> list[Implementation]:
+        return [IMPLEMENTATIONS[name] for name in SWEEP_IMPLEMENTATIONS[case.sweep]]
+
+    def describe(self, case: Case, implementation: Implementation, run: Run) -> dict:
+        return {"op": "attention", "sweep": case.sweep, "implementation": implementation.name, **case.shape.record()}
+
+    def label(self, case: Case, implementation: Implementation) -> str:
+        shape = case.shape
+        return f"{case.sweep} {implementation.name} N={shape.seq} D={shape.head_dim} {shape.record()['dtype']}"
+
+    def measure(self, case: Case, fn: AttentionFn, run: Run) -> dict:
+        device = run.device
+        tensors = case.shape.make_inputs(device)
+        if case.sweep in ("naive", "compile"):
+            on_gpu = device.type == "cuda"
+            return {"status": "ok", **_loop_timings(fn, *tensors, device, steps=100 if on_gpu else 3,
+                                                    warmup=3 if on_gpu else 1)}  # fmt: skip
+        return {"status": "ok", **_bench_timings(fn, *tensors, device, case.shape)}
+
+    def render(self, results_dir: Path, reports_dir: Path) -> str:
+        """Markdown for the latest run of each sweep; writes the PNG plots."""
+        records = read_records(results_dir / self.results_file)
+        sections = []
+        model = latest_sweep(records, "model")
+        if model:
+            first = model[0]
+            plot = _tflops_plot(model, reports_dir, "attention_model_tflops.png",
+                                f"Causal attention, 32k tokens/batch, 16 heads, bf16 ({first['gpu']})")  # fmt: skip
+            ratios = model_ratios(model)
+            sections += [
+                "## Model shapes (`--sweep model`)",
+                device_line(first) + " · tokens per batch fixed, so B = tokens / N · causal, bf16",
+                *([CPU_NOTE] if first["gpu"] == "cpu" else []),
+                markdown_table(model, present_columns(model, BENCH_COLUMNS)),
+            ]
+            measured_ratios = present_columns(ratios, RATIO_COLUMNS[2:])  # after D and N, which every row has
+            if measured_ratios:
+                sections += ["fastlm's TFLOP/s relative to each SDPA backend:",
+                             markdown_table(ratios, [*RATIO_COLUMNS[:2], *measured_ratios])]  # fmt: skip
+            else:
+                sections.append("No SDPA backend was measured in this run, so there are no fastlm-vs-SDPA ratios.")
+            if plot is not None:
+                sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
+        flash = latest_sweep(records, "flash")
+        if flash:
+            plot = _tflops_plot([r for r in flash if r["dtype"] == "bfloat16"], reports_dir,
+                                "attention_flash_tflops.png",
+                                f"Causal attention, batch 1, one head, bf16 ({flash[0]['gpu']})")  # fmt: skip
+            sections += ["## Lengths and head dims (`--sweep flash`)", device_line(flash[0]),
+                         markdown_table(flash, present_columns(flash, BENCH_COLUMNS))]  # fmt: skip
+            if plot is not None:
+                sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
+        naive, compiled = latest_sweep(records, "naive"), latest_sweep(records, "compile")
+        if naive or compiled:
+            first = (naive or compiled)[0]
+            sections += [
+                "## Naive PyTorch attention, eager and compiled (`--sweep naive`, `--sweep compile`)",
+                device_line(first) + " · batch 8, one head, fp32, causal mask",
+                markdown_table(_side_by_side(naive, compiled), SIDE_BY_SIDE_COLUMNS),
+            ]
+        if not sections:
+            return "No attention records yet: run `fastlm bench attention`.\n"
+        return "\n\n".join(sections)

@@ -14,20 +14,14 @@ alike, so they compare as effective bandwidths against the copy bandwidth measur
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns
-from fastlm.bench.timing import (
-    Timing,
-    drop_grads,
-    is_out_of_memory,
-    measure,
-    measure_after_setup,
-    measure_graph_replay,
-)
+from fastlm.harness.benchmark import Benchmark, Implementation, Run, failure_status
+from fastlm.harness.plots import grouped_bar_plot
+from fastlm.harness.tables import device_line, markdown_table, present_columns
+from fastlm.harness.timing import Timing, drop_grads, measure, measure_after_setup, measure_graph_replay
 
 STAGES = ("fwd", "bwd", "fwd_bwd")
 CPU_NOTE = (
@@ -36,13 +30,6 @@ CPU_NOTE = (
     "conv and the CUDA-graph replays need a GPU and are not measured. These GB/s say nothing about the "
     "kernels' bandwidth on a GPU."
 )
-
-
-@dataclass(frozen=True)
-class Implementation:
-    name: str
-    needs_gpu: bool
-    make: Callable  # (case) -> the function to time, or a string saying why it is unavailable
 
 
 def measure_stages(
@@ -56,23 +43,20 @@ def measure_stages(
     """Times of fwd, bwd and fwd+bwd of ``fn(*inputs)`` (``{stage}_ms``, ``{stage}_gbps`` from
     ``stage_bytes``, ``{stage}_fraction_of_copy`` of ``copy_gbps``); on CUDA also stages
     ``fwd_graph`` and ``fwd_bwd_graph`` (replayed as CUDA graphs), or ``{stage}_status`` saying why
-    one could not be timed. {"status": "OOM" | "error: ..."} when the implementation fails."""
+    one could not be timed. A failure of the eager stages propagates (the runner makes it the status)."""
     leaves = [t for t in inputs if t is not None and t.requires_grad]
 
     def forward_fresh_graph():
         drop_grads(leaves)
         return fn(*inputs)
 
-    try:
-        stages = {
-            "fwd": measure(lambda: fn(*inputs), device),
-            "bwd": measure_after_setup(
-                forward_fresh_graph, lambda y: y.backward(dy), device, reps=40 if device.type == "cuda" else 5
-            ),
-            "fwd_bwd": measure(lambda: fn(*inputs).backward(dy), device, grad_to_none=leaves),
-        }
-    except RuntimeError as error:
-        return {"status": _failure(error)}
+    stages = {
+        "fwd": measure(lambda: fn(*inputs), device),
+        "bwd": measure_after_setup(
+            forward_fresh_graph, lambda y: y.backward(dy), device, reps=40 if device.type == "cuda" else 5
+        ),
+        "fwd_bwd": measure(lambda: fn(*inputs).backward(dy), device, grad_to_none=leaves),
+    }
     result: dict = {"status": "ok"}
     for stage, timing in stages.items():
         result.update(_stage_fields(stage, timing, stage_bytes[stage], copy_gbps))
@@ -85,12 +69,8 @@ def measure_stages(
             timing = measure_graph_replay(call, device, leaves)
             result.update(_stage_fields(stage, timing, stage_bytes[eager_stage], copy_gbps))
         except RuntimeError as error:  # the row's other stages stand; the table says why this one is empty
-            result[f"{stage}_status"] = _failure(error)
+            result[f"{stage}_status"] = failure_status(error)
     return result
-
-
-def _failure(error: RuntimeError) -> str:
-    return "OOM" if is_out_of_memory(error) else f"error: {str(error).splitlines()[0][:120]}"
 
 
 def _stage_fields(stage: str, timing: Timing, nbytes: int, copy_gbps: float) -> dict:
@@ -144,9 +124,45 @@ def render_bandwidth(
                             reference_line=(first["copy_gbps_measured"], "measured copy"),
                             markers=(graphed, "replayed as a CUDA graph") if has_graphed else None)  # fmt: skip
     return "\n\n".join([
-        f"Device: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
-        f"{first['date']} · measured copy bandwidth {first['copy_gbps_measured']:.3g} GB/s",
+        f"{device_line(first)} · measured copy bandwidth {first['copy_gbps_measured']:.3g} GB/s",
         *([CPU_NOTE] if first["gpu"] == "cpu" else []),
         markdown_table(rows, present_columns(rows, [*case_columns, *BANDWIDTH_COLUMNS])),
         f"![fwd+bwd bandwidth]({plot.name})",
     ])  # fmt: skip
+
+
+class BandwidthBenchmark(Benchmark):
+    """A memory-bound op: cases x implementations, each timed by `measure_stages` against this run's
+    copy bandwidth; one table and one fwd+bwd GB/s plot. A subclass names its cases' record fields."""
+
+    cpu_note = CPU_NOTE
+    measures_ceilings = True
+    case_columns: tuple[tuple[str, str], ...]  # (record key, header) of the fields that name a case
+    plot_title: str
+    empty_report: str  # the report before any run
+
+    def case_fields(self, case) -> dict:
+        """The record fields that name ``case`` (op, shape, dtype, ...)."""
+        raise NotImplementedError
+
+    def case_label(self, record: dict) -> str:
+        """A case in a progress line and on the plot's axis, from its record."""
+        raise NotImplementedError
+
+    def shown(self, record: dict) -> dict:
+        """``record`` as the table shows it: with any field the case columns compute."""
+        return record
+
+    def describe(self, case, implementation: Implementation, run: Run) -> dict:
+        return {**self.case_fields(case), "implementation": implementation.name,
+                "copy_gbps_measured": run.ceilings["copy_gbps"]}  # fmt: skip
+
+    def label(self, case, implementation: Implementation) -> str:
+        return f"{self.case_label(self.case_fields(case))} {implementation.name}"
+
+    def render(self, results_dir: Path, reports_dir: Path) -> str:
+        records = [self.shown(r) for r in self.latest_records(results_dir)]
+        if not records:
+            return self.empty_report
+        return render_bandwidth(records, self.case_columns, self.case_label,
+                                reports_dir / f"{self.name}_fwd_bwd_gbps.png", self.plot_title)  # fmt: skip

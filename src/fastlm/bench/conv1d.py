@@ -9,17 +9,16 @@ minimum bytes of `fastlm.analysis.conv1d.Conv1dCost`. `fastlm-cuda` runs the CUD
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 import fastlm
 from fastlm.analysis.conv1d import Conv1dCost
-from fastlm.bench.bandwidth import STAGES, Implementation, measure_stages, render_bandwidth
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
+from fastlm.bench.bandwidth import STAGES, BandwidthBenchmark, measure_stages
+from fastlm.harness.benchmark import Implementation, Run
 
-RESULTS_FILE = "conv1d.jsonl"
 GPU_CASES = (((1, 8192, 8192), 3, torch.float16), ((8, 4096, 2048), 4, torch.bfloat16))
 CPU_CASES = (((2, 64, 32), 4, torch.float32),)  # reduced run on machines without a GPU
 
@@ -31,7 +30,14 @@ def conv1d_bytes(shape: tuple[int, int, int], kernel_size: int, element_size: in
     return {"fwd": cost.fwd_bytes, "bwd": cost.bwd_bytes, "fwd_bwd": cost.fwd_bytes + cost.bwd_bytes}[stage]
 
 
-def _eager() -> ConvFn:
+@dataclass(frozen=True)
+class Case:
+    shape: tuple[int, int, int]  # (B, L, D)
+    kernel_size: int
+    dtype: torch.dtype
+
+
+def _eager(_case=None) -> ConvFn:
     """What a PyTorch user writes: channels-first grouped conv over an explicitly padded copy."""
 
     def conv(u, weight, bias):
@@ -41,13 +47,13 @@ def _eager() -> ConvFn:
     return conv
 
 
-def _compiled() -> ConvFn:
+def _compiled(_case: Case) -> ConvFn:
     torch._dynamo.reset()  # a fresh compilation per shape and dtype
     return torch.compile(_eager(), dynamic=False)
 
 
-def _fastlm(backend: str) -> Callable[[], ConvFn | str]:
-    def make():
+def _fastlm(backend: str) -> Callable[[Case], ConvFn | str]:
+    def make(_case: Case) -> ConvFn | str:
         if backend == "cuda":
             try:
                 from fastlm.ops.csrc import load_causal_conv1d
@@ -61,49 +67,39 @@ def _fastlm(backend: str) -> Callable[[], ConvFn | str]:
 
 
 IMPLEMENTATIONS = (
-    Implementation("eager", False, _eager),
-    Implementation("compile", True, _compiled),
-    Implementation("fastlm", False, _fastlm("triton")),
-    Implementation("fastlm-cuda", True, _fastlm("cuda")),
+    Implementation("eager", _eager),
+    Implementation("compile", _compiled, needs_gpu=True),
+    Implementation("fastlm", _fastlm("triton")),
+    Implementation("fastlm-cuda", _fastlm("cuda"), needs_gpu=True),
 )
 
 
-def _measure_one(impl, shape, kernel_size, dtype, device, ceilings) -> dict:
-    if impl.needs_gpu and device.type != "cuda":
-        return {"status": "needs a GPU"}
-    fn = impl.make()
-    if isinstance(fn, str):
-        return {"status": fn}
-    u = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
-    weight = (torch.randn(shape[2], kernel_size, device=device, dtype=dtype) / kernel_size).requires_grad_()
-    bias = torch.randn(shape[2], device=device, dtype=dtype, requires_grad=True)
-    stage_bytes = {stage: conv1d_bytes(shape, kernel_size, u.element_size(), stage) for stage in STAGES}
-    return measure_stages(fn, (u, weight, bias), torch.randn_like(u), stage_bytes, ceilings["copy_gbps"], device)
+class Conv1dBenchmark(BandwidthBenchmark):
+    name = "conv1d"
+    title = "Causal conv1d benchmark"
+    progress_name = "conv1d"
+    case_columns = (("shape", "B x L x D"), ("kernel_size", "K"), ("dtype", "dtype"))
+    plot_title = "Causal conv1d + SiLU fwd+bwd bandwidth"
+    empty_report = "No conv1d records yet: run `fastlm bench conv1d`.\n"
 
+    def cases(self, device: torch.device) -> list[Case]:
+        return [Case(*case) for case in (GPU_CASES if device.type == "cuda" else CPU_CASES)]
 
-def cases(device: torch.device):
-    return GPU_CASES if device.type == "cuda" else CPU_CASES
+    def implementations(self, case: Case) -> tuple[Implementation, ...]:
+        return IMPLEMENTATIONS
 
+    def case_fields(self, case: Case) -> dict:
+        return {"op": "causal_conv1d", "shape": "x".join(map(str, case.shape)), "kernel_size": case.kernel_size,
+                "dtype": str(case.dtype).removeprefix("torch.")}  # fmt: skip
 
-def run(device: torch.device, ceilings: dict, results_dir: Path, progress=lambda done: None) -> list[dict]:
-    records = []
-    for shape, kernel_size, dtype in cases(device):
-        for impl in IMPLEMENTATIONS:
-            record = {"op": "causal_conv1d", "shape": "x".join(map(str, shape)), "kernel_size": kernel_size,
-                      "dtype": str(dtype).removeprefix("torch."), "implementation": impl.name,
-                      "copy_gbps_measured": ceilings["copy_gbps"]}  # fmt: skip
-            record.update(_measure_one(impl, shape, kernel_size, dtype, device, ceilings))
-            records.append(with_environment(record))
-            progress(f"{record['shape']} K={kernel_size} {record['dtype']} {impl.name}")
-    append_records(results_dir / RESULTS_FILE, records)
-    return records
+    def case_label(self, record: dict) -> str:
+        return f"{record['shape']} K={record['kernel_size']} {record['dtype']}"
 
-
-def render(results_dir: Path, reports_dir: Path) -> str:
-    records = latest_run(read_records(results_dir / RESULTS_FILE))
-    if not records:
-        return "No conv1d records yet: run `fastlm bench conv1d`.\n"
-    plot = reports_dir / "conv1d_fwd_bwd_gbps.png"
-    columns = [("shape", "B x L x D"), ("kernel_size", "K"), ("dtype", "dtype")]
-    return render_bandwidth(records, columns, lambda r: f"{r['shape']} K={r['kernel_size']} {r['dtype']}", plot,
-                            "Causal conv1d + SiLU fwd+bwd bandwidth")  # fmt: skip
+    def measure(self, case: Case, fn: ConvFn, run: Run) -> dict:
+        width, taps = case.shape[2], case.kernel_size
+        u = torch.randn(case.shape, device=run.device, dtype=case.dtype, requires_grad=True)
+        weight = (torch.randn(width, taps, device=run.device, dtype=case.dtype) / taps).requires_grad_()
+        bias = torch.randn(width, device=run.device, dtype=case.dtype, requires_grad=True)
+        stage_bytes = {stage: conv1d_bytes(case.shape, taps, u.element_size(), stage) for stage in STAGES}
+        copy_gbps = run.ceilings["copy_gbps"]
+        return measure_stages(fn, (u, weight, bias), torch.randn_like(u), stage_bytes, copy_gbps, run.device)

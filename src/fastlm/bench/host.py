@@ -34,161 +34,45 @@ from __future__ import annotations
 import gc
 import statistics
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-import fastlm
-from fastlm.bench.options import HOST_COMPILE_MODES, HOST_MIN_ROUNDS
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table
-from fastlm.bench.timing import drop_grads
+from fastlm.bench.host_cases import CASES, HostCase
+from fastlm.bench.options import (
+    HOST_COMPILE_MODES,
+    HOST_CPU_CALLS,
+    HOST_CPU_ROUNDS,
+    HOST_CPU_WARMUP,
+    HOST_GPU_CALLS,
+    HOST_GPU_ROUNDS,
+    HOST_GPU_WARMUP,
+    HOST_MIN_ROUNDS,
+    HOST_OPS,
+)
+from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run, failure_status
+from fastlm.harness.plots import grouped_bar_plot
+from fastlm.harness.records import latest_run, read_records, with_environment
+from fastlm.harness.tables import device_line, markdown_table
+from fastlm.harness.timing import drop_grads
 from fastlm.ops.launch import DIRECT_LAUNCH
-from fastlm.ops.weighted_sum import weighted_sum
 
-RESULTS_FILE = "host.jsonl"
-IMPLEMENTATIONS = ("pytorch", "fastlm")
+# both take a case's inputs; one module-level function per op and implementation (host_cases)
+IMPLEMENTATIONS = (
+    Implementation("pytorch", lambda case: case.pytorch),
+    Implementation("fastlm", lambda case: case.fastlm),
+)
 DIRECTIONS = ("fwd", "bwd", "fwd+bwd")
 TARGET_RATIO = 1.5  # the bound fastlm aims for on its fwd+bwd host cost over PyTorch's
 LAUNCH = "direct" if DIRECT_LAUNCH else "triton"
-SOFTMAX_SCALE = 0.125  # 1 / sqrt(64): attention scores of head dim 64
-CONV_TAPS = 4  # K of the causal conv1d (Mamba's)
 CPU_NOTE = (
     "No GPU on this machine: both implementations ran CPU reference paths (fastlm's plain-PyTorch "
     "fallbacks, or the Triton interpreter under TRITON_INTERPRET=1), not the Triton kernels, so these "
     "numbers say nothing about fastlm's host cost on a GPU, which is what this benchmark is for. Run "
     "`fastlm bench host --compile eager,compile` on a GPU machine."
 )
-
-
-# ---------------------------------------------------------------------------------------------
-# Cases: small shapes where the GPU takes a few microseconds and the host dominates
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class HostCase:
-    op: str  # fastlm's name for it
-    shape: tuple[int, ...]  # the main input's shape
-    baseline: str  # the PyTorch code fastlm replaces, as the report shows it
-    inputs: Callable[[tuple[int, ...], torch.device, torch.dtype], tuple]  # (shape, device, dtype) -> args
-    pytorch: Callable[..., torch.Tensor]  # both take the same args
-    fastlm: Callable[..., torch.Tensor]
-
-
-def _leaf(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
-
-
-def _logits_targets(shape, device, dtype):
-    return _leaf(shape, device, dtype), torch.randint(0, shape[1], shape[:1], device=device)
-
-
-def _qkv(shape, device, dtype):
-    return tuple(_leaf(shape, device, dtype) for _ in range(3))
-
-
-def _x_weight(shape, device, dtype):
-    return _leaf(shape, device, dtype), _leaf(shape[-1:], device, dtype)
-
-
-def _x_weight_bias(shape, device, dtype):
-    return (*_x_weight(shape, device, dtype), _leaf(shape[-1:], device, dtype))
-
-
-def _scores_causal_mask(shape, device, dtype):
-    """Scores (B, H, Sq, Sk) and the additive causal mask (Sq, Sk) that PyTorch code adds to them."""
-    sq, sk = shape[-2:]
-    visible = torch.ones(sq, sk, dtype=torch.bool, device=device).tril(diagonal=sk - sq)
-    mask = torch.zeros(sq, sk, device=device, dtype=dtype).masked_fill(~visible, float("-inf"))
-    return _leaf(shape, device, dtype), mask
-
-
-def _conv_inputs(shape, device, dtype):
-    """u (B, L, D) channels-last, weight (D, K), bias (D,)."""
-    return _leaf(shape, device, dtype), _leaf((shape[-1], CONV_TAPS), device, dtype), _leaf(shape[-1:], device, dtype)
-
-
-# One module-level function per implementation: torch.compile caches compiled code per function.
-def _pytorch_cross_entropy(logits, targets):
-    return F.cross_entropy(logits, targets)
-
-
-def _fastlm_cross_entropy(logits, targets):
-    return fastlm.cross_entropy(logits, targets)
-
-
-def _pytorch_attention(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-def _fastlm_attention(q, k, v):
-    return fastlm.flash_attention(q, k, v, causal=True)
-
-
-def _pytorch_rms_norm(x, weight):
-    return F.rms_norm(x, x.shape[-1:], weight, eps=1e-5)
-
-
-def _fastlm_rms_norm(x, weight):
-    return fastlm.rms_norm(x, weight, eps=1e-5)
-
-
-def _pytorch_layer_norm(x, weight, bias):
-    return F.layer_norm(x, x.shape[-1:], weight, bias, eps=1e-5)
-
-
-def _fastlm_layer_norm(x, weight, bias):
-    return fastlm.layer_norm(x, weight, bias, eps=1e-5)
-
-
-def _pytorch_masked_softmax(x, mask):
-    return torch.softmax(x * SOFTMAX_SCALE + mask, dim=-1)
-
-
-def _fastlm_masked_softmax(x, mask):  # the implicit causal mask: fastlm needs no mask tensor
-    return fastlm.masked_softmax(x, scale=SOFTMAX_SCALE, causal=True)
-
-
-def _pytorch_causal_conv1d(u, weight, bias):
-    length, taps = u.shape[1], weight.shape[1]
-    z = F.conv1d(u.transpose(1, 2), weight.unsqueeze(1), bias, padding=taps - 1, groups=u.shape[2])  # (B, D, L+K-1)
-    return F.silu(z[..., :length]).transpose(1, 2)  # (B, L, D)
-
-
-def _fastlm_causal_conv1d(u, weight, bias):
-    return fastlm.causal_conv1d(u, weight, bias, activation="silu")
-
-
-def _pytorch_weighted_sum(x, weight):
-    return (x * weight).sum(-1)
-
-
-def _fastlm_weighted_sum(x, weight):
-    return weighted_sum(x, weight)
-
-
-CASES = {
-    case.op: case
-    for case in (
-        HostCase("cross_entropy", (8, 32000), "F.cross_entropy(logits, targets)", _logits_targets,
-                 _pytorch_cross_entropy, _fastlm_cross_entropy),
-        HostCase("flash_attention", (1, 8, 128, 64), "F.scaled_dot_product_attention(q, k, v, is_causal=True)",
-                 _qkv, _pytorch_attention, _fastlm_attention),
-        HostCase("rms_norm", (64, 1024), "F.rms_norm(x, (D,), w)", _x_weight, _pytorch_rms_norm, _fastlm_rms_norm),
-        HostCase("layer_norm", (64, 1024), "F.layer_norm(x, (D,), w, b)", _x_weight_bias, _pytorch_layer_norm,
-                 _fastlm_layer_norm),
-        HostCase("masked_softmax", (1, 8, 128, 128), f"torch.softmax(x * {SOFTMAX_SCALE} + causal_mask, -1)",
-                 _scores_causal_mask, _pytorch_masked_softmax, _fastlm_masked_softmax),
-        HostCase("causal_conv1d", (1, 128, 256), f"silu(F.conv1d(u^T, w, b, padding={CONV_TAPS - 1}, groups=D)"
-                 "[..., :L])^T", _conv_inputs, _pytorch_causal_conv1d, _fastlm_causal_conv1d),
-        HostCase("weighted_sum", (64, 1024), "(x * w).sum(-1)", _x_weight, _pytorch_weighted_sum,
-                 _fastlm_weighted_sum),
-    )
-}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,19 +174,14 @@ def direction_calls(fn: Callable[..., torch.Tensor], inputs: tuple, dy: torch.Te
     }
 
 
-def _failure(error: Exception) -> str:
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return f"error: {type(error).__name__}: {first_line[:160]}"
-
-
 def _measure_case(case: HostCase, mode: str, device, dtype, *, calls, rounds, warmup) -> dict[str, dict]:
     """Per implementation: {"status": ...} and, when ok, {direction: (wall rounds, cpu rounds)}."""
     if mode == "compile" and device.type != "cuda":
-        return {impl: {"status": "needs a GPU"} for impl in IMPLEMENTATIONS}
+        return {impl.name: {"status": "needs a GPU"} for impl in IMPLEMENTATIONS}
     results: dict[str, dict] = {}
     host_calls: dict[tuple[str, str], HostCall] = {}
     for impl in IMPLEMENTATIONS:
-        fn = getattr(case, impl)
+        fn = impl.make(case)
         if mode == "compile":
             fn = torch.compile(fn, fullgraph=True, dynamic=False)
         inputs = case.inputs(case.shape, device, dtype)
@@ -311,48 +190,14 @@ def _measure_case(case: HostCase, mode: str, device, dtype, *, calls, rounds, wa
             calls_of_impl = direction_calls(fn, inputs, dy)
             warm_up(calls_of_impl.values(), device, warmup)
         except Exception as error:  # noqa: BLE001 - a failing implementation is a row's status, not a crash
-            results[impl] = {"status": _failure(error)}
+            results[impl.name] = {"status": failure_status(error)}
             continue
-        results[impl] = {"status": "ok"}
-        host_calls.update({(impl, direction): call for direction, call in calls_of_impl.items()})
+        results[impl.name] = {"status": "ok"}
+        host_calls.update({(impl.name, direction): call for direction, call in calls_of_impl.items()})
     times = measure_interleaved(host_calls, device, calls=calls, rounds=rounds, warmup=0)
-    for (impl, direction), rounds_of_key in times.items():
-        results[impl][direction] = rounds_of_key
+    for (name, direction), rounds_of_key in times.items():
+        results[name][direction] = rounds_of_key
     return results
-
-
-def run(
-    cases: Iterable[HostCase],
-    modes: Iterable[str],
-    device: torch.device,
-    results_dir: Path,
-    *,
-    calls: int,
-    rounds: int,
-    warmup: int,
-    progress: Callable[[str], None] = lambda done: None,  # called after each case x mode
-) -> list[dict]:
-    """Measure every case in every compile mode (bf16 on a GPU, fp32 on CPU); append and return
-    one record per case x mode x implementation x direction."""
-    if rounds < HOST_MIN_ROUNDS:
-        raise ValueError(f"rounds must be at least {HOST_MIN_ROUNDS}, got {rounds}")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    records = []
-    for case in cases:
-        for mode in modes:
-            results = _measure_case(case, mode, device, dtype, calls=calls, rounds=rounds, warmup=warmup)
-            for impl in IMPLEMENTATIONS:
-                for direction in DIRECTIONS:
-                    record = {"op": case.op, "shape": list(case.shape), "dtype": str(dtype).removeprefix("torch."),
-                              "implementation": impl, "direction": direction, "compile": mode,
-                              "baseline": case.baseline, "calls": calls, "rounds": rounds, "launch": LAUNCH,
-                              "status": results[impl]["status"]}  # fmt: skip
-                    if direction in results[impl]:
-                        record.update(_time_fields(*results[impl][direction]))
-                    records.append(with_environment(record))
-            progress(f"{case.op} {mode}")
-    append_records(results_dir / RESULTS_FILE, records)
-    return records
 
 
 def _time_fields(wall_rounds: list[float], cpu_rounds: list[float]) -> dict:
@@ -455,50 +300,97 @@ def _launch_comparison(all_records: list[dict], latest: list[dict]) -> str | Non
                         markdown_table(rows, columns)])  # fmt: skip
 
 
-def render(results_dir: Path, reports_dir: Path) -> str:
-    """Markdown (a table and a fwd+bwd ratio plot per compile mode) of the latest host run."""
-    all_records = read_records(results_dir / RESULTS_FILE)
-    records = latest_run(all_records)
-    if not records:
-        return "No host-cost records yet: run `fastlm bench host`.\n"
-    first = records[0]
-    on_cpu = first["gpu"] == "cpu"
-    parts = [
-        f"Device: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
-        f"{first['date']} · launch path {first['launch']} · {first['dtype']} · {first['calls']} calls x "
-        f"{first['rounds']} rounds",
-        *([f"**{CPU_NOTE}**"] if on_cpu else []),
-        "Host microseconds per call, median over rounds (min–max across rounds). wall: calls back to back "
-        "between two synchronizations, divided by their number; CPU: the call alone, timed without "
-        "synchronizing (median over a round's calls). bwd is the backward alone, after an untimed forward. "
-        f"Ratio: fastlm / pytorch per round (below 1: fastlm costs the host less); target fwd+bwd <= "
-        f"{TARGET_RATIO}x.",
-        markdown_table([{"op": op, "shape": "x".join(map(str, r["shape"])), "baseline": f"`{r['baseline']}`"}
-                        for op, r in {r["op"]: r for r in records}.items()],
-                       [("op", "op"), ("shape", "shape"), ("baseline", "pytorch: the code fastlm replaces")]),
-    ]  # fmt: skip
-    for mode in HOST_COMPILE_MODES:
-        mine = [r for r in records if r["compile"] == mode]
-        title = "eager" if mode == "eager" else "torch.compile(fullgraph=True), both implementations"
-        if not any(r["status"] == "ok" for r in mine):
-            if mine:
-                statuses = ", ".join(dict.fromkeys(r["status"] for r in mine))
-                parts += [f"## {title}", f"Not measured: {statuses}."]
-            continue
-        ratios = {metric: _fwd_bwd_ratios(mine, metric) for metric in ("wall_us", "cpu_us")}
-        label = "CPU reference paths" if on_cpu else first["gpu"]
-        plot = grouped_bar_plot(
-            reports_dir / f"host_fwd_bwd_ratio_{mode}.png",
-            list(ratios["wall_us"]),
-            {name: [None if s is None else s.median for s in ratios[metric].values()]
-             for name, metric in (("wall-clock per call", "wall_us"), ("CPU time of the call", "cpu_us"))},
-            ylabel="fwd+bwd host cost, fastlm / pytorch",
-            title=f"Host cost per fwd+bwd call, {mode} ({label})",
-            reference_lines=[(TARGET_RATIO, f"target {TARGET_RATIO}x"), (1.0, "parity")],
-        )  # fmt: skip
-        parts += [f"## {title}", markdown_table(table_rows(mine), TABLE_COLUMNS),
-                  _verdict(ratios["wall_us"], mode), f"![fwd+bwd host cost ratio, {mode}]({plot.name})"]  # fmt: skip
-    comparison = _launch_comparison(all_records, records)
-    if comparison is not None:
-        parts.append(comparison)
-    return "\n\n".join(parts)
+@dataclass(frozen=True)
+class HostBenchmark(Benchmark):
+    """Every case of ``ops`` (None: all of HOST_OPS) in every compile mode of ``modes``, bf16 on a GPU
+    and fp32 on a CPU; ``rounds``, ``calls`` None: this device's defaults (fewer on a CPU). One record
+    per case x mode x implementation x direction; the implementations of a case are measured
+    together, round by round (the protocol above), so a progress step is a case in one mode."""
+
+    ops: tuple[str, ...] | None = None
+    modes: tuple[str, ...] = ("eager",)
+    rounds: int | None = None
+    calls: int | None = None
+
+    name = "host"
+    title = "Host cost per call: fastlm vs PyTorch"
+    progress_name = "host cost"
+    cpu_note = CPU_NOTE
+
+    def __post_init__(self) -> None:
+        if self.rounds is not None and self.rounds < HOST_MIN_ROUNDS:
+            raise ValueError(f"rounds must be at least {HOST_MIN_ROUNDS}, got {self.rounds}")
+
+    def cases(self, device: torch.device) -> list[HostCase]:
+        return [CASES[op] for op in self.ops or HOST_OPS]
+
+    def count(self, device: torch.device) -> int:
+        return len(self.cases(device)) * len(self.modes)
+
+    def measurements(self, run: Run) -> Iterator[Measured]:
+        on_gpu = run.device.type == "cuda"
+        dtype = torch.bfloat16 if on_gpu else torch.float32
+        calls = self.calls or (HOST_GPU_CALLS if on_gpu else HOST_CPU_CALLS)
+        rounds = self.rounds or (HOST_GPU_ROUNDS if on_gpu else HOST_CPU_ROUNDS)
+        warmup = HOST_GPU_WARMUP if on_gpu else HOST_CPU_WARMUP
+        for case in self.cases(run.device):
+            for mode in self.modes:
+                results = _measure_case(case, mode, run.device, dtype, calls=calls, rounds=rounds, warmup=warmup)
+                records = []
+                for impl in IMPLEMENTATIONS:
+                    for direction in DIRECTIONS:
+                        record = {"op": case.op, "shape": list(case.shape), "dtype": str(dtype).removeprefix("torch."),
+                                  "implementation": impl.name, "direction": direction, "compile": mode,
+                                  "baseline": case.baseline, "calls": calls, "rounds": rounds, "launch": LAUNCH,
+                                  "status": results[impl.name]["status"]}  # fmt: skip
+                        if direction in results[impl.name]:
+                            record.update(_time_fields(*results[impl.name][direction]))
+                        records.append(with_environment(record))
+                yield Measured(f"{case.op} {mode}", records)
+
+    def render(self, results_dir: Path, reports_dir: Path) -> str:
+        """Markdown (a table and a fwd+bwd ratio plot per compile mode) of the latest host run."""
+        all_records = read_records(results_dir / self.results_file)
+        records = latest_run(all_records)
+        if not records:
+            return "No host-cost records yet: run `fastlm bench host`.\n"
+        first = records[0]
+        on_cpu = first["gpu"] == "cpu"
+        parts = [
+            f"{device_line(first)} · launch path {first['launch']} · {first['dtype']} · {first['calls']} calls x "
+            f"{first['rounds']} rounds",
+            *([f"**{CPU_NOTE}**"] if on_cpu else []),
+            "Host microseconds per call, median over rounds (min–max across rounds). wall: calls back to back "
+            "between two synchronizations, divided by their number; CPU: the call alone, timed without "
+            "synchronizing (median over a round's calls). bwd is the backward alone, after an untimed forward. "
+            f"Ratio: fastlm / pytorch per round (below 1: fastlm costs the host less); target fwd+bwd <= "
+            f"{TARGET_RATIO}x.",
+            markdown_table([{"op": op, "shape": "x".join(map(str, r["shape"])), "baseline": f"`{r['baseline']}`"}
+                            for op, r in {r["op"]: r for r in records}.items()],
+                           [("op", "op"), ("shape", "shape"), ("baseline", "pytorch: the code fastlm replaces")]),
+        ]  # fmt: skip
+        for mode in HOST_COMPILE_MODES:
+            mine = [r for r in records if r["compile"] == mode]
+            title = "eager" if mode == "eager" else "torch.compile(fullgraph=True), both implementations"
+            if not any(r["status"] == "ok" for r in mine):
+                if mine:
+                    statuses = ", ".join(dict.fromkeys(r["status"] for r in mine))
+                    parts += [f"## {title}", f"Not measured: {statuses}."]
+                continue
+            ratios = {metric: _fwd_bwd_ratios(mine, metric) for metric in ("wall_us", "cpu_us")}
+            label = "CPU reference paths" if on_cpu else first["gpu"]
+            plot = grouped_bar_plot(
+                reports_dir / f"host_fwd_bwd_ratio_{mode}.png",
+                list(ratios["wall_us"]),
+                {name: [None if s is None else s.median for s in ratios[metric].values()]
+                 for name, metric in (("wall-clock per call", "wall_us"), ("CPU time of the call", "cpu_us"))},
+                ylabel="fwd+bwd host cost, fastlm / pytorch",
+                title=f"Host cost per fwd+bwd call, {mode} ({label})",
+                reference_lines=[(TARGET_RATIO, f"target {TARGET_RATIO}x"), (1.0, "parity")],
+            )  # fmt: skip
+            parts += [f"## {title}", markdown_table(table_rows(mine), TABLE_COLUMNS), _verdict(ratios["wall_us"], mode),
+                      f"![fwd+bwd host cost ratio, {mode}]({plot.name})"]  # fmt: skip
+        comparison = _launch_comparison(all_records, records)
+        if comparison is not None:
+            parts.append(comparison)
+        return "\n\n".join(parts)

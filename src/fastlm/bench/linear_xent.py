@@ -26,13 +26,14 @@ import torch
 import torch.nn.functional as F
 
 import fastlm
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table
-from fastlm.bench.timing import is_out_of_memory, measure
+from fastlm.bench.bandwidth import CPU_NOTE
+from fastlm.harness.benchmark import Benchmark, Implementation, Run
+from fastlm.harness.plots import bar_series, grouped_bar_plot
+from fastlm.harness.tables import device_line, markdown_table
+from fastlm.harness.timing import measure
 from fastlm.ops.common import device_arch
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy_config
 
-RESULTS_FILE = "linear_xent.jsonl"
 WIDTH = 4096
 GPU_CASES = tuple((tokens, WIDTH, vocab) for tokens in (4096, 8192, 32768) for vocab in (32000, 128256, 256000))
 CPU_CASES = ((16, 16, 100),)  # reduced run on machines without a GPU: (N, d, V)
@@ -45,31 +46,30 @@ LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]  # (
 
 
 @dataclass(frozen=True)
-class Implementation:
-    name: str
-    description: str
-    needs_gpu: bool
-    make: Callable[[], LossFn | str]  # the loss function, or why it is unavailable
+class Case:
+    tokens: int  # N
+    width: int  # d
+    vocab: int  # V
 
 
-def _eager() -> LossFn:
+def _eager(_case=None) -> LossFn:
     return lambda hidden, weight, targets: F.cross_entropy(hidden @ weight.T, targets)
 
 
-def _compiled() -> LossFn:
+def _compiled(_case: Case) -> LossFn:
     torch._dynamo.reset()  # a fresh compilation per case
     return torch.compile(_eager(), dynamic=False)
 
 
-def _matmul_fastlm_ce() -> LossFn:
+def _matmul_fastlm_ce(_case: Case) -> LossFn:
     return lambda hidden, weight, targets: fastlm.cross_entropy(hidden @ weight.T, targets)
 
 
-def _fastlm() -> LossFn:
+def _fastlm(_case: Case) -> LossFn:
     return lambda hidden, weight, targets: fastlm.linear_cross_entropy(hidden, weight, targets)
 
 
-def _liger() -> LossFn | str:
+def _liger(_case: Case) -> LossFn | str:
     try:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
     except ImportError:
@@ -78,7 +78,7 @@ def _liger() -> LossFn | str:
     return lambda hidden, weight, targets: loss(weight, hidden, targets)
 
 
-def _cce() -> LossFn | str:
+def _cce(_case: Case) -> LossFn | str:
     try:
         from cut_cross_entropy import linear_cross_entropy
     except ImportError:
@@ -87,12 +87,12 @@ def _cce() -> LossFn | str:
 
 
 IMPLEMENTATIONS = (
-    Implementation("eager", "bf16 matmul + F.cross_entropy", False, _eager),
-    Implementation("compile", "torch.compile of the eager loss", True, _compiled),
-    Implementation("matmul+fastlm-ce", "bf16 matmul + fastlm.cross_entropy (fused path)", False, _matmul_fastlm_ce),
-    Implementation("fastlm", "fastlm.linear_cross_entropy (chunked over tokens)", False, _fastlm),
-    Implementation("liger", "Liger-Kernel LigerFusedLinearCrossEntropyLoss", True, _liger),
-    Implementation("cce", "Cut Cross-Entropy linear_cross_entropy (defaults)", True, _cce),
+    Implementation("eager", _eager, "bf16 matmul + F.cross_entropy"),
+    Implementation("compile", _compiled, "torch.compile of the eager loss", needs_gpu=True),
+    Implementation("matmul+fastlm-ce", _matmul_fastlm_ce, "bf16 matmul + fastlm.cross_entropy (fused path)"),
+    Implementation("fastlm", _fastlm, "fastlm.linear_cross_entropy (chunked over tokens)"),
+    Implementation("liger", _liger, "Liger-Kernel LigerFusedLinearCrossEntropyLoss", needs_gpu=True),
+    Implementation("cce", _cce, "Cut Cross-Entropy linear_cross_entropy (defaults)", needs_gpu=True),
 )
 
 
@@ -100,43 +100,6 @@ def matmul_flops(tokens: int, width: int, vocab: int) -> int:
     """The loss's three matmuls, forward and backward: logits (2 N V d), grad_hidden and grad_weight
     (2 N V d each)."""
     return 6 * tokens * vocab * width
-
-
-def _measure_one(impl: Implementation, tokens: int, width: int, vocab: int, device: torch.device,
-                 ceilings: dict) -> dict:  # fmt: skip
-    if impl.needs_gpu and device.type != "cuda":
-        return {"status": "needs a GPU"}
-    loss_fn = impl.make()
-    if isinstance(loss_fn, str):
-        return {"status": loss_fn}
-    try:
-        result = _measure_case(loss_fn, tokens, width, vocab, device, ceilings)
-    except RuntimeError as error:  # out of memory, or an implementation that rejects the case
-        result = {"status": "OOM" if is_out_of_memory(error) else f"error: {str(error).splitlines()[0][:120]}"}
-    if device.type == "cuda":  # here, where the case's tensors (and a traceback holding them) are gone
-        torch.cuda.empty_cache()
-    return result
-
-
-def _measure_case(loss_fn: LossFn, tokens: int, width: int, vocab: int, device: torch.device, ceilings: dict) -> dict:
-    hidden = torch.randn(tokens, width, device=device, dtype=DTYPE, requires_grad=True)
-    weight = (torch.randn(vocab, width, device=device) / width**0.5).to(DTYPE).requires_grad_(True)
-    targets = torch.randint(0, vocab, (tokens,), device=device)
-    budget = dict(warmup_ms=GPU_WARMUP_MS, rep_ms=GPU_REP_MS) if device.type == "cuda" else {}
-    timing = measure(lambda: loss_fn(hidden, weight, targets).backward(), device, grad_to_none=[hidden, weight],
-                     **budget)  # fmt: skip
-    tflops = matmul_flops(tokens, width, vocab) / (timing.median_ms * 1e-3) / 1e12
-    result = {
-        "status": "ok",
-        "fwd_bwd_ms": timing.median_ms,
-        "fwd_bwd_p20_ms": timing.p20_ms,
-        "fwd_bwd_p80_ms": timing.p80_ms,
-        "tflops": tflops,
-        "fraction_of_matmul": tflops / ceilings["matmul_tflops"],
-    }
-    if device.type == "cuda":
-        result.update(_peak_memory(loss_fn, hidden, weight, targets))
-    return result
 
 
 def _peak_memory(loss_fn: LossFn, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> dict:
@@ -151,27 +114,6 @@ def _peak_memory(loss_fn: LossFn, hidden: torch.Tensor, weight: torch.Tensor, ta
     gradients = sum(t.grad.numel() * t.grad.element_size() for t in (hidden, weight))
     hidden.grad = weight.grad = None
     return {"peak_gib": peak / 2**30, "peak_excluding_grads_gib": (peak - gradients) / 2**30}
-
-
-def cases(device: torch.device) -> tuple[tuple[int, int, int], ...]:
-    return GPU_CASES if device.type == "cuda" else CPU_CASES
-
-
-def run(device: torch.device, ceilings: dict, results_dir: Path, progress=lambda done: None) -> list[dict]:
-    """Measure every implementation at every case; append and return the records."""
-    records = []
-    for tokens, width, vocab in cases(device):
-        for impl in IMPLEMENTATIONS:
-            record = {"op": "linear_xent", "tokens": tokens, "width": width, "vocab": vocab,
-                      "dtype": str(DTYPE).removeprefix("torch."), "reduction": "mean", "implementation": impl.name,
-                      "description": impl.description, "matmul_tflops_measured": ceilings["matmul_tflops"]}  # fmt: skip
-            if impl.name == "fastlm":  # the chunk it picked: (chunk_rows, V) logits at a time
-                record["chunk_rows"] = linear_cross_entropy_config(device_arch(device), DTYPE, vocab).chunk_rows
-            record.update(_measure_one(impl, tokens, width, vocab, device, ceilings))
-            records.append(with_environment(record))
-            progress(f"N={tokens} V={vocab} {impl.name}")
-    append_records(results_dir / RESULTS_FILE, records)
-    return records
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,35 +152,79 @@ def table_rows(records: list[dict]) -> list[dict]:
     return rows
 
 
-def render(results_dir: Path, reports_dir: Path) -> str:
-    """Markdown section (device line, table, plot links) for the latest run; writes the PNG plots."""
-    records = latest_run(read_records(results_dir / RESULTS_FILE))
-    if not records:
-        return "No fused linear + cross-entropy records yet: run `fastlm bench linear-xent`.\n"
-    first = records[0]
-    groups = list(dict.fromkeys(f"N={r['tokens']} V={r['vocab']}" for r in records))
-    names = [impl.name for impl in IMPLEMENTATIONS]
-    lookup = {(f"N={r['tokens']} V={r['vocab']}", r["implementation"]): r for r in records if r["status"] == "ok"}
+class LinearCrossEntropyBenchmark(Benchmark):
+    name = "linear_xent"
+    title = "Fused linear + cross-entropy benchmark"
+    progress_name = "linear_xent"
+    cpu_note = CPU_NOTE
+    measures_ceilings = True
 
-    def series(key):
-        return {n: [lookup.get((g, n), {}).get(key) for g in groups] for n in names
-                if any((g, n) in lookup for g in groups)}  # fmt: skip
+    def cases(self, device: torch.device) -> list[Case]:
+        return [Case(*case) for case in (GPU_CASES if device.type == "cuda" else CPU_CASES)]
 
-    title = f"Fused linear + cross-entropy, d={first['width']}, bf16 ({first['gpu']})"
-    time_png = grouped_bar_plot(reports_dir / "linear_xent_fwd_bwd_ms.png", groups, series("fwd_bwd_ms"),
-                                ylabel="fwd+bwd median ms (lower is better)", title=title)  # fmt: skip
-    parts = [
-        f"Device: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
-        f"{first['date']} · d={first['width']}, bf16 hidden and weight, reduction='mean' · measured matmul rate "
-        f"{first['matmul_tflops_measured']:.3g} TFLOP/s · TFLOP/s count 6 N V d · peak memory: allocated during "
-        "one fwd+bwd above what was allocated before it, with and without the gradients of hidden and weight",
-        markdown_table(table_rows(records), TABLE_COLUMNS),
-        f"![fwd+bwd time]({time_png.name})",
-    ]
-    memory = series("peak_excluding_grads_gib")
-    if any(v is not None for values in memory.values() for v in values):  # measured on CUDA only
-        memory_png = grouped_bar_plot(reports_dir / "linear_xent_peak_memory.png", groups, memory,
-                                      ylabel="peak GiB above the inputs, without the gradients",
-                                      title=title)  # fmt: skip
-        parts.append(f"![peak memory]({memory_png.name})")
-    return "\n\n".join(parts)
+    def implementations(self, case: Case) -> tuple[Implementation, ...]:
+        return IMPLEMENTATIONS
+
+    def describe(self, case: Case, implementation: Implementation, run: Run) -> dict:
+        record = {"op": "linear_xent", "tokens": case.tokens, "width": case.width, "vocab": case.vocab,
+                  "dtype": str(DTYPE).removeprefix("torch."), "reduction": "mean",
+                  "implementation": implementation.name, "description": implementation.description,
+                  "matmul_tflops_measured": run.ceilings["matmul_tflops"]}  # fmt: skip
+        if implementation.name == "fastlm":  # the chunk it picked: (chunk_rows, V) logits at a time
+            record["chunk_rows"] = linear_cross_entropy_config(device_arch(run.device), DTYPE, case.vocab).chunk_rows
+        return record
+
+    def label(self, case: Case, implementation: Implementation) -> str:
+        return f"N={case.tokens} V={case.vocab} {implementation.name}"
+
+    def measure(self, case: Case, loss_fn: LossFn, run: Run) -> dict:
+        tokens, width, vocab, device = case.tokens, case.width, case.vocab, run.device
+        hidden = torch.randn(tokens, width, device=device, dtype=DTYPE, requires_grad=True)
+        weight = (torch.randn(vocab, width, device=device) / width**0.5).to(DTYPE).requires_grad_(True)
+        targets = torch.randint(0, vocab, (tokens,), device=device)
+        budget = dict(warmup_ms=GPU_WARMUP_MS, rep_ms=GPU_REP_MS) if device.type == "cuda" else {}
+        timing = measure(lambda: loss_fn(hidden, weight, targets).backward(), device,
+                         grad_to_none=[hidden, weight], **budget)  # fmt: skip
+        tflops = matmul_flops(tokens, width, vocab) / (timing.median_ms * 1e-3) / 1e12
+        result = {
+            "status": "ok",
+            "fwd_bwd_ms": timing.median_ms,
+            "fwd_bwd_p20_ms": timing.p20_ms,
+            "fwd_bwd_p80_ms": timing.p80_ms,
+            "tflops": tflops,
+            "fraction_of_matmul": tflops / run.ceilings["matmul_tflops"],
+        }
+        if device.type == "cuda":
+            result.update(_peak_memory(loss_fn, hidden, weight, targets))
+        return result
+
+    def render(self, results_dir: Path, reports_dir: Path) -> str:
+        """Markdown section (device line, table, plot links) for the latest run; writes the PNG plots."""
+        records = self.latest_records(results_dir)
+        if not records:
+            return "No fused linear + cross-entropy records yet: run `fastlm bench linear-xent`.\n"
+        first = records[0]
+        groups = list(dict.fromkeys(f"N={r['tokens']} V={r['vocab']}" for r in records))
+        names = [impl.name for impl in IMPLEMENTATIONS]
+
+        def series(key):
+            return bar_series(records, groups, lambda r: f"N={r['tokens']} V={r['vocab']}", names, key)
+
+        title = f"Fused linear + cross-entropy, d={first['width']}, bf16 ({first['gpu']})"
+        time_png = grouped_bar_plot(reports_dir / "linear_xent_fwd_bwd_ms.png", groups, series("fwd_bwd_ms"),
+                                    ylabel="fwd+bwd median ms (lower is better)", title=title)  # fmt: skip
+        parts = [
+            f"{device_line(first)} · d={first['width']}, bf16 hidden and weight, reduction='mean' · measured "
+            f"matmul rate {first['matmul_tflops_measured']:.3g} TFLOP/s · TFLOP/s count 6 N V d · peak memory: "
+            "allocated during one fwd+bwd above what was allocated before it, with and without the gradients of "
+            "hidden and weight",
+            markdown_table(table_rows(records), TABLE_COLUMNS),
+            f"![fwd+bwd time]({time_png.name})",
+        ]
+        memory = series("peak_excluding_grads_gib")
+        if any(v is not None for values in memory.values() for v in values):  # measured on CUDA only
+            memory_png = grouped_bar_plot(reports_dir / "linear_xent_peak_memory.png", groups, memory,
+                                          ylabel="peak GiB above the inputs, without the gradients",
+                                          title=title)  # fmt: skip
+            parts.append(f"![peak memory]({memory_png.name})")
+        return "\n\n".join(parts)

@@ -29,100 +29,30 @@ import contextlib
 import dataclasses
 import gc
 import statistics
-import timeit
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from fastlm.analysis.model import MODES, mfu
-from fastlm.bench.records import append_records, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns
-from fastlm.bench.timing import is_out_of_memory
+from fastlm.bench.model_report import CPU_NOTE, render
 from fastlm.devices import current_device_name, spec_for_device_name
+from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run
+from fastlm.harness.records import read_records, with_environment
+from fastlm.harness.steps import LossFn, Row, make_optimizer, make_step, time_steps
+from fastlm.harness.timing import is_out_of_memory
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.model.config import COMPILE_MODES
+from fastlm.model.config import COMPILE_MODES, TORCH_COMPILE_MODE
 
-RESULTS_FILE = "model.jsonl"
 PRECISIONS = ("fp32", "bf16")
 SWEEP_COMPILE_MODES = ("eager", "compile")
-TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}
-IMPLEMENTATIONS = ("fastlm", "hf-llama")  # our TransformerLM | transformers' LlamaForCausalLM, same dims
-CPU_NOTE = (
-    "No GPU: steps of the model on the CPU, its fastlm kernels through their reference paths; MFU and peak "
-    "memory need a GPU and are not measured, and these step times say nothing about GPU step times."
-)
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens, targets) -> scalar loss
-
-
-@dataclass(frozen=True)
-class Row:
-    """One measurement: how a model is stepped."""
-
-    mode: str
-    precision: str
-    compile: str
 
 
 def rows(modes: Sequence[str], precisions: Sequence[str], compile_modes: Sequence[str]) -> list[Row]:
     """Eager rows first, then each compile mode's (one compilation per mode and precision); train
     last in each group, so the AdamW state it allocates never inflates another row's peak memory."""
     return [Row(m, p, c) for c in COMPILE_MODES if c in compile_modes for p in precisions for m in MODES if m in modes]
-
-
-def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if precision == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW for every model measured here: the fused single-kernel implementation on CUDA, so the
-    optimizer costs the same for every model and as little as PyTorch allows."""
-    on_cuda = next(model.parameters()).is_cuda
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_cuda)
-
-
-def make_step(
-    loss_fn: LossFn,
-    model: torch.nn.Module,
-    row: Row,
-    tokens: torch.Tensor,
-    targets: torch.Tensor,
-    optimizer: torch.optim.Optimizer | None,
-) -> Callable[[], None]:
-    device = tokens.device
-
-    def forward() -> torch.Tensor:
-        with precision_context(row.precision, device):
-            return loss_fn(tokens, targets)
-
-    def step() -> None:
-        if row.compile == "cudagraphs":
-            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are dead
-        if row.mode == "fwd":
-            forward()
-            return
-        model.zero_grad(set_to_none=True)
-        forward().backward()
-        if row.mode == "train":
-            optimizer.step()
-
-    return step
-
-
-def time_steps(step: Callable[[], None], warmup: int, steps: int, device: torch.device) -> list[float]:
-    """Milliseconds of each of the warmup + steps calls, synchronized before the clock stops."""
-    times = []
-    for _ in range(warmup + steps):
-        start = timeit.default_timer()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append((timeit.default_timer() - start) * 1e3)
-    return times
 
 
 def summarize_rounds(round_times: Sequence[Sequence[float]], warmup: int, tokens_per_step: int) -> dict:
@@ -173,23 +103,30 @@ def build_hf_llama(config: ModelConfig) -> torch.nn.Module:
     return LlamaForCausalLM(hf_config)
 
 
+# make(config) -> the model; looked up when called, so tests can stand in for either
+IMPLEMENTATIONS = (
+    Implementation("fastlm", lambda config: TransformerLM(config), "our TransformerLM"),
+    Implementation("hf-llama", lambda config: build_hf_llama(config), "transformers' LlamaForCausalLM, same dims"),
+)
+
+
 @dataclass(frozen=True)
 class Subject:
     """One model to build: our TransformerLM of a configuration, or HF Llama of its dimensions."""
 
     preset: str
     config: ModelConfig
-    implementation: str = "fastlm"
+    implementation: Implementation = IMPLEMENTATIONS[0]
 
 
-def subjects(configs: Iterable[tuple[str, ModelConfig]], implementations: Sequence[str]) -> list[Subject]:
+def subjects(configs: Iterable[tuple[str, ModelConfig]], implementations: Sequence[Implementation]) -> list[Subject]:
     """Every (configuration, implementation); HF Llama once per shape, since the kernel switches do
     not apply to it."""
     result, hf_shapes = [], set()
     for preset, config in configs:
         for implementation in implementations:
             shape = (config.d_model, config.d_ff, config.num_layers, config.num_heads)
-            if implementation == "hf-llama":
+            if implementation.name == "hf-llama":
                 if shape in hf_shapes:
                     continue
                 hf_shapes.add(shape)
@@ -217,7 +154,7 @@ class BuiltModel:
     def _build(self) -> None:
         config = self.subject.config
         with torch.device(self.device):  # initialized in place: no 8 GB host-side init and copy for xl
-            model = TransformerLM(config) if self.subject.implementation == "fastlm" else build_hf_llama(config)
+            model = self.subject.implementation.make(config)
             self.tokens = torch.randint(0, config.vocab_size, (self.batch, config.context_length))
             self.targets = torch.randint(0, config.vocab_size, (self.batch, config.context_length))
         self.model = model
@@ -231,7 +168,7 @@ class BuiltModel:
         return self.compiled[compile_mode]
 
     def _loss_fn(self, module: torch.nn.Module) -> LossFn:
-        if self.subject.implementation == "fastlm":
+        if self.subject.implementation.name == "fastlm":
             return module
         return lambda tokens, targets: module(input_ids=tokens, labels=targets).loss
 
@@ -324,7 +261,7 @@ def _compile_caches_for_many_models():
             torch._dynamo.reset()
 
 
-def measure_subjects(
+def measure_rounds(
     subject_list: Sequence[Subject],
     row_list: Sequence[Row],
     *,
@@ -334,17 +271,15 @@ def measure_subjects(
     rounds: int,
     device: torch.device,
     interleave: bool | None = None,
-    on_records: Callable[[list[dict]], None] = lambda records: None,
-    progress: Callable[[str], None] = lambda done: None,
-) -> list[dict]:
-    """Every (subject, row) for ``rounds`` rounds; one record per (subject, row).
+) -> Iterator[Measured]:
+    """Every (subject, row) for ``rounds`` rounds, one step per round of a (subject, row); one record
+    per (subject, row), yielded with the step that finishes its model's last round.
 
     Interleaved: round 1 of every configuration, then round 2, ..., with every model and its
     compiled modules kept, so slow drift of the machine (clocks, temperature, other tenants) is
     spread over all configurations alike. Back to back: the rounds of one configuration follow
-    each other and a model is freed once its rows are done. A model's records go to ``on_records``
-    once its last round is measured. A configuration that runs out of memory is not retried in
-    later rounds; its record says "out of memory"."""
+    each other and a model is freed once its rows are done. A configuration that runs out of
+    memory is not retried in later rounds; its record says "out of memory"."""
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     schedule, why = choose_schedule(subject_list, row_list, batch, memory, interleave)
     if schedule == "interleaved":
@@ -357,7 +292,6 @@ def measure_subjects(
     peaks: dict[tuple[int, Row], list[float]] = {key: [] for key in times}
     out_of_memory: set[tuple[int, Row]] = set()
     spec = spec_for_device_name(current_device_name())
-    records = []
     with _compile_caches_for_many_models():
         for i, (r, s, row) in enumerate(plan):
             subject = subject_list[s]
@@ -372,13 +306,14 @@ def measure_subjects(
                         raise
                     out_of_memory.add((s, row))
                     _free_memory(device)
-            progress(f"{subject.preset} {row.mode} {row.precision} {row.compile} round {r + 1}/{rounds}")
+            label = f"{subject.preset} {row.mode} {row.precision} {row.compile} round {r + 1}/{rounds}"
             if last_use[s] != i:
+                yield Measured(label, [])
                 continue
             built[s].release()
             if schedule == "back to back":
                 torch._dynamo.reset()  # its compiled code and CUDA graphs go with it
-            base = {"op": "model", "implementation": subject.implementation, "preset": subject.preset,
+            base = {"op": "model", "implementation": subject.implementation.name, "preset": subject.preset,
                     **dataclasses.asdict(subject.config), "batch": batch, "warmup": warmup, "steps": steps,
                     "rounds": rounds, "schedule": schedule, "schedule_reason": why}  # fmt: skip
             model_records = []
@@ -394,230 +329,40 @@ def measure_subjects(
                     if peaks[s, row]:
                         record["peak_memory_gib"] = max(peaks[s, row]) / 2**30
                 model_records.append(with_environment(record))
-            on_records(model_records)
-            records += model_records
-    return records
+            yield Measured(label, model_records)
 
 
-def measure_config(
-    config: ModelConfig,
-    preset: str,
-    row_list: Sequence[Row],
-    *,
-    batch: int,
-    warmup: int,
-    steps: int,
-    device: torch.device,
-    implementation: str = "fastlm",
-    rounds: int = 1,
-    progress: Callable[[str], None] = lambda done: None,
-) -> list[dict]:
-    """Every row for one model configuration; one record per row."""
-    return measure_subjects([Subject(preset, config, implementation)], row_list, batch=batch, warmup=warmup,
-                            steps=steps, rounds=rounds, device=device, progress=progress)  # fmt: skip
+@dataclass(frozen=True)
+class ModelBenchmark(Benchmark):
+    """Every (configuration, implementation, row) for ``rounds`` rounds (interleaved unless
+    ``interleave`` is False, or None and the models would not fit in memory together); ``hf`` adds
+    HF Llama of each configuration's dimensions. A model's records are appended as soon as its last
+    round is measured, so an interrupted run keeps what it finished."""
 
+    configs: tuple[tuple[str, ModelConfig], ...]
+    rows: tuple[Row, ...]
+    batch: int
+    warmup: int
+    steps: int
+    rounds: int = 1
+    interleave: bool | None = None
+    hf: bool = False
 
-def run(
-    configs: Iterable[tuple[str, ModelConfig]],
-    row_list: Sequence[Row],
-    *,
-    batch: int,
-    warmup: int,
-    steps: int,
-    device: torch.device,
-    results_dir: Path,
-    implementations: Sequence[str] = ("fastlm",),
-    rounds: int = 1,
-    interleave: bool | None = None,
-    progress: Callable[[str], None] = lambda done: None,
-) -> list[dict]:
-    """Measure every (configuration, implementation, row) in one process; a model's records are
-    appended as soon as its last round is measured, so an interrupted run keeps what it finished."""
-    return measure_subjects(subjects(configs, implementations), row_list, batch=batch, warmup=warmup, steps=steps,
-                            rounds=rounds, device=device, interleave=interleave, progress=progress,
-                            on_records=lambda records: append_records(results_dir / RESULTS_FILE, records))  # fmt: skip
+    name = "model"
+    title = "Model benchmark"
+    progress_name = "model"
+    cpu_note = CPU_NOTE
 
+    def cases(self, device: torch.device) -> list[Subject]:
+        return subjects(self.configs, IMPLEMENTATIONS if self.hf else IMPLEMENTATIONS[:1])
 
-# ---------------------------------------------------------------------------------------------
-# Report
-# ---------------------------------------------------------------------------------------------
+    def count(self, device: torch.device) -> int:
+        return len(self.cases(device)) * len(self.rows) * self.rounds
 
-COLUMNS = [
-    ("implementation", "model"),
-    ("preset", "preset"),
-    ("kernels", "attention / norm / loss"),
-    ("mode", "mode"),
-    ("precision", "precision"),
-    ("compile", "compile"),
-    ("first_step_ms", "first step ms"),
-    ("step_ms", "step ms: median (rounds min-max)"),
-    ("p20_p80_ms", "step ms p20-p80"),
-    ("tokens_per_s", "tokens/s"),
-    ("mfu_percent", "MFU %"),
-    ("peak_memory_gib", "peak GiB"),
-    ("status", "status"),
-]
+    def measurements(self, run: Run) -> Iterator[Measured]:
+        return measure_rounds(self.cases(run.device), self.rows, batch=self.batch, warmup=self.warmup,
+                              steps=self.steps, rounds=self.rounds, device=run.device,
+                              interleave=self.interleave)  # fmt: skip
 
-RATIO_COLUMNS = [
-    ("preset", "preset"),
-    ("mode", "mode"),
-    ("precision", "precision"),
-    ("compile", "compile"),
-    ("model", "model / kernels"),
-    ("tokens_per_s", "tokens/s"),
-    ("vs_torch_kernels", "tokens/s vs PyTorch kernels"),
-    ("vs_hf", "tokens/s vs HF Llama"),
-]
-
-
-def _number(value: float) -> str:
-    if value >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.1f}" if value >= 10 else f"{value:.3g}"
-
-
-def with_spread(value: float, low: float, high: float, unit: str = "") -> str:
-    """'101.8 (98.9-104.0)': a value and its spread, the spread left out where it is empty."""
-    if low == high:
-        return f"{_number(value)}{unit}"
-    return f"{_number(value)}{unit} ({_number(low)}-{_number(high)})"
-
-
-def round_medians(record: dict) -> list[float]:
-    """The per-round median step times; one round for records written before rounds existed."""
-    return record.get("round_median_ms") or [record["median_ms"]]
-
-
-def _display(record: dict) -> dict:
-    row = dict(record)
-    row["kernels"] = f"{record['attention']} / {record['norm']} / {record['loss']}"
-    if record.get("implementation") == "hf-llama":
-        row["kernels"] = "transformers (sdpa)"
-    if record.get("status") != "ok":
-        return row
-    median, low, high = record["median_ms"], min(round_medians(record)), max(round_medians(record))
-    row["step_ms"] = with_spread(median, low, high)
-    if record.get("p20_ms") is not None:
-        row["p20_p80_ms"] = f"{_number(record['p20_ms'])}-{_number(record['p80_ms'])}"
-    # tokens/s and MFU scale with 1 / step time: the slowest round gives the low end
-    row["tokens_per_s"] = with_spread(record["tokens_per_s"], record["tokens_per_s"] * median / high,
-                                      record["tokens_per_s"] * median / low)  # fmt: skip
-    if record.get("mfu") is not None:
-        mfu_percent = 100 * record["mfu"]
-        row["mfu_percent"] = with_spread(mfu_percent, mfu_percent * median / high, mfu_percent * median / low)
-    return row
-
-
-def speed_ratio(record: dict, baseline: dict) -> tuple[float, float, float]:
-    """tokens/s of ``record`` over ``baseline``'s: (value, low, high). Interleaved rounds pair up,
-    so the value is the median of the per-round ratios and the spread their min and max; rounds run
-    back to back do not pair, so the value is the ratio of the medians and the spread the extremes
-    (fastest against slowest round)."""
-    ours, theirs = round_medians(record), round_medians(baseline)
-    paired = record.get("schedule") == baseline.get("schedule") == "interleaved" and len(ours) == len(theirs)
-    if paired:
-        ratios = [b / a for a, b in zip(ours, theirs, strict=True)]
-        return statistics.median(ratios), min(ratios), max(ratios)
-    return baseline["median_ms"] / record["median_ms"], min(theirs) / max(ours), max(theirs) / min(ours)
-
-
-def _is_torch_kernels(record: dict) -> bool:
-    return (record["implementation"] == "fastlm" and record["attention"] == "sdpa" and record["norm"] == "torch"
-            and record["loss"] == "torch")  # fmt: skip
-
-
-def ratio_rows(records: list[dict]) -> list[dict]:
-    """For each (preset, mode, precision, compile) measured with more than one model or kernel set:
-    every row's tokens/s against our model with PyTorch kernels and against HF Llama."""
-    groups: dict[tuple, list[dict]] = {}
-    for r in records:
-        if r.get("status") == "ok":
-            key = (r["preset"], r["d_model"], r["num_layers"], r["batch"], r["mode"], r["precision"], r["compile"])
-            groups.setdefault(key, []).append(r)
-    rows_out = []
-    for group in groups.values():
-        if len(group) < 2:
-            continue
-        torch_kernels = next((r for r in group if _is_torch_kernels(r)), None)
-        hf = next((r for r in group if r["implementation"] == "hf-llama"), None)
-        for r in group:
-            display = _display(r)
-            row = {k: r[k] for k in ("preset", "mode", "precision", "compile")}
-            row["model"] = "HF Llama" if r is hf else f"fastlm, {display['kernels']}"
-            row["tokens_per_s"] = display["tokens_per_s"]
-            if torch_kernels is not None and r is not torch_kernels and r is not hf:
-                row["vs_torch_kernels"] = with_spread(*speed_ratio(r, torch_kernels), unit="x")
-            if hf is not None and r is not hf:
-                row["vs_hf"] = with_spread(*speed_ratio(r, hf), unit="x")
-            rows_out.append(row)
-    return rows_out
-
-
-def _mfu_plot(records: list[dict], reports_dir: Path) -> Path | None:
-    """MFU of the training step per preset, one bar per (implementation, kernels, precision, compile)."""
-    train = [r for r in records if r["mode"] == "train" and r.get("mfu") is not None]
-    if not train:
-        return None
-    presets = list(dict.fromkeys(r["preset"] for r in records))
-
-    def series_name(r: dict) -> str:
-        if r["implementation"] == "hf-llama":
-            return f"HF Llama {r['precision']} {r['compile']} batch {r['batch']}"
-        kernels = "fastlm kernels" if r["attention"] == "fastlm" else f"{r['attention']} attention"
-        return f"{kernels} {r['precision']} {r['compile']} batch {r['batch']}"
-
-    series: dict[str, list[float | None]] = {}
-    for r in train:
-        values = series.setdefault(series_name(r), [None] * len(presets))
-        values[presets.index(r["preset"])] = 100 * r["mfu"]
-    return grouped_bar_plot(reports_dir / "model_mfu.png", presets, series, ylabel="MFU % (bf16 dense peak)",
-                            title="Training step MFU by preset (batch x context tokens per step)")  # fmt: skip
-
-
-def _runs(records: list[dict], count: int) -> list[list[dict]]:
-    """The last ``count`` runs, oldest first, each as its own list of records."""
-    by_run: dict[str, list[dict]] = {}
-    for record in records:
-        by_run.setdefault(record["run_id"], []).append(record)
-    return list(by_run.values())[-count:]
-
-
-def render(results_dir: Path, reports_dir: Path, runs: int = 1) -> str:
-    """One table per run (the last ``runs`` runs: never mixing timings of runs in a table) and a
-    plot of the training-step MFU of all of them."""
-    selected = _runs(read_records(results_dir / RESULTS_FILE), runs)
-    if not selected:
-        return "No model records yet: run `fastlm bench model`.\n"
-    lines = []
-    for records in selected:
-        first = records[0]
-        displayed = [_display(r) for r in records]
-        rounds = first.get("rounds", 1)
-        schedule = f", {rounds} rounds {first['schedule']} ({first['schedule_reason']})" if rounds > 1 else ""
-        lines += [
-            f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · {first['date']} · "
-            f"batch {first['batch']} x context {first['context_length']}, vocab {first['vocab_size']}, "
-            f"{first['warmup']} warm-up + {first['steps']} timed steps per row and round{schedule}",
-            "",
-            *([CPU_NOTE, ""] if first["gpu"] == "cpu" else []),
-            markdown_table(displayed, present_columns(displayed, COLUMNS)),
-            "",
-        ]
-        ratios = ratio_rows(records)
-        if ratios:
-            if rounds == 1:
-                spread = "one round, so no spread"
-            elif first["schedule"] == "interleaved":
-                spread = "in brackets the lowest and highest per-round ratio (rounds interleaved, so paired)"
-            else:
-                spread = "in brackets the slowest and fastest round against each other (rounds back to back)"
-            lines += [
-                f"tokens/s ratios within this run, from the medians over rounds; {spread}:",
-                "",
-                markdown_table(ratios, RATIO_COLUMNS),
-                "",
-            ]
-    plot = _mfu_plot([r for records in selected for r in records], reports_dir)
-    if plot is not None:
-        lines.append(f"![training-step MFU]({plot.name})")
-    return "\n".join(lines)
+    def render(self, results_dir: Path, reports_dir: Path) -> str:
+        return render(read_records(results_dir / self.results_file), reports_dir)

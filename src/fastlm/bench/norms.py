@@ -7,16 +7,15 @@ convention are `fastlm.bench.bandwidth`'s, with the minimum bytes of `norm_bytes
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 import fastlm
-from fastlm.bench.bandwidth import STAGES, Implementation, measure_stages, render_bandwidth
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
+from fastlm.bench.bandwidth import STAGES, BandwidthBenchmark, measure_stages
+from fastlm.harness.benchmark import Implementation, Run
 
-RESULTS_FILE = "norms.jsonl"
 KINDS = ("layer", "rms")
 GPU_SHAPES = ((32768, 1024), (16384, 4096), (4096, 16384))
 GPU_DTYPES = (torch.bfloat16, torch.float32)
@@ -36,81 +35,80 @@ def norm_bytes(rows: int, width: int, element_size: int, kind: str, stage: str) 
     return {"fwd": forward, "bwd": backward, "fwd_bwd": forward + backward}[stage]
 
 
-def _eager(kind: str) -> NormFn:
-    if kind == "layer":
+@dataclass(frozen=True)
+class Case:
+    kind: str  # layer | rms
+    rows: int
+    width: int
+    dtype: torch.dtype
+
+
+def _eager(case: Case) -> NormFn:
+    if case.kind == "layer":
         return lambda x, w, b: F.layer_norm(x, x.shape[-1:], w, b)
     return lambda x, w, b: F.rms_norm(x, x.shape[-1:], w, eps=1e-5)
 
 
-def _compiled(kind: str) -> NormFn:
+def _compiled(case: Case) -> NormFn:
     torch._dynamo.reset()  # a fresh compilation per shape and dtype
-    return torch.compile(_eager(kind), dynamic=False)
+    return torch.compile(_eager(case), dynamic=False)
 
 
-def _fastlm(kind: str) -> NormFn:
-    if kind == "layer":
+def _fastlm(case: Case) -> NormFn:
+    if case.kind == "layer":
         return lambda x, w, b: fastlm.layer_norm(x, w, b)
     return lambda x, w, b: fastlm.rms_norm(x, w)
 
 
-def _liger(kind: str) -> NormFn | str:
+def _liger(case: Case) -> NormFn | str:
     try:
         from liger_kernel.transformers.functional import liger_layer_norm, liger_rms_norm
     except ImportError:
         return "missing: liger-kernel is not installed"
-    if kind == "layer":
+    if case.kind == "layer":
         return lambda x, w, b: liger_layer_norm(x, w, b, 1e-5)
     return lambda x, w, b: liger_rms_norm(x, w, 1e-5, in_place=False)
 
 
 IMPLEMENTATIONS = (
-    Implementation("eager", False, _eager),
-    Implementation("compile", True, _compiled),
-    Implementation("fastlm", False, _fastlm),
-    Implementation("liger", True, _liger),
+    Implementation("eager", _eager),
+    Implementation("compile", _compiled, needs_gpu=True),
+    Implementation("fastlm", _fastlm),
+    Implementation("liger", _liger, needs_gpu=True),
 )
 
 
-def _measure_one(impl, kind, rows, width, dtype, device, ceilings) -> dict:
-    if impl.needs_gpu and device.type != "cuda":
-        return {"status": "needs a GPU"}
-    fn = impl.make(kind)
-    if isinstance(fn, str):
-        return {"status": fn}
-    x = torch.randn(rows, width, device=device, dtype=dtype, requires_grad=True)
-    w = torch.randn(width, device=device, dtype=dtype, requires_grad=True)
-    b = torch.randn(width, device=device, dtype=dtype, requires_grad=True) if kind == "layer" else None
-    stage_bytes = {stage: norm_bytes(rows, width, x.element_size(), kind, stage) for stage in STAGES}
-    return measure_stages(fn, (x, w, b), torch.randn_like(x), stage_bytes, ceilings["copy_gbps"], device)
+class NormsBenchmark(BandwidthBenchmark):
+    name = "norms"
+    title = "LayerNorm / RMSNorm benchmark"
+    progress_name = "norms"
+    case_columns = (("kind", "norm"), ("shape", "M x D"), ("dtype", "dtype"))
+    plot_title = "LayerNorm / RMSNorm fwd+bwd bandwidth"
+    empty_report = "No norm records yet: run `fastlm bench norms`.\n"
 
+    def cases(self, device: torch.device) -> list[Case]:
+        if device.type == "cuda":
+            return [Case(k, m, d, t) for k in KINDS for (m, d) in GPU_SHAPES for t in GPU_DTYPES]
+        return [Case(k, m, d, torch.float32) for k in KINDS for (m, d) in CPU_SHAPES]
 
-def cases(device: torch.device) -> list[tuple[str, int, int, torch.dtype]]:
-    if device.type == "cuda":
-        return [(k, m, d, t) for k in KINDS for (m, d) in GPU_SHAPES for t in GPU_DTYPES]
-    return [(k, m, d, torch.float32) for k in KINDS for (m, d) in CPU_SHAPES]
+    def implementations(self, case: Case) -> tuple[Implementation, ...]:
+        return IMPLEMENTATIONS
 
+    def case_fields(self, case: Case) -> dict:
+        return {"op": "norms", "kind": case.kind, "rows": case.rows, "width": case.width,
+                "dtype": str(case.dtype).removeprefix("torch.")}  # fmt: skip
 
-def run(device: torch.device, ceilings: dict, results_dir: Path, progress=lambda done: None) -> list[dict]:
-    records = []
-    for kind, rows, width, dtype in cases(device):
-        for impl in IMPLEMENTATIONS:
-            record = {"op": "norms", "kind": kind, "rows": rows, "width": width,
-                      "dtype": str(dtype).removeprefix("torch."), "implementation": impl.name,
-                      "copy_gbps_measured": ceilings["copy_gbps"]}  # fmt: skip
-            record.update(_measure_one(impl, kind, rows, width, dtype, device, ceilings))
-            records.append(with_environment(record))
-            progress(f"{kind} {rows}x{width} {record['dtype']} {impl.name}")
-    append_records(results_dir / RESULTS_FILE, records)
-    return records
+    def case_label(self, record: dict) -> str:
+        return f"{record['kind']} {record['rows']}x{record['width']} {record['dtype']}"
 
+    def shown(self, record: dict) -> dict:
+        return {**record, "shape": f"{record['rows']}x{record['width']}"}
 
-def render(results_dir: Path, reports_dir: Path) -> str:
-    records = latest_run(read_records(results_dir / RESULTS_FILE))
-    if not records:
-        return "No norm records yet: run `fastlm bench norms`.\n"
-    for r in records:
-        r["shape"] = f"{r['rows']}x{r['width']}"
-    columns = [("kind", "norm"), ("shape", "M x D"), ("dtype", "dtype")]
-    plot = reports_dir / "norms_fwd_bwd_gbps.png"
-    return render_bandwidth(records, columns, lambda r: f"{r['kind']} {r['shape']} {r['dtype']}", plot,
-                            "LayerNorm / RMSNorm fwd+bwd bandwidth")  # fmt: skip
+    def measure(self, case: Case, fn: NormFn, run: Run) -> dict:
+        def leaf(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, device=run.device, dtype=case.dtype, requires_grad=True)
+
+        x, w = leaf(case.rows, case.width), leaf(case.width)
+        b = leaf(case.width) if case.kind == "layer" else None
+        stage_bytes = {stage: norm_bytes(case.rows, case.width, x.element_size(), case.kind, stage) for stage in STAGES}
+        return measure_stages(fn, (x, w, b), torch.randn_like(x), stage_bytes, run.ceilings["copy_gbps"], run.device)

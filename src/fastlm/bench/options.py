@@ -7,7 +7,7 @@ check a value without importing torch or Triton (seconds); the benchmarks import
 from __future__ import annotations
 
 # `fastlm bench host` (fastlm.bench.host)
-# the keys of fastlm.bench.host.CASES, in its order (tests/bench/test_host_bench.py holds them equal)
+# the keys of fastlm.bench.host_cases.CASES, in its order (tests/bench/test_host_bench.py holds them equal)
 HOST_OPS = ("cross_entropy", "flash_attention", "rms_norm", "layer_norm", "masked_softmax", "causal_conv1d",
             "weighted_sum")  # fmt: skip
 HOST_COMPILE_MODES = ("eager", "compile")
@@ -19,21 +19,3 @@ HOST_MIN_ROUNDS = 3  # a median and a spread
 
 # `fastlm bench attention` (fastlm.bench.attention)
 ATTENTION_SWEEPS = ("naive", "compile", "flash", "model")
-
-# `fastlm bench ddp` (fastlm.distributed.ddp_bench)
-DDP_VARIANTS = ("no-sync", "naive", "flat", "ddp", "bucketed-1", "bucketed-10", "bucketed-100", "bucketed-1000",
-                "torch-ddp")  # fmt: skip
-DDP_OPTIMIZERS = ("adamw", "sharded", "zero")
-
-
-def check_ddp_variant(name: str) -> str:
-    """``name`` if it is a variant (``bucketed-X`` with any positive finite X), else ValueError."""
-    if name in DDP_VARIANTS:
-        return name
-    if name.startswith("bucketed-"):
-        try:
-            if 0 < float(name.removeprefix("bucketed-")) < float("inf"):
-                return name
-        except ValueError:
-            pass
-    raise ValueError(f"unknown variant {name!r}; known: {', '.join(DDP_VARIANTS)} (bucketed-X for any finite X MB > 0)")

@@ -16,11 +16,16 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from fastlm.analysis.conv1d import Conv1dCost
 from fastlm.analysis.xent import CrossEntropyCost
-from fastlm.bench.records import latest_run, read_records
-from fastlm.bench.report import markdown_table, save_figure
-from fastlm.devices import spec_for_device_name
+from fastlm.devices import current_device_name, spec_for_device_name
+from fastlm.harness.benchmark import Benchmark
+from fastlm.harness.ceilings import latest_ceilings, record_ceilings
+from fastlm.harness.plots import save_figure
+from fastlm.harness.records import latest_run, read_records
+from fastlm.harness.tables import markdown_table
 
 NORM_FLOPS_PER_ELEMENT = {"layer": 7, "rms": 4}
 CPU_NOTE = (
@@ -149,7 +154,8 @@ def _matmul(ceilings: dict) -> str:
     return f"{ceilings['matmul_dtype']} matmul {ceilings['matmul_tflops']:.3g} TFLOP/s"
 
 
-def render(results_dir: Path, reports_dir: Path, ceilings: dict) -> str:
+def render_roofline(results_dir: Path, reports_dir: Path, ceilings: dict) -> str:
+    """The roofline of ``ceilings``' device with the kernels measured there; writes roofline.png."""
     points = kernel_points(results_dir, ceilings["gpu"])
     spec = spec_for_device_name(ceilings["gpu"])
     plot = plot_roofline(reports_dir / "roofline.png", ceilings, spec.vector_fp32_tflops if spec else None, points)
@@ -168,3 +174,21 @@ def render(results_dir: Path, reports_dir: Path, ceilings: dict) -> str:
         markdown_table(rows, columns) if rows else "No kernel records of this device yet: run the `fastlm bench` ops.",
         f"![roofline]({plot.name})",
     ])  # fmt: skip
+
+
+class RooflineBenchmark(Benchmark):
+    """Measures nothing of its own: places the other benchmarks' latest records of this device under
+    its latest ceilings (measured now if it has none)."""
+
+    name = "roofline"
+    title = "Roofline"
+    cpu_note = CPU_NOTE
+
+    def ceilings(self, results_dir: Path, device: torch.device) -> dict:
+        return latest_ceilings(results_dir, current_device_name()) or record_ceilings(results_dir, device)
+
+    def cases(self, device: torch.device) -> list:
+        return []
+
+    def render(self, results_dir: Path, reports_dir: Path) -> str:
+        return render_roofline(results_dir, reports_dir, latest_ceilings(results_dir, current_device_name()))

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 
 import fastlm
-from fastlm.bench.bandwidth import STAGES, Implementation, measure_stages, render_bandwidth
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
+from fastlm.bench.bandwidth import STAGES, BandwidthBenchmark, measure_stages
+from fastlm.harness.benchmark import Implementation, Run
 
-RESULTS_FILE = "softmax.jsonl"
 SCALE = 0.125
 # The last two: long rows, 256 of them (32 MB in bf16, smaller than an H100's L2: the launch and a
 # grid of 2 programs per SM weigh) and 2048 of them (256 MB, a large shape)
@@ -39,62 +38,59 @@ def softmax_bytes(shape: tuple[int, ...], element_size: int, stage: str) -> int:
     return {"fwd": forward, "bwd": backward, "fwd_bwd": forward + backward}[stage]
 
 
+@dataclass(frozen=True)
+class Case:
+    shape: tuple[int, int, int, int]  # (B, H, Sq, Sk)
+    dtype: torch.dtype
+
+
 def _eager(_case=None) -> SoftmaxFn:
     return lambda x, mask: torch.softmax(x * SCALE + mask, dim=-1)
 
 
-def _compiled(_case=None) -> SoftmaxFn:
+def _compiled(_case: Case) -> SoftmaxFn:
     torch._dynamo.reset()  # a fresh compilation per shape and dtype
     return torch.compile(_eager(), dynamic=False)
 
 
-def _fastlm(_case=None) -> SoftmaxFn:
+def _fastlm(_case: Case) -> SoftmaxFn:
     return lambda x, mask: fastlm.masked_softmax(x, mask, scale=SCALE)
 
 
 IMPLEMENTATIONS = (
-    Implementation("eager", False, _eager),
-    Implementation("compile", True, _compiled),
-    Implementation("fastlm", False, _fastlm),
+    Implementation("eager", _eager),
+    Implementation("compile", _compiled, needs_gpu=True),
+    Implementation("fastlm", _fastlm),
 )
 
 
-def _measure_one(impl, shape, dtype, device, ceilings) -> dict:
-    if impl.needs_gpu and device.type != "cuda":
-        return {"status": "needs a GPU"}
-    x = torch.randn(shape, device=device, dtype=dtype, requires_grad=True)
-    b, _, _, sk = shape
-    mask = torch.zeros(b, 1, 1, sk, device=device, dtype=dtype)
-    mask[..., sk - sk // 8 :] = float("-inf")
-    stage_bytes = {stage: softmax_bytes(shape, x.element_size(), stage) for stage in STAGES}
-    return measure_stages(impl.make(), (x, mask), torch.randn_like(x), stage_bytes, ceilings["copy_gbps"], device)
+class SoftmaxBenchmark(BandwidthBenchmark):
+    name = "softmax"
+    title = "Masked softmax benchmark"
+    progress_name = "softmax"
+    case_columns = (("shape", "B x H x Sq x Sk"), ("dtype", "dtype"))
+    plot_title = "Masked softmax (scale, key-padding mask) fwd+bwd bandwidth"
+    empty_report = "No softmax records yet: run `fastlm bench softmax`.\n"
 
+    def cases(self, device: torch.device) -> list[Case]:
+        if device.type == "cuda":
+            return [Case(s, t) for s in GPU_SHAPES for t in GPU_DTYPES]
+        return [Case(s, torch.float32) for s in CPU_SHAPES]
 
-def cases(device: torch.device) -> list[tuple[tuple[int, ...], torch.dtype]]:
-    if device.type == "cuda":
-        return [(s, t) for s in GPU_SHAPES for t in GPU_DTYPES]
-    return [(s, torch.float32) for s in CPU_SHAPES]
+    def implementations(self, case: Case) -> tuple[Implementation, ...]:
+        return IMPLEMENTATIONS
 
+    def case_fields(self, case: Case) -> dict:
+        return {"op": "masked_softmax", "shape": "x".join(map(str, case.shape)),
+                "dtype": str(case.dtype).removeprefix("torch.")}  # fmt: skip
 
-def run(device: torch.device, ceilings: dict, results_dir: Path, progress=lambda done: None) -> list[dict]:
-    records = []
-    for shape, dtype in cases(device):
-        for impl in IMPLEMENTATIONS:
-            record = {"op": "masked_softmax", "shape": "x".join(map(str, shape)),
-                      "dtype": str(dtype).removeprefix("torch."), "implementation": impl.name,
-                      "copy_gbps_measured": ceilings["copy_gbps"]}  # fmt: skip
-            record.update(_measure_one(impl, shape, dtype, device, ceilings))
-            records.append(with_environment(record))
-            progress(f"{record['shape']} {record['dtype']} {impl.name}")
-    append_records(results_dir / RESULTS_FILE, records)
-    return records
+    def case_label(self, record: dict) -> str:
+        return f"{record['shape']} {record['dtype']}"
 
-
-def render(results_dir: Path, reports_dir: Path) -> str:
-    records = latest_run(read_records(results_dir / RESULTS_FILE))
-    if not records:
-        return "No softmax records yet: run `fastlm bench softmax`.\n"
-    plot = reports_dir / "softmax_fwd_bwd_gbps.png"
-    return render_bandwidth(records, [("shape", "B x H x Sq x Sk"), ("dtype", "dtype")],
-                            lambda r: f"{r['shape']} {r['dtype']}", plot,
-                            "Masked softmax (scale, key-padding mask) fwd+bwd bandwidth")  # fmt: skip
+    def measure(self, case: Case, fn: SoftmaxFn, run: Run) -> dict:
+        x = torch.randn(case.shape, device=run.device, dtype=case.dtype, requires_grad=True)
+        b, _, _, sk = case.shape
+        mask = torch.zeros(b, 1, 1, sk, device=run.device, dtype=case.dtype)
+        mask[..., sk - sk // 8 :] = float("-inf")
+        stage_bytes = {stage: softmax_bytes(case.shape, x.element_size(), stage) for stage in STAGES}
+        return measure_stages(fn, (x, mask), torch.randn_like(x), stage_bytes, run.ceilings["copy_gbps"], run.device)

@@ -16,8 +16,8 @@ import timeit
 from collections.abc import Sequence
 
 from fastlm import train
-from fastlm.bench.records import append_records, with_environment
 from fastlm.data.prepare import DataError
+from fastlm.harness.records import append_records, with_environment
 from fastlm.train_log import loss_plot, read_log
 from fastlm.train_options import UsageError
 

@@ -25,11 +25,11 @@ import torch.nn.functional as F
 
 import fastlm
 from fastlm.analysis.xent import CrossEntropyCost
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table
-from fastlm.bench.timing import Timing, measure, measure_after_setup
+from fastlm.harness.benchmark import Benchmark, Implementation, Run
+from fastlm.harness.plots import bar_series, grouped_bar_plot
+from fastlm.harness.tables import device_line, markdown_table
+from fastlm.harness.timing import Timing, measure, measure_after_setup
 
-RESULTS_FILE = "xent.jsonl"
 DEFAULT_BATCH = 4096
 DEFAULT_VOCABS = (32000, 50264, 128256)
 CPU_BATCH = 128  # reduced run on machines without a GPU
@@ -44,30 +44,28 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
-class Implementation:
-    name: str
-    description: str
-    needs_gpu: bool
-    make: Callable[[], LossFn | str]  # the loss function, or why it is unavailable
+class Case:
+    batch: int
+    vocab: int
 
 
-def _eager() -> LossFn:
+def _eager(_case=None) -> LossFn:
     return lambda logits, targets: F.cross_entropy(logits, targets, reduction="none")
 
 
-def _eager_fp32() -> LossFn:
+def _eager_fp32(_case) -> LossFn:
     return lambda logits, targets: F.cross_entropy(logits.float(), targets, reduction="none")
 
 
-def _compiled() -> LossFn:
+def _compiled(_case) -> LossFn:
     return torch.compile(_eager())
 
 
-def _fastlm(fused: bool) -> Callable[[], LossFn]:
-    return lambda: lambda logits, targets: fastlm.cross_entropy(logits, targets, reduction="none", fused=fused)
+def _fastlm(fused: bool) -> Callable[[Case], LossFn]:
+    return lambda _case: lambda logits, targets: fastlm.cross_entropy(logits, targets, reduction="none", fused=fused)
 
 
-def _liger() -> LossFn | str:
+def _liger(_case) -> LossFn | str:
     try:
         from liger_kernel.transformers.functional import liger_cross_entropy
     except ImportError:
@@ -76,12 +74,12 @@ def _liger() -> LossFn | str:
 
 
 IMPLEMENTATIONS = (
-    Implementation("eager", "F.cross_entropy on the bf16 logits", False, _eager),
-    Implementation("eager-fp32", "F.cross_entropy after an fp32 upcast", False, _eager_fp32),
-    Implementation("compile", "torch.compile(F.cross_entropy)", True, _compiled),
-    Implementation("fastlm", "fastlm, recompute path (fused=False)", False, _fastlm(False)),
-    Implementation("fastlm-fused", "fastlm, fused path (dlogits in the forward)", False, _fastlm(True)),
-    Implementation("liger", "Liger-Kernel cross-entropy", True, _liger),
+    Implementation("eager", _eager, "F.cross_entropy on the bf16 logits"),
+    Implementation("eager-fp32", _eager_fp32, "F.cross_entropy after an fp32 upcast"),
+    Implementation("compile", _compiled, "torch.compile(F.cross_entropy)", needs_gpu=True),
+    Implementation("fastlm", _fastlm(False), "fastlm, recompute path (fused=False)"),
+    Implementation("fastlm-fused", _fastlm(True), "fastlm, fused path (dlogits in the forward)"),
+    Implementation("liger", _liger, "Liger-Kernel cross-entropy", needs_gpu=True),
 )
 
 
@@ -97,69 +95,6 @@ def _time_stages(loss_fn: LossFn, logits: torch.Tensor, targets: torch.Tensor) -
         "bwd": measure_after_setup(forward_fresh_graph, lambda losses: losses.backward(upstream), logits.device),
         "fwd_bwd": measure(lambda: loss_fn(logits, targets).backward(upstream), logits.device, grad_to_none=[logits]),
     }
-
-
-def run(
-    *,
-    batch: int,
-    vocabs: tuple[int, ...],
-    device: torch.device,
-    ceilings: dict,
-    results_dir: Path,
-    progress: Callable[[str], None] = lambda done: None,  # called after each measurement
-) -> list[dict]:
-    """Measure every implementation at every vocabulary size; append and return the records."""
-    records = []
-    for vocab in vocabs:
-        cost = CrossEntropyCost(batch, vocab)
-        stage_bytes = {"fwd": cost.fwd_bytes, "bwd": cost.bwd_bytes, "fwd_bwd": cost.fwd_bytes + cost.bwd_bytes}
-        for impl in IMPLEMENTATIONS:
-            record = {
-                "op": "xent",
-                "batch": batch,
-                "vocab": vocab,
-                "dtype": "bfloat16",
-                "reduction": "none",
-                "implementation": impl.name,
-                "description": impl.description,
-                "copy_gbps_measured": ceilings["copy_gbps"],
-            }
-            record.update(_measure_one(impl, batch, vocab, device, stage_bytes, ceilings))
-            records.append(with_environment(record))
-            progress(f"V={vocab} {impl.name}")
-    append_records(results_dir / RESULTS_FILE, records)
-    return records
-
-
-def _measure_one(impl, batch, vocab, device, stage_bytes, ceilings) -> dict:
-    if impl.needs_gpu and device.type != "cuda":
-        return {"status": "needs a GPU"}
-    loss_fn = impl.make()
-    if isinstance(loss_fn, str):
-        return {"status": loss_fn}
-    logits = torch.randn(batch, vocab, device=device, dtype=torch.bfloat16).requires_grad_(True)
-    targets = torch.randint(0, vocab, (batch,), device=device)
-    try:
-        stages = _time_stages(loss_fn, logits, targets)
-    except torch.cuda.OutOfMemoryError:
-        return {"status": "OOM"}
-    finally:
-        del logits, targets
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-    result: dict = {"status": "ok"}
-    for stage, timing in stages.items():
-        gbps = stage_bytes[stage] / (timing.median_ms * 1e-3) / 1e9
-        result.update(
-            {
-                f"{stage}_ms": timing.median_ms,
-                f"{stage}_p20_ms": timing.p20_ms,
-                f"{stage}_p80_ms": timing.p80_ms,
-                f"{stage}_gbps": gbps,
-                f"{stage}_fraction_of_copy": gbps / ceilings["copy_gbps"],
-            }
-        )
-    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,49 +151,87 @@ def _shorter_step_note(record: dict) -> str:
     return "fwd+bwd < fwd with p20-p80 ranges apart: the load changed between the stages, rerun"
 
 
-def render(results_dir: Path, reports_dir: Path) -> str:
-    """Markdown section (tables + plot links) for the latest xent run; writes the PNG plots."""
-    records = latest_run(read_records(results_dir / RESULTS_FILE))
-    if not records:
-        return "No cross-entropy records yet: run `fastlm bench xent`.\n"
-    first = records[0]
-    vocabs = sorted({r["vocab"] for r in records})
-    names = [impl.name for impl in IMPLEMENTATIONS]
-    lookup = {(r["vocab"], r["implementation"]): r for r in records if r["status"] == "ok"}
+@dataclass(frozen=True)
+class CrossEntropyBenchmark(Benchmark):
+    """Every implementation at every vocabulary size; ``batch`` None: DEFAULT_BATCH on a GPU, CPU_BATCH
+    without one."""
 
-    def series(key):
-        return {
-            n: [lookup.get((v, n), {}).get(key) for v in vocabs] for n in names if any((v, n) in lookup for v in vocabs)
-        }
+    batch: int | None = None
+    vocabs: tuple[int, ...] = DEFAULT_VOCABS
 
-    groups = [f"V={v}" for v in vocabs]
-    step_png = grouped_bar_plot(
-        reports_dir / "xent_fwd_bwd_ms.png",
-        groups,
-        series("fwd_bwd_ms"),
-        ylabel="fwd+bwd median ms (lower is better)",
-        title=f"Cross-entropy fwd+bwd, B={first['batch']}, bf16 ({first['gpu']})",
-    )
-    gbps_png = grouped_bar_plot(
-        reports_dir / "xent_fwd_gbps.png",
-        groups,
-        series("fwd_gbps"),
-        ylabel="forward GB/s (cost-model bytes)",
-        title=f"Cross-entropy forward bandwidth ({first['gpu']})",
-        reference_line=(first["copy_gbps_measured"], f"measured copy {first['copy_gbps_measured']:.0f} GB/s"),
-    )
-    geomean = speedups(records)
-    summary = [{"implementation": n, "geomean": geomean.get(n)} for n in names]
-    return "\n\n".join(
-        [
-            f"Device: {first['gpu']} · torch {first['torch']} · triton {first['triton']} · git {first['git_sha']} · "
-            f"{first['date']} · B={first['batch']}, bf16 logits, reduction='none', upstream gradient of ones · "
-            f"measured copy bandwidth {first['copy_gbps_measured']:.3g} GB/s",
-            *([CPU_NOTE] if first["gpu"] == "cpu" else []),
-            markdown_table(table_rows(records), TABLE_COLUMNS),
-            "Geometric-mean fwd+bwd speed-up over PyTorch eager across the vocabularies:",
-            markdown_table(summary, [("implementation", "implementation"), ("geomean", "speed-up")]),
-            f"![fwd+bwd time]({step_png.name})",
-            f"![forward bandwidth]({gbps_png.name})",
-        ]
-    )
+    name = "xent"
+    title = "Cross-entropy benchmark"
+    progress_name = "cross-entropy"
+    cpu_note = CPU_NOTE
+    measures_ceilings = True
+
+    def cases(self, device: torch.device) -> list[Case]:
+        batch = self.batch or (DEFAULT_BATCH if device.type == "cuda" else CPU_BATCH)
+        return [Case(batch, vocab) for vocab in self.vocabs]
+
+    def implementations(self, case: Case) -> tuple[Implementation, ...]:
+        return IMPLEMENTATIONS
+
+    def describe(self, case: Case, implementation: Implementation, run: Run) -> dict:
+        return {"op": "xent", "batch": case.batch, "vocab": case.vocab, "dtype": "bfloat16", "reduction": "none",
+                "implementation": implementation.name, "description": implementation.description,
+                "copy_gbps_measured": run.ceilings["copy_gbps"]}  # fmt: skip
+
+    def label(self, case: Case, implementation: Implementation) -> str:
+        return f"V={case.vocab} {implementation.name}"
+
+    def measure(self, case: Case, loss_fn: LossFn, run: Run) -> dict:
+        logits = torch.randn(case.batch, case.vocab, device=run.device, dtype=torch.bfloat16).requires_grad_(True)
+        targets = torch.randint(0, case.vocab, (case.batch,), device=run.device)
+        cost = CrossEntropyCost(case.batch, case.vocab)
+        stage_bytes = {"fwd": cost.fwd_bytes, "bwd": cost.bwd_bytes, "fwd_bwd": cost.fwd_bytes + cost.bwd_bytes}
+        copy_gbps = run.ceilings["copy_gbps"]
+        result: dict = {"status": "ok"}
+        for stage, timing in _time_stages(loss_fn, logits, targets).items():
+            gbps = stage_bytes[stage] / (timing.median_ms * 1e-3) / 1e9
+            result.update({f"{stage}_ms": timing.median_ms, f"{stage}_p20_ms": timing.p20_ms,
+                           f"{stage}_p80_ms": timing.p80_ms, f"{stage}_gbps": gbps,
+                           f"{stage}_fraction_of_copy": gbps / copy_gbps})  # fmt: skip
+        return result
+
+    def render(self, results_dir: Path, reports_dir: Path) -> str:
+        """Markdown section (tables + plot links) for the latest xent run; writes the PNG plots."""
+        records = self.latest_records(results_dir)
+        if not records:
+            return "No cross-entropy records yet: run `fastlm bench xent`.\n"
+        first = records[0]
+        names = [impl.name for impl in IMPLEMENTATIONS]
+        groups = [f"V={v}" for v in sorted({r["vocab"] for r in records})]
+
+        def series(key):
+            return bar_series(records, groups, lambda r: f"V={r['vocab']}", names, key)
+
+        step_png = grouped_bar_plot(
+            reports_dir / "xent_fwd_bwd_ms.png",
+            groups,
+            series("fwd_bwd_ms"),
+            ylabel="fwd+bwd median ms (lower is better)",
+            title=f"Cross-entropy fwd+bwd, B={first['batch']}, bf16 ({first['gpu']})",
+        )
+        gbps_png = grouped_bar_plot(
+            reports_dir / "xent_fwd_gbps.png",
+            groups,
+            series("fwd_gbps"),
+            ylabel="forward GB/s (cost-model bytes)",
+            title=f"Cross-entropy forward bandwidth ({first['gpu']})",
+            reference_line=(first["copy_gbps_measured"], f"measured copy {first['copy_gbps_measured']:.0f} GB/s"),
+        )
+        geomean = speedups(records)
+        summary = [{"implementation": n, "geomean": geomean.get(n)} for n in names]
+        return "\n\n".join(
+            [
+                f"{device_line(first)} · B={first['batch']}, bf16 logits, reduction='none', upstream gradient of "
+                f"ones · measured copy bandwidth {first['copy_gbps_measured']:.3g} GB/s",
+                *([CPU_NOTE] if first["gpu"] == "cpu" else []),
+                markdown_table(table_rows(records), TABLE_COLUMNS),
+                "Geometric-mean fwd+bwd speed-up over PyTorch eager across the vocabularies:",
+                markdown_table(summary, [("implementation", "implementation"), ("geomean", "speed-up")]),
+                f"![fwd+bwd time]({step_png.name})",
+                f"![forward bandwidth]({gbps_png.name})",
+            ]
+        )

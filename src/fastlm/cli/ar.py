@@ -18,6 +18,7 @@ from fastlm.cli.arguments import (
     random_seed,
 )
 from fastlm.cli.models import check_heads
+from fastlm.harness.progress import progress_steps
 
 # RecallConfig's fields -> the options that set them
 RECALL_OPTIONS = {"num_keys": "--keys", "num_values": "--values", "num_pairs": "--pairs", "num_train": "--train",
@@ -61,7 +62,7 @@ def cmd_ar_handcrafted(args) -> None:
 
 
 def cmd_ar_train(args) -> None:
-    from fastlm.bench.records import append_records, with_environment
+    from fastlm.harness.records import append_records, with_environment
     from fastlm.tasks.associative_recall import make_splits
     from fastlm.tasks.recall_training import TARGET_ACCURACY, TrainSettings, accuracy_plot, minimum_layers, train_depth
 
@@ -72,7 +73,7 @@ def cmd_ar_train(args) -> None:
     splits = make_splits(task)
     rows = []
     for layers in args.layers:
-        with output.progress_steps(f"{layers} layer(s), epoch", settings.epochs) as step:
+        with progress_steps(f"{layers} layer(s), epoch", settings.epochs) as step:
             rows += train_depth(task, splits, layers, settings, on_epoch=lambda row: step(
                 f"test accuracy {100 * row['test_accuracy']:.1f}%, loss {row['train_loss']:.3f}"))  # fmt: skip
     records = [with_environment({"task": "associative_recall", **task.__dict__, **settings.__dict__, **row})

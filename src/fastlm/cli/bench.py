@@ -1,13 +1,14 @@
 """`fastlm bench ...`: measure ops, the model and data-parallel training against their baselines.
 
-Each benchmark writes records under <out>/results and a markdown report under <out>/reports,
-then prints the report. The `run_*` functions are shared with `fastlm report`.
+Each benchmark runs through `fastlm.harness.runner`: records under <out>/results, a markdown report
+under <out>/reports, then the report printed.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.table import Table
@@ -17,10 +18,8 @@ from fastlm.bench.options import (
     HOST_COMPILE_MODES,
     HOST_CPU_CALLS,
     HOST_CPU_ROUNDS,
-    HOST_CPU_WARMUP,
     HOST_GPU_CALLS,
     HOST_GPU_ROUNDS,
-    HOST_GPU_WARMUP,
     HOST_MIN_ROUNDS,
     HOST_OPS,
 )
@@ -53,7 +52,7 @@ def _rounds(text: str) -> int:
 
 
 def cmd_bench_ceilings(args) -> None:
-    from fastlm.bench.ceilings import record_ceilings
+    from fastlm.harness.ceilings import record_ceilings
 
     record = record_ceilings(args.out / "results", current_device())
     table = Table(title=f"Measured ceilings · {record['gpu']}")
@@ -70,166 +69,53 @@ def cmd_bench_ceilings(args) -> None:
     output.console.print(table)
 
 
-def run_xent_benchmark(out: Path, batch: int | None, vocabs: tuple[int, ...] | None) -> Path:
-    """Ceilings, then the cross-entropy sweep, then its markdown report; returns the report path."""
-    from fastlm.bench import xent
-    from fastlm.bench.ceilings import record_ceilings
+def _run(benchmark, out: Path) -> None:
+    """Measure ``benchmark`` (a `fastlm.harness.benchmark.Benchmark`) on this device, write its records
+    and report under ``out`` and print the report."""
+    from fastlm.harness.runner import run_benchmark
 
-    device = current_device()
-    if batch is None:
-        batch = xent.DEFAULT_BATCH if device.type == "cuda" else xent.CPU_BATCH
-    vocabs = vocabs or xent.DEFAULT_VOCABS
-    results_dir, reports_dir = out / "results", out / "reports"
-    output.note_without_gpu(device, xent.CPU_NOTE)
-    ceilings = record_ceilings(results_dir, device)
-    with output.progress_steps("cross-entropy", len(vocabs) * len(xent.IMPLEMENTATIONS)) as step:
-        xent.run(batch=batch, vocabs=vocabs, device=device, ceilings=ceilings, results_dir=results_dir, progress=step)
-    report = output.write_report(
-        reports_dir / "xent.md", "Cross-entropy benchmark", xent.render(results_dir, reports_dir)
-    )
-    return report
+    output.show_report(run_benchmark(benchmark, out, current_device()))
+
+
+def _fixed(module: str, benchmark: str) -> Callable[[argparse.Namespace], None]:
+    """The handler of a benchmark whose only option is --out: ``benchmark``, a class of ``module``
+    (imported when the command runs: building the parser imports no torch)."""
+
+    def handler(args: argparse.Namespace) -> None:
+        _run(getattr(importlib.import_module(module), benchmark)(), args.out)
+
+    return handler
 
 
 def cmd_bench_xent(args) -> None:
-    report = run_xent_benchmark(args.out, args.batch, args.vocab)
-    output.show_report(report)
+    from fastlm.bench.xent import DEFAULT_VOCABS, CrossEntropyBenchmark
 
-
-def run_bandwidth_benchmark(out: Path, module, name: str, title: str) -> Path:
-    """`bench norms | softmax | conv1d`: copy ceiling, every case x implementation; the report's path."""
-    from fastlm.bench.bandwidth import CPU_NOTE
-    from fastlm.bench.ceilings import record_ceilings
-
-    device = current_device()
-    output.note_without_gpu(device, CPU_NOTE)
-    results_dir, reports_dir = out / "results", out / "reports"
-    ceilings = record_ceilings(results_dir, device)
-    with output.progress_steps(name, len(module.cases(device)) * len(module.IMPLEMENTATIONS)) as step:
-        module.run(device, ceilings, results_dir, progress=step)
-    return output.write_report(reports_dir / f"{name}.md", title, module.render(results_dir, reports_dir))
-
-
-def cmd_bench_norms(args) -> None:
-    from fastlm.bench import norms
-
-    output.show_report(run_bandwidth_benchmark(args.out, norms, "norms", "LayerNorm / RMSNorm benchmark"))
-
-
-def cmd_bench_softmax(args) -> None:
-    from fastlm.bench import softmax
-
-    output.show_report(run_bandwidth_benchmark(args.out, softmax, "softmax", "Masked softmax benchmark"))
-
-
-def run_roofline(out: Path) -> Path:
-    """The roofline report from the results under ``out``, with this device's latest ceilings."""
-    from fastlm.bench import roofline
-    from fastlm.bench.ceilings import RESULTS_FILE, record_ceilings
-    from fastlm.bench.records import read_records
-    from fastlm.devices import current_device_name
-
-    results_dir, reports_dir = out / "results", out / "reports"
-    output.note_without_gpu(current_device(), roofline.CPU_NOTE)
-    here = [r for r in read_records(results_dir / RESULTS_FILE) if r["gpu"] == current_device_name()]
-    ceilings = here[-1] if here else record_ceilings(results_dir, current_device())  # the kernels' own run's ceilings
-    return output.write_report(
-        reports_dir / "roofline.md", "Roofline", roofline.render(results_dir, reports_dir, ceilings)
-    )
-
-
-def cmd_bench_roofline(args) -> None:
-    output.show_report(run_roofline(args.out))
-
-
-def cmd_bench_conv1d(args) -> None:
-    from fastlm.bench import conv1d
-
-    output.show_report(run_bandwidth_benchmark(args.out, conv1d, "conv1d", "Causal conv1d benchmark"))
-
-
-def cmd_bench_linear_xent(args) -> None:
-    from fastlm.bench import linear_xent
-
-    title = "Fused linear + cross-entropy benchmark"
-    output.show_report(run_bandwidth_benchmark(args.out, linear_xent, "linear_xent", title))
-
-
-def run_host_benchmark(
-    out: Path, ops: Sequence[str] | None, modes: Sequence[str], rounds: int | None, calls: int | None
-) -> Path:
-    """Host cost per call of each op vs its PyTorch op (`fastlm.bench.host`); returns the report path.
-    ``None`` picks all ops, and the rounds and calls of this device (fewer on CPU)."""
-    from fastlm.bench import host
-
-    device = current_device()
-    on_gpu = device.type == "cuda"
-    cases = [host.CASES[name] for name in (ops or HOST_OPS)]
-    output.note_without_gpu(device, host.CPU_NOTE)
-    with output.progress_steps("host cost", len(cases) * len(modes)) as step:
-        host.run(cases, modes, device, out / "results", progress=step,
-                 rounds=rounds or (HOST_GPU_ROUNDS if on_gpu else HOST_CPU_ROUNDS),
-                 calls=calls or (HOST_GPU_CALLS if on_gpu else HOST_CPU_CALLS),
-                 warmup=HOST_GPU_WARMUP if on_gpu else HOST_CPU_WARMUP)  # fmt: skip
-    body = host.render(out / "results", out / "reports")
-    return output.write_report(out / "reports" / "host.md", "Host cost per call: fastlm vs PyTorch", body)
+    _run(CrossEntropyBenchmark(args.batch, args.vocab or DEFAULT_VOCABS), args.out)
 
 
 def cmd_bench_host(args) -> None:
-    output.show_report(run_host_benchmark(args.out, args.ops, args.compile, args.rounds, args.calls))
+    from fastlm.bench.host import HostBenchmark
 
-
-def run_attention_benchmark(out: Path, sweeps: tuple[str, ...]) -> Path:
-    """The attention sweeps, then their markdown report; returns the report path."""
-    from fastlm.bench import attention
-
-    device = current_device()
-    output.note_without_gpu(device, attention.CPU_NOTE)
-    results_dir, reports_dir = out / "results", out / "reports"
-    with output.progress_steps("attention", attention.total_measurements(sweeps, device)) as step:
-        attention.run(sweeps, device, results_dir, progress=step)
-    return output.write_report(
-        reports_dir / "attention.md", "Attention benchmark", attention.render(results_dir, reports_dir)
-    )
+    _run(HostBenchmark(args.ops, args.compile, args.rounds, args.calls), args.out)
 
 
 def cmd_bench_attention(args) -> None:
-    report = run_attention_benchmark(args.out, args.sweep)
-    output.show_report(report)
+    from fastlm.bench.attention import AttentionBenchmark
+
+    _run(AttentionBenchmark(args.sweep), args.out)
 
 
-def run_model_benchmark(
-    out: Path, configs, rows, *, batch: int, warmup: int, steps: int, hf: bool, rounds: int = 1,
-    interleave: bool | None = None,
-) -> Path:  # fmt: skip
-    """Measure the model rows for ``rounds`` rounds (interleaved across configurations unless
-    ``interleave`` is False, or None and the models would not fit in memory together), then write
-    their markdown report; returns the report path."""
-    from fastlm.bench import model as model_bench
-
-    device = current_device()
-    implementations = model_bench.IMPLEMENTATIONS if hf else ("fastlm",)
-    if hf:
-        try:
-            import transformers  # noqa: F401
-        except ImportError:
-            raise UserError("--hf needs the transformers package: pip install transformers") from None
-    results_dir, reports_dir = out / "results", out / "reports"
-    output.note_without_gpu(device, model_bench.CPU_NOTE)
-    with output.progress_steps(
-        "model", len(model_bench.subjects(configs, implementations)) * len(rows) * rounds
-    ) as step:
-        model_bench.run(configs, rows, batch=batch, warmup=warmup, steps=steps, device=device,
-                        results_dir=results_dir, implementations=implementations, rounds=rounds,
-                        interleave=interleave, progress=step)  # fmt: skip
-    report = output.write_report(
-        reports_dir / "model.md", "Model benchmark", model_bench.render(results_dir, reports_dir)
-    )
-    return report
+def _check_hf_installed() -> None:
+    """--hf compares with transformers' Llama: a clear sentence when it is missing."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise UserError("--hf needs the transformers package: pip install transformers") from None
 
 
 def cmd_bench_model(args) -> None:
     from fastlm.analysis.model import MODES
-    from fastlm.bench.model import PRECISIONS, SWEEP_COMPILE_MODES, rows
+    from fastlm.bench.model import PRECISIONS, SWEEP_COMPILE_MODES, ModelBenchmark, rows
 
     if args.sweep:
         args.preset = args.preset or tuple(p for p in PRESETS if p != "tiny")
@@ -239,10 +125,11 @@ def cmd_bench_model(args) -> None:
             args.compile or SWEEP_COMPILE_MODES,
         )
     row_list = rows(args.mode or ("train",), args.precision or ("bf16",), args.compile or ("eager",))
-    report = run_model_benchmark(args.out, model_configs(args), row_list, batch=args.batch, warmup=args.warmup,
-                                 steps=args.steps, hf=args.hf, rounds=args.rounds,
-                                 interleave=args.interleave)  # fmt: skip
-    output.show_report(report)
+    configs = model_configs(args)
+    if args.hf:
+        _check_hf_installed()
+    _run(ModelBenchmark(tuple(configs), tuple(row_list), batch=args.batch, warmup=args.warmup, steps=args.steps,
+                       rounds=args.rounds, interleave=args.interleave, hf=args.hf), args.out)  # fmt: skip
 
 
 def cmd_bench_train(args) -> int:
@@ -270,14 +157,16 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     ten_seconds = ("about 10 seconds", "under 10 minutes")
     # the benchmarks whose only option is --out
     for name, summary, handler, duration in (
-        ("norms", "LayerNorm / RMSNorm fwd, bwd, fwd+bwd vs eager, compile, Liger", cmd_bench_norms, ten_seconds),
-        ("softmax", "masked softmax fwd, bwd, fwd+bwd vs eager, compile", cmd_bench_softmax, ten_seconds),
-        ("conv1d", "causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward", cmd_bench_conv1d,
-         ten_seconds),
+        ("norms", "LayerNorm / RMSNorm fwd, bwd, fwd+bwd vs eager, compile, Liger",
+         _fixed("fastlm.bench.norms", "NormsBenchmark"), ten_seconds),
+        ("softmax", "masked softmax fwd, bwd, fwd+bwd vs eager, compile",
+         _fixed("fastlm.bench.softmax", "SoftmaxBenchmark"), ten_seconds),
+        ("conv1d", "causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward",
+         _fixed("fastlm.bench.conv1d", "Conv1dBenchmark"), ten_seconds),
         ("linear-xent", "fused linear + cross-entropy fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, "
-         "matmul + fastlm CE, Liger, CCE", cmd_bench_linear_xent, None),
-        ("roofline", "this device's measured roofline with every benchmarked fastlm kernel on it", cmd_bench_roofline,
-         None),
+         "matmul + fastlm CE, Liger, CCE", _fixed("fastlm.bench.linear_xent", "LinearCrossEntropyBenchmark"), None),
+        ("roofline", "this device's measured roofline with every benchmarked fastlm kernel on it",
+         _fixed("fastlm.bench.roofline", "RooflineBenchmark"), None),
     ):  # fmt: skip
         add_out(add_command(commands, name, summary, handler, duration=duration))
     p = add_command(commands, "host", "host (CPU) time per call of each op vs the PyTorch op it replaces, at small "

@@ -1,14 +1,13 @@
 """`fastlm bench allreduce | ddp`: collectives and data-parallel training, one process per rank.
 
-NCCL with one GPU per process where there are GPUs, else gloo on the CPU. The worker processes
-report progress through `output.print_line`, one plain line each.
+NCCL with one GPU per process where there are GPUs, else gloo on the CPU. Rank 0 of the worker
+processes reports progress, one plain line each (`fastlm.harness.progress.print_line`).
 """
 
 from __future__ import annotations
 
 import argparse
 
-from fastlm.bench.options import DDP_OPTIMIZERS, DDP_VARIANTS, check_ddp_variant
 from fastlm.cli import output
 from fastlm.cli.arguments import (
     UserError,
@@ -22,12 +21,14 @@ from fastlm.cli.arguments import (
     positive_float,
     positive_int,
 )
+from fastlm.devices import current_device
+from fastlm.distributed.bench_options import DDP_OPTIMIZERS, DDP_VARIANTS, Variant, ddp_variant
 from fastlm.model.config import PRESETS
 
 
-def _ddp_variant(part: str) -> str:
+def _ddp_variant(part: str) -> Variant:
     try:
-        return check_ddp_variant(part)
+        return ddp_variant(part)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 
@@ -57,47 +58,36 @@ def _world_sizes(procs: tuple[int, ...], backend: str) -> list[int]:
 def cmd_bench_allreduce(args) -> None:
     import torch
 
-    from fastlm.distributed import allreduce_bench
+    from fastlm.distributed.allreduce_bench import AllreduceBenchmark
+    from fastlm.harness.runner import run_benchmark
 
     backend = args.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     worlds = _world_sizes(args.procs, backend)
-    results_dir, reports_dir = args.out / "results", args.out / "reports"
-    if backend == "gloo":
-        output.print_line(allreduce_bench.GLOO_NOTE)
-    allreduce_bench.run(backend, worlds, args.sizes_mb, results_dir, warmup=args.warmup, iters=args.iters,
-                        progress=output.print_line)  # fmt: skip
-    report = output.write_report(
-        reports_dir / "allreduce.md", "All-reduce benchmark", allreduce_bench.render(results_dir, reports_dir)
-    )
-    output.show_report(report)
+    benchmark = AllreduceBenchmark(backend, tuple(worlds), args.sizes_mb, warmup=args.warmup, iters=args.iters)
+    output.show_report(run_benchmark(benchmark, args.out, current_device()))
 
 
 def cmd_bench_ddp(args) -> None:
     import torch
 
-    from fastlm.distributed import ddp_bench
+    from fastlm.distributed.ddp_bench import DataParallelBenchmark, Settings
+    from fastlm.harness.runner import run_benchmark
 
     backend = args.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
     worlds = _world_sizes(args.procs, backend)
     preset = args.preset or ("xl" if backend == "nccl" else "tiny")
-    settings = ddp_bench.Settings(
+    settings = Settings(
         preset=preset, context=args.context, batch=args.batch, vocab=args.vocab, precision=args.precision,
         warmup=args.warmup, steps=args.steps, rounds=args.rounds, profile_steps=args.profile_steps,
         bucket_mb=args.bucket_mb,
         trace_dir=str(args.out / "traces"),
     )  # fmt: skip
-    results_dir, reports_dir = args.out / "results", args.out / "reports"
-    if backend == "gloo":
-        output.print_line(ddp_bench.GLOO_NOTE)
-    ddp_bench.run(backend, worlds, settings, args.variants, args.optimizers, results_dir, progress=output.print_line)
-    report = output.write_report(
-        reports_dir / "ddp.md", "Data-parallel training benchmark", ddp_bench.render(results_dir, reports_dir)
-    )
-    output.show_report(report)
+    benchmark = DataParallelBenchmark(backend, tuple(worlds), settings, args.variants, args.optimizers)
+    output.show_report(run_benchmark(benchmark, args.out, current_device()))
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -133,7 +123,7 @@ def _add_ddp_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=positive_int, default=512, help="sequence length")
     p.add_argument("--batch", type=positive_int, default=4, help="sequences per rank")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="fp32, or bf16 (autocast)")
-    p.add_argument("--variants", type=_variant_list, default=DDP_VARIANTS,
+    p.add_argument("--variants", type=_variant_list, default=",".join(DDP_VARIANTS),
                    help="comma list of gradient synchronizations; bucketed-X for any X MB")  # fmt: skip
     p.add_argument("--optimizers", type=_optimizer_list, default=DDP_OPTIMIZERS,
                    help="memory rows: comma list of adamw, sharded (ShardedOptimizer), zero "

@@ -8,13 +8,14 @@ from pathlib import Path
 from fastlm.cli import output
 from fastlm.cli.arguments import add_command, add_group, output_file, positive_int
 from fastlm.devices import current_device
+from fastlm.harness.progress import print_line
 
 
 def cmd_inspect_compiled_xent(args) -> None:
     from fastlm.profile.compiled_code import write_compiled_cross_entropy
 
     device = current_device()
-    output.print_line("compiling F.cross_entropy (forward and backward) with torch.compile")
+    print_line("compiling F.cross_entropy (forward and backward) with torch.compile")
     path = write_compiled_cross_entropy(args.output, device)
     kind = "Triton" if device.type == "cuda" else "C++ (CPU; run on a GPU machine for the Triton kernels)"
     output.console.print(f"[bold]wrote[/] {kind} code generated for cross-entropy to {path}")

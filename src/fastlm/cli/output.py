@@ -1,13 +1,13 @@
-"""What the commands print: progress, notes, tables, markdown reports, and --help with defaults.
+"""What the commands print: tables, markdown reports, and --help with defaults.
 
 Everything goes through `console` (stdout) and `error_console` (stderr); tests that check a
-table's layout swap `console` for one of a fixed width.
+table's layout swap `console` for one of a fixed width. Progress lines and notes come from
+`fastlm.harness.progress`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,52 +17,10 @@ console = Console()
 error_console = Console(stderr=True)
 
 
-def print_line(text: str) -> None:
-    """One line, flushed, so it shows at once also when the output is piped: a note, or progress.
-    Module-level, so the distributed benchmarks' worker processes can unpickle it and report from
-    rank 0 (a bar redrawn by this process would garble their lines, so those print lines only)."""
-    print(text, flush=True)
-
-
-@contextlib.contextmanager
-def progress_steps(name: str, total: int):
-    """Yields ``step(done="")`` for a long run: a progress bar on a terminal; one plain line per step,
-    flushed, when the output is piped or logged (where a bar would show only once, at the end)."""
-    if console.is_terminal:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=console) as progress:
-            task = progress.add_task(name, total=total)
-            yield lambda done="": progress.update(task, description=f"{name} ({done})" if done else name, advance=1)
-        return
-    count = 0
-
-    def step(done: str = "") -> None:
-        nonlocal count
-        count += 1
-        print_line(f"{name} {count}/{total}" + (f": {done}" if done else ""))
-
-    yield step
-
-
-def note_without_gpu(device, note: str) -> None:
-    """Say what a GPU benchmark run on the CPU does not measure, before it starts."""
-    if device.type != "cuda":
-        print_line(note)
-
-
 def print_each(parts: Iterable[RenderableType]) -> None:
     """Tables and sentences (a string is rich markup), in order."""
     for part in parts:
         console.print(part)
-
-
-def write_report(path: Path, title: str, body: str) -> Path:
-    """A markdown report: ``# title``, then ``body``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# {title}\n\n{body}\n")
-    return path
 
 
 def show_report(report: Path) -> None:

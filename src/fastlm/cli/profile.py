@@ -9,6 +9,7 @@ from fastlm.cli import output
 from fastlm.cli.arguments import add_command, add_group, add_out, choice_list, int_list, non_negative_int, positive_int
 from fastlm.cli.models import add_model_arguments, single_model_config
 from fastlm.devices import current_device
+from fastlm.harness.progress import progress_steps
 from fastlm.model.config import ModelConfig
 
 
@@ -16,15 +17,14 @@ def run_model_profile(
     out: Path, preset: str, config: ModelConfig, *, batch, precision, warmup, steps, timing_steps
 ) -> Path:
     """Profile inference and a training step; write the markdown summary; returns its path."""
+    from fastlm.harness.runner import write_report
     from fastlm.profile import model as model_profile
 
-    with output.progress_steps(f"profiling {preset}", model_profile.PROGRESS_STEPS) as step:
+    with progress_steps(f"profiling {preset}", model_profile.PROGRESS_STEPS) as step:
         profiles, records = model_profile.run(config, preset, batch=batch, precision=precision, warmup=warmup,
                                               steps=steps, device=current_device(), out=out, timing_steps=timing_steps,
                                               progress=step)  # fmt: skip
-    return output.write_report(
-        out / "reports" / "profile_model.md", "Model profile", model_profile.render(profiles, records)
-    )
+    return write_report(out / "reports" / "profile_model.md", "Model profile", model_profile.render(profiles, records))
 
 
 def cmd_profile_model(args) -> None:
@@ -37,18 +37,19 @@ def cmd_profile_model(args) -> None:
 
 
 def cmd_profile_memory(args) -> None:
+    from fastlm.harness.runner import write_report
     from fastlm.profile import memory
 
     preset, config = single_model_config(args)
     device = current_device()
-    with output.progress_steps("memory", len(args.mode) * len(args.precision) * len(args.contexts)) as step:
+    with progress_steps("memory", len(args.mode) * len(args.precision) * len(args.contexts)) as step:
         records, timelines = memory.run(config, preset, contexts=args.contexts, modes=args.mode,
                                         precisions=args.precision, batch=args.batch, device=device, out=args.out,
                                         progress=step)  # fmt: skip
     reports = args.out / "reports"
     plot = memory.timeline_plot(reports / f"memory_{preset}.png", timelines,
                                 f"Active memory over one step · {preset} · batch {args.batch}")  # fmt: skip
-    report = output.write_report(reports / f"memory_{preset}.md", f"Memory of {preset}", memory.render(records, plot))
+    report = write_report(reports / f"memory_{preset}.md", f"Memory of {preset}", memory.render(records, plot))
     output.console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
     where = (
         "snapshots (pytorch.org/memory_viz) under " + str(args.out / "snapshots")

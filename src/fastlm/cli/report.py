@@ -6,65 +6,55 @@ import argparse
 
 from fastlm.cli import output
 from fastlm.cli.arguments import add_command, add_out
-from fastlm.cli.bench import (
-    run_attention_benchmark,
-    run_bandwidth_benchmark,
-    run_host_benchmark,
-    run_model_benchmark,
-    run_roofline,
-    run_xent_benchmark,
-)
 from fastlm.devices import current_device
 from fastlm.model.config import ModelConfig
 
+CPU_ONLY = (
+    "This machine has no GPU, so this is the reduced run: small batch, the tiny model preset, the plain-PyTorch "
+    "reference paths instead of the Triton kernels, no torch.compile or Liger baselines. The Triton kernels, the "
+    "compile and Liger baselines and the full-size shapes need a CUDA GPU; the numbers below say nothing about "
+    "GPU performance."
+)
+
 
 def cmd_report(args) -> None:
+    from fastlm.bench.attention import AttentionBenchmark
+    from fastlm.bench.conv1d import Conv1dBenchmark
+    from fastlm.bench.host import HostBenchmark
+    from fastlm.bench.linear_xent import LinearCrossEntropyBenchmark
+    from fastlm.bench.model import ModelBenchmark, rows
+    from fastlm.bench.norms import NormsBenchmark
+    from fastlm.bench.roofline import RooflineBenchmark
+    from fastlm.bench.softmax import SoftmaxBenchmark
+    from fastlm.bench.xent import CrossEntropyBenchmark
+    from fastlm.harness.runner import run_benchmark
+
     device = current_device()
-    xent_report = run_xent_benchmark(args.out, None, None)
-    attention_report = run_attention_benchmark(args.out, ("model",))
-    from fastlm.bench.model import rows
-
-    preset = "small" if device.type == "cuda" else "tiny"
-    model_report = run_model_benchmark(
-        args.out,
-        [(preset, ModelConfig.preset(preset))],
-        rows(("fwd", "fwd+bwd", "train"), ("bf16",), ("eager", "compile") if device.type == "cuda" else ("eager",)),
-        batch=4,
-        warmup=5,
-        steps=10,
-        hf=False,
+    on_gpu = device.type == "cuda"
+    preset = "small" if on_gpu else "tiny"
+    compile_modes = ("eager", "compile") if on_gpu else ("eager",)
+    model = ModelBenchmark(((preset, ModelConfig.preset(preset)),), tuple(rows(("fwd", "fwd+bwd", "train"),
+                           ("bf16",), compile_modes)), batch=4, warmup=5, steps=10)  # fmt: skip
+    # (benchmark, its report's heading here, demote its own ## headings to ###)
+    sections = (
+        (CrossEntropyBenchmark(), "Cross-entropy", False),
+        (AttentionBenchmark(("model",)), "Attention", True),
+        (model, f"Language model ({preset} preset)", False),
+        (NormsBenchmark(), "LayerNorm / RMSNorm", False),
+        (SoftmaxBenchmark(), "Masked softmax", False),
+        (Conv1dBenchmark(), "Causal conv1d", False),
+        (LinearCrossEntropyBenchmark(), "Fused linear + cross-entropy", False),
+        (HostBenchmark(modes=compile_modes), "Host cost per call: fastlm vs PyTorch", True),
+        (RooflineBenchmark(), "Roofline", False),
     )
-    lines = [
-        "# fastlm report",
-        "",
-        f"Device: {'GPU' if device.type == 'cuda' else 'CPU only'}.",
-    ]
-    if device.type != "cuda":
-        lines += [
-            "",
-            "This machine has no GPU, so this is the reduced run: small batch, the tiny model preset, the "
-            "plain-PyTorch reference "
-            "paths instead of the Triton kernels, no torch.compile or Liger baselines. The Triton kernels, the "
-            "compile and Liger baselines and the full-size shapes need a CUDA GPU; the numbers below say "
-            "nothing about GPU performance.",
-        ]
-    lines += ["", xent_report.read_text().replace("# Cross-entropy benchmark", "## Cross-entropy")]
-    lines += [
-        "",
-        attention_report.read_text().replace("# Attention benchmark", "## Attention").replace("\n## ", "\n### "),
-    ]
-    lines += ["", model_report.read_text().replace("# Model benchmark", f"## Language model ({preset} preset)")]
-    from fastlm.bench import conv1d, linear_xent, norms, softmax
-
-    for module, name, title in ((norms, "norms", "LayerNorm / RMSNorm"), (softmax, "softmax", "Masked softmax"),
-                                (conv1d, "conv1d", "Causal conv1d"),
-                                (linear_xent, "linear_xent", "Fused linear + cross-entropy")):  # fmt: skip
-        section = run_bandwidth_benchmark(args.out, module, name, title).read_text()
-        lines += ["", section.replace(f"# {title}", f"## {title}", 1)]
-    host_modes = ("eager", "compile") if device.type == "cuda" else ("eager",)
-    host_section = run_host_benchmark(args.out, None, host_modes, None, None).read_text().replace("\n## ", "\n### ")
-    lines += ["", host_section.replace("# Host cost per call", "## Host cost per call", 1)]
-    lines += ["", run_roofline(args.out).read_text().replace("# Roofline", "## Roofline", 1)]
+    lines = ["# fastlm report", "", f"Device: {'GPU' if on_gpu else 'CPU only'}."]
+    if not on_gpu:
+        lines += ["", CPU_ONLY]
+    for benchmark, heading, demote in sections:
+        text = run_benchmark(benchmark, args.out, device).read_text()
+        if demote:
+            text = text.replace("\n## ", "\n### ")
+        lines += ["", text.replace(f"# {benchmark.title}", f"## {heading}", 1)]
     report = args.out / "reports" / "report.md"
     report.write_text("\n".join(lines))
     output.console.print(f"[bold]wrote[/] {report} (tables and plots under {report.parent})")

@@ -1,6 +1,19 @@
-"""Data-parallel training on torch.distributed (NCCL on GPUs, gloo on CPU)."""
+"""Data-parallel training on torch.distributed (NCCL on GPUs, gloo on CPU).
 
-from fastlm.distributed.ddp import DDP, BucketedDDP, allreduce_gradients
-from fastlm.distributed.sharded_optimizer import ShardedOptimizer
+The wrappers and the sharded optimizer (and with them torch) are imported on first use, so that
+`fastlm.distributed.wrappers` can name a parallel mode for the command line without torch.
+"""
 
 __all__ = ["DDP", "BucketedDDP", "ShardedOptimizer", "allreduce_gradients"]
+
+
+def __getattr__(name: str):
+    if name == "ShardedOptimizer":
+        from fastlm.distributed.sharded_optimizer import ShardedOptimizer
+
+        return ShardedOptimizer
+    if name in ("DDP", "BucketedDDP", "allreduce_gradients"):
+        from fastlm.distributed import ddp
+
+        return getattr(ddp, name)
+    raise AttributeError(f"module 'fastlm.distributed' has no attribute {name!r}")

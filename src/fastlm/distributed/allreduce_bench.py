@@ -17,17 +17,20 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from fastlm.bench.records import append_records, latest_run, read_records, with_environment
-from fastlm.bench.report import line_plot, markdown_table, si, si_seconds
-from fastlm.distributed.launch import spawn
+from fastlm.distributed.launch import WorldSizesBenchmark, spawn
+from fastlm.harness.benchmark import Measured, Run
+from fastlm.harness.plots import line_plot
+from fastlm.harness.progress import print_line
+from fastlm.harness.records import latest_run, read_records, with_environment
+from fastlm.harness.tables import markdown_table, si, si_seconds
 
-RESULTS_FILE = "allreduce.jsonl"
 GLOO_NOTE = (
     "gloo on CPU tensors: these all-reduces go through host memory and loopback TCP, not NCCL over "
     "NVLink or PCIe; their bandwidths say nothing about GPUs."
@@ -38,8 +41,7 @@ def bus_bandwidth(algbw: float, world: int) -> float:
     return algbw * 2 * (world - 1) / world
 
 
-def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: int, out: str,
-            progress: Callable[[str], None] | None) -> None:  # fmt: skip
+def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: int, out: str) -> None:
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
 
     def sync() -> None:
@@ -65,36 +67,21 @@ def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: i
         rows.append({"backend": backend, "world": world, "size_mb": size_mb, "iters": iters,
                      "median_ms": median * 1e3, "algbw_gbps": algbw,
                      "busbw_gbps": bus_bandwidth(algbw, world)})  # fmt: skip
-        if rank == 0 and progress is not None:
-            progress(f"all-reduce, {world} processes, {size_mb:g} MB: {si_seconds(median)}, "
-                     f"busbw {si(bus_bandwidth(algbw, world) * 1e9, 'B/s')}")  # fmt: skip
+        if rank == 0:
+            print_line(f"all-reduce, {world} processes, {size_mb:g} MB: {si_seconds(median)}, "
+                       f"busbw {si(bus_bandwidth(algbw, world) * 1e9, 'B/s')}")  # fmt: skip
         del data
     if rank == 0:
         Path(out).write_text(repr(rows))
 
 
-def measure(backend: str, world: int, sizes_mb, *, warmup: int = 5, iters: int = 10,
-            progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
-    """All sizes for one (backend, world size); returns the records (rank 0's view). Rank 0 calls
-    ``progress`` after each size."""
+def measure(backend: str, world: int, sizes_mb, *, warmup: int = 5, iters: int = 10) -> list[dict]:
+    """All sizes for one (backend, world size); returns the records (rank 0's view). Rank 0 prints a
+    line after each size."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows")
-        spawn(_worker, world, world, backend, tuple(sizes_mb), warmup, iters, out, progress, backend=backend)
+        spawn(_worker, world, world, backend, tuple(sizes_mb), warmup, iters, out, backend=backend)
         return [with_environment({"op": "allreduce", **row}) for row in ast.literal_eval(Path(out).read_text())]
-
-
-def run(backend: str, worlds, sizes_mb, results_dir: Path, *, warmup: int = 5, iters: int = 10,
-        progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
-    """Every size for every world size; appends and returns the records. ``progress`` gets a line as
-    each world size starts and, from its rank 0, after each size."""
-    records = []
-    for world in worlds:
-        if progress is not None:
-            progress(f"all-reduce, {world} processes ({backend}): {len(sizes_mb)} sizes")
-        measured = measure(backend, world, sizes_mb, warmup=warmup, iters=iters, progress=progress)
-        append_records(results_dir / RESULTS_FILE, measured)
-        records += measured
-    return records
 
 
 COLUMNS = [("backend", "backend"), ("world", "processes"), ("size_mb", "MB"), ("median_ms", "median ms"),
@@ -104,7 +91,7 @@ COLUMNS = [("backend", "backend"), ("world", "processes"), ("size_mb", "MB"), ("
 def render(results_dir: Path, reports_dir: Path) -> str:
     """The latest run of each backend (NCCL first), each with its table and bus-bandwidth plot
     (allreduce_busbw_<backend>.png): GPU and CPU bandwidths differ by orders of magnitude."""
-    records = read_records(results_dir / RESULTS_FILE)
+    records = read_records(results_dir / "allreduce.jsonl")
     if not records:
         return "No all-reduce records yet: run `fastlm bench allreduce`.\n"
     lines: list[str] = []
@@ -130,3 +117,26 @@ def render(results_dir: Path, reports_dir: Path) -> str:
             "",
         ]  # fmt: skip
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class AllreduceBenchmark(WorldSizesBenchmark):
+    """Every size for every world size, each world in its own processes; rank 0 of each world prints
+    the progress lines."""
+
+    sizes_mb: tuple[float, ...]
+    warmup: int = 5
+    iters: int = 10
+
+    name = "allreduce"
+    title = "All-reduce benchmark"
+    gloo_note = GLOO_NOTE
+
+    def measurements(self, run: Run) -> Iterator[Measured]:
+        for world in self.worlds:
+            print_line(f"all-reduce, {world} processes ({self.backend}): {len(self.sizes_mb)} sizes")
+            records = measure(self.backend, world, self.sizes_mb, warmup=self.warmup, iters=self.iters)
+            yield Measured(f"{world} processes", records)
+
+    def render(self, results_dir: Path, reports_dir: Path) -> str:
+        return render(results_dir, reports_dir)

@@ -6,7 +6,7 @@ One process per rank (NCCL with one GPU each, or gloo on CPU); each rank builds 
 seed), takes its own random batch of `batch` sequences, runs forward under bf16 autocast (or fp32),
 backward, gradient synchronization and AdamW (fused on CUDA). Every variant gets a fresh model.
 
-Variants
+Variants (their wrappers: `fastlm.distributed.wrappers`)
     no-sync       no gradient averaging: the compute-only step every variant is compared with
     naive, flat   `allreduce_gradients` after backward, per parameter / flattened
     ddp           fastlm `DDP`: an async all-reduce per parameter, started from its gradient hook
@@ -47,31 +47,25 @@ import os
 import statistics
 import tempfile
 import timeit
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.autograd import DeviceType
 
-from fastlm.bench.options import DDP_OPTIMIZERS
-from fastlm.bench.records import append_records, latest_runs_by, read_records, with_environment
-from fastlm.bench.report import grouped_bar_plot, markdown_table, present_columns, save_figure, si_seconds
-from fastlm.distributed import DDP, BucketedDDP, ShardedOptimizer, allreduce_gradients
-from fastlm.distributed.launch import spawn
+from fastlm.distributed.bench_options import DDP_OPTIMIZERS, Variant
+from fastlm.distributed.ddp_report import GLOO_NOTE, TIMELINES_FILE, render
+from fastlm.distributed.launch import WorldSizesBenchmark, spawn
+from fastlm.distributed.sharded_optimizer import ShardedOptimizer
+from fastlm.distributed.timeline import collective_intervals, gpu_timeline, length
+from fastlm.distributed.wrappers import ParallelSpec, wrap
+from fastlm.harness.benchmark import Measured, Run
+from fastlm.harness.progress import print_line
+from fastlm.harness.records import append_records, with_environment
+from fastlm.harness.tables import si_seconds
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.profile.ranges import annotate, annotations
-
-RESULTS_FILE = "ddp.jsonl"
-TIMELINES_FILE = "ddp_timelines.jsonl"  # in the trace folder: the GPU timelines the overlap plots draw
-GLOO_NOTE = (
-    "gloo on CPU: no NCCL kernels and no GPU timeline, so communication time, its overlap with the "
-    "backward and the memory columns are not measured; the step times are of CPU processes sharing "
-    "this machine's cores and say nothing about GPUs."
-)
-PHASES = ("forward", "backward", "sync", "optimizer")
-MB = 1e6
+from fastlm.model.ranges import annotate, annotations
 
 
 @dataclass(frozen=True)
@@ -90,119 +84,6 @@ class Settings:
 
 
 # ---------------------------------------------------------------------------------------------
-# The GPU timeline: intervals, overlap
-# ---------------------------------------------------------------------------------------------
-
-Interval = tuple[float, float]  # (start, end), ms
-
-
-def merge(intervals: Sequence[Interval], gap: float = 0.0) -> list[Interval]:
-    """The union of ``intervals`` as sorted disjoint intervals; pieces closer than ``gap`` join."""
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1] + gap:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
-
-
-def length(intervals: Sequence[Interval]) -> float:
-    return sum(end - start for start, end in merge(intervals))
-
-
-def intersection(a: Sequence[Interval], b: Sequence[Interval]) -> float:
-    """Total length of (union of a) ∩ (union of b)."""
-    a, b = merge(a), merge(b)
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
-@dataclass
-class Timeline:
-    """GPU work of the profiled steps (host clock, ms): communication and compute by phase."""
-
-    comm: list[Interval]
-    compute: dict[str, list[Interval]]  # phase -> intervals ("other" when launched outside a phase)
-
-    def shifted(self, origin: float) -> Timeline:
-        def shift(intervals):
-            return [(a - origin, b - origin) for a, b in intervals]
-
-        return Timeline(shift(self.comm), {phase: shift(ivs) for phase, ivs in self.compute.items()})
-
-    def phase_windows(self, phase: str) -> list[Interval]:
-        """Each stretch of the timeline from a first to a last kernel of ``phase`` with no kernel
-        of another phase in between (one backward window per step), idle gaps included."""
-        kernels = sorted((iv, name) for name, intervals in self.compute.items() for iv in intervals)
-        windows: list[Interval] = []
-        previous = None
-        for (start, end), name in kernels:
-            if name == phase and previous == phase:
-                windows[-1] = (windows[-1][0], max(windows[-1][1], end))
-            elif name == phase:
-                windows.append((start, end))
-            previous = name
-        return windows
-
-    def summary(self, steps: int) -> dict:
-        total = length(self.comm)
-        if total == 0:
-            return {"comm_ms": 0.0, "hidden_behind_backward": None, "exposed_comm_ms": 0.0}
-        hidden = intersection(self.comm, self.phase_windows("backward"))
-        return {"comm_ms": total / steps, "hidden_behind_backward": hidden / total,
-                "exposed_comm_ms": (total - hidden) / steps}  # fmt: skip
-
-    def compact(self, gap: float = 0.02) -> dict:
-        """Merged intervals (pieces closer than ``gap`` ms join), rounded: small enough for a record."""
-
-        def rounded(intervals):
-            return [(round(a, 3), round(b, 3)) for a, b in merge(intervals, gap)]
-
-        return {"comm": rounded(self.comm), **{phase: rounded(ivs) for phase, ivs in self.compute.items()}}
-
-
-def _innermost(ranges: list[tuple[int, int, str]], t: int) -> str:
-    containing = [(end - start, name) for start, end, name in ranges if start <= t <= end]
-    return min(containing)[1] if containing else "other"
-
-
-def gpu_timeline(events) -> Timeline:
-    """From ``profiler.kineto_results.events()``: GPU kernels and copies, linked to the CPU call
-    that launched them (correlation id) and through its time to a phase range."""
-    cpu = [e for e in events if e.device_type() == DeviceType.CPU]
-    ranges = [(e.start_ns(), e.end_ns(), e.name()) for e in cpu if e.name() in PHASES]
-    launched_at = {e.correlation_id(): e.start_ns() for e in cpu if e.correlation_id()}
-    gpu = [e for e in events if e.device_type() == DeviceType.CUDA and not e.is_user_annotation()]
-    timeline = Timeline([], {})
-    for e in gpu:
-        interval = (e.start_ns() / 1e6, e.end_ns() / 1e6)
-        if "nccl" in e.name().lower():
-            timeline.comm.append(interval)
-        else:
-            phase = _innermost(ranges, launched_at.get(e.correlation_id(), -1))
-            timeline.compute.setdefault(phase, []).append(interval)
-    timeline.comm.sort()
-    return timeline
-
-
-def collective_intervals(comm_per_rank: Sequence[Sequence[Interval]]) -> list[Interval] | None:
-    """Rank 0's NCCL kernels cut to when the collective can move data: from the latest start of
-    the k-th kernel over the ranks to rank 0's end. None when the ranks' kernel counts differ."""
-    if len({len(c) for c in comm_per_rank}) != 1:
-        return None
-    return [
-        (min(max(kernels[0] for kernels in same), same[0][1]), same[0][1]) for same in zip(*comm_per_rank, strict=True)
-    ]
-
-
-# ---------------------------------------------------------------------------------------------
 # One rank's measurements
 # ---------------------------------------------------------------------------------------------
 
@@ -217,22 +98,6 @@ def _build_model(settings: Settings, device: torch.device) -> TransformerLM:
     config = ModelConfig.preset(settings.preset, vocab_size=settings.vocab, context_length=settings.context)
     with torch.device(device):
         return TransformerLM(config)
-
-
-def _wrap(variant: str, model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, Callable]:
-    """(the module to call, the synchronization to run after backward)."""
-    if variant == "ddp":
-        wrapped = DDP(model)
-        return wrapped, wrapped.finish_gradient_synchronization
-    if variant.startswith("bucketed-"):
-        wrapped = BucketedDDP(model, float(variant.removeprefix("bucketed-")))
-        return wrapped, wrapped.finish_gradient_synchronization
-    if variant == "torch-ddp":
-        device_ids = [device.index] if device.type == "cuda" else None
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids), lambda: None
-    if variant in ("naive", "flat"):
-        return model, lambda: allreduce_gradients(model, flat=variant == "flat")
-    return model, lambda: None
 
 
 def make_optimizer(name: str, params, device: torch.device) -> torch.optim.Optimizer:
@@ -263,10 +128,11 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 class _Run:
     """One rank's model, wrapper, optimizer, batch and step function for one row."""
 
-    def __init__(self, settings: Settings, variant: str, optimizer: str, rank: int, device: torch.device) -> None:
+    def __init__(self, settings: Settings, spec: ParallelSpec, optimizer: str, rank: int, device: torch.device) -> None:
         self.device = device
         self.model = _build_model(settings, device)
-        self.wrapped, self.sync = _wrap(variant, self.model, device)
+        wrapped = wrap(self.model, spec, device)
+        self.wrapped, self.sync = wrapped.module, wrapped.synchronize
         self.optimizer = make_optimizer(optimizer, self.model.parameters(), device)
         generator = torch.Generator().manual_seed(1000 + rank)
         tokens = torch.randint(0, settings.vocab, (settings.batch, settings.context + 1), generator=generator)
@@ -342,18 +208,18 @@ def _profile(run: _Run, settings: Settings, name: str, rank: int) -> dict:
             "timeline": timeline.compact()}  # fmt: skip
 
 
-def _variant_steps(settings: Settings, variant: str, rank: int, world: int, device: torch.device,
+def _variant_steps(settings: Settings, variant: Variant, rank: int, world: int, device: torch.device,
                    profile: bool) -> tuple[list[float], dict]:  # fmt: skip
     """Timed step seconds (slowest rank) of a fresh model, and the profile fields when asked."""
-    run = _Run(settings, variant, "adamw", rank, device)
+    run = _Run(settings, variant.spec, "adamw", rank, device)
     for _ in range(settings.warmup):
         run.step()
     times = run.timed_steps(settings.steps)
-    return times, _profile(run, settings, f"ddp_{variant}_x{world}", rank) if profile else {}
+    return times, _profile(run, settings, f"ddp_{variant.name}_x{world}", rank) if profile else {}
 
 
 def _memory_row(settings: Settings, optimizer: str, rank: int, world: int, device: torch.device) -> dict:
-    run = _Run(settings, f"bucketed-{settings.bucket_mb:g}", optimizer, rank, device)
+    run = _Run(settings, ParallelSpec("bucketed", settings.bucket_mb), optimizer, rank, device)
     row = {"init_bytes": run.allocated()}
     for _ in range(max(1, settings.warmup)):  # the first step allocates the optimizer state
         run.step()
@@ -386,71 +252,52 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _worker(rank: int, world: int, backend: str, settings: Settings, variants, optimizers, out: str,
-            progress: Callable[[str], None] | None) -> None:  # fmt: skip
+def _worker(rank: int, world: int, backend: str, settings: Settings, variants: tuple[Variant, ...],
+            optimizers: tuple[str, ...], out: str) -> None:  # fmt: skip
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     # without teardown CUPTI stays attached after a profile and slows every later kernel launch
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
-    times: dict[str, list[list[float]]] = {v: [] for v in variants}
+    times: dict[str, list[list[float]]] = {v.name: [] for v in variants}
     profiles: dict[str, dict] = {}
     for round_index in range(settings.rounds):
         for variant in variants:
             measured, profile = _variant_steps(settings, variant, rank, world, device, profile=round_index == 0)
-            times[variant].append(measured)
-            if rank == 0 and progress is not None:
-                progress(f"data-parallel steps, {world} processes, round {round_index + 1}/{settings.rounds}: "
-                         f"{variant} {si_seconds(statistics.median(measured))} per step")  # fmt: skip
-            profiles.setdefault(variant, profile)
+            times[variant.name].append(measured)
+            if rank == 0:
+                print_line(f"data-parallel steps, {world} processes, round {round_index + 1}/{settings.rounds}: "
+                           f"{variant.name} {si_seconds(statistics.median(measured))} per step")  # fmt: skip
+            profiles.setdefault(variant.name, profile)
             _release(device)
             dist.barrier()
     rows = [
         {"kind": "step", "variant": v, **_timing_fields(settings, [t for r in times[v] for t in r], world),
          "round_median_ms": [statistics.median(r) * 1e3 for r in times[v]], **profiles[v], "status": "ok"}
-        for v in variants
+        for v in times
     ]  # fmt: skip
     # no out-of-memory rows here: a rank that skipped ahead would pair its collectives with another
     # rank's unfinished step; an OOM ends the run with PyTorch's error instead
     for optimizer in optimizers:
         rows.append({"kind": "memory", "optimizer": optimizer, **_memory_row(settings, optimizer, rank, world, device),
                      "status": "ok"})  # fmt: skip
-        if rank == 0 and progress is not None:
-            progress(f"data-parallel steps, {world} processes: memory row of {optimizer}, "
-                     f"{si_seconds(rows[-1]['median_ms'] * 1e-3)} per step")  # fmt: skip
+        if rank == 0:
+            print_line(f"data-parallel steps, {world} processes: memory row of {optimizer}, "
+                       f"{si_seconds(rows[-1]['median_ms'] * 1e-3)} per step")  # fmt: skip
         _release(device)
         dist.barrier()
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
 
 
-def measure(backend: str, world: int, settings: Settings, variants: Sequence[str],
-            optimizers: Sequence[str], progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
+def measure(backend: str, world: int, settings: Settings, variants: Sequence[Variant],
+            optimizers: Sequence[str]) -> list[dict]:  # fmt: skip
     """Every variant and optimizer for one (backend, world size): the records (rank 0's view). Rank 0
-    calls ``progress`` after each variant of each round and after each memory row."""
+    prints a line after each variant of each round and after each memory row."""
     common = {"op": "ddp", "backend": backend, "world": world, **asdict(settings)}
     common.pop("trace_dir")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
-        spawn(_worker, world, world, backend, settings, tuple(variants), tuple(optimizers), out, progress,
-              backend=backend)  # fmt: skip
+        spawn(_worker, world, world, backend, settings, tuple(variants), tuple(optimizers), out, backend=backend)
         return [with_environment({**common, **row}) for row in json.loads(Path(out).read_text())]
-
-
-def run(backend: str, worlds: Sequence[int], settings: Settings, variants: Sequence[str], optimizers: Sequence[str],
-        results_dir: Path, progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
-    """Every world size in turn; appends and returns the records. ``progress`` gets a line as each
-    world size starts and, from its rank 0, one per variant and round and per memory row."""
-    records = []
-    for world in worlds:
-        if progress is not None:
-            progress(f"data-parallel steps, {world} processes ({backend}, {settings.preset}): {len(variants)} "
-                     f"variants x {settings.rounds} rounds, then {len(optimizers)} memory rows")  # fmt: skip
-        measured = measure(backend, world, settings, variants, optimizers, progress)
-        timelines = [_take_timeline(record) for record in measured if "timeline" in record]
-        if timelines and settings.trace_dir:  # bulky (megabytes per run): kept beside the traces, not in git
-            append_records(Path(settings.trace_dir) / TIMELINES_FILE, timelines)
-        append_records(results_dir / RESULTS_FILE, measured)
-        records += measured
-    return records
 
 
 def _take_timeline(record: dict) -> dict:
@@ -459,150 +306,30 @@ def _take_timeline(record: dict) -> dict:
             "timeline": record.pop("timeline")}  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------
-# Report
-# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DataParallelBenchmark(WorldSizesBenchmark):
+    """Every world size in turn, each in its own processes: the variants' steps, then the memory
+    rows. Rank 0 of each world prints the progress lines."""
 
-STEP_COLUMNS = [("world", "ranks"), ("variant", "variant"), ("median_ms", "step ms (median)"),
-                ("vs_torch_ddp", "vs torch-ddp"), ("tokens_per_s", "tokens/s"), ("comm_ms", "comm ms"),
-                ("comm_kernel_ms", "NCCL kernel ms"), ("rounds_ms", "per-round medians ms"),
-                ("spread_percent", "round spread %"), ("profiled_step_ms", "profiled step ms"),
-                ("hidden_percent", "comm hidden behind bwd %"), ("exposed_comm_ms", "exposed comm ms"),
-                ("status", "status")]  # fmt: skip
-MEMORY_COLUMNS = [("world", "ranks"), ("optimizer", "optimizer"), ("init_mb", "after init MB"),
-                  ("before_step_mb", "before step MB"), ("after_step_mb", "after step MB"), ("peak_mb", "peak MB"),
-                  ("params_mb", "params MB"), ("grads_mb", "grads MB"), ("optimizer_state_mb", "opt. state MB"),
-                  ("state_vs_adamw", "state vs adamw"), ("activations_mb", "activations MB"),
-                  ("median_ms", "step ms"), ("status", "status")]  # fmt: skip
+    settings: Settings
+    variants: tuple[Variant, ...]
+    optimizers: tuple[str, ...]
 
+    name = "ddp"
+    title = "Data-parallel training benchmark"
+    gloo_note = GLOO_NOTE
 
-def round_range(record: dict) -> tuple[float, float] | None:
-    """The lowest and highest per-round median step (ms); None with fewer than two rounds."""
-    rounds = record.get("round_median_ms") or []
-    return (min(rounds), max(rounds)) if len(rounds) >= 2 else None
+    def measurements(self, run: Run) -> Iterator[Measured]:
+        settings = self.settings
+        for world in self.worlds:
+            print_line(f"data-parallel steps, {world} processes ({self.backend}, {settings.preset}): "
+                       f"{len(self.variants)} variants x {settings.rounds} rounds, then {len(self.optimizers)} "
+                       "memory rows")  # fmt: skip
+            measured = measure(self.backend, world, settings, self.variants, self.optimizers)
+            timelines = [_take_timeline(record) for record in measured if "timeline" in record]
+            if timelines and settings.trace_dir:  # bulky (megabytes per run): kept beside the traces, not in git
+                append_records(Path(settings.trace_dir) / TIMELINES_FILE, timelines)
+            yield Measured(f"{world} processes", measured)
 
-
-def compare_steps(record: dict, reference: dict) -> float | str:
-    """``record``'s median step over ``reference``'s, or "within noise" where the two variants'
-    per-round medians overlap: a difference smaller than the round-to-round spread is no comparison."""
-    mine, theirs = round_range(record), round_range(reference)
-    if record is not reference and mine and theirs and mine[0] <= theirs[1] and theirs[0] <= mine[1]:
-        return "within noise"
-    return record["median_ms"] / reference["median_ms"]
-
-
-def _step_rows(records: list[dict]) -> list[dict]:
-    rows = []
-    for r in (r for r in records if r["kind"] == "step"):
-        reference = next((t for t in records if t["kind"] == "step" and t["variant"] == "torch-ddp"
-                          and t["world"] == r["world"] and t.get("median_ms")), None)  # fmt: skip
-        row = dict(r)
-        if reference and r.get("median_ms"):
-            row["vs_torch_ddp"] = compare_steps(r, reference)
-        spread = round_range(r)
-        if spread and r.get("median_ms"):
-            row["spread_percent"] = 100 * (spread[1] - spread[0]) / r["median_ms"]
-        if r.get("hidden_behind_backward") is not None:
-            row["hidden_percent"] = 100 * r["hidden_behind_backward"]
-        row["rounds_ms"] = " / ".join(f"{ms:.0f}" for ms in r.get("round_median_ms", []))
-        rows.append(row)
-    return rows
-
-
-def _memory_rows(records: list[dict]) -> list[dict]:
-    rows = []
-    for r in (r for r in records if r["kind"] == "memory"):
-        row = {**r, **{key.replace("_bytes", "_mb"): value / MB for key, value in r.items()
-                       if key.endswith("_bytes") and value is not None}}  # fmt: skip
-        unsharded = next((t for t in records if t["kind"] == "memory" and t["optimizer"] == "adamw"
-                          and t["world"] == r["world"] and t.get("optimizer_state_bytes")), None)  # fmt: skip
-        if unsharded and r.get("optimizer_state_bytes") is not None:
-            row["state_vs_adamw"] = r["optimizer_state_bytes"] / unsharded["optimizer_state_bytes"]
-        rows.append(row)
-    return rows
-
-
-def overlap_plot(path: Path, records: list[dict], title: str) -> Path:
-    """One lane pair per variant: compute kernels coloured by phase above, NCCL kernels below."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    timed = [r for r in records if r.get("timeline")]
-    colours = {"forward": "tab:blue", "backward": "tab:green", "sync": "tab:red", "optimizer": "tab:purple",
-               "other": "tab:gray", "comm": "tab:orange"}  # fmt: skip
-    fig, ax = plt.subplots(figsize=(12, 0.6 * len(timed) + 1.5))
-    for i, record in enumerate(reversed(timed)):
-        y = 2 * i
-        for lane, intervals in record["timeline"].items():
-            offset = 0.0 if lane == "comm" else 0.9
-            bars = [(a, b - a) for a, b in intervals]
-            ax.broken_barh(bars, (y + offset, 0.8), color=colours.get(lane, "tab:gray"), linewidth=0)
-    ax.set_yticks([2 * i + 0.9 for i in range(len(timed))], [r["variant"] for r in reversed(timed)])
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles, [name if name != "comm" else "NCCL (lower lane)" for name in colours], fontsize=7,
-              ncols=6, loc="upper center", bbox_to_anchor=(0.5, -0.12))  # fmt: skip
-    ax.set_xlabel("ms since the first kernel of the profiled steps")
-    ax.set_title(title, fontsize=10)
-    return save_figure(fig, path, dpi=110)
-
-
-def render(results_dir: Path, reports_dir: Path) -> str:
-    """One section per number of ranks, from the latest run that measured it (a later 8-rank run
-    does not hide the 2- and 4-rank rows of an earlier one); each section's tables come from one run.
-    The overlap plots need the GPU timelines in ``<out>/traces`` (beside results/); without them a
-    plot already in ``reports_dir`` is shown as it is."""
-    runs = latest_runs_by(read_records(results_dir / RESULTS_FILE), "world")
-    if not runs:
-        return "No data-parallel records yet: run `fastlm bench ddp`.\n"
-    timelines = {(t["run_id"], t["world"], t["variant"]): t["timeline"]
-                 for t in read_records(results_dir.parent / "traces" / TIMELINES_FILE)}  # fmt: skip
-    for records in runs:
-        for record in records:
-            key = (record.get("run_id"), record.get("world"), record.get("variant"))
-            if key in timelines:
-                record["timeline"] = timelines[key]
-    return "\n".join(line for records in runs for line in _render_run(records, reports_dir))
-
-
-def _render_run(records: list[dict], reports_dir: Path) -> list[str]:
-    first = records[0]
-    worlds = sorted({r["world"] for r in records})
-    tag = "-".join(map(str, worlds))
-    lines = [
-        f"## {', '.join(map(str, worlds))} ranks",
-        "",
-        f"Device: {first['gpu']} · {first['backend']} · torch {first['torch']} · git {first['git_sha']} · "
-        f"{first['date']} · preset {first['preset']}, context {first['context']}, batch {first['batch']} per rank, "
-        f"{first['precision']}, AdamW · median of {first['rounds']} rounds x {first['steps']} steps "
-        "(slowest rank each), each round with fresh models · round spread: (highest - lowest per-round "
-        "median) / median · vs torch-ddp: the ratio of median steps, or 'within noise' where the two "
-        "variants' per-round medians overlap",
-        "",
-    ]
-    if first["backend"] == "gloo":
-        lines += [GLOO_NOTE, ""]
-    steps = _step_rows(records)
-    if steps:
-        lines += ["### Step time and communication", "", markdown_table(steps, present_columns(steps, STEP_COLUMNS)),
-                  ""]  # fmt: skip
-        variants = list(dict.fromkeys(r["variant"] for r in steps))
-        series = {f"{w} ranks": [next((r.get("median_ms") for r in steps if r["world"] == w and r["variant"] == v),
-                                      None) for v in variants] for w in worlds}  # fmt: skip
-        bars = grouped_bar_plot(reports_dir / f"ddp_step_ms_x{tag}.png", variants, series, ylabel="step ms (median)",
-                                title=f"Data-parallel training step · {first['preset']} · {first['gpu']}")  # fmt: skip
-        lines += [f"![step time per variant, {tag} ranks]({bars.name})", ""]
-        for world in worlds:
-            timed = [r for r in steps if r["world"] == world and r.get("timeline")]
-            plot = reports_dir / f"ddp_overlap_x{world}.png"
-            if timed:
-                plot = overlap_plot(plot, timed, f"GPU timeline of {first['profile_steps']} steps, rank 0 of {world}: "
-                                    "compute by phase (upper lane) and NCCL (lower lane)")  # fmt: skip
-            if plot.exists() and first["backend"] == "nccl":  # gloo runs have no GPU timeline
-                lines += [f"![communication overlap, {world} ranks]({plot.name})", ""]
-    memory = _memory_rows(records)
-    if memory:
-        lines += ["### Memory per rank: optimizer-state sharding", "",
-                  markdown_table(memory, present_columns(memory, MEMORY_COLUMNS)), ""]  # fmt: skip
-    return lines
+    def render(self, results_dir: Path, reports_dir: Path) -> str:
+        return render(results_dir, reports_dir)

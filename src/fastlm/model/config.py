@@ -20,6 +20,7 @@ LOSS_KERNELS = ("torch", "fastlm")  # LM head + F.cross_entropy | fastlm.linear_
 KERNEL_SETS = ("torch", "fastlm")  # what ModelConfig.with_kernels takes: every switch at once
 # How a step runs: eager, torch.compile, or torch.compile(mode="reduce-overhead") (CUDA graphs)
 COMPILE_MODES = ("eager", "compile", "cudagraphs")
+TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}  # torch.compile(mode=...) of each
 
 # name -> (d_model, d_ff, num_layers, num_heads)
 PRESET_DIMENSIONS = {

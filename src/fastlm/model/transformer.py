@@ -15,7 +15,7 @@ tied to the embedding. Three switches in `ModelConfig` pick the kernels:
     softmax    torch  | fastlm           (naive attention's mask + softmax | fastlm.masked_softmax)
 
 Ranges named "attention/scores|mask|softmax|output" inside the naive path, and "forward" around
-the model, show up in profiles when `fastlm.profile.ranges.annotations()` is on.
+the model, show up in profiles when `fastlm.model.ranges.annotations()` is on.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from fastlm.model.config import ModelConfig
+from fastlm.model.ranges import annotate
 from fastlm.ops.flash_attention import flash_attention
 from fastlm.ops.layer_norm import rms_norm
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy
 from fastlm.ops.masked_softmax import masked_softmax
-from fastlm.profile.ranges import annotate
 
 
 def trunc_normal_(weight: torch.Tensor, std: float) -> torch.Tensor:

@@ -25,9 +25,10 @@ from pathlib import Path
 
 import torch
 
-from fastlm.bench.model import Row, make_optimizer, make_step, time_steps
-from fastlm.bench.records import append_records, with_environment
-from fastlm.bench.report import markdown_table, save_figure
+from fastlm.harness.plots import save_figure
+from fastlm.harness.records import append_records, with_environment
+from fastlm.harness.steps import Row, make_optimizer, make_step, time_steps
+from fastlm.harness.tables import markdown_table
 from fastlm.model import ModelConfig, TransformerLM
 
 RESULTS_FILE = "profile_memory.jsonl"

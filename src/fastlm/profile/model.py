@@ -2,7 +2,7 @@
 
 For each phase (inference = forward under no_grad; train = forward, backward, AdamW step) the
 model runs `warmup` untraced steps, then `steps` steps under torch.profiler with the named ranges
-of `fastlm.profile.ranges` on (forward / backward / optimizer, and inside the naive attention path
+of `fastlm.model.ranges` on (forward / backward / optimizer, and inside the naive attention path
 attention/scores, mask, softmax, output; they are NVTX ranges too, so `nsys profile fastlm profile
 model` shows the same structure in Nsight Systems). Reported per phase: GPU time per named range,
 the top kernels of each range (Nsight's "CUDA GPU Kernel Summary": name, calls, total, average,
@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 
 from fastlm.analysis.attention import naive_attention_stage_flops
-from fastlm.bench.model import make_optimizer, precision_context, time_steps
-from fastlm.bench.records import append_records, with_environment
-from fastlm.bench.report import markdown_table
+from fastlm.harness.records import append_records, with_environment
+from fastlm.harness.steps import make_optimizer, precision_context, time_steps
+from fastlm.harness.tables import markdown_table
 from fastlm.model import ModelConfig, TransformerLM
+from fastlm.model.ranges import annotate, annotations
 from fastlm.profile.kernels import OUTSIDE, KernelStats, category_shares, merge, summarize_kernels
-from fastlm.profile.ranges import annotate, annotations
 
 RESULTS_FILE = "profile_model.jsonl"
 PHASES = ("inference", "train")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from fastlm.bench.report import save_figure
+from fastlm.harness.plots import save_figure
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.tasks.associative_recall import RecallConfig, RecallSplit, accuracy
 

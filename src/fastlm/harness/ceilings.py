@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from fastlm.bench.records import append_records, with_environment
-from fastlm.bench.timing import measure
 from fastlm.devices import current_device_name, spec_for_device_name
+from fastlm.harness.records import append_records, read_records, with_environment
+from fastlm.harness.timing import measure
 
 RESULTS_FILE = "ceilings.jsonl"
 
@@ -57,3 +57,9 @@ def record_ceilings(results_dir: Path, device: torch.device) -> dict:
     record = measure_ceilings(device)
     append_records(results_dir / RESULTS_FILE, [record])
     return record
+
+
+def latest_ceilings(results_dir: Path, gpu: str) -> dict | None:
+    """The last ceilings recorded on ``gpu`` (a device name), or None."""
+    here = [r for r in read_records(results_dir / RESULTS_FILE) if r["gpu"] == gpu]
+    return here[-1] if here else None
