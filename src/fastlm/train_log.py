@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
+from fastlm.harness.progress import Progress, progress
 from fastlm.model.config import ModelConfig
-from fastlm.progress import Progress, progress
 
 
 def format_record(record: dict, steps: int) -> str:

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from fastlm.data.tokenizer import TOKENIZERS, Tokenizer, default_tokenizer, load_tokenizer
-from fastlm.progress import progress
+from fastlm.harness.progress import progress
 
 FORMAT = "fastlm-tokens"
 VERSION = 1

@@ -1,5 +1,13 @@
-"""The progress of a long run: a bar on a terminal, one plain flushed line per step when the output
-is piped or logged (where a bar would show only once, at the end)."""
+"""The progress of a long run: a bar on a terminal, plain flushed lines when the output is piped or
+logged (where a bar would show only once, at the end).
+
+`progress_steps` prints a line per step when piped (benchmark cases). `progress` prints only the
+lines it is given (a training log's interval lines), with the bar's ETA on a terminal:
+
+    with progress("training", total=steps) as bar:
+        bar.advance()                 # moves the bar (nothing when piped): call it as often as needed
+        bar.note("step 10/100 ...")   # a line, printed above the bar or, piped, on its own
+"""
 
 from __future__ import annotations
 
@@ -37,3 +45,36 @@ def progress_steps(name: str, total: int) -> Iterator[Callable[..., None]]:
         print_line(f"{name} {count}/{total}" + (f": {done}" if done else ""))
 
     yield step
+
+
+class Progress:
+    def __init__(self, bar=None, task=None) -> None:
+        self._bar, self._task = bar, task
+
+    def advance(self, amount: float = 1) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, advance=amount)
+
+    def note(self, line: str) -> None:
+        if self._bar is not None:
+            self._bar.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(line, flush=True)
+
+
+@contextlib.contextmanager
+def progress(description: str, total: float, completed: float = 0) -> Iterator[Progress]:
+    """A `Progress` over ``total`` units, ``completed`` of them done already (a resumed run)."""
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        yield Progress()
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import Progress as Bar
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())  # fmt: skip
+    with Bar(*columns, console=console) as bar:
+        yield Progress(bar, bar.add_task(description, total=total, completed=completed))
