@@ -40,8 +40,8 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
-# Argument checks: each costs about 0.1 us of Python on the common types, which are tested first
-# (an exact type test; isinstance on torch.Tensor takes a slow path for Parameters).
+# Argument checks run on every call: the common types are tested first, by an exact type test
+# (isinstance on torch.Tensor takes a slow path for Parameters).
 _TENSOR_TYPES = frozenset((torch.Tensor, torch.nn.Parameter))
 _INF = math.inf
 
@@ -167,7 +167,7 @@ def device_arch(device: torch.device) -> int:
 
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b), for grids. In Triton 3.6 `triton.cdiv` is a constexpr function, and a call from
-    Python costs about 4 us of argument unwrapping: several per launch on every eager step."""
+    Python pays for unwrapping its arguments: several calls per launch on every eager step."""
     return -(-a // b)
 
 

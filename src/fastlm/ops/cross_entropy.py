@@ -19,12 +19,12 @@ Cost model (B rows, V classes, logits of ``s`` bytes; fastlm.analysis.xent has t
     backward   reads s*B*V, writes s*B*V (recomputes p from m, s) -> one read + one write
     fused      loss and gradient in one kernel; reads each row twice (statistics, then gradient)
                and writes s*B*V. The design aims for the second read to hit L2, but measured on
-               an H200 it mostly misses (docs/cross_entropy.md, journal item 5). For a mean each
+               an H200 it mostly misses (docs/notes/cross_entropy.md, item 5). For a mean each
                program also reads the 8*B bytes of targets to count the valid rows (no extra launch):
                P*8*B bytes for P programs, small against s*B*V at LM vocabularies, not at V of a few
                dozen classes (and O(B^2) work under the interpreter).
 PyTorch eager writes log-probabilities, then a zero-filled one-hot-sized gradient, then the
-softmax gradient: about 3x the bytes (docs/cross_entropy.md).
+softmax gradient: about 3x the bytes (docs/notes/cross_entropy.md).
 """
 
 from __future__ import annotations
@@ -270,7 +270,7 @@ def _cross_entropy_fused_kernel(
     m, s and the loss, pass 2 writes the gradient.
 
     Pass 2 walks the row from its end, whose blocks pass 1 read last, with L2 eviction hints, so
-    that the re-read can hit L2; on an H200 it mostly does not (docs/cross_entropy.md, item 5).
+    that the re-read can hit L2; on an H200 it mostly does not (docs/notes/cross_entropy.md, item 5).
     Writing in place is safe: each block is read before the same program overwrites it.
     """
     offs = tl.arange(0, BLOCK_V)

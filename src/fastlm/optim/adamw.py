@@ -190,7 +190,7 @@ def _launch(tables: _Tables, config: AdamWConfig, step: float, hyper: _Hyperpara
     lr, beta1, beta2, eps, weight_decay = hyper
     # Triton's dispatcher rather than fastlm.ops.launch.eager_kernel: that keys its cache on the
     # value of every float argument, and the bias corrections change at every step. The
-    # dispatcher's ~10 us more per launch (benchmarks/results/launch.jsonl, H100) is paid once per
+    # dispatcher's extra host cost per launch (benchmarks/results/launch.jsonl) is paid once per
     # group and step.
     _adamw_kernel[(programs,)](
         tables.tensors, tables.blocks,
