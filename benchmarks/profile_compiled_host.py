@@ -17,9 +17,8 @@ import pstats
 from collections import defaultdict
 
 import torch
-from profile_compiled_step import OPTIMIZERS
 
-from fastlm.harness.steps import Row, make_step, time_steps
+from fastlm.harness.steps import Row, make_optimizer, make_step, time_steps
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE
 
@@ -46,7 +45,7 @@ def profile_steps(kernels: str, layers: int, tokens: torch.Tensor, steps: int = 
         model = TransformerLM(config)
     row = Row("train", "bf16", "compile")
     module = torch.compile(model, mode=TORCH_COMPILE_MODE["compile"])
-    step = make_step(module, model, row, tokens, tokens, OPTIMIZERS["torch"](model))
+    step = make_step(module, model, row, tokens, tokens, make_optimizer(model))
     time_steps(step, warmup=5, steps=5, device=tokens.device)
     profiler = cProfile.Profile()
     profiler.enable()

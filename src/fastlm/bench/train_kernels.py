@@ -31,6 +31,7 @@ def compare_kernels(args: argparse.Namespace, kernel_sets: Sequence[str]) -> lis
     if args.parallel != "none" or args.resume:
         raise UsageError("the kernel benchmark trains fresh runs in one process: it takes neither --parallel "
                                "nor --resume")  # fmt: skip
+    # the options as given (--out, --checkpoint-every), before each run's overrides below hide them
     train.check_arguments(train.resolve_defaults(argparse.Namespace(**{**vars(args), "kernels": kernel_sets[0]})), 1)
     runs, records = {}, []
     for kernels in kernel_sets:
