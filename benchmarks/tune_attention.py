@@ -1,13 +1,16 @@
 """Sweep tile sizes, warps and pipeline stages of the FlashAttention kernels on the GPU.
 
-Model-like shape: batch 8, 16 heads, 4096 tokens, causal. For each head dim and dtype it times
-the forward kernel and the backward with one kernel's tiles varied at a time (the others at the
-GPU's default `attention_config`), printing one JSON line per configuration (median ms and TFLOP/s,
-forward FLOPs 2*B*H*N^2*D causal, backward 2.5x), then, on stderr, the best AttentionConfig found
-as a Python expression: the entry for the architecture's table in fastlm/ops/flash_attention.py.
-Usage: python benchmarks/tune_attention.py [head_dim,...] > tune_attention.jsonl
+For each shape (batch, heads, tokens; causal), head dim and dtype it times the forward kernel and
+the backward with one kernel's tiles varied at a time (the others at the GPU's default
+`attention_config` for that shape), printing one JSON line per configuration (median ms and
+TFLOP/s, forward FLOPs 2*B*H*N^2*D causal, backward 2.5x), PyTorch's SDPA backends at the same
+shape for reference (bf16/fp16 only), then, on stderr, the best AttentionConfig found as a Python
+expression: an entry of the architecture's table in fastlm/ops/flash_attention.py.
+Usage: python benchmarks/tune_attention.py [--shapes 8,16,4096 4,12,512] [--head-dims 128,64]
+       [--dtypes bfloat16,float32] > tune_attention.jsonl
 """
 
+import argparse
 import dataclasses
 import itertools
 import json
@@ -19,13 +22,14 @@ import triton.testing
 from fastlm.ops import flash_attention as fa
 from fastlm.ops.common import device_arch
 
-BATCH, HEADS, SEQ = 8, 16, 4096
+# (BLOCK_M queries, BLOCK_N keys) candidates for 16-bit inputs; fp32 tiles must stay smaller.
+TILES_16BIT = [(32, 32), (32, 64), (64, 32), (64, 64), (128, 32), (128, 64), (64, 128), (128, 128)]
 FORWARD = {
-    2: list(itertools.product([(64, 64), (128, 32), (128, 64), (128, 128), (64, 128)], [4, 8], [2, 3, 4])),
+    2: list(itertools.product(TILES_16BIT, [4, 8], [2, 3, 4])),
     4: list(itertools.product([(32, 32), (64, 32), (64, 64), (32, 64)], [4, 8], [1, 2])),
 }
-BACKWARD = {  # (BLOCK_M queries, BLOCK_N keys)
-    2: list(itertools.product([(32, 64), (64, 64), (32, 128), (64, 128), (128, 128), (128, 64)], [4, 8], [2, 3])),
+BACKWARD = {
+    2: list(itertools.product(TILES_16BIT, [4, 8], [2, 3])),
     4: list(itertools.product([(16, 32), (32, 32), (32, 64), (64, 32), (64, 64)], [4, 8], [1, 2])),
 }
 
@@ -37,36 +41,64 @@ def bench(fn):
         return str(error).splitlines()[0][:160]
 
 
-def emit(kernel, dim, dtype, tiles: fa.AttentionTiles, ms, flops):
+def emit(kernel, shape, dim, dtype, ms, flops, **settings):
     result = {"ms": ms, "tflops": flops / ms / 1e9} if isinstance(ms, float) else {"error": ms}
-    print(json.dumps({"kernel": kernel, "head_dim": dim, "dtype": str(dtype).removeprefix("torch."),
-                      "block_m": tiles.block_m, "block_n": tiles.block_n, "warps": tiles.num_warps,
-                      "stages": tiles.num_stages, **result}), flush=True)  # fmt: skip
+    batch, heads, seq = shape
+    print(json.dumps({"kernel": kernel, "batch": batch, "heads": heads, "seq": seq, "head_dim": dim,
+                      "dtype": str(dtype).removeprefix("torch."), **settings, **result}), flush=True)  # fmt: skip
 
 
-def sweep(kernel, default, candidates, run, dim, dtype, flops) -> fa.AttentionTiles:
+def sweep(kernel, default, candidates, run, shape, dim, dtype, flops) -> fa.AttentionTiles:
     """Time ``run(config)`` with ``kernel``'s tiles set to each candidate; the fastest tiles."""
     best, best_ms = getattr(default, kernel), float("inf")
     for (block_m, block_n), warps, stages in candidates:
         tiles = fa.AttentionTiles(block_m, block_n, warps, stages)
         config = dataclasses.replace(default, **{kernel: tiles})
         ms = bench(lambda config=config: run(config))
-        emit(kernel, dim, dtype, tiles, ms, flops)
+        emit(kernel, shape, dim, dtype, ms, flops, block_m=block_m, block_n=block_n, warps=warps, stages=stages)
         if isinstance(ms, float) and ms < best_ms:
             best, best_ms = tiles, ms
     return best
 
 
+def sdpa_reference(q, k, v, do, shape, dim, dtype, fwd_flops):
+    """PyTorch's flash and cuDNN SDPA backends at the same shape: forward and forward + backward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    for name, backend in (("sdpa-flash", SDPBackend.FLASH_ATTENTION), ("sdpa-cudnn", SDPBackend.CUDNN_ATTENTION)):
+        with sdpa_kernel(backend):
+
+            def forward():
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+            def forward_backward():
+                forward().backward(do)
+
+            emit(f"{name} forward", shape, dim, dtype, bench(forward), fwd_flops)
+            emit(f"{name} fwd+bwd", shape, dim, dtype, bench(forward_backward), 3.5 * fwd_flops)
+
+
 def main():
-    dims = [int(d) for d in sys.argv[1].split(",")] if len(sys.argv) > 1 else [128, 64]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=["8,16,4096"], help="batch,heads,tokens (default: %(default)s)")
+    parser.add_argument("--head-dims", default="128,64", help="(default: %(default)s)")
+    parser.add_argument("--dtypes", default="bfloat16,float32", help="(default: %(default)s)")
+    args = parser.parse_args()
     arch = device_arch(torch.device("cuda"))
-    for dtype, dim in itertools.product((torch.bfloat16, torch.float32), dims):
+    shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes]
+    dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
+    dims = [int(d) for d in args.head_dims.split(",")]
+    for shape, dtype, dim in itertools.product(shapes, dtypes, dims):
+        batch, heads, seq = shape
         size = min(dtype.itemsize, 4)
-        q, k, v, do = (torch.randn(BATCH, HEADS, SEQ, dim, device="cuda", dtype=dtype) for _ in range(4))
+        q, k, v, do = (torch.randn(batch, heads, seq, dim, device="cuda", dtype=dtype) for _ in range(4))
         scale = dim**-0.5
-        fwd_flops = 2 * BATCH * HEADS * SEQ * SEQ * dim
-        default = fa.attention_config(arch, dtype, dim)
+        fwd_flops = 2 * batch * heads * seq * seq * dim
+        default = fa.attention_config(arch, dtype, dim, seq)
         o, lse = fa._launch_forward(q, k, v, True, scale, default)
+        if size == 2:
+            sdpa_reference(q, k, v, do, shape, dim, dtype, fwd_flops)
 
         def forward(config):
             return fa._launch_forward(q, k, v, True, scale, config)
@@ -75,12 +107,12 @@ def main():
             return fa._launch_backward(do, q, k, v, o, lse, True, scale, config)
 
         best = {
-            "forward": sweep("forward", default, FORWARD[size], forward, dim, dtype, fwd_flops),
-            "dkdv": sweep("dkdv", default, BACKWARD[size], backward, dim, dtype, 2.5 * fwd_flops),
-            "dq": sweep("dq", default, BACKWARD[size], backward, dim, dtype, 2.5 * fwd_flops),
+            "forward": sweep("forward", default, FORWARD[size], forward, shape, dim, dtype, fwd_flops),
+            "dkdv": sweep("dkdv", default, BACKWARD[size], backward, shape, dim, dtype, 2.5 * fwd_flops),
+            "dq": sweep("dq", default, BACKWARD[size], backward, shape, dim, dtype, 2.5 * fwd_flops),
         }
-        print(f"sm{arch} {str(dtype).removeprefix('torch.')} head dim {dim}: {fa.AttentionConfig(**best)!r}",
-              file=sys.stderr)  # fmt: skip
+        print(f"sm{arch} {str(dtype).removeprefix('torch.')} head dim {dim}, {batch}x{heads}x{seq}: "
+              f"{fa.AttentionConfig(**best)!r}", file=sys.stderr)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import torch
 import fastlm
 from fastlm.ops.flash_attention import (
     MAX_HEAD_DIM,
+    SHORT_SEQ,
+    SM90_SHORT_TILES,
     AttentionConfig,
     AttentionTiles,
     FlashAttentionTorch,
@@ -176,14 +178,19 @@ def test_config_with_one_direction_replaced(device):
 
 
 def test_attention_config_covers_every_arch_dtype_and_head_dim():
-    """Other GPUs (80, 120) and the interpreter (0) get the sm90 tiles, never an error; cached."""
+    """Other GPUs (80, 120) and the interpreter (0) get the sm90 tiles, never an error, for long and
+    short sequences alike; cached."""
     for arch in (0, 80, 90, 120):
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             for dim in range(1, MAX_HEAD_DIM + 1):
-                config = attention_config(arch, dtype, dim)
-                assert config == attention_config(90, dtype, dim) and isinstance(config, AttentionConfig)
+                for keys in (None, 1, SHORT_SEQ, SHORT_SEQ + 1):
+                    config = attention_config(arch, dtype, dim, keys)
+                    assert config == attention_config(90, dtype, dim, keys) and isinstance(config, AttentionConfig)
     assert attention_config(90, torch.bfloat16, 128) is attention_config(90, torch.bfloat16, 128)
     assert attention_config(90, torch.bfloat16, 128).forward == AttentionTiles(128, 128, 8, 3)  # tuned on sm90
+    long = attention_config(90, torch.bfloat16, 64, SHORT_SEQ + 1)
+    assert attention_config(90, torch.bfloat16, 64) is long
+    assert attention_config(90, torch.bfloat16, 64, SHORT_SEQ) == SM90_SHORT_TILES.get((64, 2), long)
 
 
 def test_outputs_are_fully_written(device):

@@ -461,9 +461,15 @@ SM90_TILES = {
     (128, 4): _entry((32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
     (256, 4): _entry((32, 32, 4, 1), (16, 16, 4, 1), (16, 16, 4, 1)),
 }
-# Tables by compute capability. Other GPUs, and 0 (the interpreter, where tiles only set which
-# masking paths the tests exercise), take the sm90 tiles: no other architecture was measured.
-TILES_BY_ARCH = {90: SM90_TILES}
+# Sequences of at most SHORT_SEQ keys. There the grid is short (at 4 x 12 heads x 512 tokens the
+# long-sequence dQ tiles make 192 programs for 132 SMs) and each program's key loop a few steps, so
+# other tiles win; measured by benchmarks/tune_attention.py at the models' shapes (head dim 64,
+# 512 tokens). Entries it lacks fall back to SM90_TILES.
+SHORT_SEQ = 1024
+SM90_SHORT_TILES: dict = {}
+# Tables by compute capability, (long, short). Other GPUs, and 0 (the interpreter, where tiles only
+# set which masking paths the tests exercise), take the sm90 tiles: no other architecture was measured.
+TILES_BY_ARCH = {90: (SM90_TILES, SM90_SHORT_TILES)}
 
 
 @functools.cache
@@ -472,12 +478,19 @@ def _block_d(head_dim: int) -> int:
     return max(16, next_power_of_2(head_dim))
 
 
+def attention_config(arch: int, dtype: torch.dtype, head_dim: int, keys: int | None = None) -> AttentionConfig:
+    """The tiles for a GPU of compute capability ``arch`` (``device_arch``), inputs of ``dtype``, a
+    head dim in [1, MAX_HEAD_DIM] and ``keys`` keys per head (None: long sequences). One comparison
+    and a cached lookup per call; with a symbolic ``keys`` (a trace with dynamic shapes) the
+    comparison becomes a guard on ``keys <= SHORT_SEQ``."""
+    return _table_config(arch, dtype, _block_d(head_dim), keys is not None and keys <= SHORT_SEQ)
+
+
 @functools.cache
-def attention_config(arch: int, dtype: torch.dtype, head_dim: int) -> AttentionConfig:
-    """The tiles for a GPU of compute capability ``arch`` (``device_arch``), inputs of ``dtype`` and
-    a head dim in [1, MAX_HEAD_DIM]; cached, so a call costs one dict lookup."""
-    table = TILES_BY_ARCH.get(arch, SM90_TILES)
-    return table[(_block_d(head_dim), min(dtype.itemsize, 4))]
+def _table_config(arch: int, dtype: torch.dtype, block_d: int, short: bool) -> AttentionConfig:
+    long_tiles, short_tiles = TILES_BY_ARCH.get(arch, TILES_BY_ARCH[90])
+    key = (block_d, min(dtype.itemsize, 4))
+    return short_tiles.get(key, long_tiles[key]) if short else long_tiles[key]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -517,7 +530,7 @@ def _launch_forward(q, k, v, causal: bool, scale: float, config: AttentionConfig
     if N == 0:  # no keys at all: every row is empty
         return o.zero_(), lse.fill_(float("-inf"))
     if config is None:
-        config = attention_config(device_arch(q.device), q.dtype, D)
+        config = attention_config(device_arch(q.device), q.dtype, D, N)
     tiles = config.forward
     kernel = wrap_triton(_flash_forward_kernel) if traced else eager_kernel(_flash_forward_kernel)
     kernel[(cdiv(M, tiles.block_m), Z * H)](
@@ -539,7 +552,7 @@ def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, conf
     if Z * H * M == 0 or N == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     if config is None:
-        config = attention_config(device_arch(q.device), q.dtype, D)
+        config = attention_config(device_arch(q.device), q.dtype, D, N)
     delta = lse.new_empty(lse.shape)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(grad_out))  # both kernels take these
     common = dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype))
@@ -733,7 +746,7 @@ class _FlashAttentionKernels(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, config):
         if config is None:  # picked here, not in the launcher: the backward reuses it
-            config = attention_config(device_arch(q.device), q.dtype, q.shape[-1])
+            config = attention_config(device_arch(q.device), q.dtype, q.shape[-1], k.shape[-2])
         return _autograd_forward(ctx, _launch_forward, q, k, v, causal, scale, config)
 
     @staticmethod
@@ -772,8 +785,8 @@ class FlashAttentionTriton(_FlashAttentionKernels):
     """FlashAttention-2 in Triton: the fast path. CUDA tensors, or CPU under TRITON_INTERPRET=1.
 
     ``apply(q, k, v, is_causal=False, scale=None, config=None)``; q, k, v as in ``flash_attention``,
-    checked; ``config`` an AttentionConfig (None: ``attention_config`` for q's GPU, dtype and head
-    dim). Saves exactly (L, Q, K, V, O), L of shape (B, Nq) or (B, H, Nq) in fp32.
+    checked; ``config`` an AttentionConfig (None: ``attention_config`` for q's GPU, dtype, head
+    dim and number of keys). Saves exactly (L, Q, K, V, O), L of shape (B, Nq) or (B, H, Nq) in fp32.
     """
 
     @staticmethod
