@@ -1,15 +1,19 @@
 """Where the GPU time of the compiled training step goes, per kernel set: which share the kernels that
 fastlm can replace (attention, norms, loss) hold, and what the rest is.
 
-A model of the xl width (d 1600, ff 6400, 25 heads; --layers of them, 12 by default so it compiles
-in about a minute), batch 4 x 512, bf16 autocast, fused AdamW, compiled as `fastlm bench model` does
-(same step, optimizer and compile modes). Per kernel set and compile mode: the median of 20 steps,
-then 3 steps under torch.profiler; every GPU kernel is put in one category by its name, and the
-table gives ms per step per category and the kernels launched per step. With --compile cudagraphs
-the host cost is gone, so the GPU time per step bounds what a faster kernel set can gain.
+A model of a preset's width (xl by default: d 1600, ff 6400, 25 heads; --layers of its blocks, 12
+by default so it compiles in about a minute), batch 4 x 512, bf16 autocast, fused AdamW, compiled
+as `fastlm bench model` does (same step, optimizer and compile modes). Per kernel set and compile
+mode: the median of 20 steps, then 3 steps under torch.profiler; every GPU kernel is put in one
+category by its name, and the table gives ms per step per category, the kernels launched per step
+and the GPU's idle time per step (the step's span on the GPU timeline minus the union of its
+kernels). With --compile cudagraphs the host cost is gone, so the GPU time per step bounds what a
+faster kernel set can gain. --cpu-ops N prints the N CPU ops with the most self time per step for
+each configuration (where a host-bound step spends its time); --trace DIR writes each profile as
+a gzipped Chrome trace (bulky: keep DIR out of the repository).
 
-Usage: python benchmarks/profile_compiled_step.py [--layers 12] [--compile compile,cudagraphs]
-       [--optimizer torch,fastlm]
+Usage: python benchmarks/profile_compiled_step.py [--preset xl] [--layers 12]
+       [--compile compile,cudagraphs] [--optimizer torch,fastlm] [--cpu-ops 25] [--trace DIR]
 Writes results/profile_compiled_step.jsonl and prints the table.
 """
 
@@ -62,8 +66,32 @@ def gpu_time_by_category(prof: profile, steps: int) -> tuple[dict[str, float], f
     return dict(ms), count / steps
 
 
-def measure(kernels: str, compile_mode: str, optimizer: str, layers: int, tokens: torch.Tensor) -> dict:
-    config = ModelConfig.preset("xl", num_layers=layers).with_kernels(kernels)
+def gpu_idle_ms(prof: profile, steps: int) -> float:
+    """ms per step in which the GPU runs no kernel, between the first kernel's start and the last
+    one's end: the span minus the union of the kernels' intervals."""
+    intervals = sorted(
+        (event.time_range.start, event.time_range.end)
+        for event in prof.events()
+        if event.device_type == DeviceType.CUDA and not event.is_user_annotation
+    )
+    busy, covered_to = 0.0, -float("inf")
+    for start, end in intervals:
+        busy += max(0.0, end - max(start, covered_to))
+        covered_to = max(covered_to, end)
+    span = intervals[-1][1] - intervals[0][0]
+    return (span - busy) / 1e3 / steps  # profiler times are in us
+
+
+def cpu_ops_table(prof: profile, steps: int, rows: int) -> str:
+    """The ``rows`` CPU ops with the most self time, in ms per step, with their calls per step."""
+    ops = sorted((e for e in prof.key_averages() if e.self_cpu_time_total > 0), key=lambda e: -e.self_cpu_time_total)
+    lines = [f"{'self ms/step':>12} {'calls/step':>10}  op"]
+    lines += [f"{e.self_cpu_time_total / 1e3 / steps:12.3f} {e.count / steps:10.1f}  {e.key[:100]}" for e in ops[:rows]]
+    return "\n".join(lines)
+
+
+def measure(kernels: str, compile_mode: str, optimizer: str, args: argparse.Namespace, tokens: torch.Tensor) -> dict:
+    config = ModelConfig.preset(args.preset, num_layers=args.layers).with_kernels(kernels)
     with torch.device(tokens.device):
         model = TransformerLM(config)
     row = Row("train", "bf16", compile_mode)
@@ -76,26 +104,35 @@ def measure(kernels: str, compile_mode: str, optimizer: str, layers: int, tokens
             step()
         torch.cuda.synchronize()
     gpu_ms, kernels_per_step = gpu_time_by_category(prof, profiled_steps)
+    name = f"{args.preset} {kernels} {compile_mode} {optimizer} AdamW"
+    if args.cpu_ops:
+        print(f"CPU ops of {name}:\n{cpu_ops_table(prof, profiled_steps, args.cpu_ops)}", flush=True)
+    if args.trace:
+        args.trace.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(args.trace / f"{name.replace(' ', '_')}.json.gz"))
     return {
-        "op": "profile_compiled_step", "kernels": kernels, "compile": compile_mode, "optimizer": optimizer,
-        "num_layers": layers,
+        "op": "profile_compiled_step", "preset": args.preset, "kernels": kernels, "compile": compile_mode,
+        "optimizer": optimizer, "num_layers": config.num_layers,
         "d_model": config.d_model, "batch": tokens.shape[0], "context_length": tokens.shape[1],
         "first_step_ms": times[0], "step_ms": statistics.median(times[5:]),
-        "gpu_ms": sum(gpu_ms.values()), "gpu_ms_by_category": gpu_ms, "kernels_per_step": kernels_per_step,
+        "gpu_ms": sum(gpu_ms.values()), "gpu_idle_ms": gpu_idle_ms(prof, profiled_steps),
+        "gpu_ms_by_category": gpu_ms, "kernels_per_step": kernels_per_step,
     }  # fmt: skip
 
 
 def render(records: list[dict]) -> str:
     names = [name for name, _ in CATEGORIES] + ["other"]
-    head = ["kernels", "compile", "optimizer", "step ms", "GPU ms", "kernels/step", *names]
+    head = ["preset", "kernels", "compile", "optimizer", "step ms", "GPU ms", "GPU idle ms", "kernels/step", *names]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in records:
         cells = [
+            r.get("preset", "xl"),
             r["kernels"],
             r["compile"],
             r["optimizer"],
             f"{r['step_ms']:.1f}",
             f"{r['gpu_ms']:.1f}",
+            f"{r['gpu_idle_ms']:.1f}" if "gpu_idle_ms" in r else "-",
             f"{r['kernels_per_step']:.0f}",
         ]
         cells += [f"{r['gpu_ms_by_category'].get(n, 0.0):.2f}" for n in names]
@@ -105,11 +142,14 @@ def render(records: list[dict]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=12, help="blocks of the xl width (default 12; xl has 48)")
+    p.add_argument("--preset", default="xl", help="model preset whose width to use (default xl)")
+    p.add_argument("--layers", type=int, default=12, help="blocks of the preset's width (default 12; xl has 48)")
     p.add_argument("--kernels", default="torch,fastlm", help="comma list (default torch,fastlm)")
     p.add_argument("--compile", default="compile,cudagraphs", help="comma list (default compile,cudagraphs)")
     p.add_argument("--optimizer", default="torch", help="comma list of torch, fastlm (AdamW; default torch)")
     p.add_argument("--out", type=Path, default=Path("benchmarks"), help="folder for results/ (default benchmarks)")
+    p.add_argument("--cpu-ops", type=int, default=0, help="print this many CPU ops by self time (default 0)")
+    p.add_argument("--trace", type=Path, help="folder for gzipped Chrome traces (default: none)")
     args = p.parse_args()
     torch.manual_seed(0)
     tokens = torch.randint(0, 10000, (4, 512), device="cuda")
@@ -117,9 +157,9 @@ def main() -> None:
     for compile_mode in args.compile.split(","):
         for kernels in args.kernels.split(","):
             for optimizer in args.optimizer.split(","):
-                record = with_environment(measure(kernels, compile_mode, optimizer, args.layers, tokens))
-                print(f"{kernels} {compile_mode} {optimizer} AdamW: step {record['step_ms']:.1f} ms, "
-                      f"GPU {record['gpu_ms']:.1f} ms", flush=True)  # fmt: skip
+                record = with_environment(measure(kernels, compile_mode, optimizer, args, tokens))
+                print(f"{args.preset} {kernels} {compile_mode} {optimizer} AdamW: step {record['step_ms']:.1f} ms,"
+                      f" GPU {record['gpu_ms']:.1f} ms, idle {record['gpu_idle_ms']:.1f} ms", flush=True)  # fmt: skip
                 records.append(record)
                 torch._dynamo.reset()
                 torch.cuda.empty_cache()

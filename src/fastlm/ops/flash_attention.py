@@ -462,11 +462,15 @@ SM90_TILES = {
     (256, 4): _entry((32, 32, 4, 1), (16, 16, 4, 1), (16, 16, 4, 1)),
 }
 # Sequences of at most SHORT_SEQ keys. There the grid is short (at 4 x 12 heads x 512 tokens the
-# long-sequence dQ tiles make 192 programs for 132 SMs) and each program's key loop a few steps, so
-# other tiles win; measured by benchmarks/tune_attention.py at the models' shapes (head dim 64,
-# 512 tokens). Entries it lacks fall back to SM90_TILES.
+# long-sequence dQ tiles make 192 programs for 132 SMs) and each program's loop a few steps, so
+# smaller backward tiles win: the fastest measured by benchmarks/tune_attention.py on an H100 at
+# the presets' shapes, 4 x 12 and 16 x 25 heads x 512 tokens, head dim 64 (both shapes picked the
+# same dK/dV and dQ tiles; benchmarks/results/attention_tuning_h100.jsonl). Entries it lacks fall
+# back to SM90_TILES.
 SHORT_SEQ = 1024
-SM90_SHORT_TILES: dict = {}
+SM90_SHORT_TILES = {
+    (64, 2): _entry((64, 64, 4, 3), (32, 64, 4, 3), (64, 32, 4, 3)),
+}
 # Tables by compute capability, (long, short). Other GPUs, and 0 (the interpreter, where tiles only
 # set which masking paths the tests exercise), take the sm90 tiles: no other architecture was measured.
 TILES_BY_ARCH = {90: (SM90_TILES, SM90_SHORT_TILES)}
