@@ -13,7 +13,7 @@ each configuration (where a host-bound step spends its time); --trace DIR writes
 a gzipped Chrome trace (bulky: keep DIR out of the repository).
 
 Usage: python benchmarks/profile_compiled_step.py [--preset xl] [--layers 12]
-       [--compile compile,cudagraphs] [--optimizer torch,fastlm] [--cpu-ops 25] [--trace DIR]
+       [--compile compile,cudagraphs] [--optimizer torch,fastlm,fastlm-bf16] [--cpu-ops 25] [--trace DIR]
 Writes results/profile_compiled_step.jsonl and prints the table.
 """
 
@@ -33,10 +33,25 @@ from fastlm.harness.records import append_records, with_environment
 from fastlm.harness.steps import Row, make_optimizer, make_step, time_steps
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE
+from fastlm.model.transformer import linear_weights
 from fastlm.optim import AdamW
 
-# The optimizer of each step: PyTorch's fused AdamW (what `fastlm bench model` uses) or fastlm's.
-OPTIMIZERS = {"torch": make_optimizer, "fastlm": lambda model: AdamW(model.parameters(), lr=1e-4)}
+
+def bf16_blocks_adamw(model: TransformerLM) -> AdamW:
+    """fastlm's AdamW storing the blocks' matmul weights in bf16 with fp32 masters: the step then
+    casts no weight to bf16 in the forward and no weight gradient to fp32 in the backward."""
+    low = linear_weights(model.blocks)
+    rest = [p for p in model.parameters() if all(p is not q for q in low)]
+    return AdamW([{"params": low, "param_dtype": torch.bfloat16}, {"params": rest}], lr=1e-4)
+
+
+# The optimizer of each step: PyTorch's fused AdamW (what `fastlm bench model` uses), fastlm's, or
+# fastlm's with the blocks' matmul weights stored in bf16.
+OPTIMIZERS = {
+    "torch": make_optimizer,
+    "fastlm": lambda model: AdamW(model.parameters(), lr=1e-4),
+    "fastlm-bf16": bf16_blocks_adamw,
+}
 
 # First match wins: a kernel's name decides its category.
 CATEGORIES = (
@@ -146,7 +161,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=12, help="blocks of the preset's width (default 12; xl has 48)")
     p.add_argument("--kernels", default="torch,fastlm", help="comma list (default torch,fastlm)")
     p.add_argument("--compile", default="compile,cudagraphs", help="comma list (default compile,cudagraphs)")
-    p.add_argument("--optimizer", default="torch", help="comma list of torch, fastlm (AdamW; default torch)")
+    p.add_argument("--optimizer", default="torch", help="comma list of torch, fastlm, fastlm-bf16 (default torch)")
     p.add_argument("--out", type=Path, default=Path("benchmarks"), help="folder for results/ (default benchmarks)")
     p.add_argument("--cpu-ops", type=int, default=0, help="print this many CPU ops by self time (default 0)")
     p.add_argument("--trace", type=Path, help="folder for gzipped Chrome traces (default: none)")

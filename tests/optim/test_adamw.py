@@ -333,3 +333,118 @@ def test_gpu_step_does_not_synchronize():
         opt.step()  # tables rebuilt: the host-to-device copy must not synchronize either
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def low_precision_step_both(ours_opt, theirs_opt, ours, theirs, steps: int, dtype) -> None:
+    """``steps`` steps: our parameters are stored in ``dtype`` and get gradients in it, torch's are
+    fp32 masters with the same gradients upcast (what autocast's fp32 weights receive)."""
+    for _ in range(steps):
+        for p, q in zip(ours, theirs, strict=True):
+            p.grad = torch.randn_like(p)  # in the stored dtype
+            q.grad = p.grad.float()
+        ours_opt.step()
+        theirs_opt.step()
+
+
+def assert_masters_match(ours_opt, theirs_opt, ours, theirs, dtype) -> None:
+    for p, q in zip(ours, theirs, strict=True):
+        state = ours_opt.state[p]
+        assert p.dtype == dtype and state["master"].dtype == torch.float32
+        torch.testing.assert_close(state["master"], q, rtol=TOLERANCES["param"][0], atol=TOLERANCES["param"][1])
+        assert torch.equal(p, state["master"].to(dtype))  # the stored parameter is its master rounded
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            torch.testing.assert_close(state[key], theirs_opt.state[q][key], rtol=TOLERANCES[key][0],
+                                       atol=TOLERANCES[key][1])  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", [SMALL_BLOCKS, None], ids=["16-element blocks", "default blocks"])
+def test_low_precision_params_keep_fp32_masters(dtype, config, device):
+    ours = make_params(SHAPES, device)
+    theirs = clone_params(ours)
+    ours_opt = AdamW(two_groups(ours, param_dtype=dtype), lr=1e-2, weight_decay=0.1, config=config)
+    theirs_opt = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1, foreach=False)
+    half = len(ours) // 2
+    assert [p.dtype for p in ours] == [torch.float32] * half + [dtype] * (len(ours) - half)
+    for p, q in zip(ours[:half], theirs[:half], strict=True):  # the fp32 group gets its gradients as ever
+        p.grad = q.grad = None
+    low_precision_step_both(ours_opt, theirs_opt, ours[half:], theirs[half:], steps=3, dtype=dtype)
+    assert_masters_match(ours_opt, theirs_opt, ours[half:], theirs[half:], dtype)
+
+
+def test_low_precision_params_through_torchs_path(monkeypatch):
+    """Where the kernel does not run (CPU without the interpreter), torch's functional updates the
+    masters and the parameters are rounded from them: the same results."""
+    monkeypatch.setattr(adamw_module, "runs_triton", lambda tensor: False)
+    ours = make_params(SHAPES, "cpu")
+    theirs = clone_params(ours)
+    ours_opt = AdamW([{"params": ours, "param_dtype": torch.bfloat16}], lr=1e-2)
+    theirs_opt = torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
+    low_precision_step_both(ours_opt, theirs_opt, ours, theirs, steps=2, dtype=torch.bfloat16)
+    assert_masters_match(ours_opt, theirs_opt, ours, theirs, torch.bfloat16)
+
+
+def test_low_precision_state_dict_keeps_fp32_masters(device):
+    ours = make_params(SHAPES, device)
+    theirs = clone_params(ours)
+    ours_opt = AdamW([{"params": ours, "param_dtype": torch.bfloat16}], lr=1e-2, config=SMALL_BLOCKS)
+    theirs_opt = torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
+    low_precision_step_both(ours_opt, theirs_opt, ours, theirs, steps=2, dtype=torch.bfloat16)
+    saved = copy.deepcopy(ours_opt.state_dict())
+    # a new run: fresh fp32 parameters made bf16 by a new optimizer, which then loads the state
+    resumed = [torch.nn.Parameter(p.detach().float()) for p in ours]
+    resumed_opt = AdamW([{"params": resumed, "param_dtype": torch.bfloat16}], lr=1e-2, config=SMALL_BLOCKS)
+    resumed_opt.load_state_dict(saved)
+    for p, q in zip(resumed, ours, strict=True):
+        assert resumed_opt.state[p]["master"].dtype == torch.float32
+        assert torch.equal(resumed_opt.state[p]["master"], ours_opt.state[q]["master"])
+        assert torch.equal(resumed_opt.state[p]["exp_avg_sq"], ours_opt.state[q]["exp_avg_sq"])
+    low_precision_step_both(resumed_opt, theirs_opt, resumed, theirs, steps=1, dtype=torch.bfloat16)
+    assert_masters_match(resumed_opt, theirs_opt, resumed, theirs, torch.bfloat16)
+
+
+def test_low_precision_groups_refuse_bad_dtypes():
+    with pytest.raises(ValueError, match="param_dtype must be None, torch.bfloat16 or torch.float16"):
+        AdamW([{"params": make_params([(4,)], "cpu"), "param_dtype": torch.int8}])
+    with pytest.raises(ValueError, match="param_dtype needs fp32 parameters"):
+        AdamW([{"params": make_params([(4,)], "cpu", torch.float16), "param_dtype": torch.bfloat16}])
+
+
+@pytest.mark.gpu
+def test_gpu_low_precision_params_keep_fp32_masters():
+    shapes = [(1,), (4097,), (1600, 1601), (1 << 20,)]
+    ours = make_params(shapes, "cuda")
+    theirs = clone_params(ours)
+    ours_opt = AdamW([{"params": ours, "param_dtype": torch.bfloat16}], lr=1e-2, weight_decay=0.1)
+    theirs_opt = torch.optim.AdamW(theirs, lr=1e-2, weight_decay=0.1, foreach=False)
+    low_precision_step_both(ours_opt, theirs_opt, ours, theirs, steps=3, dtype=torch.bfloat16)
+    assert_masters_match(ours_opt, theirs_opt, ours, theirs, torch.bfloat16)
+
+
+def test_bf16_matmul_weights_train_as_autocast_does():
+    """A model whose matmul weights AdamW stores in bf16 (fp32 masters) trains, under bf16 autocast,
+    to the same losses as the same model with fp32 weights and torch's AdamW: autocast rounds fp32
+    weights to the same bf16 values, and the weight gradients are the same bf16 products."""
+    from fastlm.model import ModelConfig, TransformerLM
+    from fastlm.model.transformer import linear_weights
+
+    torch.manual_seed(0)
+    config = ModelConfig.preset("tiny")
+    ours, theirs = TransformerLM(config), TransformerLM(config)
+    theirs.load_state_dict(ours.state_dict())
+    low = linear_weights(ours.blocks)
+    rest = [p for p in ours.parameters() if all(p is not q for q in low)]
+    ours_opt = AdamW([{"params": low, "param_dtype": torch.bfloat16}, {"params": rest}], lr=1e-3)
+    theirs_opt = torch.optim.AdamW(theirs.parameters(), lr=1e-3, foreach=False)
+    assert {p.dtype for p in low} == {torch.bfloat16} and {p.dtype for p in rest} == {torch.float32}
+    tokens = torch.randint(0, config.vocab_size, (2, 33))
+    for _ in range(3):
+        losses = []
+        for model, opt in ((ours, ours_opt), (theirs, theirs_opt)):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(tokens[:, :-1], tokens[:, 1:])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        assert losses[0] == losses[1]

@@ -54,6 +54,12 @@ class Linear(nn.Module):
         return f"d_in={self.weight.shape[1]}, d_out={self.weight.shape[0]}"
 
 
+def linear_weights(module: nn.Module) -> list[nn.Parameter]:
+    """The weights of the `Linear` layers inside ``module``: the matmul weights that a
+    ``param_dtype`` group of `fastlm.optim.AdamW` can store in bf16 (docs/optim.md)."""
+    return [m.weight for m in module.modules() if isinstance(m, Linear)]
+
+
 class Embedding(nn.Module):
     """Token ids (B, N) -> vectors (B, N, d); table (V, d) ~ truncated normal with std 1."""
 

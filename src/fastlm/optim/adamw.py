@@ -11,9 +11,20 @@ Bytes per fp32 parameter: read p, g, m, v (16), write p, m, v (12): 28, the floo
 step that keeps fp32 states; about 15 FLOPs, a square root and two divisions per element, so
 the step is memory-bound on every GPU.
 
+Parameters stored in bf16 / fp16 (a group with ``param_dtype``): the optimizer keeps an fp32
+``master`` copy of each in its state and updates that; the gradient is read in the parameter's
+dtype and the parameter is written as the master rounded to it, in the same pass. Bytes per
+parameter: read master, g (2), m, v (14), write master, m, v, p (2) (14): 28, as for fp32
+parameters, while the training step no longer casts fp32 weights to bf16 in every forward or its
+bf16 weight gradients to fp32 in every backward (autocast does both for fp32 weights). Under
+bf16 autocast the forward sees the same weights either way (the master rounded to bf16), and
+the gradient is the same bf16 matmul result; only gradients accumulated over several backwards
+are summed in bf16 instead of fp32.
+
 Multi-tensor launch: the launcher writes two int64 tables to the device, built once per layout of
 a group's tensors and kept while their addresses stay the same:
-    tensors (T, 5): per tensor the addresses of param, grad, exp_avg, exp_avg_sq and its numel;
+    tensors (T, 6): per tensor the addresses of param (its master for a low-precision one), grad,
+        exp_avg, exp_avg_sq, its numel, and the low-precision param's (0 without);
     blocks (B, 2): per program the row of its tensor in `tensors` and which BLOCK-wide block of it.
 Each program loads its tensor's addresses, turns them into pointers and updates BLOCK elements: one
 launch of B = sum over tensors of ceil(numel / BLOCK) programs updates the whole group. Full blocks
@@ -57,15 +68,17 @@ _ONE = torch.ones(())  # what torch adds to CPU step counts: a tensor, which its
 
 @triton.jit
 def _adamw_update(
-    P, G, M, V,  # fp32 pointers to the tensor's param, grad, exp_avg, exp_avg_sq
+    P, G, M, V,  # pointers to the tensor's fp32 param (or master), grad (fp32 or LOW_DTYPE), fp32 exp_avg, exp_avg_sq
+    LOW,  # pointer to the LOW_DTYPE param written from the master (unused when LOW_DTYPE is None)
     offsets,  # (BLOCK,) int64 element offsets this program updates
     numel,  # elements of the tensor
     decay, avg_weight, beta2, sq_weight, step_size, bias_correction2_sqrt, eps,  # see _adamw_kernel
     MASKED: tl.constexpr,  # False for a full block: no mask, so loads and stores vectorize
+    LOW_DTYPE: tl.constexpr,  # None: fp32 params; else the dtype parameters and gradients are stored in
 ):  # fmt: skip
     mask = offsets < numel if MASKED else None
     p = tl.load(P + offsets, mask=mask)
-    g = tl.load(G + offsets, mask=mask)
+    g = tl.load(G + offsets, mask=mask).to(tl.float32)
     m = tl.load(M + offsets, mask=mask)
     v = tl.load(V + offsets, mask=mask)
     p = p * decay
@@ -77,12 +90,14 @@ def _adamw_update(
     tl.store(P + offsets, p, mask=mask)
     tl.store(M + offsets, m, mask=mask)
     tl.store(V + offsets, v, mask=mask)
+    if LOW_DTYPE is not None:
+        tl.store(LOW + offsets, p.to(LOW_DTYPE), mask=mask)
 
 
 @triton.jit
 def _adamw_kernel(
-    TENSORS,  # (T, 5) int64: per tensor, addresses of param, grad, exp_avg, exp_avg_sq (fp32, contiguous,
-              # 16-byte aligned) and its numel
+    TENSORS,  # (T, 6) int64: per tensor, addresses of param (or master), grad, exp_avg, exp_avg_sq (contiguous,
+              # 16-byte aligned), its numel, and the LOW_DTYPE param's address (0 for fp32 params)
     BLOCKS,  # (B, 2) int64: per program, its tensor's row in TENSORS and the index of its block in that tensor
     decay,  # 1 - lr * weight_decay
     avg_weight,  # 1 - beta1
@@ -92,23 +107,26 @@ def _adamw_kernel(
     bias_correction2_sqrt,  # sqrt(1 - beta2^t)
     eps,
     BLOCK: tl.constexpr,  # elements per program (a power of two)
+    LOW_DTYPE: tl.constexpr,  # None: fp32 params and grads; tl.bfloat16 / tl.float16: stored params and grads
 ):  # fmt: skip
     pid = tl.program_id(0)
-    row = TENSORS + 5 * tl.load(BLOCKS + 2 * pid)
+    row = TENSORS + 6 * tl.load(BLOCKS + 2 * pid)
     start = tl.load(BLOCKS + 2 * pid + 1) * BLOCK
+    grad_dtype: tl.constexpr = tl.float32 if LOW_DTYPE is None else LOW_DTYPE
     # the alignment hint on the pointers is what lets the full blocks use 16-byte accesses
     P = tl.multiple_of(tl.load(row).to(tl.pointer_type(tl.float32)), 16)
-    G = tl.multiple_of(tl.load(row + 1).to(tl.pointer_type(tl.float32)), 16)
+    G = tl.multiple_of(tl.load(row + 1).to(tl.pointer_type(grad_dtype)), 16)
     M = tl.multiple_of(tl.load(row + 2).to(tl.pointer_type(tl.float32)), 16)
     V = tl.multiple_of(tl.load(row + 3).to(tl.pointer_type(tl.float32)), 16)
     numel = tl.load(row + 4)
+    LOW = tl.multiple_of(tl.load(row + 5).to(tl.pointer_type(grad_dtype)), 16)
     offsets = start + tl.arange(0, BLOCK)
     if start + BLOCK <= numel:
-        _adamw_update(P, G, M, V, offsets, numel, decay, avg_weight, beta2, sq_weight, step_size,
-                      bias_correction2_sqrt, eps, MASKED=False)  # fmt: skip
+        _adamw_update(P, G, M, V, LOW, offsets, numel, decay, avg_weight, beta2, sq_weight, step_size,
+                      bias_correction2_sqrt, eps, MASKED=False, LOW_DTYPE=LOW_DTYPE)  # fmt: skip
     else:
-        _adamw_update(P, G, M, V, offsets, numel, decay, avg_weight, beta2, sq_weight, step_size,
-                      bias_correction2_sqrt, eps, MASKED=True)  # fmt: skip
+        _adamw_update(P, G, M, V, LOW, offsets, numel, decay, avg_weight, beta2, sq_weight, step_size,
+                      bias_correction2_sqrt, eps, MASKED=True, LOW_DTYPE=LOW_DTYPE)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
@@ -142,6 +160,14 @@ def adamw_config(arch: int, dtype: torch.dtype) -> AdamWConfig:
 # ----------------------------------------------------------------------------------------------
 
 _Entry = tuple[torch.Tensor, torch.Tensor, dict]  # (param, grad, state) of a parameter with a gradient
+# What the kernel stores a low-precision parameter (and reads its gradient) as, by its torch dtype.
+LOW_PRECISION = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _updated(param: torch.Tensor, state: dict) -> torch.Tensor:
+    """The fp32 tensor the update applies to: the master copy of a low-precision parameter, or the
+    parameter itself."""
+    return state.get("master", param)
 
 
 class _Hyperparameters(NamedTuple):
@@ -160,14 +186,15 @@ class _Hyperparameters(NamedTuple):
 
 
 class _Tables(NamedTuple):
-    tensors: torch.Tensor  # (T, 5) int64 on the tensors' device
+    tensors: torch.Tensor  # (T, 6) int64 on the tensors' device
     blocks: torch.Tensor  # (B, 2) int64 on the tensors' device
 
 
 def _build_tables(entries: list[_Entry], block: int, device: torch.device) -> _Tables:
     """The kernel's tables for ``entries``, in one host-to-device copy."""
-    rows = torch.tensor([[p.data_ptr(), g.data_ptr(), s["exp_avg"].data_ptr(), s["exp_avg_sq"].data_ptr(), p.numel()]
-                         for p, g, s in entries], dtype=torch.int64)  # fmt: skip
+    rows = torch.tensor([[_updated(p, s).data_ptr(), g.data_ptr(), s["exp_avg"].data_ptr(), s["exp_avg_sq"].data_ptr(),
+                          p.numel(), p.data_ptr() if "master" in s else 0] for p, g, s in entries],
+                        dtype=torch.int64)  # fmt: skip
     counts = cdiv(rows[:, 4], block)  # blocks per tensor; 0 for an empty one
     tensor_of_block = torch.repeat_interleave(torch.arange(len(entries)), counts)
     first_block = torch.cumsum(counts, 0) - counts
@@ -179,11 +206,13 @@ def _build_tables(entries: list[_Entry], block: int, device: torch.device) -> _T
         # allocator keeps the buffer until the copy is done
         table = table.pin_memory()
     table = table.to(device, non_blocking=True)
-    return _Tables(table[: rows.numel()].view(-1, 5), table[rows.numel() :].view(-1, 2))
+    return _Tables(table[: rows.numel()].view(-1, 6), table[rows.numel() :].view(-1, 2))
 
 
-def _launch(tables: _Tables, config: AdamWConfig, step: float, hyper: _Hyperparameters) -> None:
-    """One launch over every tensor of ``tables``, all at step count ``step``."""
+def _launch(tables: _Tables, config: AdamWConfig, step: float, hyper: _Hyperparameters,
+            low_dtype: torch.dtype | None) -> None:  # fmt: skip
+    """One launch over every tensor of ``tables``, all at step count ``step``, stored in
+    ``low_dtype`` with fp32 masters (None: fp32 parameters)."""
     programs = tables.blocks.shape[0]
     if programs == 0:  # only empty tensors
         return
@@ -196,27 +225,41 @@ def _launch(tables: _Tables, config: AdamWConfig, step: float, hyper: _Hyperpara
         tables.tensors, tables.blocks,
         1.0 - lr * weight_decay, 1.0 - beta1, beta2, 1.0 - beta2,
         lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step), eps,
-        BLOCK=config.block, num_warps=config.num_warps,
+        BLOCK=config.block, LOW_DTYPE=LOW_PRECISION.get(low_dtype), num_warps=config.num_warps,
     )  # fmt: skip
 
 
 def _torch_update(entries: list[_Entry], hyper: _Hyperparameters) -> None:
     """torch's AdamW functional with its default implementation for these tensors (foreach on
-    CUDA, a loop on CPU); it counts their steps itself."""
+    CUDA, a loop on CPU); it counts their steps itself. Low-precision parameters: on their masters
+    with the gradients in fp32, then rounded back."""
     params, grads, states = (list(column) for column in zip(*entries, strict=True))
-    torch_adamw(params, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
+    updated = [_updated(p, s) for p, s in zip(params, states, strict=True)]
+    grads = [g.float() if "master" in s else g for g, s in zip(grads, states, strict=True)]
+    torch_adamw(updated, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
                 [s["step"] for s in states], has_complex=any(torch.is_complex(p) for p in params),
                 amsgrad=False, beta1=hyper.beta1, beta2=hyper.beta2, lr=hyper.lr, weight_decay=hyper.weight_decay,
                 eps=hyper.eps, maximize=False)  # fmt: skip
+    for param, state in zip(params, states, strict=True):
+        if "master" in state:
+            param.copy_(state["master"])
 
 
 def _kernel_takes(param: torch.Tensor, grad: torch.Tensor, state: dict) -> bool:
-    """Whether the kernel updates this parameter: Triton runs on its device, and the four tensors
-    are fp32, contiguous, 16-byte aligned and on one device."""
+    """Whether the kernel updates this parameter: Triton runs on its device, the tensors are
+    contiguous, 16-byte aligned and on one device, and fp32, but for a low-precision parameter and
+    its gradient, which share a dtype the kernel stores."""
     if not runs_triton(param):
         return False
-    return all(t.dtype == torch.float32 and t.is_contiguous() and t.data_ptr() % 16 == 0 and t.device == param.device
-               for t in (param, grad, state["exp_avg"], state["exp_avg_sq"]))  # fmt: skip
+    if "master" in state:
+        if not (grad.dtype == param.dtype and param.dtype in LOW_PRECISION):
+            return False
+        fp32 = (state["master"], state["exp_avg"], state["exp_avg_sq"])
+    else:
+        fp32 = (param, grad, state["exp_avg"], state["exp_avg_sq"])
+    return all(t.dtype == torch.float32 for t in fp32) and all(
+        t.is_contiguous() and t.data_ptr() % 16 == 0 and t.device == param.device for t in (param, grad, *fp32)
+    )
 
 
 def _layout_key(entries: list[_Entry]) -> tuple:
@@ -225,8 +268,9 @@ def _layout_key(entries: list[_Entry]) -> tuple:
     return tuple(
         x
         for p, g, s in entries
-        for x in (p.data_ptr(), g.data_ptr(), s["exp_avg"].data_ptr(), s["exp_avg_sq"].data_ptr(), p.numel())
-    )
+        for x in (p.data_ptr(), g.data_ptr(), _updated(p, s).data_ptr(), s["exp_avg"].data_ptr(),
+                  s["exp_avg_sq"].data_ptr(), p.numel())
+    )  # fmt: skip
 
 
 @dataclass
@@ -234,7 +278,8 @@ class _Plan:
     """How a group's entries are updated, for one layout of their tensors (`_layout_key`)."""
 
     by_torch: list[int]  # indices of the entries that torch's AdamW functional updates
-    by_kernel: dict[torch.device, list[int]]  # indices of those the kernel updates, by device
+    # indices of those the kernel updates, by (device, stored dtype of a low-precision param or None)
+    by_kernel: dict[tuple[torch.device, torch.dtype | None], list[int]]
     tables: dict[tuple[int, ...], _Tables]  # by the indices of the entries one launch covers
 
     @classmethod
@@ -242,7 +287,9 @@ class _Plan:
         plan = cls([], {}, {})
         for i, entry in enumerate(entries):
             if _kernel_takes(*entry):
-                plan.by_kernel.setdefault(entry[0].device, []).append(i)
+                param, _, state = entry
+                kind = (param.device, param.dtype if "master" in state else None)
+                plan.by_kernel.setdefault(kind, []).append(i)
             else:
                 plan.by_torch.append(i)
         return plan
@@ -281,6 +328,8 @@ def _check_group(group: dict) -> None:
         raise ValueError(f"eps must be >= 0, got {group['eps']}")
     if not group["weight_decay"] >= 0.0:
         raise ValueError(f"weight_decay must be >= 0, got {group['weight_decay']}")
+    if group.get("param_dtype") not in (None, *LOW_PRECISION):
+        raise ValueError(f"param_dtype must be None, torch.bfloat16 or torch.float16, got {group['param_dtype']!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -296,6 +345,11 @@ class AdamW(torch.optim.Optimizer):
     ``step`` (a CPU float32 tensor), ``exp_avg`` and ``exp_avg_sq``, so state dicts load into
     torch.optim.AdamW and back. ``config`` fixes the kernel's launch configuration (None: picked
     per device by `adamw_config`).
+
+    A param group with ``param_dtype`` (torch.bfloat16 or torch.float16; default None) stores its
+    fp32 parameters in that dtype from the optimizer's construction on: each keeps an fp32
+    ``master`` copy in its state, which the step updates and rounds back into the parameter (see
+    the module docstring; `linear_weight_groups` makes such groups for a model's matmul weights).
     """
 
     def __init__(
@@ -313,12 +367,33 @@ class AdamW(torch.optim.Optimizer):
         self.config = config
         self._plans: dict[tuple, _Plan] = {}  # by the layout of a group's entries (_layout_key)
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad,
-                    "maximize": maximize}  # fmt: skip
+                    "maximize": maximize, "param_dtype": None}  # fmt: skip
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
         _check_group({**self.defaults, **param_group})
         super().add_param_group(param_group)
+        low_dtype = self.param_groups[-1].get("param_dtype")
+        for param in self.param_groups[-1]["params"] if low_dtype is not None else ():
+            if "master" in self.state[param]:
+                continue  # stored in low precision already (a group added again after a load)
+            if param.dtype != torch.float32:
+                raise ValueError(f"param_dtype needs fp32 parameters to keep as masters, got one of {param.dtype}")
+            # the master is the parameter's fp32 storage itself; the parameter gets a rounded copy
+            self.state[param]["master"] = param.data
+            param.data = param.data.to(low_dtype)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's loading, which casts every floating state tensor to its parameter's dtype, then
+        the fp32 master, exp_avg and exp_avg_sq of low-precision parameters as they were saved."""
+        saved = state_dict["state"]
+        ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        super().load_state_dict(state_dict)
+        params = [param for group in self.param_groups for param in group["params"]]
+        for i, param in zip(ids, params, strict=True):
+            if "master" in saved.get(i, {}):
+                for key in ("master", "exp_avg", "exp_avg_sq"):
+                    self.state[param][key] = saved[i][key].to(param.device, torch.float32, copy=True)
 
     def __setstate__(self, state: dict) -> None:
         """Also what load_state_dict ends with: checks the loaded groups, drops torch's implementation
@@ -353,8 +428,8 @@ class AdamW(torch.optim.Optimizer):
             hyper = _Hyperparameters.of(group)
             if plan.by_torch:
                 _torch_update([entries[i] for i in plan.by_torch], hyper)
-            for device, members in plan.by_kernel.items():
-                self._kernel_update(plan, entries, members, device, hyper)
+            for (device, low_dtype), members in plan.by_kernel.items():
+                self._kernel_update(plan, entries, members, device, low_dtype, hyper)
         self._plans = plans  # plans no group used in this step free their tables
         return loss
 
@@ -368,17 +443,18 @@ class AdamW(torch.optim.Optimizer):
             if grad.is_sparse:
                 raise RuntimeError("fastlm.optim.AdamW does not support sparse gradients; use torch.optim.SparseAdam")
             state = self.state[param]
-            if not state:  # as torch.optim.AdamW: created at the parameter's first gradient
+            if "step" not in state:  # as torch.optim.AdamW: created at the parameter's first gradient
                 state["step"] = torch.zeros((), dtype=torch.float32)
-                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["exp_avg"] = torch.zeros_like(_updated(param, state), memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(_updated(param, state), memory_format=torch.preserve_format)
             entries.append((param, grad, state))
         return entries
 
     def _kernel_update(self, plan: _Plan, entries: list[_Entry], members: list[int], device: torch.device,
-                       hyper: _Hyperparameters) -> None:  # fmt: skip
-        """Count a step for ``members`` (indices into ``entries``, all on ``device``) and launch the
-        kernel once per step count: all share it unless some lacked gradients on earlier steps."""
+                       low_dtype: torch.dtype | None, hyper: _Hyperparameters) -> None:  # fmt: skip
+        """Count a step for ``members`` (indices into ``entries``, all on ``device``, all stored in
+        ``low_dtype`` or all fp32) and launch the kernel once per step count: all share it unless some
+        lacked gradients on earlier steps."""
         steps = [entries[i][2]["step"] for i in members]
         torch._foreach_add_(steps, _ONE)
         by_step: dict[float, list[int]] = {}
@@ -390,4 +466,4 @@ class AdamW(torch.optim.Optimizer):
             if tables is None:
                 tables = plan.tables[tuple(launched)] = _build_tables([entries[i] for i in launched], config.block,
                                                                       device)  # fmt: skip
-            _launch(tables, config, step, hyper)
+            _launch(tables, config, step, hyper, low_dtype)
