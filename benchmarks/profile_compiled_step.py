@@ -41,7 +41,8 @@ def bf16_blocks_adamw(model: TransformerLM) -> AdamW:
     """fastlm's AdamW storing the blocks' matmul weights in bf16 with fp32 masters: the step then
     casts no weight to bf16 in the forward and no weight gradient to fp32 in the backward."""
     low = linear_weights(model.blocks)
-    rest = [p for p in model.parameters() if all(p is not q for q in low)]
+    low_ids = {id(p) for p in low}
+    rest = [p for p in model.parameters() if id(p) not in low_ids]
     return AdamW([{"params": low, "param_dtype": torch.bfloat16}, {"params": rest}], lr=1e-4)
 
 

@@ -433,7 +433,8 @@ def test_bf16_matmul_weights_train_as_autocast_does():
     ours, theirs = TransformerLM(config), TransformerLM(config)
     theirs.load_state_dict(ours.state_dict())
     low = linear_weights(ours.blocks)
-    rest = [p for p in ours.parameters() if all(p is not q for q in low)]
+    low_ids = {id(p) for p in low}
+    rest = [p for p in ours.parameters() if id(p) not in low_ids]
     ours_opt = AdamW([{"params": low, "param_dtype": torch.bfloat16}, {"params": rest}], lr=1e-3)
     theirs_opt = torch.optim.AdamW(theirs.parameters(), lr=1e-3, foreach=False)
     assert {p.dtype for p in low} == {torch.bfloat16} and {p.dtype for p in rest} == {torch.float32}

@@ -349,7 +349,7 @@ class AdamW(torch.optim.Optimizer):
     A param group with ``param_dtype`` (torch.bfloat16 or torch.float16; default None) stores its
     fp32 parameters in that dtype from the optimizer's construction on: each keeps an fp32
     ``master`` copy in its state, which the step updates and rounds back into the parameter (see
-    the module docstring; `linear_weight_groups` makes such groups for a model's matmul weights).
+    the module docstring; `fastlm.model.transformer.linear_weights` lists a model's matmul weights).
     """
 
     def __init__(
@@ -375,8 +375,6 @@ class AdamW(torch.optim.Optimizer):
         super().add_param_group(param_group)
         low_dtype = self.param_groups[-1].get("param_dtype")
         for param in self.param_groups[-1]["params"] if low_dtype is not None else ():
-            if "master" in self.state[param]:
-                continue  # stored in low precision already (a group added again after a load)
             if param.dtype != torch.float32:
                 raise ValueError(f"param_dtype needs fp32 parameters to keep as masters, got one of {param.dtype}")
             # the master is the parameter's fp32 storage itself; the parameter gets a rounded copy
