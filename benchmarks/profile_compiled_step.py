@@ -33,25 +33,15 @@ from fastlm.harness.records import append_records, with_environment
 from fastlm.harness.steps import Row, make_optimizer, make_step, time_steps
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE
-from fastlm.model.transformer import linear_weights
 from fastlm.optim import AdamW
 
 
-def bf16_blocks_adamw(model: TransformerLM) -> AdamW:
-    """fastlm's AdamW storing the blocks' matmul weights in bf16 with fp32 masters: the step then
-    casts no weight to bf16 in the forward and no weight gradient to fp32 in the backward."""
-    low = linear_weights(model.blocks)
-    low_ids = {id(p) for p in low}
-    rest = [p for p in model.parameters() if id(p) not in low_ids]
-    return AdamW([{"params": low, "param_dtype": torch.bfloat16}, {"params": rest}], lr=1e-4)
-
-
 # The optimizer of each step: PyTorch's fused AdamW (what `fastlm bench model` uses), fastlm's, or
-# fastlm's with the blocks' matmul weights stored in bf16.
+# fastlm's with the matmul weights stored in bf16 (fp32 masters).
 OPTIMIZERS = {
     "torch": make_optimizer,
     "fastlm": lambda model: AdamW(model.parameters(), lr=1e-4),
-    "fastlm-bf16": bf16_blocks_adamw,
+    "fastlm-bf16": lambda model: make_optimizer(model, "bf16-weights"),
 }
 
 # First match wins: a kernel's name decides its category.

@@ -72,6 +72,53 @@ def test_each_mode_measures_and_trains_only_in_train(mode):
     assert record["steps"] == 2 and record["batch"] == 2
 
 
+def test_bf16_weights_rows_store_matmul_weights_in_bf16_for_the_round(monkeypatch):
+    """A bf16-weights row steps with bf16 matmul weights (fp32 masters in fastlm's AdamW when it
+    trains); the next row finds its model in fp32 again."""
+    from fastlm.model.transformer import linear_weights
+
+    seen = []
+    real_time_steps = model_bench.time_steps
+
+    def recording_time_steps(step, warmup, steps, device):
+        times = real_time_steps(step, warmup, steps, device)
+        model = built.model
+        seen.append({p.dtype for p in linear_weights(model)} | {p.grad.dtype for p in linear_weights(model)
+                                                                if p.grad is not None})  # fmt: skip
+        return times
+
+    real_round = model_bench.BuiltModel.round
+
+    def keeping_round(self, *args, **kwargs):
+        nonlocal built
+        built = self
+        return real_round(self, *args, **kwargs)
+
+    built = None
+    monkeypatch.setattr(model_bench, "time_steps", recording_time_steps)
+    monkeypatch.setattr(model_bench.BuiltModel, "round", keeping_round)
+    rows = [model_bench.Row("train", "bf16-weights", "eager"), model_bench.Row("train", "bf16", "eager")]
+    records = measure_config(TINY, rows, warmup=0, steps=2)
+    assert [r["status"] for r in records] == ["ok", "ok"]
+    assert seen == [{torch.bfloat16}, {torch.float32}]
+
+
+def test_bf16_weights_optimizer_keeps_fp32_masters():
+    from fastlm.harness.steps import make_optimizer, weights_stored_for
+    from fastlm.model import TransformerLM
+    from fastlm.model.transformer import linear_weights
+    from fastlm.optim import AdamW
+
+    model = TransformerLM(TINY)
+    with weights_stored_for(model, "bf16-weights"):
+        optimizer = make_optimizer(model, "bf16-weights")
+        assert isinstance(optimizer, AdamW)
+        for weight in linear_weights(model):
+            assert weight.dtype == torch.bfloat16
+            assert torch.equal(optimizer.state[weight]["master"], weight.float())
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
 def test_out_of_memory_becomes_the_row_status(monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")

@@ -406,8 +406,21 @@ def test_low_precision_state_dict_keeps_fp32_masters(device):
 def test_low_precision_groups_refuse_bad_dtypes():
     with pytest.raises(ValueError, match="param_dtype must be None, torch.bfloat16 or torch.float16"):
         AdamW([{"params": make_params([(4,)], "cpu"), "param_dtype": torch.int8}])
-    with pytest.raises(ValueError, match="param_dtype needs fp32 parameters"):
+    with pytest.raises(ValueError, match="param_dtype torch.bfloat16 needs fp32 parameters"):
         AdamW([{"params": make_params([(4,)], "cpu", torch.float16), "param_dtype": torch.bfloat16}])
+
+
+def test_parameters_already_low_get_masters_upcast_from_them(device):
+    """A bf16 parameter (a bf16 checkpoint) in a bf16 group stays as it is; its master starts as
+    its fp32 value, and it then trains as an fp32 parameter of that value would."""
+    ours = make_params([(3, 5), (17,)], device, torch.bfloat16)
+    theirs = [torch.nn.Parameter(p.detach().float()) for p in ours]
+    storage = [p.data_ptr() for p in ours]
+    ours_opt = AdamW([{"params": ours, "param_dtype": torch.bfloat16}], lr=1e-2, config=SMALL_BLOCKS)
+    theirs_opt = torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
+    assert [p.data_ptr() for p in ours] == storage and {p.dtype for p in ours} == {torch.bfloat16}
+    low_precision_step_both(ours_opt, theirs_opt, ours, theirs, steps=2, dtype=torch.bfloat16)
+    assert_masters_match(ours_opt, theirs_opt, ours, theirs, torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -13,11 +13,12 @@ would not fit in memory at once: then each row's rounds run back to back (`choos
 
 Modes: `fwd` is the training forward (autograd records the graph, loss included), `fwd+bwd` adds
 the backward, `train` adds AdamW's step (fused AdamW on CUDA, for every model). Precision `bf16` is
-`torch.autocast(bfloat16)` over the forward with fp32 parameters; `fp32` runs under a null
-context. `compile` wraps the model in `torch.compile`; `cudagraphs` in `torch.compile(mode=
-"reduce-overhead")`, which replays forward and backward as CUDA graphs, so the steps no longer
-pay for launching each kernel from the CPU (what bounds small batches); the optimizer step stays
-eager in both. Out-of-memory ends that row with the status "out of memory"; the sweep goes on.
+`torch.autocast(bfloat16)` over the forward with fp32 parameters; `bf16-weights` the same autocast
+with every matmul weight stored in bf16 for the round and its fp32 master in fastlm's AdamW
+(`fastlm.harness.steps.PRECISIONS`); `fp32` runs under a null context. `compile` wraps the model
+in `torch.compile`; `cudagraphs` in `torch.compile(mode="reduce-overhead")`, which replays
+forward and backward as CUDA graphs, so the steps no longer pay for launching each kernel from
+the CPU (what bounds small batches); the optimizer step stays eager in both. Out-of-memory ends that row with the status "out of memory"; the sweep goes on.
 
 A model is built once and shared by its rows (eager, then each compile mode) and its rounds, so one
 compilation per compile mode and precision serves every step mode and every round.
@@ -40,12 +41,12 @@ from fastlm.bench.model_report import CPU_NOTE, render
 from fastlm.devices import current_device_name, spec_for_device_name
 from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run
 from fastlm.harness.records import read_records, with_environment
-from fastlm.harness.steps import LossFn, Row, make_optimizer, make_step, time_steps
+from fastlm.harness.steps import PRECISIONS, LossFn, Row, make_optimizer, make_step, time_steps, weights_stored_for
 from fastlm.harness.timing import is_out_of_memory
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import COMPILE_MODES, TORCH_COMPILE_MODE
 
-PRECISIONS = ("fp32", "bf16")
+SWEEP_PRECISIONS = ("fp32", "bf16")
 SWEEP_COMPILE_MODES = ("eager", "compile")
 
 
@@ -179,18 +180,20 @@ class BuiltModel:
             self._build()
         on_cuda = self.device.type == "cuda"
         others_bytes = torch.cuda.memory_allocated() - self.resident_bytes if on_cuda else 0
-        if on_cuda:
-            torch.cuda.reset_peak_memory_stats()
-        optimizer = make_optimizer(self.model) if row.mode == "train" else None
-        try:
-            step = make_step(self._loss_fn(self._module(row.compile)), self.model, row, self.tokens, self.targets,
-                             optimizer)  # fmt: skip
-            times = time_steps(step, warmup, steps, self.device)
-            peak = torch.cuda.max_memory_allocated() - others_bytes if on_cuda else None
-        finally:
-            del optimizer
-            self.model.zero_grad(set_to_none=True)
-            _free_memory(self.device)
+        optimizer = None
+        with weights_stored_for(self.model, row.precision):
+            if on_cuda:
+                torch.cuda.reset_peak_memory_stats()
+            try:
+                optimizer = make_optimizer(self.model, row.precision) if row.mode == "train" else None
+                step = make_step(self._loss_fn(self._module(row.compile)), self.model, row, self.tokens,
+                                 self.targets, optimizer)  # fmt: skip
+                times = time_steps(step, warmup, steps, self.device)
+                peak = torch.cuda.max_memory_allocated() - others_bytes if on_cuda else None
+            finally:
+                del optimizer
+                self.model.zero_grad(set_to_none=True)
+                _free_memory(self.device)
         return times, peak
 
     def release(self) -> None:
@@ -208,7 +211,9 @@ def row_memory_estimate(config: ModelConfig, row: Row, batch: int) -> int:
     against 42 GB estimated here: the estimate errs on the safe side."""
     parameters = config.num_parameters()
     gradients, adamw, casts = row.mode != "fwd", row.mode == "train", row.precision == "bf16"
+    # bf16-weights: fp32 masters (4) in training; its smaller weights and gradients are left out
     weights = 4 * gradients + 8 * adamw + 2 * casts
+    weights += 4 * adamw if row.precision == "bf16-weights" else 0
     tokens = batch * config.context_length
     activations = 34 * tokens * config.d_model * config.num_layers * (1 if row.precision == "bf16" else 2)
     return weights * parameters + activations + 8 * tokens * config.vocab_size

@@ -115,13 +115,13 @@ def _check_hf_installed() -> None:
 
 def cmd_bench_model(args) -> None:
     from fastlm.analysis.model import MODES
-    from fastlm.bench.model import PRECISIONS, SWEEP_COMPILE_MODES, ModelBenchmark, rows
+    from fastlm.bench.model import SWEEP_COMPILE_MODES, SWEEP_PRECISIONS, ModelBenchmark, rows
 
     if args.sweep:
         args.preset = args.preset or tuple(p for p in PRESETS if p != "tiny")
         args.mode, args.precision, args.compile = (
             args.mode or MODES,
-            args.precision or PRECISIONS,
+            args.precision or SWEEP_PRECISIONS,
             args.compile or SWEEP_COMPILE_MODES,
         )
     row_list = rows(args.mode or ("train",), args.precision or ("bf16",), args.compile or ("eager",))
@@ -194,8 +194,9 @@ def _add_model_command(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(p)
     p.add_argument("--mode", type=choice_list(("fwd", "fwd+bwd", "train"), "mode"), default=None,
                    help="comma list of fwd, fwd+bwd, train (default train)")  # fmt: skip
-    p.add_argument("--precision", type=choice_list(("fp32", "bf16"), "precision"), default=None,
-                   help="comma list of fp32, bf16 (autocast) (default bf16)")  # fmt: skip
+    p.add_argument("--precision", type=choice_list(("fp32", "bf16", "bf16-weights"), "precision"), default=None,
+                   help="comma list of fp32, bf16 (autocast), bf16-weights (autocast, matmul weights stored in "
+                   "bf16 with fp32 masters in fastlm's AdamW) (default bf16)")  # fmt: skip
     p.add_argument("--compile", type=choice_list(COMPILE_MODES, "compile mode"), default=None,
                    help="comma list of eager, compile (torch.compile), cudagraphs (torch.compile with "
                    "mode='reduce-overhead') (default eager; the sweep: eager, compile)")  # fmt: skip

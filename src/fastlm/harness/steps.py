@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import timeit
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+
+from fastlm.model.transformer import linear_weights
+from fastlm.optim import AdamW
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens, targets) -> scalar loss
 
@@ -22,19 +25,47 @@ class Row:
     """How a model is stepped: one row of `fastlm bench model`."""
 
     mode: str  # fwd | fwd+bwd | train (fastlm.analysis.model.MODES)
-    precision: str  # fp32 | bf16 (autocast)
+    precision: str  # PRECISIONS
     compile: str  # fastlm.model.config.COMPILE_MODES
 
 
+# fp32: no autocast. bf16: torch.autocast(bfloat16) over fp32 weights. bf16-weights: the same
+# autocast, with every matmul weight stored in bf16 and its fp32 master kept by fastlm's AdamW
+# (docs/optim.md), so no step casts a weight or a weight gradient.
+PRECISIONS = ("fp32", "bf16", "bf16-weights")
+
+
 def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if precision == "bf16":
+    if precision in ("bf16", "bf16-weights"):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
-def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
-    """AdamW for every model measured here: the fused single-kernel implementation on CUDA, so the
-    optimizer costs the same for every model and as little as PyTorch allows."""
+@contextlib.contextmanager
+def weights_stored_for(model: torch.nn.Module, precision: str) -> Iterator[None]:
+    """For "bf16-weights", the model's matmul weights in bf16 while the block runs, in fp32 again
+    after it (rounded to bf16 values: what a measurement of speed never notices); no change for
+    the other precisions."""
+    weights = linear_weights(model) if precision == "bf16-weights" else []
+    for weight in weights:
+        weight.data = weight.data.to(torch.bfloat16)
+    try:
+        yield
+    finally:
+        for weight in weights:
+            weight.data = weight.data.float()
+
+
+def make_optimizer(model: torch.nn.Module, precision: str = "bf16") -> torch.optim.Optimizer:
+    """AdamW for every model measured here. fp32 weights: PyTorch's fused single-kernel
+    implementation on CUDA, so the optimizer costs the same for every model and as little as
+    PyTorch allows. "bf16-weights" (inside `weights_stored_for`): fastlm's AdamW, one launch per
+    group, with fp32 masters of the bf16 matmul weights."""
+    if precision == "bf16-weights":
+        low = linear_weights(model)
+        low_ids = {id(p) for p in low}
+        rest = [p for p in model.parameters() if id(p) not in low_ids]
+        return AdamW([{"params": low, "param_dtype": torch.bfloat16}, {"params": rest}], lr=1e-4)
     on_cuda = next(model.parameters()).is_cuda
     return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_cuda)
 

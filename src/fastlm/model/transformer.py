@@ -55,9 +55,10 @@ class Linear(nn.Module):
 
 
 def linear_weights(module: nn.Module) -> list[nn.Parameter]:
-    """The weights of the `Linear` layers inside ``module``: the matmul weights that a
-    ``param_dtype`` group of `fastlm.optim.AdamW` can store in bf16 (docs/optim.md)."""
-    return [m.weight for m in module.modules() if isinstance(m, Linear)]
+    """The weights of the linear layers inside ``module`` (this file's `Linear` and
+    `torch.nn.Linear`): the matmul weights that a ``param_dtype`` group of `fastlm.optim.AdamW`
+    can store in bf16 (docs/optim.md)."""
+    return [m.weight for m in module.modules() if isinstance(m, (Linear, nn.Linear))]
 
 
 class Embedding(nn.Module):

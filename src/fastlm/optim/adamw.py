@@ -350,6 +350,7 @@ class AdamW(torch.optim.Optimizer):
     fp32 parameters in that dtype from the optimizer's construction on: each keeps an fp32
     ``master`` copy in its state, which the step updates and rounds back into the parameter (see
     the module docstring; `fastlm.model.transformer.linear_weights` lists a model's matmul weights).
+    Parameters already stored in ``param_dtype`` stay as they are, their masters upcast from them.
     """
 
     def __init__(
@@ -375,11 +376,15 @@ class AdamW(torch.optim.Optimizer):
         super().add_param_group(param_group)
         low_dtype = self.param_groups[-1].get("param_dtype")
         for param in self.param_groups[-1]["params"] if low_dtype is not None else ():
-            if param.dtype != torch.float32:
-                raise ValueError(f"param_dtype needs fp32 parameters to keep as masters, got one of {param.dtype}")
-            # the master is the parameter's fp32 storage itself; the parameter gets a rounded copy
-            self.state[param]["master"] = param.data
-            param.data = param.data.to(low_dtype)
+            if param.dtype == low_dtype:  # already stored low (a bf16 checkpoint): its master starts equal
+                self.state[param]["master"] = param.data.float()
+            elif param.dtype == torch.float32:
+                # the master is the parameter's fp32 storage itself; the parameter gets a rounded copy
+                self.state[param]["master"] = param.data
+                param.data = param.data.to(low_dtype)
+            else:
+                raise ValueError(f"param_dtype {low_dtype} needs fp32 parameters (or parameters already in it) "
+                                 f"to keep masters of, got one of {param.dtype}")  # fmt: skip
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's loading, which casts every floating state tensor to its parameter's dtype, then
