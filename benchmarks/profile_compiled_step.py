@@ -35,7 +35,6 @@ from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE
 from fastlm.optim import AdamW
 
-
 # The optimizer of each step: PyTorch's fused AdamW (what `fastlm bench model` uses), fastlm's, or
 # fastlm's with the matmul weights stored in bf16 (fp32 masters).
 OPTIMIZERS = {

@@ -18,7 +18,8 @@ with every matmul weight stored in bf16 for the round and its fp32 master in fas
 (`fastlm.harness.steps.PRECISIONS`); `fp32` runs under a null context. `compile` wraps the model
 in `torch.compile`; `cudagraphs` in `torch.compile(mode="reduce-overhead")`, which replays
 forward and backward as CUDA graphs, so the steps no longer pay for launching each kernel from
-the CPU (what bounds small batches); the optimizer step stays eager in both. Out-of-memory ends that row with the status "out of memory"; the sweep goes on.
+the CPU (what bounds small batches); the optimizer step stays eager in both. Out-of-memory ends
+that row with the status "out of memory"; the sweep goes on.
 
 A model is built once and shared by its rows (eager, then each compile mode) and its rounds, so one
 compilation per compile mode and precision serves every step mode and every round.
@@ -41,7 +42,7 @@ from fastlm.bench.model_report import CPU_NOTE, render
 from fastlm.devices import current_device_name, spec_for_device_name
 from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run
 from fastlm.harness.records import read_records, with_environment
-from fastlm.harness.steps import PRECISIONS, LossFn, Row, make_optimizer, make_step, time_steps, weights_stored_for
+from fastlm.harness.steps import LossFn, Row, make_optimizer, make_step, time_steps, weights_stored_for
 from fastlm.harness.timing import is_out_of_memory
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import COMPILE_MODES, TORCH_COMPILE_MODE
