@@ -7,8 +7,10 @@ launchers (no module state changes). Prints one JSON line per configuration with
 the GB/s of the minimum-bytes model, then, on stderr, per sweep the configuration with the best
 geometric mean of GB/s over the shapes it ran (the dw / db sums: per row width), as a NormConfig
 expression for `norm_config`'s table.
-Usage: python benchmarks/tune_norms.py [--sweep fwd,bwd,param,sum] [WIDTH ...] > tune_norms.jsonl
-(only the shapes of those widths; only the named sweeps)
+Usage: python benchmarks/tune_norms.py [--sweep fwd,bwd,param,sum] [--shapes 2048,768 ...] [--dtypes bf16]
+       [WIDTH ...] > tune_norms.jsonl
+(only the shapes of those widths; only the named sweeps; --shapes: rows,width pairs instead of the
+benchmark's, e.g. a model's tokens per step and d_model)
 """
 
 import argparse
@@ -115,15 +117,20 @@ def main():
         default="fwd,bwd,param,sum",
         help="comma-separated: fwd, bwd, param (dw / db of wide rows), sum (dw / db sums in the backward)",
     )
+    parser.add_argument("--shapes", nargs="+", default=None,
+                        help="rows,width pairs to time (default: the shapes of fastlm bench norms)")  # fmt: skip
+    parser.add_argument("--dtypes", default="bf16,fp32", help="comma list of bf16, fp32 (default: %(default)s)")
     parser.add_argument("widths", nargs="*", type=int, help="only the benchmark shapes of these row widths")
     args = parser.parse_args()
     chosen = set(args.sweep.split(","))
     device = torch.device("cuda")
     base = ln.norm_config(device_arch(device))
-    shapes = [(m, d) for m, d in GPU_SHAPES if not args.widths or d in args.widths]
+    shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes] if args.shapes else GPU_SHAPES
+    shapes = [(m, d) for m, d in shapes if not args.widths or d in args.widths]
+    dtypes = [{"bf16": torch.bfloat16, "fp32": torch.float32}[name] for name in args.dtypes.split(",")]
     # (sweep, config) -> log GB/s per shape that ran it; sweeps of looped rows summarized apart
     log_gbps = collections.defaultdict(list)
-    for (m, d), dtype, kind in itertools.product(shapes, (torch.bfloat16, torch.float32), ("layer", "rms")):
+    for (m, d), dtype, kind in itertools.product(shapes, dtypes, ("layer", "rms")):
         rms = kind == "rms"
         x = torch.randn(m, d, device=device, dtype=dtype)
         w = torch.randn(d, device=device, dtype=dtype)
