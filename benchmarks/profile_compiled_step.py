@@ -2,7 +2,7 @@
 fastlm can replace (attention, norms, loss) hold, and what the rest is.
 
 A model of a preset's width (xl by default: d 1600, ff 6400, 25 heads; --layers of its blocks, 12
-by default so it compiles in about a minute), batch 4 x 512, bf16 autocast, fused AdamW, compiled
+by default so it compiles in about a minute), batch 4 (--batch) x 512, bf16 autocast, fused AdamW, compiled
 as `fastlm bench model` does (same step, optimizer and compile modes). Per kernel set and compile
 mode: the median of 20 steps, then 3 steps under torch.profiler; every GPU kernel is put in one
 category by its name, and the table gives ms per step per category, the kernels launched per step
@@ -149,6 +149,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="xl", help="model preset whose width to use (default xl)")
     p.add_argument("--layers", type=int, default=12, help="blocks of the preset's width (default 12; xl has 48)")
+    p.add_argument("--batch", type=int, default=4, help="sequences of 512 tokens per step (default 4)")
     p.add_argument("--kernels", default="torch,fastlm", help="comma list (default torch,fastlm)")
     p.add_argument("--compile", default="compile,cudagraphs", help="comma list (default compile,cudagraphs)")
     p.add_argument("--optimizer", default="torch", help="comma list of torch, fastlm, fastlm-bf16 (default torch)")
@@ -157,7 +158,7 @@ def main() -> None:
     p.add_argument("--trace", type=Path, help="folder for gzipped Chrome traces (default: none)")
     args = p.parse_args()
     torch.manual_seed(0)
-    tokens = torch.randint(0, 10000, (4, 512), device="cuda")
+    tokens = torch.randint(0, 10000, (args.batch, 512), device="cuda")
     records = []
     for compile_mode in args.compile.split(","):
         for kernels in args.kernels.split(","):

@@ -8,7 +8,7 @@ the GB/s of the minimum-bytes model, then, on stderr, per sweep the configuratio
 geometric mean of GB/s over the shapes it ran (the dw / db sums: per row width), as a NormConfig
 expression for `norm_config`'s table.
 Usage: python benchmarks/tune_norms.py [--sweep fwd,bwd,param,sum] [--shapes 2048,768 ...] [--dtypes bf16]
-       [WIDTH ...] > tune_norms.jsonl
+       [--graph] [WIDTH ...] > tune_norms.jsonl
 (only the shapes of those widths; only the named sweeps; --shapes: rows,width pairs instead of the
 benchmark's, e.g. a model's tokens per step and d_model)
 """
@@ -34,12 +34,19 @@ FUSED_SUM_CONFIGS = tuple(itertools.product((4, 8, 16, 32), (64, 128, 256, 512, 
 SEPARATE_SUM_CONFIGS = ((32, 128), (64, 64), (128, 32), (64, 32), (128, 16), (256, 16))
 
 
-def report(stage, kind, m, d, dtype, settings, fn) -> float | None:
-    """Time ``fn``, print its record, return its GB/s (None when it does not compile)."""
+def report(stage, kind, m, d, dtype, settings, fn, graph: bool) -> float | None:
+    """Time ``fn``, print its record, return its GB/s (None when it does not compile). ``graph``:
+    replayed as a CUDA graph (no launch cost, inputs left in L2 as a model's previous kernel
+    leaves them), what steadies the few-microsecond kernels of a model's rows; else do_bench's
+    median, with L2 flushed before each call."""
     nbytes = norm_bytes(m, d, dtype.itemsize, kind, stage)
     try:
-        ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-        result = {"ms": ms, "gbps": nbytes / ms / 1e6}
+        if graph:
+            fn()  # compile outside the capture
+            ms = triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+        else:
+            ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        result = {"ms": ms, "gbps": nbytes / ms / 1e6, "graph": graph}
     except Exception as error:  # a configuration that does not compile (registers, shared memory)
         result = {"error": str(error)[:200]}
     print(
@@ -120,6 +127,7 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=None,
                         help="rows,width pairs to time (default: the shapes of fastlm bench norms)")  # fmt: skip
     parser.add_argument("--dtypes", default="bf16,fp32", help="comma list of bf16, fp32 (default: %(default)s)")
+    parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays (see report)")
     parser.add_argument("widths", nargs="*", type=int, help="only the benchmark shapes of these row widths")
     args = parser.parse_args()
     chosen = set(args.sweep.split(","))
@@ -144,7 +152,7 @@ def main():
                 fn = functools.partial(ln._forward, x, w, b, 1e-5, rms, x.dtype, config=config)
             else:
                 fn = functools.partial(ln._backward, dy, x, w, mean, rstd, rms, True, not rms, config=config)
-            gbps = report(stage, kind, m, d, dtype, settings, fn)
+            gbps = report(stage, kind, m, d, dtype, settings, fn, args.graph)
             if sweep == "sum":  # (fused or not: per width)
                 name = f"sum at width {d}"
             else:
