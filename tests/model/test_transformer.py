@@ -15,7 +15,7 @@ TINY = ModelConfig.preset("tiny", vocab_size=97, context_length=32)
 KERNEL_COMBINATIONS = [
     (attention, norm, loss, "torch")
     for attention in ("naive", "sdpa", "fastlm")
-    for norm in ("torch", "fastlm")
+    for norm in ("torch", "fastlm", "auto")
     for loss in ("torch", "fastlm")
 ] + [("naive", "torch", "torch", "fastlm"), ("naive", "fastlm", "fastlm", "fastlm")]  # the fused softmax
 
@@ -114,12 +114,12 @@ def test_kernel_switches_give_the_same_loss_and_gradients(attention, norm, loss,
     assert_same_loss_and_gradients(model, reference, tokens(), tokens(), (1e-5, 1e-5), (1e-4, 1e-5))
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "fastlm"])
-def test_fastlm_kernels_compile_to_one_graph_with_the_same_loss_and_gradients(attention):
+@pytest.mark.parametrize(("attention", "norm"), [("sdpa", "auto"), ("fastlm", "fastlm")])
+def test_fastlm_kernels_compile_to_one_graph_with_the_same_loss_and_gradients(attention, norm):
     # every fastlm op traced by torch.compile (on CPU through the ops' PyTorch path), under autocast
     # so the norms write bf16 for the Linear layers that follow
     reference = TransformerLM(TINY)
-    model = TransformerLM(dataclasses.replace(TINY.with_kernels("fastlm"), attention=attention))
+    model = TransformerLM(dataclasses.replace(TINY.with_kernels("fastlm"), attention=attention, norm=norm))
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     x, y = tokens(), tokens()
@@ -128,6 +128,24 @@ def test_fastlm_kernels_compile_to_one_graph_with_the_same_loss_and_gradients(at
 
 def test_fastlm_kernel_set_fuses_the_softmax_too():
     assert TINY.with_kernels("fastlm").softmax == "fastlm" and TINY.with_kernels("torch").softmax == "torch"
+
+
+def test_auto_norms_run_the_kernel_in_eager_mode_and_torch_ops_when_compiled(monkeypatch):
+    from fastlm.model import transformer
+
+    calls = []
+    real_rms_norm = transformer.rms_norm
+    monkeypatch.setattr(
+        transformer, "rms_norm", lambda *args, **kwargs: calls.append(1) or real_rms_norm(*args, **kwargs)
+    )
+    model = TransformerLM(dataclasses.replace(TINY, norm="auto"))
+    x = tokens()
+    model(x)
+    assert len(calls) == 2 * TINY.num_layers + 1  # two per block and the final norm
+    calls.clear()
+    torch._dynamo.reset()
+    torch.compile(model, backend="eager", fullgraph=True)(x)  # traced, not generated: fast
+    assert calls == []
 
 
 @pytest.mark.parametrize("loss", ["torch", "fastlm"])

@@ -343,7 +343,11 @@ def test_config_pick():
         assert cross_entropy_config(arch, torch.bfloat16, 128256) is config
     small = cross_entropy_config(90, torch.float32, 37)
     assert (small.forward_block, small.backward_block, small.fused_block) == (64, 64, 64)
-    assert cross_entropy_config(90, torch.float32, 8193).fused_block == DEFAULT_CONFIG.fused_block
+    assert cross_entropy_config(90, torch.float32, 32767).fused_block == DEFAULT_CONFIG.fused_block
+    # the fused kernel's blocks pad a row by at most a sixth
+    assert [cross_entropy_config(90, torch.bfloat16, v).fused_block for v in (32000, 50264, 128256)] == [
+        16384, 8192, 16384
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("count_block", [16, 64])

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 ATTENTION_KERNELS = ("naive", "sdpa", "fastlm")  # materialized softmax | torch SDPA | fastlm.flash_attention
-NORM_KERNELS = ("torch", "fastlm")
+NORM_KERNELS = ("torch", "fastlm", "auto")  # auto: fastlm eager, PyTorch ops (fused by Inductor) compiled
 SOFTMAX_KERNELS = ("torch", "fastlm")  # the naive path's mask + softmax: two PyTorch ops | fastlm.masked_softmax
 LOSS_KERNELS = ("torch", "fastlm")  # LM head + F.cross_entropy | fastlm.linear_cross_entropy
 KERNEL_SETS = ("torch", "fastlm")  # what ModelConfig.with_kernels takes: every switch at once
@@ -76,11 +76,13 @@ class ModelConfig:
         return cls(**{**dimensions, **overrides})
 
     def with_kernels(self, kernels: str) -> ModelConfig:
-        """Every switch at once: 'torch' (PyTorch SDPA, norm, softmax, loss) or 'fastlm' (fused kernels)."""
+        """Every switch at once: 'torch' (PyTorch SDPA, norm, softmax, loss) or 'fastlm' (fused kernels;
+        the norms "auto": under torch.compile Inductor fuses PyTorch's norm into its neighbours, which
+        costs less than any separate norm kernel)."""
         if kernels == "torch":
             return dataclasses.replace(self, attention="sdpa", norm="torch", loss="torch", softmax="torch")
         if kernels == "fastlm":
-            return dataclasses.replace(self, attention="fastlm", norm="fastlm", loss="fastlm", softmax="fastlm")
+            return dataclasses.replace(self, attention="fastlm", norm="auto", loss="fastlm", softmax="fastlm")
         raise ValueError(f"kernels must be 'torch' or 'fastlm', got {kernels!r}")
 
     @property

@@ -9,7 +9,8 @@ q and k; the feed-forward is SwiGLU, w2(silu(w1 x) * w3 x); no biases anywhere; 
 tied to the embedding. Three switches in `ModelConfig` pick the kernels:
 
     attention  naive  | sdpa  | fastlm   (materialized softmax | torch SDPA | fastlm.flash_attention)
-    norm       torch  | fastlm           (fp32 PyTorch ops | fastlm.rms_norm)
+    norm       torch  | fastlm | auto    (fp32 PyTorch ops | fastlm.rms_norm | fastlm.rms_norm in eager
+                                          mode, PyTorch ops under torch.compile)
     loss       torch  | fastlm           (LM head + F.cross_entropy | fastlm.linear_cross_entropy,
                                           which never materializes the (B*N, V) logits)
     softmax    torch  | fastlm           (naive attention's mask + softmax | fastlm.masked_softmax)
@@ -77,7 +78,10 @@ class Embedding(nn.Module):
 
 class RMSNorm(nn.Module):
     """x / sqrt(mean(x^2) + eps) * weight over the last dim, computed in fp32, returned in x's dtype;
-    ``kernel`` "fastlm" runs the fused kernel (`fastlm.rms_norm`), "torch" plain PyTorch ops.
+    ``kernel`` "fastlm" runs the fused kernel (`fastlm.rms_norm`), "torch" plain PyTorch ops,
+    "auto" the fused kernel in eager mode and PyTorch ops while torch.compile traces: Inductor
+    fuses those into the kernels of the residual add before and the cast after, where a separate
+    norm kernel reads and writes the activations once more (measured: docs/notes/host_path.md).
 
     Under autocast the fused kernel writes the autocast dtype instead: every norm here feeds a
     Linear, which would cast to that dtype anyway, so the values are the same and an fp32 write
@@ -89,7 +93,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "fastlm":
+        if self.kernel == "fastlm" or (self.kernel == "auto" and not torch.compiler.is_compiling()):
             device = x.device.type
             out_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
             return rms_norm(x, self.weight, self.eps, out_dtype=out_dtype)
