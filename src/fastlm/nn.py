@@ -10,6 +10,7 @@ from fastlm.ops.cross_entropy import check_options, cross_entropy
 from fastlm.ops.layer_norm import layer_norm, rms_norm
 from fastlm.ops.linear_cross_entropy import check_options as check_linear_options
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy
+from fastlm.ops.linear_cross_entropy_fused import LinearXentFusedConfig
 
 
 class CrossEntropyLoss(torch.nn.Module):
@@ -67,7 +68,7 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         z_loss: float = 0.0,
         softcap: float | None = None,
         chunk_rows: int | None = None,
-        impl: str | None = None,
+        impl: str | LinearXentFusedConfig | None = None,
     ) -> None:
         super().__init__()
         ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl = check_linear_options(

@@ -54,7 +54,6 @@ from fastlm.ops.common import (
     check_same_device,
     check_tensor,
     device_arch,
-    runs_triton,
 )
 from fastlm.ops.cross_entropy import (
     LOGIT_DTYPES,
@@ -67,10 +66,15 @@ from fastlm.ops.cross_entropy import (
     cross_entropy_ref,
 )
 from fastlm.ops.cross_entropy import check_options as check_xent_options
-from fastlm.ops.linear_cross_entropy_fused import LinearCrossEntropyKernels, _needs, _where_needed
+from fastlm.ops.linear_cross_entropy_fused import (
+    LinearCrossEntropyKernels,
+    LinearXentFusedConfig,
+    _needs,
+    _where_needed,
+)
 from fastlm.ops.linear_cross_entropy_fused import _forward_op as _fused_losses_op
 
-IMPLS = ("chunked", "fused")  # the `impl` argument's values besides None (automatic)
+IMPLS = ("chunked", "fused")  # the `impl` names; also None (automatic) or a LinearXentFusedConfig
 
 # ----------------------------------------------------------------------------------------------
 # Chunk size
@@ -422,14 +426,15 @@ def check_inputs(hidden, weight, targets, bias) -> None:
 def check_options(reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl=None):
     """The loss options as `cross_entropy` checks them, plus softcap, chunk_rows and impl: returns
     (ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl) as int, float, float, float
-    or None, int or None, str or None."""
+    or None, int or None, and None, a name in IMPLS or a LinearXentFusedConfig."""
     ignore_index, label_smoothing, z_loss = check_xent_options(ignore_index, reduction, label_smoothing, z_loss,
                                                                True, False)  # fmt: skip
     softcap = None if softcap is None else check_number("softcap", softcap, positive=True)
     chunk_rows = None if chunk_rows is None else check_integer("chunk_rows", chunk_rows, minimum=1)
-    if impl is not None and not (isinstance(impl, str) and impl in IMPLS):
-        raise ValueError(f"impl must be None, 'chunked' or 'fused', got {impl!r}")
-    if impl == "fused" and chunk_rows is not None:
+    fused_config = type(impl) is LinearXentFusedConfig
+    if not (impl is None or fused_config or (isinstance(impl, str) and impl in IMPLS)):
+        raise ValueError(f"impl must be None, 'chunked', 'fused' or a LinearXentFusedConfig, got {impl!r}")
+    if chunk_rows is not None and (impl == "fused" or fused_config):
         raise ValueError("chunk_rows applies to impl='chunked' only; the fused kernels take no chunks")
     return ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl
 
@@ -446,7 +451,7 @@ def linear_cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_rows: int | None = None,
-    impl: str | None = None,
+    impl: str | LinearXentFusedConfig | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of the logits ``hidden @ weight.T + bias`` against ``targets``, without ever
     holding the (N, V) logits.
@@ -468,9 +473,11 @@ def linear_cross_entropy(
         impl: "chunked" (this module: cuBLAS matmuls per chunk of tokens and the fused
             cross-entropy kernel), "fused" (`linear_cross_entropy_fused`: Triton kernels that never
             write logits, recomputing them in backward; 8 N V d FLOPs; gradients summed by atomic
-            adds, so not bitwise reproducible), or None: picked automatically, for now always
-            "chunked". Where Triton cannot run (a CPU without TRITON_INTERPRET=1, a CPU trace)
-            "fused" computes with the chunked path's plain PyTorch, as every op's CPU path does.
+            adds, so not bitwise reproducible), a `LinearXentFusedConfig` (the fused kernels with
+            these tiles, in eager mode: for tuning and tests; torch.compile launches the picked
+            ones), or None: picked automatically, for now always "chunked". Where Triton cannot
+            run (a CPU without TRITON_INTERPRET=1, a CPU trace) "fused" computes the same in plain
+            PyTorch, holding the (N, V) logits (a CPU is for tests).
     """
     ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl = check_options(
         reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl
@@ -491,11 +498,13 @@ def linear_cross_entropy(
     if not compiling:
         check_target_range(targets, weight.shape[0], ignore_index)
 
-    if impl == "fused" and runs_triton(hidden):  # per-row losses; the reduction's gradient reaches them
+    fused_config = impl if type(impl) is LinearXentFusedConfig else None
+    if impl == "fused" or fused_config is not None:
+        # per-row losses: the reduction below passes each row its upstream gradient
         if compiling:
             losses = _fused_losses_op(hidden, weight, targets, bias, *options)[0]
         else:
-            losses = LinearCrossEntropyKernels.apply(hidden, weight, targets, bias, options, None)
+            losses = LinearCrossEntropyKernels.apply(hidden, weight, targets, bias, options, fused_config)
     elif any(needs) and reduction != "none" and rows > 0:
         row_scale = _mean_row_scale(targets, ignore_index) if reduction == "mean" else None
         if compiling:

@@ -62,12 +62,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch.library import wrap_triton
 
-from fastlm.ops.common import cdiv, device_arch, dot_precision, multiprocessors, next_power_of_2
+from fastlm.ops.common import cdiv, device_arch, dot_precision, multiprocessors, next_power_of_2, runs_triton
 from fastlm.ops.cross_entropy import LN2, LOG2E, _row_grad, _row_loss
+from fastlm.ops.cross_entropy import _reference_forward as xent_reference_forward
+from fastlm.ops.cross_entropy import _reference_grad as xent_reference_grad
 from fastlm.ops.launch import eager_kernel
 
 if TYPE_CHECKING:
@@ -387,7 +390,7 @@ class LinearXentFusedConfig:
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 16, got {value}")
-        if min(self.num_warps, self.num_stages, self.group_n, self.programs_per_sm, self.split_v or 1) < 1:
+        if min(self.num_warps, self.num_stages, self.group_n, self.programs_per_sm) < 1 or self.split_v == 0:
             raise ValueError(f"warps, stages, group_n, programs_per_sm and split_v must be >= 1, got {self}")
 
 
@@ -444,8 +447,8 @@ COMBINE_ROWS = 1024  # rows per program of the combine kernel (it reads a few fl
 
 
 # ----------------------------------------------------------------------------------------------
-# Launchers: shared by the eager autograd.Function and the triton_ops (``traced``). Triton only:
-# linear_cross_entropy sends inputs Triton cannot run on to the chunked implementation.
+# Launchers: shared by the eager autograd.Function and the triton_ops (``traced``); the plain-PyTorch
+# path where Triton cannot run (a CPU without the interpreter, a CPU trace, fake tensors)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -458,6 +461,10 @@ def _compute_operands(hidden, weight, bias):
 def _fused_forward(hidden, weight, bias, targets, options: LossOptions, config=None, traced=False):
     """(losses (N,) fp32, stats (2, N) fp32: each row's max m and s = log sum exp(z - m))."""
     ignore_index, label_smoothing, z_loss, softcap = options
+    weight, bias = _compute_operands(hidden, weight, bias)
+    if not runs_triton(hidden):
+        logits, _ = _reference_logits(hidden, weight, bias, softcap)
+        return xent_reference_forward(logits, targets, ignore_index, label_smoothing, z_loss)
     rows, width = hidden.shape
     vocab = weight.shape[0]
     losses = torch.empty(rows, device=hidden.device, dtype=torch.float32)
@@ -465,7 +472,6 @@ def _fused_forward(hidden, weight, bias, targets, options: LossOptions, config=N
     if rows == 0:
         return losses, stats
     config = _picked_config(hidden, vocab) if config is None else config
-    weight, bias = _compute_operands(hidden, weight, bias)
     row_blocks = cdiv(rows, config.block_n)
     splits, cols_per_split = _vocabulary_splits(config, row_blocks, cdiv(vocab, config.block_v), hidden.device)
     smoothing = label_smoothing > 0
@@ -485,9 +491,8 @@ def _fused_forward(hidden, weight, bias, targets, options: LossOptions, config=N
     kernel = wrap_triton(_linear_xent_combine_kernel) if traced else eager_kernel(_linear_xent_combine_kernel)
     kernel[(cdiv(rows, COMBINE_ROWS),)](
         partials[0], partials[1], partials[2], shifted_sums, targets, targets.stride(0), losses, stats, rows, vocab,
-        splits, cols_per_split, ignore_index,
-        label_smoothing, z_loss, BLOCK_ROWS=COMBINE_ROWS, HAS_SMOOTHING=smoothing, HAS_Z_LOSS=z_loss > 0,
-        num_warps=4,
+        splits, cols_per_split, ignore_index, label_smoothing, z_loss,
+        BLOCK_ROWS=COMBINE_ROWS, HAS_SMOOTHING=smoothing, HAS_Z_LOSS=z_loss > 0, num_warps=4,
     )  # fmt: skip
     return losses, stats
 
@@ -497,6 +502,25 @@ def _fused_backward(hidden, weight, bias, targets, stats, grad_losses, needs, op
     """(grad_hidden, grad_weight, grad_bias) for the upstream ``grad_losses`` (N,), each None where
     ``needs`` (hidden, weight, bias) says it is not wanted; in hidden's, weight's and bias's dtypes
     (an fp32 weight's gradient is the fp32 accumulator itself)."""
+    need_hidden, need_weight, need_bias = needs
+    compute_weight, compute_bias = _compute_operands(hidden, weight, bias)
+    if runs_triton(hidden):
+        grads = _kernel_gradients(hidden, compute_weight, compute_bias, targets, stats, grad_losses, needs, options,
+                                  config, traced)  # fmt: skip
+    else:
+        grads = _reference_gradients(hidden, compute_weight, compute_bias, targets, grad_losses, options)
+    grad_hidden, grad_weight, grad_bias = grads
+    return (
+        grad_hidden.to(hidden.dtype) if need_hidden else None,
+        grad_weight.to(weight.dtype) if need_weight else None,
+        grad_bias.to(bias.dtype) if need_bias else None,
+    )
+
+
+def _kernel_gradients(hidden, weight, bias, targets, stats, grad_losses, needs, options: LossOptions, config,
+                      traced):  # fmt: skip
+    """The fp32 accumulators (grad_hidden, grad_weight, grad_bias), None where not needed, for
+    weight and bias in hidden's dtype: zero-filled, then one backward launch adds into them."""
     ignore_index, label_smoothing, z_loss, softcap = options
     need_hidden, need_weight, need_bias = needs
     rows, width = hidden.shape
@@ -505,29 +529,49 @@ def _fused_backward(hidden, weight, bias, targets, stats, grad_losses, needs, op
     grad_hidden = torch.zeros((rows, width), **fp32) if need_hidden else None
     grad_weight = torch.zeros((vocab, width), **fp32) if need_weight else None
     grad_bias = torch.zeros(vocab, **fp32) if need_bias else None
-    if rows > 0 and any(needs):
-        config = _picked_config(hidden, vocab) if config is None else config
-        compute_weight, compute_bias = _compute_operands(hidden, weight, bias)
-        kernel = wrap_triton(_linear_xent_backward_kernel) if traced else eager_kernel(_linear_xent_backward_kernel)
-        unused = stats  # any fp32 tensor stands for an output not computed (its kernel code is compiled out)
-        kernel[(cdiv(rows, config.block_n) * cdiv(vocab, config.block_v),)](
-            hidden, hidden.stride(0), hidden.stride(1), compute_weight, compute_weight.stride(0),
-            compute_weight.stride(1), hidden if bias is None else compute_bias,
-            0 if bias is None else compute_bias.stride(0),
-            targets, targets.stride(0), stats, grad_losses, grad_losses.stride(0),
-            unused if grad_hidden is None else grad_hidden, unused if grad_weight is None else grad_weight,
-            unused if grad_bias is None else grad_bias, rows, vocab, width, ignore_index, label_smoothing, z_loss,
-            1.0 if softcap is None else softcap,
-            BLOCK_N=config.block_n, BLOCK_V=config.block_v, BLOCK_D=config.block_d, GROUP_N=config.group_n,
-            HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, HAS_SMOOTHING=label_smoothing > 0,
-            HAS_Z_LOSS=z_loss > 0, NEED_HIDDEN=need_hidden, NEED_WEIGHT=need_weight, NEED_BIAS=need_bias,
-            DOT_PRECISION=dot_precision(hidden.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
-        )  # fmt: skip
-    return (
-        None if grad_hidden is None else grad_hidden.to(hidden.dtype),
-        None if grad_weight is None else grad_weight.to(weight.dtype),
-        None if grad_bias is None else grad_bias.to(bias.dtype),
-    )
+    if rows == 0 or not any(needs):
+        return grad_hidden, grad_weight, grad_bias
+    config = _picked_config(hidden, vocab) if config is None else config
+    kernel = wrap_triton(_linear_xent_backward_kernel) if traced else eager_kernel(_linear_xent_backward_kernel)
+    unused = stats  # any fp32 tensor stands for an output not computed (its kernel code is compiled out)
+    kernel[(cdiv(rows, config.block_n) * cdiv(vocab, config.block_v),)](
+        hidden, hidden.stride(0), hidden.stride(1), weight, weight.stride(0), weight.stride(1),
+        hidden if bias is None else bias, 0 if bias is None else bias.stride(0), targets, targets.stride(0), stats,
+        grad_losses, grad_losses.stride(0), unused if grad_hidden is None else grad_hidden,
+        unused if grad_weight is None else grad_weight, unused if grad_bias is None else grad_bias,
+        rows, vocab, width, ignore_index, label_smoothing, z_loss, 1.0 if softcap is None else softcap,
+        BLOCK_N=config.block_n, BLOCK_V=config.block_v, BLOCK_D=config.block_d, GROUP_N=config.group_n,
+        HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None, HAS_SMOOTHING=label_smoothing > 0,
+        HAS_Z_LOSS=z_loss > 0, NEED_HIDDEN=need_hidden, NEED_WEIGHT=need_weight, NEED_BIAS=need_bias,
+        DOT_PRECISION=dot_precision(hidden.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    return grad_hidden, grad_weight, grad_bias
+
+
+# The plain-PyTorch path: the kernels' arithmetic (fp32 logits from compute-dtype operands, G rounded
+# to the compute dtype before the products) on the whole (N, V) logits at once; a CPU is for tests.
+
+
+def _reference_logits(hidden, weight, bias, softcap):
+    """((N, V) fp32 logits, capped with softcap; tanh(z / c), None without softcap)."""
+    with torch.autocast(hidden.device.type, enabled=False):  # fp32 products of the compute-dtype values
+        logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    if softcap is None:
+        return logits, None
+    tanh = torch.tanh(logits / softcap)
+    return softcap * tanh, tanh
+
+
+def _reference_gradients(hidden, weight, bias, targets, grad_losses, options: LossOptions):
+    """(grad_hidden, grad_weight, grad_bias) in fp32, each computed."""
+    ignore_index, label_smoothing, z_loss, softcap = options
+    logits, tanh = _reference_logits(hidden, weight, bias, softcap)
+    grad = xent_reference_grad(logits, targets, grad_losses, ignore_index, label_smoothing, z_loss)
+    if softcap is not None:
+        grad = grad * (1 - tanh * tanh)
+    grad = grad.to(hidden.dtype).float()
+    with torch.autocast(hidden.device.type, enabled=False):
+        return grad @ weight.float(), grad.t() @ hidden.float(), grad.sum(0)
 
 
 # ----------------------------------------------------------------------------------------------
