@@ -40,9 +40,10 @@ from .test_linear_cross_entropy import (
     make_inputs,
 )
 
+# 16-class tiles: 9 tiles (the last 3 classes wide), 3 splits of 3 tiles
+THREE_SPLITS = dataclasses.replace(INTERPRETER_CONFIG, block_v=16, split_v=3)
 CONFIGS = [
-    # 16-class tiles: 9 tiles (the last 3 classes wide), 3 splits of 3 tiles
-    pytest.param(dataclasses.replace(INTERPRETER_CONFIG, block_v=16, split_v=3), id="3-splits"),
+    pytest.param(THREE_SPLITS, id="3-splits"),
     # more splits asked than tiles: one per tile, the last split 3 classes wide
     pytest.param(dataclasses.replace(INTERPRETER_CONFIG, block_v=16, split_v=100), id="split-per-tile"),
     # one tile wider than V, one token block wider than N, one width step wider than d
@@ -237,7 +238,7 @@ def test_impl_picks_the_implementation(monkeypatch, device):
         for name in ("_chunked_losses", "_chunked_gradients"):
             patch.setattr(lce, name, forbidden(name))
         run("fused")
-        run(CONFIGS[0].values[0])
+        run(THREE_SPLITS)
     monkeypatch.setattr(lcef, "_fused_forward", forbidden("_fused_forward"))
     run(None)
     run("chunked")
