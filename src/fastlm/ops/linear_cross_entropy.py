@@ -47,14 +47,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from fastlm.ops.common import (
-    check_dtype,
-    check_integer,
-    check_number,
-    check_same_device,
-    check_tensor,
-    device_arch,
-)
+from fastlm.ops.common import check_dtype, check_integer, check_number, check_same_device, check_tensor, device_arch
 from fastlm.ops.cross_entropy import (
     LOGIT_DTYPES,
     _forward,

@@ -207,9 +207,8 @@ def _linear_xent_forward_kernel(
             # tile, whose row_max -inf must not meet a 0 count)
             earlier = start - first_col
             previous_max = tl.where(earlier > 0, row_max, new_max)
-            shifted_sum += tl.sum(tl.where(col_mask[None, :], logits - new_max[:, None], 0.0), axis=1) - earlier * (
-                new_max - previous_max
-            )
+            tile_sum = tl.sum(tl.where(col_mask[None, :], logits - new_max[:, None], 0.0), axis=1)
+            shifted_sum += tile_sum - earlier * (new_max - previous_max)
         row_max = new_max
     offsets = split * N + rows
     tl.store(max_ptr + offsets, row_max, mask=row_mask)
@@ -253,7 +252,7 @@ def _linear_xent_combine_kernel(
     x_target = tl.zeros((BLOCK_ROWS,), tl.float32)
     shifted_sum = tl.zeros((BLOCK_ROWS,), tl.float32)
     offsets = rows
-    for split in range(0, SPLITS):
+    for split in range(0, SPLITS):  # (masked rows read a sum of 1: no log of 0 below)
         split_max = tl.load(max_ptr + offsets, mask=row_mask, other=0.0)
         sum_exp += tl.load(sum_exp_ptr + offsets, mask=row_mask, other=1.0) * tl.exp2((split_max - row_max) * LOG2E)
         x_target += tl.load(target_logit_ptr + offsets, mask=row_mask, other=0.0)
