@@ -10,7 +10,6 @@ from fastlm.ops.cross_entropy import check_options, cross_entropy
 from fastlm.ops.layer_norm import layer_norm, rms_norm
 from fastlm.ops.linear_cross_entropy import check_options as check_linear_options
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy
-from fastlm.ops.linear_cross_entropy_fused import LinearXentFusedConfig
 
 
 class CrossEntropyLoss(torch.nn.Module):
@@ -68,11 +67,10 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         z_loss: float = 0.0,
         softcap: float | None = None,
         chunk_rows: int | None = None,
-        impl: str | LinearXentFusedConfig | None = None,
     ) -> None:
         super().__init__()
-        ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl = check_linear_options(
-            reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl
+        ignore_index, label_smoothing, z_loss, softcap, chunk_rows = check_linear_options(
+            reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows
         )
         self.ignore_index = ignore_index
         self.reduction = reduction
@@ -80,7 +78,6 @@ class LinearCrossEntropyLoss(torch.nn.Module):
         self.z_loss = z_loss
         self.softcap = softcap
         self.chunk_rows = chunk_rows
-        self.impl = impl
 
     def forward(
         self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, bias: torch.Tensor | None = None
@@ -96,13 +93,12 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             z_loss=self.z_loss,
             softcap=self.softcap,
             chunk_rows=self.chunk_rows,
-            impl=self.impl,
         )
 
     def extra_repr(self) -> str:
         return (
             f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}, "
-            f"z_loss={self.z_loss}, softcap={self.softcap}, chunk_rows={self.chunk_rows}, impl={self.impl!r}"
+            f"z_loss={self.z_loss}, softcap={self.softcap}, chunk_rows={self.chunk_rows}"
         )
 
 

@@ -39,16 +39,15 @@ FP32_ALLOWANCE = 1e-6
 BF16_ALLOWANCE = (unit_roundoff(torch.bfloat16) / 8, unit_roundoff(torch.bfloat16) / 4)
 
 
-def make_inputs(dtype=torch.float32, bias=True, rows=N, device="cpu", ignore_fraction=0.25, width=D, vocab=V):
-    """hidden (rows, width), weight (vocab, width), bias (vocab,) or None, targets (rows,) with some
-    ignored rows, the first one valid (a finite mean). Logits of std ~3: a peaked softmax, not a
-    uniform one."""
-    hidden = torch.randn(rows, width, device=device).to(dtype)
-    weight = (torch.randn(vocab, width, device=device) * 3 / width**0.5).to(dtype)
-    bias_ = torch.randn(vocab, device=device).to(dtype) if bias else None
-    targets = torch.randint(0, vocab, (rows,), device=device)
+def make_inputs(dtype=torch.float32, bias=True, rows=N, device="cpu", ignore_fraction=0.25):
+    """hidden (rows, D), weight (V, D), bias (V,) or None, targets (rows,) with some ignored rows,
+    the first one valid (a finite mean). Logits of std ~3: a peaked softmax, not a uniform one."""
+    hidden = torch.randn(rows, D, device=device).to(dtype)
+    weight = (torch.randn(V, D, device=device) * 3 / D**0.5).to(dtype)
+    bias_ = torch.randn(V, device=device).to(dtype) if bias else None
+    targets = torch.randint(0, V, (rows,), device=device)
     targets[torch.rand(rows, device=device) < ignore_fraction] = -100
-    targets[:1] = 1 % vocab
+    targets[:1] = 1
     return hidden, weight, bias_, targets
 
 
@@ -56,17 +55,16 @@ def leaves(*tensors):
     return [None if t is None else t.detach().clone().requires_grad_(True) for t in tensors]
 
 
-def check_fp32(hidden, weight, bias, targets, chunk_rows=8, trainable=("hidden", "weight", "bias"), impl=None,
-               **options):  # fmt: skip
+def check_fp32(hidden, weight, bias, targets, chunk_rows=8, trainable=("hidden", "weight", "bias"), **options):
     """Loss and the gradients of the ``trainable`` ones of hidden, weight and bias, for a random
     upstream gradient (so the scaling of a mean's or sum's saved gradients is checked too), against
-    the reference, by `check_against_float64`; ``impl`` as linear_cross_entropy takes it."""
+    the reference, by `check_against_float64`."""
     inputs = leaves(hidden, weight, bias)
     for name, tensor in zip(("hidden", "weight", "bias"), inputs, strict=True):
         if tensor is not None:
             tensor.requires_grad_(name in trainable)
     check_against_float64(
-        lambda h, w, b: fastlm.linear_cross_entropy(h, w, targets, b, chunk_rows=chunk_rows, impl=impl, **options),
+        lambda h, w, b: fastlm.linear_cross_entropy(h, w, targets, b, chunk_rows=chunk_rows, **options),
         lambda h, w, b: linear_cross_entropy_ref(h, w, targets, b, **options),
         inputs,
         FP32_ALLOWANCE,
@@ -92,7 +90,6 @@ def bf16_results(hidden, weight, bias, targets, upstream, autocast=False, **opti
     loss = (under_bf16_autocast(run) if autocast else run)(*inputs)
     results = [loss, *gradients(loss, inputs, upstream)]
     options.pop("chunk_rows", None)
-    options.pop("impl", None)
     reference = under_bf16_autocast(lambda h, w, b: linear_cross_entropy_ref(h, w, targets, b, **options))
     check_results_against_float64(results, reference, inputs, upstream, *BF16_ALLOWANCE)
     assert loss.dtype == torch.float32

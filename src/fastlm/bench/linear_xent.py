@@ -7,9 +7,8 @@ Protocol (one run, one device, every implementation side by side):
 - fwd+bwd: `loss_fn(hidden, weight, targets).backward()`, the gradients dropped before each call
   (`measure`: median, p20, p80; warm-up and compilation excluded);
 - TFLOP/s: the three matmuls' 6 N V d FLOPs (logits, grad_hidden, grad_weight) over the fwd+bwd
-  time, for every implementation alike (recomputing ones, as fastlm-fused with its 8 N V d, do more
-  work than they are credited with), and their fraction of the bf16 matmul rate measured in the
-  same run;
+  time, for every implementation alike (recomputing ones do more work than they are credited
+  with), and their fraction of the bf16 matmul rate measured in the same run;
 - memory (CUDA): the peak allocated during one fwd+bwd minus what was allocated just before (the
   inputs, the caching allocator's other live blocks excluded), so it includes the gradients of
   hidden and weight, which remain allocated after the step; `peak_excluding_grads_gib` subtracts
@@ -20,7 +19,7 @@ Protocol (one run, one device, every implementation side by side):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,7 +33,6 @@ from fastlm.harness.tables import device_line, markdown_table
 from fastlm.harness.timing import measure
 from fastlm.ops.common import device_arch
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy_config
-from fastlm.ops.linear_cross_entropy_fused import linear_cross_entropy_fused_config
 
 WIDTH = 4096
 GPU_CASES = tuple((tokens, WIDTH, vocab) for tokens in (4096, 8192, 32768) for vocab in (32000, 128256, 256000))
@@ -68,11 +66,7 @@ def _matmul_fastlm_ce(_case: Case) -> LossFn:
 
 
 def _fastlm(_case: Case) -> LossFn:
-    return lambda hidden, weight, targets: fastlm.linear_cross_entropy(hidden, weight, targets, impl="chunked")
-
-
-def _fastlm_fused(_case: Case) -> LossFn:
-    return lambda hidden, weight, targets: fastlm.linear_cross_entropy(hidden, weight, targets, impl="fused")
+    return lambda hidden, weight, targets: fastlm.linear_cross_entropy(hidden, weight, targets)
 
 
 def _liger(_case: Case) -> LossFn | str:
@@ -96,12 +90,7 @@ IMPLEMENTATIONS = (
     Implementation("eager", _eager, "bf16 matmul + F.cross_entropy"),
     Implementation("compile", _compiled, "torch.compile of the eager loss", needs_gpu=True),
     Implementation("matmul+fastlm-ce", _matmul_fastlm_ce, "bf16 matmul + fastlm.cross_entropy (fused path)"),
-    Implementation(
-        "fastlm", _fastlm, "fastlm.linear_cross_entropy, impl='chunked' (cuBLAS per chunk of tokens + fused CE kernel)"
-    ),
-    Implementation(
-        "fastlm-fused", _fastlm_fused, "fastlm.linear_cross_entropy, impl='fused' (Triton kernels, no logits in memory)"
-    ),
+    Implementation("fastlm", _fastlm, "fastlm.linear_cross_entropy (chunked over tokens)"),
     Implementation("liger", _liger, "Liger-Kernel LigerFusedLinearCrossEntropyLoss", needs_gpu=True),
     Implementation("cce", _cce, "Cut Cross-Entropy linear_cross_entropy (defaults)", needs_gpu=True),
 )
@@ -181,12 +170,8 @@ class LinearCrossEntropyBenchmark(Benchmark):
                   "dtype": str(DTYPE).removeprefix("torch."), "reduction": "mean",
                   "implementation": implementation.name, "description": implementation.description,
                   "matmul_tflops_measured": run.ceilings["matmul_tflops"]}  # fmt: skip
-        arch = device_arch(run.device)
         if implementation.name == "fastlm":  # the chunk it picked: (chunk_rows, V) logits at a time
-            record["chunk_rows"] = linear_cross_entropy_config(arch, DTYPE, case.vocab).chunk_rows
-        elif implementation.name == "fastlm-fused":  # the tiles it picked
-            config = linear_cross_entropy_fused_config(arch, DTYPE, case.vocab, case.width)
-            record["fused_config"] = asdict(config)
+            record["chunk_rows"] = linear_cross_entropy_config(device_arch(run.device), DTYPE, case.vocab).chunk_rows
         return record
 
     def label(self, case: Case, implementation: Implementation) -> str:

@@ -165,12 +165,6 @@ def device_arch(device: torch.device) -> int:
     )
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """``input_precision`` of a kernel's tl.dot: fp32 inputs follow torch's matmul setting (TF32
-    only when the user allowed it); other dtypes ignore it."""
-    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
-
-
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b), for grids. In Triton 3.6 `triton.cdiv` is a constexpr function, and a call from
     Python pays for unwrapping its arguments: several calls per launch on every eager step."""

@@ -48,7 +48,6 @@ from fastlm.ops.common import (
     check_same_device,
     check_tensor,
     device_arch,
-    dot_precision,
     next_power_of_2,
     runs_triton,
 )
@@ -517,6 +516,11 @@ def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return (stride[0], 0, stride[1], stride[2]) if len(stride) == 3 else stride
 
 
+def _precision(dtype: torch.dtype) -> str:
+    """fp32 inputs follow torch's matmul setting: TF32 only when the user allowed it."""
+    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
 def _launch_forward(q, k, v, causal: bool, scale: float, config: AttentionConfig | None = None, traced: bool = False):
     """-> O (q's shape and dtype, contiguous), L (q.shape[:-1], fp32, contiguous); ``config`` None
     picks ``attention_config``."""
@@ -536,7 +540,7 @@ def _launch_forward(q, k, v, causal: bool, scale: float, config: AttentionConfig
     kernel[(cdiv(M, tiles.block_m), Z * H)](
         q, k, v, o, lse, *_strides(q), *_strides(k), *_strides(v), H, H // Hkv, M, N, scale,
         CAUSAL=causal, HEAD_DIM=D, BLOCK_D=_block_d(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
-        PRECISION=dot_precision(q.dtype), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        PRECISION=_precision(q.dtype), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     return o, lse
 
@@ -555,7 +559,7 @@ def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, conf
         config = attention_config(device_arch(q.device), q.dtype, D, N)
     delta = lse.new_empty(lse.shape)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(grad_out))  # both kernels take these
-    common = dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=_block_d(D), PRECISION=dot_precision(q.dtype))
+    common = dict(CAUSAL=causal, HEAD_DIM=D, BLOCK_D=_block_d(D), PRECISION=_precision(q.dtype))
     tiles = config.dq
     kernel = wrap_triton(_flash_backward_dq_kernel) if traced else eager_kernel(_flash_backward_dq_kernel)
     kernel[(cdiv(M, tiles.block_m), Z * H)](

@@ -4,10 +4,6 @@
     logits = softcap * tanh(logits / softcap)              (with softcap, as Gemma 2)
     loss   = cross_entropy(logits, targets, ...)           (fastlm.cross_entropy's semantics)
 
-Two implementations, picked by ``impl``: this module's chunked one, described here, and
-linear_cross_entropy_fused.py's Triton kernels, which never write logits to memory (its docstring
-has its design and cost model). The public function below serves both.
-
 The tokens are processed in chunks of C rows. Per chunk, with G = d loss / d logits_c (C, V):
 
     logits_c  = hidden_c @ W.T (+ bias)       cuBLAS, in the compute dtype       2 C V d FLOPs
@@ -59,15 +55,6 @@ from fastlm.ops.cross_entropy import (
     cross_entropy_ref,
 )
 from fastlm.ops.cross_entropy import check_options as check_xent_options
-from fastlm.ops.linear_cross_entropy_fused import (
-    LinearCrossEntropyKernels,
-    LinearXentFusedConfig,
-    _needs,
-    _where_needed,
-)
-from fastlm.ops.linear_cross_entropy_fused import _forward_op as _fused_losses_op
-
-IMPLS = ("chunked", "fused")  # the `impl` names; also None (automatic) or a LinearXentFusedConfig
 
 # ----------------------------------------------------------------------------------------------
 # Chunk size
@@ -303,6 +290,16 @@ def _gradients_op(
     return losses.sum(), *(hidden.new_empty(0) if grad is None else grad for grad in grads)
 
 
+def _needs(ctx) -> tuple[bool, bool, bool]:
+    """Which of (hidden, weight, bias) want a gradient: inputs 0, 1 and 3 of both ops."""
+    return ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[3]
+
+
+def _where_needed(grads, needs) -> tuple:
+    """The op's gradients, None where not needed (the op returned an empty tensor there)."""
+    return tuple(grad if need else None for grad, need in zip(grads, needs, strict=True))
+
+
 def _losses_setup_context(ctx, inputs, output):
     hidden, weight, targets, bias, *options, chunk_rows = inputs
     ctx.save_for_backward(hidden, weight, targets, bias)
@@ -416,20 +413,15 @@ def check_inputs(hidden, weight, targets, bias) -> None:
     check_same_device(**tensors)
 
 
-def check_options(reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl=None):
-    """The loss options as `cross_entropy` checks them, plus softcap, chunk_rows and impl: returns
-    (ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl) as int, float, float, float
-    or None, int or None, and None, a name in IMPLS or a LinearXentFusedConfig."""
+def check_options(reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows):
+    """The loss options as `cross_entropy` checks them, plus softcap and chunk_rows: returns
+    (ignore_index, label_smoothing, z_loss, softcap, chunk_rows) as int, float, float, float or
+    None, int or None."""
     ignore_index, label_smoothing, z_loss = check_xent_options(ignore_index, reduction, label_smoothing, z_loss,
                                                                True, False)  # fmt: skip
     softcap = None if softcap is None else check_number("softcap", softcap, positive=True)
     chunk_rows = None if chunk_rows is None else check_integer("chunk_rows", chunk_rows, minimum=1)
-    fused_config = type(impl) is LinearXentFusedConfig
-    if not (impl is None or fused_config or (isinstance(impl, str) and impl in IMPLS)):
-        raise ValueError(f"impl must be None, 'chunked', 'fused' or a LinearXentFusedConfig, got {impl!r}")
-    if chunk_rows is not None and (impl == "fused" or fused_config):
-        raise ValueError("chunk_rows applies to impl='chunked' only; the fused kernels take no chunks")
-    return ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl
+    return ignore_index, label_smoothing, z_loss, softcap, chunk_rows
 
 
 def linear_cross_entropy(
@@ -444,7 +436,6 @@ def linear_cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_rows: int | None = None,
-    impl: str | LinearXentFusedConfig | None = None,
 ) -> torch.Tensor:
     """Cross-entropy of the logits ``hidden @ weight.T + bias`` against ``targets``, without ever
     holding the (N, V) logits.
@@ -460,20 +451,12 @@ def linear_cross_entropy(
     in fp32).
 
     Args:
-        chunk_rows: tokens per chunk of the chunked implementation (default: about 256-512 MB of
-            logits, a multiple of 128 rows; `linear_cross_entropy_config`). Smaller saves memory,
-            larger runs the weight-gradient matmul more efficiently.
-        impl: "chunked" (this module: cuBLAS matmuls per chunk of tokens and the fused
-            cross-entropy kernel), "fused" (`linear_cross_entropy_fused`: Triton kernels that never
-            write logits, recomputing them in backward; 8 N V d FLOPs; gradients summed by atomic
-            adds, so not bitwise reproducible), a `LinearXentFusedConfig` (the fused kernels with
-            these tiles, in eager mode: for tuning and tests; torch.compile launches the picked
-            ones), or None: picked automatically, for now always "chunked". Where Triton cannot
-            run (a CPU without TRITON_INTERPRET=1, a CPU trace) "fused" computes the same in plain
-            PyTorch, holding the (N, V) logits (a CPU is for tests).
+        chunk_rows: tokens per chunk (default: about 256-512 MB of logits, a multiple of 128 rows;
+            `linear_cross_entropy_config`). Smaller saves memory, larger runs the weight-gradient
+            matmul more efficiently.
     """
-    ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl = check_options(
-        reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows, impl
+    ignore_index, label_smoothing, z_loss, softcap, chunk_rows = check_options(
+        reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows
     )
     check_inputs(hidden, weight, targets, bias)
     device_type = hidden.device.type
@@ -491,19 +474,13 @@ def linear_cross_entropy(
     if not compiling:
         check_target_range(targets, weight.shape[0], ignore_index)
 
-    fused_config = impl if type(impl) is LinearXentFusedConfig else None
-    if impl == "fused" or fused_config is not None:
-        # per-row losses: the reduction below passes each row its upstream gradient
-        if compiling:
-            losses = _fused_losses_op(hidden, weight, targets, bias, *options)[0]
-        else:
-            losses = LinearCrossEntropyKernels.apply(hidden, weight, targets, bias, options, fused_config)
-    elif any(needs) and reduction != "none" and rows > 0:
+    if any(needs) and reduction != "none" and rows > 0:
         row_scale = _mean_row_scale(targets, ignore_index) if reduction == "mean" else None
         if compiling:
             return _gradients_op(hidden, weight, targets, bias, row_scale, *needs, *options, chunk_rows)[0]
         return LinearCrossEntropyFusedFunction.apply(hidden, weight, targets, bias, row_scale, options, chunk_rows)
-    elif compiling:
+
+    if compiling:
         losses = _losses_op(hidden, weight, targets, bias, *options, chunk_rows)
     elif any(needs):
         losses = LinearCrossEntropyFunction.apply(hidden, weight, targets, bias, options, chunk_rows)
