@@ -15,7 +15,7 @@ Modes: `fwd` is the training forward (autograd records the graph, loss included)
 the backward, `train` adds AdamW's step (fused AdamW on CUDA, for every model). Precision `bf16` is
 `torch.autocast(bfloat16)` over the forward with fp32 parameters; `bf16-weights` the same autocast
 with every matmul weight stored in bf16 for the round and its fp32 master in fastlm's AdamW
-(`fastlm.harness.steps.PRECISIONS`); `fp32` runs under a null context. `compile` wraps the model
+(`fastlm.harness.steps.Row`); `fp32` runs under a null context. `compile` wraps the model
 in `torch.compile`; `cudagraphs` in `torch.compile(mode="reduce-overhead")`, which replays
 forward and backward as CUDA graphs, so the steps no longer pay for launching each kernel from
 the CPU (what bounds small batches); the optimizer step stays eager in both. Out-of-memory ends

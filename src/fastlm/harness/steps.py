@@ -25,14 +25,11 @@ class Row:
     """How a model is stepped: one row of `fastlm bench model`."""
 
     mode: str  # fwd | fwd+bwd | train (fastlm.analysis.model.MODES)
-    precision: str  # PRECISIONS
+    # fp32: no autocast. bf16: torch.autocast(bfloat16) over fp32 weights. bf16-weights: the same
+    # autocast, with every matmul weight stored in bf16 and its fp32 master kept by fastlm's AdamW
+    # (docs/optim.md), so no step casts a weight or a weight gradient.
+    precision: str
     compile: str  # fastlm.model.config.COMPILE_MODES
-
-
-# fp32: no autocast. bf16: torch.autocast(bfloat16) over fp32 weights. bf16-weights: the same
-# autocast, with every matmul weight stored in bf16 and its fp32 master kept by fastlm's AdamW
-# (docs/optim.md), so no step casts a weight or a weight gradient.
-PRECISIONS = ("fp32", "bf16", "bf16-weights")
 
 
 def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
