@@ -77,26 +77,21 @@ def test_bf16_weights_rows_store_matmul_weights_in_bf16_for_the_round(monkeypatc
     trains); the next row finds its model in fp32 again."""
     from fastlm.model.transformer import linear_weights
 
-    seen = []
-    real_time_steps = model_bench.time_steps
+    seen = []  # per round: the dtypes of the matmul weights and their gradients while it steps
+    real_make_step = model_bench.make_step
 
-    def recording_time_steps(step, warmup, steps, device):
-        times = real_time_steps(step, warmup, steps, device)
-        model = built.model
-        seen.append({p.dtype for p in linear_weights(model)} | {p.grad.dtype for p in linear_weights(model)
-                                                                if p.grad is not None})  # fmt: skip
-        return times
+    def recording_make_step(loss_fn, model, *args):
+        step = real_make_step(loss_fn, model, *args)
+        seen.append(set())
 
-    real_round = model_bench.BuiltModel.round
+        def recorded_step():
+            step()
+            weights = linear_weights(model)
+            seen[-1].update({p.dtype for p in weights} | {p.grad.dtype for p in weights if p.grad is not None})
 
-    def keeping_round(self, *args, **kwargs):
-        nonlocal built
-        built = self
-        return real_round(self, *args, **kwargs)
+        return recorded_step
 
-    built = None
-    monkeypatch.setattr(model_bench, "time_steps", recording_time_steps)
-    monkeypatch.setattr(model_bench.BuiltModel, "round", keeping_round)
+    monkeypatch.setattr(model_bench, "make_step", recording_make_step)
     rows = [model_bench.Row("train", "bf16-weights", "eager"), model_bench.Row("train", "bf16", "eager")]
     records = measure_config(TINY, rows, warmup=0, steps=2)
     assert [r["status"] for r in records] == ["ok", "ok"]

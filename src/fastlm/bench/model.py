@@ -42,7 +42,7 @@ from fastlm.bench.model_report import CPU_NOTE, render
 from fastlm.devices import current_device_name, spec_for_device_name
 from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run
 from fastlm.harness.records import read_records, with_environment
-from fastlm.harness.steps import LossFn, Row, make_optimizer, make_step, time_steps, weights_stored_for
+from fastlm.harness.steps import LossFn, Row, autocasts, make_optimizer, make_step, time_steps, weights_stored_for
 from fastlm.harness.timing import is_out_of_memory
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import COMPILE_MODES, TORCH_COMPILE_MODE
@@ -212,11 +212,10 @@ def row_memory_estimate(config: ModelConfig, row: Row, batch: int) -> int:
     against 42 GB estimated here: the estimate errs on the safe side."""
     parameters = config.num_parameters()
     gradients, adamw, casts = row.mode != "fwd", row.mode == "train", row.precision == "bf16"
-    # bf16-weights: fp32 masters (4) in training; its smaller weights and gradients are left out
-    weights = 4 * gradients + 8 * adamw + 2 * casts
-    weights += 4 * adamw if row.precision == "bf16-weights" else 0
+    masters = adamw and row.precision == "bf16-weights"  # its smaller weights and gradients are left out
+    weights = 4 * gradients + 8 * adamw + 2 * casts + 4 * masters
     tokens = batch * config.context_length
-    activations = 34 * tokens * config.d_model * config.num_layers * (1 if row.precision == "bf16" else 2)
+    activations = 34 * tokens * config.d_model * config.num_layers * (1 if autocasts(row.precision) else 2)
     return weights * parameters + activations + 8 * tokens * config.vocab_size
 
 

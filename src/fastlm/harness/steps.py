@@ -32,8 +32,13 @@ class Row:
     compile: str  # fastlm.model.config.COMPILE_MODES
 
 
+def autocasts(precision: str) -> bool:
+    """Whether steps of ``precision`` run under bf16 autocast (activations in 16 bits)."""
+    return precision in ("bf16", "bf16-weights")
+
+
 def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if precision in ("bf16", "bf16-weights"):
+    if autocasts(precision):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
