@@ -10,7 +10,8 @@
 #   PART=switch   SWITCH=norm|attention|loss: the compiled training step of PRESETS (default xl)
 #                 with PyTorch kernels, then with only that switch on fastlm (which kernel costs what)
 #   PART=e2e      the end-to-end matrix in one run: PRESETS (default xl) at BATCH (default 4) x
-#                 context 512, train, bf16, torch and fastlm kernels x COMPILE (default eager,compile,
+#                 context 512, train, PRECISION (default bf16-weights), torch and fastlm kernels x
+#                 COMPILE (default eager,compile,
 #                 cudagraphs), plus HF Llama (HF=0 leaves it out), ROUNDS rounds (default 3),
 #                 interleaved when every model fits in memory at once (the records say which)
 #   PART=e2e-warm the same matrix, 1 round of 1 step, records thrown away: fills the Inductor and Triton
@@ -82,7 +83,8 @@ profile-step)
 e2e|e2e-warm)
   export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-cache"  # shared by the warm-up and the measured run
   hf=$([ "${HF:-1}" = 1 ] && echo --hf)
-  matrix=(--preset "${PRESETS:-xl}" --batch "${BATCH:-4}" --context 512 --mode train --precision bf16
+  matrix=(--preset "${PRESETS:-xl}" --batch "${BATCH:-4}" --context 512 --mode train
+          --precision "${PRECISION:-bf16-weights}"
           --kernels torch,fastlm --compile "${COMPILE:-eager,compile,cudagraphs}" $hf)
   if [ "$PART" = e2e-warm ]; then
     timeout "${LAST_S:-540}" fastlm bench model "${matrix[@]}" --rounds 1 --warmup 0 --steps 1 --no-interleave \
