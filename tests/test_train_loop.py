@@ -10,6 +10,8 @@ import torch
 
 from fastlm import checkpoint, train
 from fastlm.data.tokens import EpochOrder, Windows
+from fastlm.model import ModelConfig, TransformerLM
+from fastlm.model.transformer import linear_weights
 from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.train_log import read_log
 
@@ -77,6 +79,39 @@ def test_gradient_clipping(corpus_data, tmp_path, clip):
 def _untimed(records: list[dict]) -> list[dict]:
     """Every logged number but the timings, which differ from run to run."""
     return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in records]
+
+
+def test_bf16_weights_train_as_bf16_autocast_does(corpus_data, tmp_path):
+    # the forward sees the same bf16 weights either way: the same first losses; then fastlm's AdamW
+    # updates fp32 masters with the bf16 gradients autocast would have cast to fp32
+    argv = ["--micro-batch", "2", "--steps", "4", "--lr", "3e-3", "--warmup", "0"]
+    autocast = _run(corpus_data, tmp_path / "autocast", *argv, "--precision", "bf16")
+    stored = _run(corpus_data, tmp_path / "stored", *argv, "--precision", "bf16-weights")
+    assert stored[0]["eval_loss"] == autocast[0]["eval_loss"] and stored[1]["loss"] == autocast[1]["loss"]
+    torch.testing.assert_close([r["loss"] for r in stored[1:]], [r["loss"] for r in autocast[1:]], rtol=2e-3, atol=0)
+    state = checkpoint.load(tmp_path / "stored" / "checkpoints").state
+    weights, optimizer = state["model"], state["optimizer"]
+    model = TransformerLM(ModelConfig.preset("tiny"))
+    low = {id(p) for p in linear_weights(model)}
+    linear = [name for name, p in model.named_parameters() if id(p) in low]  # in the optimizer's order
+    assert all(weights[name].dtype == torch.bfloat16 for name in linear)
+    assert all(value.dtype == torch.float32 for name, value in weights.items() if name not in linear)
+    masters = [optimizer["state"][i]["master"] for i in optimizer["param_groups"][0]["params"]]
+    reference = _weights(tmp_path / "autocast")
+    for name, master in zip(linear, masters, strict=True):
+        assert torch.equal(weights[name], master.to(torch.bfloat16)), name
+        # each of the 4 updates moves a weight by up to lr = 3e-3; a weight whose bf16 rounding flips sees
+        # other gradients from then on
+        difference = (master - reference[name]).abs()
+        assert difference.max() < 1e-3 and difference.mean() < 2e-5, name
+
+
+def test_precision_cannot_change_to_or_from_bf16_weights_on_resume(corpus_data, tmp_path, capsys):
+    argv = ["--micro-batch", "2", "--steps", "1"]
+    _run(corpus_data, tmp_path, *argv, "--precision", "bf16")
+    assert train.main(["--data", str(corpus_data), *SMALL, "--out", str(tmp_path), *argv, "--steps", "2", "--resume",
+                       "--override", "steps", "--override", "precision", "--precision", "bf16-weights"]) == 1
+    assert "cannot change to or from bf16-weights" in capsys.readouterr().err
 
 
 class _Interrupted(Exception):

@@ -15,6 +15,9 @@ global gradient norm is clipped to --grad-clip and AdamW (betas 0.9, 0.95; weigh
 matrices and embeddings only) steps with the learning rate of `fastlm.optim.schedule` (linear
 warmup, cosine decay to --min-lr-ratio x --lr over --steps). The model's vocabulary is the data's
 rounded up to a multiple of 64 (tensor-core-friendly shapes; the extra ids never occur).
+`--precision bf16` runs the forward under bf16 autocast over fp32 weights; `bf16-weights` stores
+the matmul weights in bf16 with their fp32 masters in `fastlm.optim.AdamW` (no step casts a weight
+or its gradient; the forward sees the same bf16 values either way).
 
 `--parallel`: none (one process), naive / flat (`allreduce_gradients` after backward, per parameter
 / flattened), ddp / bucketed (fastlm's overlapping wrappers), torch-ddp (PyTorch's
@@ -64,7 +67,10 @@ from fastlm.devices import current_device_name
 from fastlm.distributed import ShardedOptimizer
 from fastlm.distributed.launch import exit_process
 from fastlm.distributed.wrappers import BUCKETED_MODES, ParallelSpec, Wrapped, wrap
+from fastlm.harness.steps import autocasts
 from fastlm.model import ModelConfig, TransformerLM
+from fastlm.model.transformer import linear_weights
+from fastlm.optim import AdamW
 from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.train_checkpoint import checkpoint_dir, load_for_resume, restore, save_checkpoint
 from fastlm.train_log import Throughput, TrainLog, loss_plot, read_log
@@ -124,6 +130,9 @@ def check_arguments(args: argparse.Namespace, world: int) -> None:
         raise UsageError("--compile cudagraphs needs --parallel none and no gradient accumulation (--batch-tokens "
                          "= --context x --micro-batch): a graph's gradients are overwritten by its next "
                          "replay")  # fmt: skip
+    if args.precision == "bf16-weights" and (args.parallel == "fsdp" or args.shard_optimizer):
+        raise UsageError("--precision bf16-weights does not combine with --parallel fsdp or --shard-optimizer (they "
+                         "shard the optimizer state, which would have to hold the fp32 masters)")  # fmt: skip
     if args.parallel == "fsdp" and args.shard_optimizer:
         raise UsageError("--shard-optimizer does not combine with --parallel fsdp (FSDP already shards the "
                          "optimizer state)")  # fmt: skip
@@ -231,8 +240,18 @@ def _compile(model: TransformerLM, args) -> None:
 
 
 def _optimizer(model: torch.nn.Module, args, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices and embeddings (2-d), none on norm weights (fused on CUDA)."""
+    """AdamW; weight decay on matrices and embeddings (2-d), none on norm weights. PyTorch's (fused
+    on CUDA); for bf16-weights fastlm's, whose first group stores the matmul weights in bf16 from
+    here on, with their fp32 masters in its state."""
     params = list(model.parameters())
+    if args.precision == "bf16-weights":
+        low = linear_weights(model)
+        low_ids = {id(p) for p in low}
+        groups = [{"params": low, "weight_decay": args.weight_decay, "param_dtype": torch.bfloat16},
+                  {"params": [p for p in params if p.dim() >= 2 and id(p) not in low_ids],
+                   "weight_decay": args.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+        return AdamW([g for g in groups if g["params"]], lr=args.lr, betas=BETAS)
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
     options = {"lr": args.lr, "betas": BETAS, "fused": device.type == "cuda"}
@@ -343,13 +362,18 @@ def _train_loop(args, config: dict, pending: list, rank: int, world: int, device
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model_cfg = model_config(args, config["vocab_size"])
     model = TransformerLM(model_cfg).to(device)
+    # bf16-weights: the optimizer stores the matmul weights in bf16, before a wrapper sizes its
+    # gradient buckets by the parameters' dtypes; the other precisions build it after wrapping (FSDP
+    # replaces the parameters)
+    optimizer = _optimizer(model, args, device) if args.precision == "bf16-weights" else None
     if args.parallel == "fsdp":
         _compile(model, args)
     wrapped = _wrap(model, args, device)
     model = wrapped.module
     if args.parallel != "fsdp":
         _compile(model, args)
-    optimizer = _optimizer(model, args, device)
+    if optimizer is None:
+        optimizer = _optimizer(model, args, device)
     step, position = 0, 0
     if resumed is not None:
         restore(resumed.state, model, optimizer, args)
@@ -360,7 +384,7 @@ def _train_loop(args, config: dict, pending: list, rank: int, world: int, device
     tokens_per_step = batch_tokens(args, world)
     batches = micro_batches(train_windows, EpochOrder(train_windows.count, args.seed), position, args.micro_batch,
                             accumulate, rank, world, device)  # fmt: skip
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocasts(args.precision))
     meter = Throughput(model_cfg, args, world, device)
     log = TrainLog(args.out / "log.jsonl", args.steps, step, enabled=rank == 0)
     if rank == 0:

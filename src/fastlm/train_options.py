@@ -13,6 +13,7 @@ from fastlm.model.config import COMPILE_MODES, KERNEL_SETS, PRESETS
 # configuration fields a resumed run may change on purpose; the others define the model and its data
 OVERRIDABLE = ("lr", "min_lr_ratio", "warmup", "steps", "weight_decay", "grad_clip", "batch_tokens", "micro_batch",
                "precision", "kernels", "compile", "seed", "parallel", "world_size", "data")  # fmt: skip
+PRECISIONS = ("fp32", "bf16", "bf16-weights")
 MAX_SEED = 2**32 - 1  # numpy's PCG64 takes any size, torch.manual_seed 64 bits: one range for both
 
 
@@ -59,9 +60,11 @@ def add_loop_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", choices=COMPILE_MODES, default=None,
                    help="eager, compile (torch.compile) or cudagraphs (mode reduce-overhead) (default: compile on "
                    "a GPU, eager without one)")  # fmt: skip
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
-                   help="bf16 runs the forward under torch.autocast; weights and optimizer stay fp32 (default: bf16 "
-                   "on a GPU, fp32 without one)")  # fmt: skip
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="bf16 runs the forward under torch.autocast, weights and optimizer state in fp32; "
+                   "bf16-weights the same autocast with the matmul weights stored in bf16 and their fp32 masters "
+                   "in fastlm's AdamW (not with --parallel fsdp or --shard-optimizer) (default: bf16 on a GPU, "
+                   "fp32 without one)")  # fmt: skip
     p.add_argument("--parallel", choices=MODES, default="none",
                    help="how gradients are synchronized across processes; anything but none needs torchrun "
                    "(default: %(default)s)")  # fmt: skip

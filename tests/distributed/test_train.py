@@ -67,6 +67,19 @@ def test_parallel_training_matches_one_process(mode, common, single_process, tmp
     torch.testing.assert_close(_losses(tmp_path), losses, rtol=1e-5, atol=0)
 
 
+@pytest.mark.parametrize("mode", [["ddp"], ["bucketed", "--bucket-mb", "0.01"], ["torch-ddp"]], ids=" ".join)
+def test_bf16_weights_train_in_parallel_like_one_process(mode, common, tmp_path):
+    # two ranks add their bf16 gradient halves as one process adds its two micro-batches': the same
+    # sums, so the same weights and losses
+    argv = [*common, "--steps", "3", "--precision", "bf16-weights"]
+    assert train.main([*argv, "--out", str(tmp_path / "single")]) == 0
+    _torchrun_like([*argv, "--parallel", *mode, "--out", str(tmp_path / "parallel")])
+    weights = _weights(tmp_path / "single")
+    for name, value in _weights(tmp_path / "parallel").items():
+        assert value.dtype == weights[name].dtype and torch.equal(value, weights[name]), name
+    assert _losses(tmp_path / "parallel") == _losses(tmp_path / "single")
+
+
 @pytest.mark.parametrize("mode", [["ddp"], ["ddp", "--shard-optimizer"], ["fsdp"]], ids=" ".join)
 def test_resume_continues_exactly(mode, common, single_process, tmp_path):
     argv = [*common, "--parallel", *mode, "--out", str(tmp_path)]
@@ -105,6 +118,8 @@ BAD_ARGUMENTS = [
     (["--resume", "--overwrite"], "exclude each other"),
     (["--keep-checkpoints", "0"], "--keep-checkpoints must be at least 1"),
     (["--parallel", "fsdp", "--shard-optimizer"], "does not combine"),
+    (["--precision", "bf16-weights", "--parallel", "fsdp"], "--precision bf16-weights does not combine"),
+    (["--precision", "bf16-weights", "--shard-optimizer"], "--precision bf16-weights does not combine"),
     (["--parallel", "ddp"], "--parallel ddp needs torchrun"),
 ]  # fmt: skip
 
