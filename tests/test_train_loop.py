@@ -109,8 +109,9 @@ def test_bf16_weights_train_as_bf16_autocast_does(corpus_data, tmp_path):
 def test_precision_cannot_change_to_or_from_bf16_weights_on_resume(corpus_data, tmp_path, capsys):
     argv = ["--micro-batch", "2", "--steps", "1"]
     _run(corpus_data, tmp_path, *argv, "--precision", "bf16")
-    assert train.main(["--data", str(corpus_data), *SMALL, "--out", str(tmp_path), *argv, "--steps", "2", "--resume",
-                       "--override", "steps", "--override", "precision", "--precision", "bf16-weights"]) == 1
+    resume = ["--steps", "2", "--resume", "--override", "steps", "--override", "precision"]
+    assert train.main(["--data", str(corpus_data), *SMALL, "--out", str(tmp_path), *argv, *resume,
+                       "--precision", "bf16-weights"]) == 1  # fmt: skip
     assert "cannot change to or from bf16-weights" in capsys.readouterr().err
 
 
