@@ -9,6 +9,8 @@
 #   PART=loss    LOSS_STEPS steps (default 200) at one global batch: one process (2 accumulated
 #                micro-batches), PROCS processes under ddp, and one process with the fastlm kernels;
 #                the curves' relative differences against the first
+#   PART=precision  LOSS_STEPS steps in one process, --precision bf16 and bf16-weights x --kernels torch
+#                and fastlm: throughput and the curves' relative differences against bf16 / torch
 # Sizes: PRESET (default small), CONTEXT (default 2048), MICRO (sequences per process per
 # micro-batch, default 8), SPEED_STEPS (default 150). On a GPU the loop's defaults are bf16 and
 # compile. CPU-sized: PRESET=tiny CONTEXT=128 MICRO=8 SPEED_STEPS=60 LOSS_STEPS=100 ROUNDS=1.
@@ -25,7 +27,7 @@ summary() {  # a table of the runs given, their curves' plot, their records appe
   python3 benchmarks/train_records.py "$@" --plot "$OUT/train_$PART.png" --results "$OUT/train.jsonl" \
     | tee -a "$OUT/train_$PART.md"
 }
-case ${PART:?set PART to data, speed or loss} in
+case ${PART:?set PART to data, speed, loss or precision} in
 data)
   python3 - "$WORK/corpus" <<'PY'
 import pathlib, sys, sysconfig
@@ -71,5 +73,17 @@ loss)
     --out "$WORK/loss-$PROCS-ddp" 2>&1 | grep -v "^W.*torch/distributed/run.py" | tail -2
   python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --kernels fastlm --out "$WORK/loss-1-fastlm" | tail -2
   summary "$WORK/loss-1" "$WORK/loss-$PROCS-ddp" "$WORK/loss-1-fastlm"
+  ;;
+precision)
+  STEPS=(--steps "${LOSS_STEPS:-200}" --warmup 20 --log-every 10)
+  runs=()
+  for kernels in torch fastlm; do
+    for precision in bf16 bf16-weights; do
+      python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --kernels "$kernels" --precision "$precision" \
+        --out "$WORK/precision-$kernels-$precision" | tail -2
+      runs+=("$WORK/precision-$kernels-$precision")
+    done
+  done
+  summary "${runs[@]}"
   ;;
 esac
