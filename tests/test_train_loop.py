@@ -1,4 +1,4 @@
-"""The training loop of `fastlm train` in one process (CPU, tiny preset, tests/data/corpus.txt):
+"""The training loop of `fastlm train` in one process (tiny preset, tests/data/corpus.txt; on the GPU
 it learns and writes its log and plot; gradient accumulation, the learning-rate schedule and
 clipping do what they say; an interrupted run resumes on the same tokens, bit for bit."""
 
@@ -32,12 +32,15 @@ def test_training_learns_and_writes_its_log(corpus_data, tmp_path, capsys):
     assert records[-1]["loss"] < 0.6 * records[1]["loss"]
     for record in records[1:]:
         assert record["tokens"] == record["step"] * 8 * 32 and record["tokens_per_s"] > 0 and record["grad_norm"] > 0
-        assert record["mfu"] is None and record["peak_memory_gib"] is None  # no GPU
+        if torch.cuda.is_available():
+            assert record["mfu"] > 0 and record["peak_memory_gib"] > 0
+        else:
+            assert record["mfu"] is None and record["peak_memory_gib"] is None
     out = capsys.readouterr().out
     assert "step 20/40 | loss " in out and " | eval loss " in out and "checkpoint step 40: " in out
     assert (tmp_path / "loss.png").stat().st_size > 0
     run = json.loads((tmp_path / "run.json").read_text())
-    assert run["config"]["vocab_size"] == 320 and run["gpu"] == "cpu"
+    assert run["config"]["vocab_size"] == 320 and (run["gpu"] == "cpu") != torch.cuda.is_available()
 
 
 def _weights(out) -> dict:
@@ -48,7 +51,8 @@ def test_accumulation_matches_one_large_batch(corpus_data, tmp_path):
     # 4 windows a step: one micro-batch of 4, or 2 of 2 whose gradients add up
     whole = _run(corpus_data, tmp_path / "whole", "--micro-batch", "4", "--steps", "3")
     halves = _run(corpus_data, tmp_path / "halves", "--micro-batch", "2", "--batch-tokens", "64", "--steps", "3")
-    torch.testing.assert_close([r["loss"] for r in halves[1:]], [r["loss"] for r in whole[1:]], rtol=1e-6, atol=0)
+    # the sums run in another order (GPU reductions: last bits)
+    torch.testing.assert_close([r["loss"] for r in halves[1:]], [r["loss"] for r in whole[1:]], rtol=1e-5, atol=0)
     reference = _weights(tmp_path / "whole")
     for name, value in _weights(tmp_path / "halves").items():
         torch.testing.assert_close(value, reference[name], rtol=1e-4, atol=1e-5, msg=name)
@@ -78,7 +82,7 @@ def test_gradient_clipping(corpus_data, tmp_path, clip):
 
 def _untimed(records: list[dict]) -> list[dict]:
     """Every logged number but the timings, which differ from run to run."""
-    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "elapsed_s")} for r in records]
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "mfu", "elapsed_s")} for r in records]
 
 
 def test_bf16_weights_train_as_bf16_autocast_does(corpus_data, tmp_path):
