@@ -15,6 +15,7 @@ _EXPORTS = {
     "linear_cross_entropy": "fastlm.ops.linear_cross_entropy",
     "masked_softmax": "fastlm.ops.masked_softmax",
     "rms_norm": "fastlm.ops.layer_norm",
+    "rotary_embedding": "fastlm.ops.rotary",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

@@ -87,14 +87,15 @@ def test_changing_a_future_token_leaves_earlier_logits_unchanged(attention):
     assert not torch.allclose(before[:, 12:], after[:, 12:])
 
 
-def test_rope_preserves_norms_and_depends_only_on_relative_position():
-    rope = RotaryEmbedding(head_dim=16, context_length=64, theta=10000.0)
+@pytest.mark.parametrize("kernel", ["torch", "fastlm"])
+def test_rope_preserves_norms_and_depends_only_on_relative_position(kernel):
+    rope = RotaryEmbedding(head_dim=16, context_length=64, theta=10000.0, kernel=kernel)
     q, k = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
 
     def at(vector, position):  # rotate `vector` as if it sat at `position`
         x = torch.zeros(1, 1, 64, 16)
         x[0, 0, position] = vector.float()
-        return rope(x)[0, 0, position].double()
+        return rope(x, x)[0][0, 0, position].double()
 
     torch.testing.assert_close(at(q, 0), q, rtol=1e-6, atol=1e-6)  # position 0: identity
     torch.testing.assert_close(at(q, 37).norm(), q.norm(), rtol=1e-6, atol=0)
@@ -102,9 +103,18 @@ def test_rope_preserves_norms_and_depends_only_on_relative_position():
     torch.testing.assert_close(torch.stack(dots), dots[0].expand(3), rtol=1e-5, atol=1e-5)
 
 
-def test_rope_keeps_dtype():
-    rope = RotaryEmbedding(head_dim=8, context_length=16, theta=10000.0)
-    assert rope(torch.randn(1, 2, 16, 8, dtype=torch.bfloat16)).dtype == torch.bfloat16
+@pytest.mark.parametrize("kernel", ["torch", "fastlm"])
+def test_rope_keeps_dtype(kernel):
+    rope = RotaryEmbedding(head_dim=8, context_length=16, theta=10000.0, kernel=kernel)
+    x = torch.randn(1, 2, 16, 8, dtype=torch.bfloat16)
+    assert [t.dtype for t in rope(x, x)] == [torch.bfloat16] * 2
+
+
+@pytest.mark.parametrize("rope", ["fastlm", "auto"])
+def test_rope_switch_gives_the_same_loss_and_gradients(rope):
+    reference = TransformerLM(TINY)
+    model = TransformerLM(dataclasses.replace(TINY.with_kernels("fastlm"), rope=rope))
+    assert_same_loss_and_gradients(model, reference, tokens(), tokens(), (1e-5, 1e-5), (1e-4, 1e-5))
 
 
 @pytest.mark.parametrize(("attention", "norm", "loss", "softmax"), KERNEL_COMBINATIONS)
@@ -145,6 +155,22 @@ def test_auto_norms_run_the_kernel_in_eager_mode_and_torch_ops_when_compiled(mon
     calls.clear()
     torch._dynamo.reset()
     torch.compile(model, backend="eager", fullgraph=True)(x)  # traced, not generated: fast
+    assert calls == []
+
+
+def test_auto_rope_runs_the_kernel_in_eager_mode_and_torch_ops_when_compiled(monkeypatch):
+    from fastlm.model import transformer
+
+    calls = []
+    real = transformer.rotary_embedding
+    monkeypatch.setattr(transformer, "rotary_embedding", lambda *args: calls.append(1) or real(*args))
+    model = TransformerLM(dataclasses.replace(TINY, rope="auto"))
+    x = tokens()
+    model(x)
+    assert len(calls) == TINY.num_layers  # q and k of each block in one call
+    calls.clear()
+    torch._dynamo.reset()
+    torch.compile(model, backend="eager", fullgraph=True)(x)
     assert calls == []
 
 

@@ -13,6 +13,7 @@ import fastlm
 from fastlm.nn import CrossEntropyLoss, LayerNorm, LinearCrossEntropyLoss, RMSNorm
 from fastlm.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from fastlm.ops.flash_attention import FlashAttentionTorch, FlashAttentionTriton
+from fastlm.ops.rotary import rotary_embedding
 from fastlm.ops.weighted_sum import weighted_sum
 
 
@@ -47,6 +48,7 @@ def _linear_xent(**change):
 
 X, W = torch.randn(3, 8), torch.randn(8)
 U, KERNEL = torch.randn(2, 5, 8), torch.randn(8, 4)
+Q, COS = torch.randn(1, 2, 3, 4), torch.randn(3, 2)  # rotary: (B, H, N, D) and a (N, D/2) table
 
 # (id, call, error, message pattern: names the argument)
 CASES = [
@@ -252,6 +254,13 @@ CASES = [
     ("conv weight on meta", lambda: fastlm.causal_conv1d(U, KERNEL.to("meta")), ValueError, "weight on meta"),
     ("conv 65536 sequences", lambda: fastlm.causal_conv1d(torch.randn(65536, 1, 1), torch.randn(1, 2)), ValueError,
      "u may hold at most 65535 sequences"),
+    # rotary_embedding
+    ("rotary q list", lambda: rotary_embedding([1.0], Q, COS, COS), TypeError, "q must be a torch.Tensor"),
+    ("rotary odd head dim", lambda: rotary_embedding(Q[..., :3], Q[..., :3], COS, COS), ValueError,
+     "head dim must be even"),
+    ("rotary tables short", lambda: rotary_embedding(Q, Q, COS[:1], COS[:1]), ValueError, "cos and sin must be"),
+    ("rotary sin fp16", lambda: rotary_embedding(Q, Q, COS, COS.half()), TypeError, "sin must be an fp32 table"),
+    ("rotary k on meta", lambda: rotary_embedding(Q, Q.to("meta"), COS, COS), ValueError, "k on meta"),
     # weighted_sum
     ("weighted_sum x list", lambda: weighted_sum([1.0], W), TypeError, "x must be a torch.Tensor"),
     ("weighted_sum w None", lambda: weighted_sum(X, None), TypeError, "w must be a torch.Tensor"),
@@ -329,11 +338,12 @@ def test_the_table_reaches_every_public_op_and_module():
     """Each name fastlm exports, the user-loop functions, and each module: at least one row."""
     ids = " ".join(case[0] for case in CASES)
     for prefix in ("xent", "xent forward", "xent backward", "linear_xent", "attention", "attention twin",
-                   "attention kernels", "layer_norm", "rms_norm", "softmax", "conv", "weighted_sum",
+                   "attention kernels", "layer_norm", "rms_norm", "softmax", "conv", "rotary", "weighted_sum",
                    "CrossEntropyLoss", "LayerNorm", "RMSNorm", "LinearCrossEntropyLoss"):  # fmt: skip
         assert f"{prefix} " in ids, prefix
     assert set(fastlm.__all__) == {"causal_conv1d", "cross_entropy", "flash_attention", "layer_norm",
-                                   "linear_cross_entropy", "masked_softmax", "rms_norm"}  # fmt: skip
+                                   "linear_cross_entropy", "masked_softmax", "rms_norm",
+                                   "rotary_embedding"}  # fmt: skip
 
 
 def test_correct_values_of_other_types_pass():

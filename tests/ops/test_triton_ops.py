@@ -20,6 +20,8 @@ TRITON_OPS = {
     "fastlm::cross_entropy_scale_rows_": ["_scale_rows_kernel"],
     "fastlm::linear_cross_entropy_losses": ["_cross_entropy_forward_kernel"],
     "fastlm::linear_cross_entropy_gradients": ["_cross_entropy_fused_kernel"],
+    "fastlm::rotary_forward": ["_rotary_kernel"],
+    "fastlm::rotary_backward": ["_rotary_kernel"],
     "fastlm::weighted_sum_forward": ["_weighted_sum_forward_kernel"],
     "fastlm::weighted_sum_backward": ["_weighted_sum_backward_kernel"],
 }  # fmt: skip

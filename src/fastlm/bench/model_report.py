@@ -18,7 +18,7 @@ CPU_NOTE = (
 COLUMNS = [
     ("implementation", "model"),
     ("preset", "preset"),
-    ("kernels", "attention / norm / loss"),
+    ("kernels", "attention / norm / rope / loss"),
     ("mode", "mode"),
     ("precision", "precision"),
     ("compile", "compile"),
@@ -63,7 +63,7 @@ def round_medians(record: dict) -> list[float]:
 
 def _display(record: dict) -> dict:
     row = dict(record)
-    row["kernels"] = f"{record['attention']} / {record['norm']} / {record['loss']}"
+    row["kernels"] = f"{record['attention']} / {record['norm']} / {record.get('rope', 'torch')} / {record['loss']}"
     if record.get("implementation") == "hf-llama":
         row["kernels"] = "transformers (sdpa)"
     if record.get("status") != "ok":
@@ -96,7 +96,7 @@ def speed_ratio(record: dict, baseline: dict) -> tuple[float, float, float]:
 
 def _is_torch_kernels(record: dict) -> bool:
     return (record["implementation"] == "fastlm" and record["attention"] == "sdpa" and record["norm"] == "torch"
-            and record["loss"] == "torch")  # fmt: skip
+            and record.get("rope", "torch") == "torch" and record["loss"] == "torch")  # fmt: skip
 
 
 def ratio_rows(records: list[dict]) -> list[dict]:

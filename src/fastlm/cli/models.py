@@ -13,6 +13,7 @@ from fastlm.model.config import (
     LOSS_KERNELS,
     NORM_KERNELS,
     PRESETS,
+    ROPE_KERNELS,
     SOFTMAX_KERNELS,
     ModelConfig,
 )
@@ -39,6 +40,7 @@ def add_model_arguments(p: argparse.ArgumentParser, gpu_preset: str = "small") -
     p.add_argument("--attention", choices=ATTENTION_KERNELS, default=None,
                    help=f"override the attention kernel {kernel_default}")  # fmt: skip
     p.add_argument("--norm", choices=NORM_KERNELS, default=None, help=f"override the norm kernel {kernel_default}")
+    p.add_argument("--rope", choices=ROPE_KERNELS, default=None, help=f"override the RoPE kernel {kernel_default}")
     p.add_argument("--softmax", choices=SOFTMAX_KERNELS, default=None,
                    help=f"override the softmax kernel of --attention naive {kernel_default}")  # fmt: skip
     p.add_argument("--loss", choices=LOSS_KERNELS, default=None, help=f"override the loss kernel {kernel_default}")
@@ -70,7 +72,9 @@ def model_configs(args: argparse.Namespace) -> list[tuple[str, ModelConfig]]:
     else:
         presets = args.preset or ((args.gpu_preset,) if current_device().type == "cuda" else ("tiny",))
         bases = [(name, lambda name=name: ModelConfig.preset(name, **common)) for name in presets]
-    overrides = {k: getattr(args, k) for k in ("attention", "norm", "loss", "softmax") if getattr(args, k) is not None}
+    overrides = {
+        k: getattr(args, k) for k in ("attention", "norm", "rope", "loss", "softmax") if getattr(args, k) is not None
+    }
     configs = []
     for name, make in bases:
         for kernels in args.kernels:

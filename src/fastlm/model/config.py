@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 ATTENTION_KERNELS = ("naive", "sdpa", "fastlm")  # materialized softmax | torch SDPA | fastlm.flash_attention
 NORM_KERNELS = ("torch", "fastlm", "auto")  # auto: fastlm eager, PyTorch ops (fused by Inductor) compiled
+ROPE_KERNELS = ("torch", "fastlm", "auto")  # PyTorch ops | fastlm.rotary_embedding | that in eager, ops compiled
 SOFTMAX_KERNELS = ("torch", "fastlm")  # the naive path's mask + softmax: two PyTorch ops | fastlm.masked_softmax
 LOSS_KERNELS = ("torch", "fastlm")  # LM head + F.cross_entropy | fastlm.linear_cross_entropy
 KERNEL_SETS = ("torch", "fastlm")  # what ModelConfig.with_kernels takes: every switch at once
@@ -47,6 +48,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     attention: str = "sdpa"
     norm: str = "torch"
+    rope: str = "torch"
     loss: str = "torch"
     softmax: str = "torch"  # used by attention="naive" only
 
@@ -59,8 +61,8 @@ class ModelConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim = d_model / num_heads must be even for RoPE, got {self.head_dim}")
-        switches = (("attention", ATTENTION_KERNELS), ("norm", NORM_KERNELS), ("loss", LOSS_KERNELS),
-                    ("softmax", SOFTMAX_KERNELS))  # fmt: skip
+        switches = (("attention", ATTENTION_KERNELS), ("norm", NORM_KERNELS), ("rope", ROPE_KERNELS),
+                    ("loss", LOSS_KERNELS), ("softmax", SOFTMAX_KERNELS))  # fmt: skip
         for name, choices in switches:
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
@@ -76,13 +78,15 @@ class ModelConfig:
         return cls(**{**dimensions, **overrides})
 
     def with_kernels(self, kernels: str) -> ModelConfig:
-        """Every switch at once: 'torch' (PyTorch SDPA, norm, softmax, loss) or 'fastlm' (fused kernels;
-        the norms "auto": under torch.compile Inductor fuses PyTorch's norm into its neighbours, which
-        costs less than any separate norm kernel)."""
+        """Every switch at once: 'torch' (PyTorch SDPA, norm, RoPE, softmax, loss) or 'fastlm' (fused
+        kernels; the norms and RoPE "auto": under torch.compile Inductor fuses PyTorch's ops into their
+        neighbours, which costs less than any separate kernel)."""
         if kernels == "torch":
-            return dataclasses.replace(self, attention="sdpa", norm="torch", loss="torch", softmax="torch")
+            return dataclasses.replace(self, attention="sdpa", norm="torch", rope="torch", loss="torch",
+                                       softmax="torch")  # fmt: skip
         if kernels == "fastlm":
-            return dataclasses.replace(self, attention="fastlm", norm="auto", loss="fastlm", softmax="fastlm")
+            return dataclasses.replace(self, attention="fastlm", norm="auto", rope="auto", loss="fastlm",
+                                       softmax="fastlm")  # fmt: skip
         raise ValueError(f"kernels must be 'torch' or 'fastlm', got {kernels!r}")
 
     @property

@@ -6,11 +6,13 @@
 
 Attention is causal multi-head self-attention with separate q/k/v/output projections and RoPE on
 q and k; the feed-forward is SwiGLU, w2(silu(w1 x) * w3 x); no biases anywhere; the LM head is not
-tied to the embedding. Three switches in `ModelConfig` pick the kernels:
+tied to the embedding. Switches in `ModelConfig` pick the kernels:
 
     attention  naive  | sdpa  | fastlm   (materialized softmax | torch SDPA | fastlm.flash_attention)
     norm       torch  | fastlm | auto    (fp32 PyTorch ops | fastlm.rms_norm | fastlm.rms_norm in eager
                                           mode, PyTorch ops under torch.compile)
+    rope       torch  | fastlm | auto    (PyTorch ops | fastlm.rotary_embedding | that in eager mode,
+                                          PyTorch ops under torch.compile)
     loss       torch  | fastlm           (LM head + F.cross_entropy | fastlm.linear_cross_entropy,
                                           which never materializes the (B*N, V) logits)
     softmax    torch  | fastlm           (naive attention's mask + softmax | fastlm.masked_softmax)
@@ -33,6 +35,7 @@ from fastlm.ops.flash_attention import flash_attention
 from fastlm.ops.layer_norm import rms_norm
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy
 from fastlm.ops.masked_softmax import masked_softmax
+from fastlm.ops.rotary import rotary_embedding
 
 
 def trunc_normal_(weight: torch.Tensor, std: float) -> torch.Tensor:
@@ -107,18 +110,27 @@ class RotaryEmbedding(nn.Module):
 
     This is the "rotate half" pairing (GPT-NeoX, Llama in Hugging Face); it equals the interleaved
     pairing of the paper up to a fixed permutation of the q/k projection rows. cos/sin tables
-    (context, Dh/2) are fp32 buffers, not parameters.
+    (context, Dh/2) are fp32 buffers, not parameters. ``kernel`` as RMSNorm's: "auto" runs
+    `fastlm.rotary_embedding` (q and k in one launch each way) in eager mode, where PyTorch's
+    version is about ten ops per tensor each way, and PyTorch ops while torch.compile traces, which
+    Inductor fuses into its neighbouring kernels.
     """
 
-    def __init__(self, head_dim: int, context_length: int, theta: float) -> None:
+    def __init__(self, head_dim: int, context_length: int, theta: float, kernel: str = "torch") -> None:
         super().__init__()
+        self.kernel = kernel
         inverse_frequency = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inverse_frequency)
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x (B, H, N, Dh) -> same shape and dtype, position p = index along N."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (B, H, N, Dh) -> the same shapes and dtypes, position p = index along N."""
+        if self.kernel == "fastlm" or (self.kernel == "auto" and not torch.compiler.is_compiling()):
+            return rotary_embedding(q, k, self.cos, self.sin)
+        return self._rotate(q), self._rotate(k)
+
+    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[-2]
         cos, sin = self.cos[:n], self.sin[:n]
         x1, x2 = x.float().chunk(2, dim=-1)
@@ -163,7 +175,7 @@ class CausalSelfAttention(nn.Module):
             return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
-        q, k = self.rope(q), self.rope(k)
+        q, k = self.rope(q, k)
         if self.kernel == "naive":
             out = naive_causal_attention(q, k, v, self.softmax)
         elif self.kernel == "sdpa":
@@ -200,7 +212,7 @@ class TransformerLM(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = Embedding(config.vocab_size, config.d_model)
-        rope = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta)
+        rope = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta, config.rope)
         self.blocks = nn.ModuleList(Block(config, rope) for _ in range(config.num_layers))
         self.final_norm = RMSNorm(config.d_model, config.norm_eps, config.norm)
         self.lm_head = Linear(config.d_model, config.vocab_size)
