@@ -55,6 +55,14 @@ def _scores_causal_mask(shape, device, dtype):
     return _leaf(shape, device, dtype), mask
 
 
+def _rotary_inputs(shape, device, dtype):
+    """q and k (B, H, N, D) as heads of a (B, N, H, D) projection, and fp32 cos, sin tables (N, D/2)."""
+    b, h, n, d = shape
+    q, k = (torch.randn(b, n, h, d, device=device, dtype=dtype).transpose(1, 2).requires_grad_() for _ in range(2))
+    angles = torch.arange(n, device=device)[:, None] * torch.rand(d // 2, device=device)
+    return q, k, angles.cos(), angles.sin()
+
+
 def _conv_inputs(shape, device, dtype):
     """u (B, L, D) channels-last, weight (D, K), bias (D,)."""
     return _leaf(shape, device, dtype), _leaf((shape[-1], CONV_TAPS), device, dtype), _leaf(shape[-1:], device, dtype)
@@ -101,6 +109,20 @@ def _fastlm_masked_softmax(x, mask):  # the implicit causal mask: fastlm needs n
     return fastlm.masked_softmax(x, scale=SOFTMAX_SCALE, causal=True)
 
 
+def _pytorch_rotate(x, cos, sin):  # the model's RotaryEmbedding with PyTorch ops
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
+
+
+def _pytorch_rotary(q, k, cos, sin):  # one output for the backward: the sum costs both sides one op
+    return _pytorch_rotate(q, cos, sin) + _pytorch_rotate(k, cos, sin)
+
+
+def _fastlm_rotary(q, k, cos, sin):
+    q_out, k_out = fastlm.rotary_embedding(q, k, cos, sin)
+    return q_out + k_out
+
+
 def _pytorch_causal_conv1d(u, weight, bias):
     length, taps = u.shape[1], weight.shape[1]
     z = F.conv1d(u.transpose(1, 2), weight.unsqueeze(1), bias, padding=taps - 1, groups=u.shape[2])  # (B, D, L+K-1)
@@ -135,5 +157,7 @@ CASES = {
                  "[..., :L])^T", _conv_inputs, _pytorch_causal_conv1d, _fastlm_causal_conv1d),
         HostCase("weighted_sum", (64, 1024), "(x * w).sum(-1)", _x_weight, _pytorch_weighted_sum,
                  _fastlm_weighted_sum),
+        HostCase("rotary_embedding", (1, 8, 128, 64), "rotate-half RoPE of q and k in PyTorch ops, summed",
+                 _rotary_inputs, _pytorch_rotary, _fastlm_rotary),
     )
 }  # fmt: skip
