@@ -69,10 +69,13 @@ def _norm(tensors) -> float:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t) for t in tensors])).item()
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16-weights"])
 @pytest.mark.parametrize("clip", [0.05, 0.0])
-def test_gradient_clipping(corpus_data, tmp_path, clip):
-    # after one AdamW step the first moment is (1 - beta1) x the gradient it was given: the clipped one
-    records = _run(corpus_data, tmp_path, "--micro-batch", "2", "--steps", "1", "--grad-clip", str(clip))
+def test_gradient_clipping(corpus_data, tmp_path, clip, precision):
+    # after one AdamW step the first moment is (1 - beta1) x the gradient it was given: the clipped
+    # one (bf16 gradients: clipped by their norm taken in fp32; a norm in bf16 would be 0.1% off)
+    records = _run(corpus_data, tmp_path, "--micro-batch", "2", "--steps", "1", "--grad-clip", str(clip),
+                   "--precision", precision)  # fmt: skip
     state = checkpoint.load(tmp_path / "checkpoints").state["optimizer"]["state"]
     first_moment = _norm([s["exp_avg"] for s in state.values()])
     norm = records[1]["grad_norm"]  # before clipping
@@ -113,10 +116,20 @@ def test_bf16_weights_train_as_bf16_autocast_does(corpus_data, tmp_path):
 def test_precision_cannot_change_to_or_from_bf16_weights_on_resume(corpus_data, tmp_path, capsys):
     argv = ["--micro-batch", "2", "--steps", "1"]
     _run(corpus_data, tmp_path, *argv, "--precision", "bf16")
-    resume = ["--steps", "2", "--resume", "--override", "steps", "--override", "precision"]
-    assert train.main(["--data", str(corpus_data), *SMALL, "--out", str(tmp_path), *argv, *resume,
-                       "--precision", "bf16-weights"]) == 1  # fmt: skip
-    assert "cannot change to or from bf16-weights" in capsys.readouterr().err
+    for overrides in ([], ["--override", "steps", "--override", "precision"]):  # the same answer either way
+        resume = ["--steps", "2", "--resume", *overrides]
+        assert train.main(["--data", str(corpus_data), *SMALL, "--out", str(tmp_path), *argv, *resume,
+                           "--precision", "bf16-weights"]) == 1  # fmt: skip
+        assert "cannot change to or from bf16-weights" in capsys.readouterr().err
+
+
+def test_a_run_resumes_with_the_other_kernel_set(corpus_data, tmp_path):
+    # every kernel switch (rope too) follows --kernels, which --override kernels lets change
+    argv = ["--micro-batch", "2", "--steps", "1"]
+    _run(corpus_data, tmp_path, *argv, "--kernels", "torch")
+    records = _run(corpus_data, tmp_path, *argv, "--steps", "2", "--resume", "--override", "steps", "--override",
+                   "kernels", "--kernels", "fastlm")  # fmt: skip
+    assert records[-1]["step"] == 2
 
 
 class _Interrupted(Exception):

@@ -180,7 +180,7 @@ def model_config(args: argparse.Namespace, vocab_size: int) -> ModelConfig:
 def run_config(args: argparse.Namespace, world: int, data: TokenData) -> dict:
     """What a resumed run must share with the run that wrote the checkpoint to continue it exactly."""
     dims = dataclasses.asdict(model_config(args, data.vocab_size))
-    for switch in ("attention", "norm", "loss", "softmax"):  # the kernels field says which
+    for switch in ("attention", "norm", "rope", "loss", "softmax"):  # the kernels field says which
         del dims[switch]
     return {"data": data.sha256[:16], "tokenizer": data.tokenizer, "preset": args.preset, **dims,
             "batch_tokens": batch_tokens(args, world), "micro_batch": args.micro_batch, "precision": args.precision,
@@ -258,6 +258,21 @@ def _optimizer(model: torch.nn.Module, args, device: torch.device) -> torch.opti
     if args.shard_optimizer:
         return ShardedOptimizer(groups, torch.optim.AdamW, **options)
     return torch.optim.AdamW(groups, **options)
+
+
+def _clip_gradients(model: torch.nn.Module, args) -> torch.Tensor:
+    """Scale the gradients to a global norm of at most --grad-clip (0: no limit); the norm before.
+    bf16-weights: every gradient's norm summed in fp32 (PyTorch's clip_grad_norm_ returns a bf16
+    gradient's norm in bf16, 0.1% off, and clips by that)."""
+    max_norm = args.grad_clip or math.inf
+    if args.precision != "bf16-weights":
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.linalg.vector_norm(
+        torch.stack(torch._foreach_norm([p.grad for p in params], 2.0, dtype=torch.float32))
+    )
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
 
 
 def micro_batches(
@@ -416,7 +431,7 @@ def _train_loop(args, config: dict, pending: list, rank: int, world: int, device
                 # a new tensor, not the graph output that the next replay of a CUDA graph overwrites
                 step_loss = loss.detach() / accumulate if step_loss is None else step_loss + loss.detach() / accumulate
             wrapped.synchronize()  # the wrappers that average after backward do it here
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip or math.inf)
+            norm = _clip_gradients(model, args)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1

@@ -66,6 +66,12 @@ def save_checkpoint(args, step: int, position: int, config: dict, model, optimiz
 
 
 def load_for_resume(args, config: dict) -> checkpoint.Checkpoint:
+    newest = checkpoint.newest(checkpoint_dir(args))  # checked first: no --override makes this change possible
+    saved = newest["config"].get("precision") if newest else None
+    if saved not in (None, args.precision) and "bf16-weights" in (saved, args.precision):
+        raise CheckpointError(f"{checkpoint_dir(args)} holds a checkpoint of precision {saved}; a run cannot change "
+                              f"to or from bf16-weights (the optimizer state then holds fp32 masters and one more "
+                              f"param group)")  # fmt: skip
     try:
         resumed = checkpoint.load(checkpoint_dir(args), config, args.override)
     except ConfigMismatchError as error:
@@ -74,11 +80,6 @@ def load_for_resume(args, config: dict) -> checkpoint.Checkpoint:
             raise CheckpointError(f"{error}; {', '.join(fixed)} cannot change when resuming") from None
         flags = " ".join(f"--override {f}" for f in error.fields)
         raise CheckpointError(f"{error}; pass {flags} to continue with the change") from None
-    saved = resumed.config.get("precision")
-    if saved != args.precision and "bf16-weights" in (saved, args.precision):
-        raise CheckpointError(f"{checkpoint_dir(args)} holds a checkpoint of precision {saved}; a run cannot change "
-                              f"to or from bf16-weights (the optimizer state then holds fp32 masters and one more "
-                              f"param group)")  # fmt: skip
     if resumed.step > args.steps:
         raise CheckpointError(f"{checkpoint_dir(args)} is at step {resumed.step}, past --steps {args.steps}")
     return resumed

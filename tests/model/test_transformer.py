@@ -110,6 +110,18 @@ def test_rope_keeps_dtype(kernel):
     assert [t.dtype for t in rope(x, x)] == [torch.bfloat16] * 2
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+def test_a_model_cast_to_another_dtype_keeps_its_rope(dtype):
+    # the cast rounds the cos / sin buffers too; the kernel takes them back in fp32, and float64,
+    # which it does not take, runs the PyTorch ops
+    x = tokens()
+    losses = []
+    for rope in ("torch", "fastlm"):
+        torch.manual_seed(0)
+        losses.append(TransformerLM(dataclasses.replace(TINY, rope=rope)).to(dtype)(x, x))
+    torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("rope", ["fastlm", "auto"])
 def test_rope_switch_gives_the_same_loss_and_gradients(rope):
     reference = TransformerLM(TINY)

@@ -62,6 +62,14 @@ def test_rotation_by_the_angle_and_back():
     torch.testing.assert_close(back, q.float())
 
 
+def test_double_backward_is_an_error_not_a_wrong_gradient():
+    q, k = _heads(1, 2, 3, 4, torch.float32), _heads(1, 1, 3, 4, torch.float32)
+    cos, sin = _tables(3, 4)
+    (dq,) = torch.autograd.grad(rotary_embedding(q, k, cos, sin)[0].square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        dq.square().sum().backward()
+
+
 def test_explicit_config_loops_over_heads():
     # one head per step (tile of 4 elements, half-width 4): the loop over 5 query and 3 key heads
     config = dataclasses.replace(rotary.DEFAULT_CONFIG, tile_elements=4)

@@ -35,6 +35,7 @@ from fastlm.ops.flash_attention import flash_attention
 from fastlm.ops.layer_norm import rms_norm
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy
 from fastlm.ops.masked_softmax import masked_softmax
+from fastlm.ops.rotary import DTYPES as ROTARY_DTYPES
 from fastlm.ops.rotary import rotary_embedding
 
 
@@ -125,9 +126,12 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q, k (B, H, N, Dh) -> the same shapes and dtypes, position p = index along N."""
-        if self.kernel == "fastlm" or (self.kernel == "auto" and not torch.compiler.is_compiling()):
-            return rotary_embedding(q, k, self.cos, self.sin)
+        """q, k (B, H, N, Dh) -> the same shapes and dtypes, position p = index along N. A model cast
+        to another dtype casts the tables too: the kernel gets them back in fp32 (no copy when they
+        are), and float64 inputs, which it does not take, the PyTorch ops."""
+        fused = self.kernel == "fastlm" or (self.kernel == "auto" and not torch.compiler.is_compiling())
+        if fused and q.dtype in ROTARY_DTYPES:
+            return rotary_embedding(q, k, self.cos.float(), self.sin.float())
         return self._rotate(q), self._rotate(k)
 
     def _rotate(self, x: torch.Tensor) -> torch.Tensor:

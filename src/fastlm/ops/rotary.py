@@ -49,7 +49,7 @@ def _rotate_heads(
     cols = tl.arange(0, BLOCK_HALF)
     col_mask = cols < HALF
     for h0 in range(0, HEADS, BLOCK_H):
-        heads = h0 + tl.arange(0, BLOCK_H)
+        heads = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)  # heads x head stride may pass 2^31
         mask = (heads[:, None] < HEADS) & col_mask[None, :]
         first = X + heads[:, None] * stride_xh + cols[None, :] * stride_xd
         x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
@@ -213,6 +213,7 @@ class RotaryFunction(torch.autograd.Function):
         return _rotate(q, k, cos, sin, _new(q), _new(k), False, config)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the kernel's gradient is not itself differentiable
     def backward(ctx, dq, dk):
         cos, sin = ctx.saved_tensors
         q_stride, k_stride = ctx.strides

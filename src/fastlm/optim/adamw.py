@@ -18,8 +18,8 @@ parameter: read master, g (2), m, v (14), write master, m, v, p (2) (14): 28, as
 parameters, while the training step no longer casts fp32 weights to bf16 in every forward or its
 bf16 weight gradients to fp32 in every backward (autocast does both for fp32 weights). Under
 bf16 autocast the forward sees the same weights either way (the master rounded to bf16), and
-the gradient is the same bf16 matmul result; only gradients accumulated over several backwards
-are summed in bf16 instead of fp32.
+the gradient of a plain matmul is the same bf16 result; gradients summed over several backwards,
+or over the chunks of `fastlm.linear_cross_entropy`, are summed in bf16 instead of fp32.
 
 Multi-tensor launch: the launcher writes two int64 tables to the device, built once per layout of
 a group's tensors and kept while their addresses stay the same:
