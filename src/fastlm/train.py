@@ -268,9 +268,11 @@ def _clip_gradients(model: torch.nn.Module, args) -> torch.Tensor:
     if args.precision != "bf16-weights":
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     params = [p for p in model.parameters() if p.grad is not None]
-    norm = torch.linalg.vector_norm(
-        torch.stack(torch._foreach_norm([p.grad for p in params], 2.0, dtype=torch.float32))
-    )
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}  # one multi-tensor launch per dtype, as PyTorch's
+    for p in params:
+        by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+    norms = [n for grads in by_dtype.values() for n in torch._foreach_norm(grads, 2.0, dtype=torch.float32)]
+    norm = torch.linalg.vector_norm(torch.stack(norms))
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm
 

@@ -8,12 +8,11 @@ import argparse
 from pathlib import Path
 
 from fastlm.distributed.wrappers import MODES
-from fastlm.model.config import COMPILE_MODES, KERNEL_SETS, PRESETS
+from fastlm.model.config import COMPILE_MODES, KERNEL_SETS, PRECISIONS, PRESETS
 
 # configuration fields a resumed run may change on purpose; the others define the model and its data
 OVERRIDABLE = ("lr", "min_lr_ratio", "warmup", "steps", "weight_decay", "grad_clip", "batch_tokens", "micro_batch",
                "precision", "kernels", "compile", "seed", "parallel", "world_size", "data")  # fmt: skip
-PRECISIONS = ("fp32", "bf16", "bf16-weights")
 MAX_SEED = 2**32 - 1  # numpy's PCG64 takes any size, torch.manual_seed 64 bits: one range for both
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import fastlm
+from fastlm.ops.rotary import rotate_half
 from fastlm.ops.weighted_sum import weighted_sum
 
 SOFTMAX_SCALE = 0.125  # 1 / sqrt(64): attention scores of head dim 64
@@ -109,13 +110,8 @@ def _fastlm_masked_softmax(x, mask):  # the implicit causal mask: fastlm needs n
     return fastlm.masked_softmax(x, scale=SOFTMAX_SCALE, causal=True)
 
 
-def _pytorch_rotate(x, cos, sin):  # the model's RotaryEmbedding with PyTorch ops
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
-
-
 def _pytorch_rotary(q, k, cos, sin):  # one output for the backward: the sum costs both sides one op
-    return _pytorch_rotate(q, cos, sin) + _pytorch_rotate(k, cos, sin)
+    return rotate_half(q, cos, sin) + rotate_half(k, cos, sin)  # the model's RoPE in PyTorch ops
 
 
 def _fastlm_rotary(q, k, cos, sin):

@@ -36,7 +36,7 @@ from fastlm.cli.arguments import (
 )
 from fastlm.cli.models import add_model_arguments, model_configs
 from fastlm.devices import current_device
-from fastlm.model.config import COMPILE_MODES, PRESETS
+from fastlm.model.config import COMPILE_MODES, PRECISIONS, PRESETS
 from fastlm.train_options import add_kernel_comparison_arguments
 
 _host_ops = choice_list(HOST_OPS, "op")
@@ -194,7 +194,7 @@ def _add_model_command(commands: argparse._SubParsersAction) -> None:
     add_model_arguments(p)
     p.add_argument("--mode", type=choice_list(("fwd", "fwd+bwd", "train"), "mode"), default=None,
                    help="comma list of fwd, fwd+bwd, train (default train)")  # fmt: skip
-    p.add_argument("--precision", type=choice_list(("fp32", "bf16", "bf16-weights"), "precision"), default=None,
+    p.add_argument("--precision", type=choice_list(PRECISIONS, "precision"), default=None,
                    help="comma list of fp32, bf16 (autocast), bf16-weights (autocast, matmul weights stored in "
                    "bf16 with fp32 masters in fastlm's AdamW) (default bf16)")  # fmt: skip
     p.add_argument("--compile", type=choice_list(COMPILE_MODES, "compile mode"), default=None,

@@ -21,6 +21,9 @@ LOSS_KERNELS = ("torch", "fastlm")  # LM head + F.cross_entropy | fastlm.linear_
 KERNEL_SETS = ("torch", "fastlm")  # what ModelConfig.with_kernels takes: every switch at once
 # How a step runs: eager, torch.compile, or torch.compile(mode="reduce-overhead") (CUDA graphs)
 COMPILE_MODES = ("eager", "compile", "cudagraphs")
+# How a step's numbers are stored: fp32; bf16 autocast over fp32 weights; that autocast with the
+# matmul weights stored in bf16 and their fp32 masters in fastlm's AdamW
+PRECISIONS = ("fp32", "bf16", "bf16-weights")
 TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}  # torch.compile(mode=...) of each
 
 # name -> (d_model, d_ff, num_layers, num_heads)

@@ -36,7 +36,7 @@ from fastlm.ops.layer_norm import rms_norm
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy
 from fastlm.ops.masked_softmax import masked_softmax
 from fastlm.ops.rotary import DTYPES as ROTARY_DTYPES
-from fastlm.ops.rotary import rotary_embedding
+from fastlm.ops.rotary import rotary_embedding, rotate_half
 
 
 def trunc_normal_(weight: torch.Tensor, std: float) -> torch.Tensor:
@@ -132,13 +132,8 @@ class RotaryEmbedding(nn.Module):
         fused = self.kernel == "fastlm" or (self.kernel == "auto" and not torch.compiler.is_compiling())
         if fused and q.dtype in ROTARY_DTYPES:
             return rotary_embedding(q, k, self.cos.float(), self.sin.float())
-        return self._rotate(q), self._rotate(k)
-
-    def _rotate(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.shape[-2]
-        cos, sin = self.cos[:n], self.sin[:n]
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
+        n = q.shape[-2]
+        return rotate_half(q, self.cos[:n], self.sin[:n]), rotate_half(k, self.cos[:n], self.sin[:n])
 
 
 def naive_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax: str = "torch") -> torch.Tensor:

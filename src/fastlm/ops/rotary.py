@@ -122,12 +122,6 @@ def rotary_config(arch: int) -> RotaryConfig:
 # ----------------------------------------------------------------------------------------------
 
 
-def _rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """The rotation in PyTorch, in fp32, into ``out``: cos, sin (N, D/2), sin negated for the backward."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return out.copy_(torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1))
-
-
 def _rotate(q, k, cos, sin, qo, ko, backward: bool, config: RotaryConfig | None = None, traced: bool = False):
     """Writes q and k rotated (by -angle for ``backward``) into qo and ko (any strides) and returns them."""
     b, h, n, d = q.shape
@@ -135,7 +129,7 @@ def _rotate(q, k, cos, sin, qo, ko, backward: bool, config: RotaryConfig | None 
         return qo, ko
     if not runs_triton(q):
         cos_n, sin_n = cos[:n], (-sin[:n] if backward else sin[:n])
-        return _rotate_reference(q, cos_n, sin_n, qo), _rotate_reference(k, cos_n, sin_n, ko)
+        return qo.copy_(rotate_half(q, cos_n, sin_n)), ko.copy_(rotate_half(k, cos_n, sin_n))
     config = config or rotary_config(device_arch(q.device))
     half = d // 2
     block_half = next_power_of_2(half)
@@ -263,16 +257,19 @@ def rotary_embedding(
     return RotaryFunction.apply(q, k, cos, sin, None)
 
 
+def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotation of one tensor in PyTorch ops: x (..., N, D), cos and sin (N, D/2) of any float
+    dtype; computed in fp32 (float64 stays float64), returned in x's dtype. The model's PyTorch
+    path, the fallback without Triton and the reference all run this."""
+    compute = torch.promote_types(x.dtype, torch.float32)
+    x1, x2 = x.to(compute).chunk(2, dim=-1)
+    cos, sin = cos.to(compute), sin.to(compute)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).to(x.dtype)
+
+
 def rotary_embedding_ref(
     q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain PyTorch in fp32 (float64 stays float64), returned in the inputs' dtype."""
+    """`rotate_half` of q and k with rows 0..N-1 of the tables: what the kernel computes."""
     n = q.shape[2]
-
-    def rotate(x: torch.Tensor) -> torch.Tensor:
-        compute = torch.promote_types(x.dtype, torch.float32)
-        x1, x2 = x.to(compute).chunk(2, dim=-1)
-        c, s = cos[:n].to(compute), sin[:n].to(compute)
-        return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).to(x.dtype)
-
-    return rotate(q), rotate(k)
+    return rotate_half(q, cos[:n], sin[:n]), rotate_half(k, cos[:n], sin[:n])
