@@ -5,6 +5,7 @@ of its operations apply numpy to those integers as if they were the numbers:
 
     tl.dot                       integer matmul of the bit patterns (flash attention: outputs ~1e9)
     + - * / fma, comparisons     integer arithmetic / comparison of the bit patterns
+    -x (Triton >= 3.7)           integer negation of the bit patterns (3.6 subtracts from 0)
     tl.sum                       an integer sum of the bit patterns
     fp32 -> bf16 (`.to`)         truncates the mantissa where the GPU rounds to nearest even (and
                                  with an explicit "rtne", rounds ties up and drops the carry)
@@ -92,6 +93,11 @@ def _patch(interpreter) -> None:
             return original(self, lhs, rhs, op)
         return result(op(value(lhs), value(rhs)))
 
+    def unary_op(original, self, arg, op):
+        if not is_bf16(arg):
+            return original(self, arg, op)
+        return result(op(value(arg)))
+
     def create_fma(original, self, x, y, z):
         if not (is_bf16(x) or is_bf16(y) or is_bf16(z)):
             return original(self, x, y, z)
@@ -122,6 +128,7 @@ def _patch(interpreter) -> None:
         return original(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     wrap(builder, "binary_op", binary_op)  # every float binary op and comparison goes through it
+    wrap(builder, "unary_op", unary_op)  # negation (Triton >= 3.7); math functions refuse bf16
     wrap(builder, "create_fma", create_fma)
     wrap(builder, "cast_impl", cast_impl)  # the create_*_to_* casts call self.cast_impl: they see the wrapper
     wrap(builder, "create_fp_to_fp", create_fp_to_fp)
