@@ -11,6 +11,7 @@ from fastlm.ops.causal_conv1d import causal_conv1d_ref
 from fastlm.ops.cross_entropy import cross_entropy_ref
 from fastlm.ops.flash_attention import flash_attention_ref
 from fastlm.ops.masked_softmax import masked_softmax_ref
+from fastlm.ops.swiglu import swiglu_ref
 from fastlm.ops.weighted_sum import weighted_sum, weighted_sum_ref
 
 from .reference import check_against_float64
@@ -92,6 +93,9 @@ EDGES = {
     "weighted_sum R=0": (weighted_sum, weighted_sum_ref, [(0, 3), (3,)]),
     "weighted_sum 1-D": (weighted_sum, weighted_sum_ref, [(3,), (3,)]),
     "weighted_sum (1, 1)": (weighted_sum, weighted_sum_ref, [(1, 1), (1,)]),
+    "swiglu R=0": (fastlm.swiglu, swiglu_ref, [(0, 3), (0, 3)]),
+    "swiglu D=0": (fastlm.swiglu, swiglu_ref, [(3, 0), (3, 0)]),
+    "swiglu (1,)": (fastlm.swiglu, swiglu_ref, [(1,), (1,)]),
 }
 
 

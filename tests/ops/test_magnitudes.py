@@ -87,6 +87,7 @@ CASES = {
     "causal_conv1d silu": Case(
         ((2, 13, 8), (8, 4), (8,)), lambda u, w, b: fastlm.causal_conv1d(u, w, b, "silu"), _causal_conv),
     "weighted_sum": Case(((4, 37), (37,)), weighted_sum, lambda x, w: (x * w).sum(-1)),
+    "swiglu": Case(((4, 37), (4, 37)), fastlm.swiglu, lambda gate, up: F.silu(gate) * up),
 }  # fmt: skip
 
 

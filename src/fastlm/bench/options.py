@@ -19,3 +19,8 @@ HOST_MIN_ROUNDS = 3  # a median and a spread
 
 # `fastlm bench attention` (fastlm.bench.attention)
 ATTENTION_SWEEPS = ("naive", "compile", "flash", "model")
+
+# `fastlm bench hf` (fastlm.bench.hf)
+HF_FAMILIES = ("llama", "qwen3", "mistral")
+HF_SIZES = ("tiny", "1b", "3b", "8b")  # the keys of fastlm.bench.hf.SIZES for each family
+HF_PATCHES = ("none", "fastlm", "liger")  # the model as it is, fastlm.apply_fastlm, Liger-Kernel's instance patch

@@ -23,7 +23,7 @@ from fastlm.bench.options import (
     HOST_MIN_ROUNDS,
     HOST_OPS,
 )
-from fastlm.cli import bench_distributed, output
+from fastlm.cli import bench_distributed, bench_hf, output
 from fastlm.cli.arguments import (
     UserError,
     add_command,
@@ -161,6 +161,8 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
          _fixed("fastlm.bench.norms", "NormsBenchmark"), ten_seconds),
         ("softmax", "masked softmax fwd, bwd, fwd+bwd vs eager, compile",
          _fixed("fastlm.bench.softmax", "SoftmaxBenchmark"), ten_seconds),
+        ("swiglu", "SwiGLU silu(gate) * up fwd, bwd, fwd+bwd vs eager, compile, Liger",
+         _fixed("fastlm.bench.swiglu", "SwigluBenchmark"), ten_seconds),
         ("conv1d", "causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward",
          _fixed("fastlm.bench.conv1d", "Conv1dBenchmark"), ten_seconds),
         ("linear-xent", "fused linear + cross-entropy fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, "
@@ -184,6 +186,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
                    "one)")  # fmt: skip
     add_out(p)
     _add_model_command(commands)
+    bench_hf.add_commands(commands)
     bench_distributed.add_commands(commands)
 
 

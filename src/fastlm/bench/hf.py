@@ -1,0 +1,265 @@
+"""`fastlm bench hf`: the training step of a Hugging Face causal LM as it is, patched by
+`fastlm.apply_fastlm`, and patched by Liger-Kernel (when installed), in one run.
+
+Each model is built from a family's config (`transformers` `LlamaConfig`, `Qwen3Config`,
+`MistralConfig`) with random weights and stepped exactly as `fastlm bench model` steps fastlm's
+own model (`fastlm.bench.model.measure_rounds`: interleaved rounds, the median over rounds and its
+spread, tokens/s, MFU, peak memory): `model(input_ids=tokens, labels=targets).loss`, backward, and
+in `train` mode fused AdamW. Only the patch differs between the rows of one shape.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fastlm.bench.model import Subject, measure_rounds
+from fastlm.bench.model_report import round_medians, speed_ratio, with_spread
+from fastlm.bench.options import HF_FAMILIES, HF_SIZES
+from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run
+from fastlm.harness.steps import Row
+from fastlm.utils.plots import grouped_bar_plot
+from fastlm.utils.records import with_environment
+from fastlm.utils.tables import markdown_table, present_columns
+
+# family -> transformers (module, config class, model class)
+_CLASSES = {
+    "llama": ("transformers", "LlamaConfig", "LlamaForCausalLM"),
+    "qwen3": ("transformers", "Qwen3Config", "Qwen3ForCausalLM"),
+    "mistral": ("transformers", "MistralConfig", "MistralForCausalLM"),
+}
+
+# (family, size) -> d_model, d_ff, layers, heads, key/value heads, head dim, vocabulary, tied head, rope theta:
+# the published models' dimensions (Llama 3.2 1B / 3B, Llama 3.1 8B; Qwen3 1.7B / 4B / 8B; Mistral 7B v0.3
+# as "8b", its smaller sizes Llama's dimensions with Mistral's vocabulary). "tiny" is for CPU runs and tests.
+SIZES = {
+    ("llama", "tiny"): (64, 128, 2, 4, 2, 16, 1000, True, 500000.0),
+    ("llama", "1b"): (2048, 8192, 16, 32, 8, 64, 128256, True, 500000.0),
+    ("llama", "3b"): (3072, 8192, 28, 24, 8, 128, 128256, True, 500000.0),
+    ("llama", "8b"): (4096, 14336, 32, 32, 8, 128, 128256, False, 500000.0),
+    ("qwen3", "tiny"): (64, 128, 2, 4, 2, 16, 1000, True, 1000000.0),
+    ("qwen3", "1b"): (2048, 6144, 28, 16, 8, 128, 151936, True, 1000000.0),
+    ("qwen3", "3b"): (2560, 9728, 36, 32, 8, 128, 151936, True, 1000000.0),
+    ("qwen3", "8b"): (4096, 12288, 36, 32, 8, 128, 151936, False, 1000000.0),
+    ("mistral", "tiny"): (64, 128, 2, 4, 2, 16, 1000, False, 1000000.0),
+    ("mistral", "1b"): (2048, 8192, 16, 32, 8, 64, 32768, False, 1000000.0),
+    ("mistral", "3b"): (3072, 8192, 28, 24, 8, 128, 32768, False, 1000000.0),
+    ("mistral", "8b"): (4096, 14336, 32, 32, 8, 128, 32768, False, 1000000.0),
+}
+
+
+@dataclass(frozen=True)
+class HFShape:
+    """The dimensions of one Hugging Face model; `fastlm.bench.model` reads the fields it shares with
+    `ModelConfig` (vocab_size, context_length, d_model, num_layers, the parameter counts) for its
+    memory estimate, batches and MFU."""
+
+    family: str
+    size: str
+    d_model: int
+    d_ff: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    rope_theta: float
+    context_length: int
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"the query heads ({self.num_heads}) must be a multiple of the key/value heads "
+                             f"({self.num_kv_heads})")  # fmt: skip
+        if self.head_dim % 2:
+            raise ValueError(f"the head dimension must be even for RoPE, got {self.head_dim}")
+
+    @classmethod
+    def of(cls, family: str, size: str, context_length: int, **overrides) -> HFShape:
+        """The published dimensions of ``family`` at ``size``, any of them overridden (None: kept)."""
+        try:
+            dims = SIZES[family, size]
+        except KeyError:
+            raise ValueError(f"unknown family / size {family!r} / {size!r}; families: {', '.join(HF_FAMILIES)}, "
+                             f"sizes: {', '.join(HF_SIZES)}") from None  # fmt: skip
+        names = ("d_model", "d_ff", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
+                 "tie_word_embeddings", "rope_theta")  # fmt: skip
+        fields = dict(zip(names, dims, strict=True)) | {k: v for k, v in overrides.items() if v is not None}
+        return cls(family=family, size=size, context_length=context_length, **fields)
+
+    def num_matmul_parameters(self) -> int:
+        """Weights of every matmul per token: q, k, v, o projections, the SwiGLU MLP, the LM head."""
+        attention = self.d_model * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        return self.num_layers * (attention + 3 * self.d_model * self.d_ff) + self.vocab_size * self.d_model
+
+    def num_parameters(self) -> int:
+        embedding = 0 if self.tie_word_embeddings else self.vocab_size * self.d_model
+        norms = (2 * self.num_layers + 1) * self.d_model
+        if self.family == "qwen3":  # RMSNorm of each head's queries and keys
+            norms += 2 * self.num_layers * self.head_dim
+        return self.num_matmul_parameters() + embedding + norms
+
+
+def build_model(shape: HFShape) -> torch.nn.Module:
+    """The family's causal LM with ``shape``'s dimensions, random weights, SDPA attention, no dropout."""
+    module_name, config_name, model_name = _CLASSES[shape.family]
+    module = importlib.import_module(module_name)
+    config = getattr(module, config_name)(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.d_model,
+        intermediate_size=shape.d_ff,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        max_position_embeddings=max(shape.context_length, 2048),
+        rope_theta=shape.rope_theta,
+        tie_word_embeddings=shape.tie_word_embeddings,
+        attn_implementation="sdpa",
+    )
+    model = getattr(module, model_name)(config)
+    model.config.use_cache = False  # training: no key/value cache
+    return model
+
+
+def _patched_fastlm(shape: HFShape) -> torch.nn.Module:
+    from fastlm.integrations.huggingface import apply_fastlm
+
+    model = build_model(shape)
+    apply_fastlm(model)
+    return model
+
+
+def _patched_liger(shape: HFShape) -> torch.nn.Module:
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    model = build_model(shape)
+    _apply_liger_kernel_to_instance(model=model)
+    return model
+
+
+IMPLEMENTATIONS = {
+    "none": Implementation("hf", build_model, "the transformers model as it is (SDPA attention)"),
+    "fastlm": Implementation("hf+fastlm", _patched_fastlm, "the same after fastlm.apply_fastlm(model)"),
+    "liger": Implementation("hf+liger", _patched_liger, "the same after Liger-Kernel's instance patch"),
+}
+
+
+def missing_patch(patch: str) -> str | None:
+    """Why ``patch`` cannot run here (a package missing), or None."""
+    package = {"liger": "liger_kernel"}.get(patch)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return None
+    return f"missing: {package.replace('_', '-')} is not installed"
+
+
+@dataclass(frozen=True)
+class HFBenchmark(Benchmark):
+    """Every (shape, patch, row) for ``rounds`` rounds, interleaved when the models fit together."""
+
+    shapes: tuple[HFShape, ...]
+    patches: tuple[str, ...]
+    rows: tuple[Row, ...]
+    batch: int
+    warmup: int
+    steps: int
+    rounds: int = 3
+
+    name = "hf"
+    title = "Hugging Face models: unpatched, fastlm, Liger"
+    progress_name = "hf"
+    cpu_note = ("No GPU: the models step on the CPU with fastlm's reference paths; MFU and peak memory need a GPU, "
+                "and these step times say nothing about GPU step times.")  # fmt: skip
+
+    def _subjects(self) -> list[Subject]:
+        return [Subject(s.size, s, IMPLEMENTATIONS[p]) for s in self.shapes for p in self.patches
+                if missing_patch(p) is None]  # fmt: skip
+
+    def count(self, device: torch.device) -> int:
+        return len(self._subjects()) * len(self.rows) * self.rounds
+
+    def measurements(self, run: Run) -> Iterator[Measured]:
+        missing = [(s, p) for s in self.shapes for p in self.patches if missing_patch(p) is not None]
+        if missing:
+            yield Measured("baselines not installed", [
+                with_environment({"op": "hf", "implementation": IMPLEMENTATIONS[p].name, **dataclasses.asdict(s),
+                                  "batch": self.batch, **dataclasses.asdict(row), "status": missing_patch(p)})
+                for s, p in missing for row in self.rows])  # fmt: skip
+        for measured in measure_rounds(self._subjects(), self.rows, batch=self.batch, warmup=self.warmup,
+                                       steps=self.steps, rounds=self.rounds, device=run.device):  # fmt: skip
+            yield Measured(measured.label, [{**r, "op": "hf"} for r in measured.records])
+
+    def render(self, results_dir: Path, reports_dir: Path) -> str:
+        return render(self.latest_records(results_dir), reports_dir)
+
+
+COLUMNS = [
+    ("family", "family"),
+    ("size", "size"),
+    ("implementation", "model"),
+    ("mode", "mode"),
+    ("compile", "compile"),
+    ("step_ms", "step ms: median (rounds min-max)"),
+    ("tokens_per_s", "tokens/s"),
+    ("mfu_percent", "MFU %"),
+    ("peak_memory_gib", "peak GiB"),
+    ("vs_hf", "vs hf"),
+    ("vs_liger", "vs hf+liger"),
+    ("status", "status"),
+]
+
+
+def _display(record: dict, group: Sequence[dict]) -> dict:
+    row = dict(record)
+    if record.get("status") != "ok":
+        return row
+    medians = round_medians(record)
+    row["step_ms"] = with_spread(record["median_ms"], min(medians), max(medians))
+    row["tokens_per_s"] = f"{record['tokens_per_s']:,.0f}"
+    if record.get("mfu") is not None:
+        row["mfu_percent"] = f"{100 * record['mfu']:.1f}"
+    if record.get("peak_memory_gib") is not None:
+        row["peak_memory_gib"] = f"{record['peak_memory_gib']:.1f}"
+    for column, baseline_name in (("vs_hf", "hf"), ("vs_liger", "hf+liger")):
+        baseline = next((r for r in group if r["implementation"] == baseline_name and r.get("status") == "ok"), None)
+        if baseline is not None and baseline is not record:
+            row[column] = with_spread(*speed_ratio(record, baseline), unit="x")
+    return row
+
+
+def render(records: list[dict], reports_dir: Path) -> str:
+    """One table of the run (ratios are per-round pairs of interleaved rounds: median and min-max) and
+    a plot of tokens/s per (shape, mode, compile)."""
+    if not records:
+        return "No records yet: run `fastlm bench hf`.\n"
+    first = next((r for r in records if r.get("status") == "ok"), records[0])
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["family"], r["size"], r["num_layers"], r["mode"], r["precision"], r["compile"]),
+                          []).append(r)  # fmt: skip
+    displayed = [_display(r, group) for group in groups.values() for r in group]
+    lines = [
+        f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · {first['date']} · batch "
+        f"{first['batch']} x {first['context_length']} tokens, {first.get('precision', '')}, "
+        f"{first.get('warmup', '?')} warm-up + {first.get('steps', '?')} timed steps per round, "
+        f"{first.get('rounds', '?')} rounds ({first.get('schedule', '')})",
+        "",
+        markdown_table(displayed, present_columns(displayed, COLUMNS)),
+        "",
+    ]
+    labels = [f"{f} {s} L{n} {m} {c}" for f, s, n, m, _, c in groups]
+    names = list(dict.fromkeys(r["implementation"] for r in records))
+    series = {name: [next((r["tokens_per_s"] for r in group if r["implementation"] == name
+                           and r.get("status") == "ok"), None) for group in groups.values()]
+              for name in names}  # fmt: skip
+    if any(v is not None for values in series.values() for v in values):
+        plot = grouped_bar_plot(reports_dir / "hf.png", labels, series, ylabel="tokens/s",
+                                title=f"Training step of Hugging Face models ({first['gpu']})")  # fmt: skip
+        lines.append(f"![tokens/s]({plot.name})")
+    return "\n".join(lines)
