@@ -8,14 +8,17 @@ line's help and cost models start fast.
 import importlib
 
 _EXPORTS = {
+    "apply_fastlm": "fastlm.integrations.huggingface",
     "causal_conv1d": "fastlm.ops.causal_conv1d",
     "cross_entropy": "fastlm.ops.cross_entropy",
     "flash_attention": "fastlm.ops.flash_attention",
     "layer_norm": "fastlm.ops.layer_norm",
     "linear_cross_entropy": "fastlm.ops.linear_cross_entropy",
     "masked_softmax": "fastlm.ops.masked_softmax",
+    "revert_fastlm": "fastlm.integrations.huggingface",
     "rms_norm": "fastlm.ops.layer_norm",
     "rotary_embedding": "fastlm.ops.rotary",
+    "swiglu": "fastlm.ops.swiglu",
 }
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"

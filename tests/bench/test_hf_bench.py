@@ -1,0 +1,50 @@
+"""`fastlm bench hf` on CPU: the shapes' parameter counts, the command end to end with its records,
+ratios and missing baselines, and its one-line errors."""
+
+import json
+
+import pytest
+
+from fastlm.cli import main
+
+pytest.importorskip("transformers")
+
+from fastlm.bench.hf import HFShape, build_model  # noqa: E402
+from fastlm.bench.options import HF_FAMILIES  # noqa: E402
+
+
+@pytest.mark.parametrize("family", HF_FAMILIES)
+def test_parameter_counts_match_the_built_model(family):
+    # MFU and the memory estimate use these counts: they must be the model's
+    shape = HFShape.of(family, "tiny", context_length=16, num_layers=3)
+    model = build_model(shape)
+    assert shape.num_parameters() == sum(p.numel() for p in model.parameters())
+    assert model.config.num_hidden_layers == 3 and model.config.model_type == family
+
+
+def test_bench_hf_command_measures_every_patch_in_one_run(tmp_path):
+    args = ["bench", "hf", "--family", "llama", "--size", "tiny", "--seq", "16", "--batch", "1",
+            "--compile", "eager", "--warmup", "0", "--steps", "2", "--rounds", "2", "--out", str(tmp_path)]  # fmt: skip
+    assert main(args) == 0
+    records = [json.loads(line) for line in (tmp_path / "results" / "hf.jsonl").read_text().splitlines()]
+    by_name = {r["implementation"]: r for r in records}
+    assert set(by_name) == {"hf", "hf+fastlm", "hf+liger"}
+    for name in ("hf", "hf+fastlm"):
+        record = by_name[name]
+        assert record["status"] == "ok" and len(record["round_median_ms"]) == 2
+        assert record["schedule"] == "interleaved" and record["context_length"] == 16
+    liger = by_name["hf+liger"]
+    assert liger["status"] == "ok" or liger["status"] == "missing: liger-kernel is not installed"
+    report = (tmp_path / "reports" / "hf.md").read_text()
+    fastlm_row = next(line for line in report.splitlines() if "| hf+fastlm |" in line)
+    assert fastlm_row.count("x") >= 1  # its tokens/s ratio against the unpatched model
+
+
+def test_bench_hf_errors_are_one_line(tmp_path, capsys):
+    assert main(["bench", "hf", "--size", "tiny", "--heads", "6", "--kv-heads", "4", "--out", str(tmp_path)]) == 2
+    assert "query heads (6) must be a multiple of the key/value heads (4)" in capsys.readouterr().err
+    for bad in (["--size", "2b"], ["--patches", "none,apex"], ["--family", "gpt2"]):
+        with pytest.raises(SystemExit):
+            main(["bench", "hf", *bad, "--out", str(tmp_path)])
+        err = capsys.readouterr().err
+        assert "invalid choice" in err or "unknown patch 'apex'" in err
