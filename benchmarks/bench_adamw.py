@@ -34,10 +34,10 @@ from pathlib import Path
 
 import torch
 
-from fastlm.harness.records import append_records, with_environment
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.ops.common import device_arch
 from fastlm.optim import AdamW, AdamWConfig, adamw_config
+from fastlm.utils.records import append_records, with_environment
 
 BYTES_PER_PARAMETER = 28  # fp32: read p, g, m, v (16), write p, m, v (12)
 LR = 1e-4

@@ -29,11 +29,11 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from fastlm.harness.records import append_records, with_environment
 from fastlm.harness.steps import Row, make_optimizer, make_step, time_steps
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE
 from fastlm.optim import AdamW
+from fastlm.utils.records import append_records, with_environment
 
 # The optimizer of each step: PyTorch's fused AdamW (what `fastlm bench model` uses), fastlm's, or
 # fastlm's with the matmul weights stored in bf16 (fp32 masters).

@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 import fastlm
-from fastlm.harness.records import append_records, environment
 from fastlm.ops.launch import eager_kernel
+from fastlm.utils.records import append_records, environment
 
 
 @triton.jit

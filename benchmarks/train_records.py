@@ -17,8 +17,8 @@ import argparse
 import json
 from pathlib import Path
 
-from fastlm.harness.records import append_records
-from fastlm.train_log import loss_plot, read_log
+from fastlm.train.log import loss_plot, read_log
+from fastlm.utils.records import append_records
 
 
 def _load(out: Path) -> dict:

@@ -5,7 +5,7 @@ the backward with one kernel's tiles varied at a time (the others at the GPU's d
 `attention_config` for that shape), printing one JSON line per configuration (median ms and
 TFLOP/s, forward FLOPs 2*B*H*N^2*D causal, backward 2.5x), PyTorch's SDPA backends at the same
 shape for reference (bf16/fp16 only), then, on stderr, the best AttentionConfig found as a Python
-expression: an entry of the architecture's table in fastlm/ops/flash_attention.py.
+expression: an entry of the architecture's table in fastlm/ops/flash_attention/config.py.
 Usage: python benchmarks/tune_attention.py [--shapes 8,16,4096 4,12,512] [--head-dims 128,64]
        [--dtypes bfloat16,float32] > tune_attention.jsonl
 """

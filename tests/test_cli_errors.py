@@ -14,11 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastlm import train_options
 from fastlm.cli import arguments, bench, bench_distributed, build_parser, main
+from fastlm.data import tokenizer
+from fastlm.train import config as train_config
 
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
 MISSING = "/nonexistent/fastlm/corpus.txt"
+# where no output folder can be: a file, a folder under a file, a file system that takes no folders
+NOT_A_FOLDER = (str(CORPUS), str(CORPUS / "sub"), "/proc/fastlm-out")
 
 BAD_VALUES = {  # argparse type -> values it must refuse
     arguments.positive_int: ("0", "-3", "two", "2.5", ""),
@@ -32,15 +35,18 @@ BAD_VALUES = {  # argparse type -> values it must refuse
     bench_distributed._variant_list: ("", "bogus", "bucketed-0", "bucketed-nan", "ddp,"),
     bench_distributed._optimizer_list: ("", "bogus", "adamw,bogus"),
     bench._rounds: ("0", "2", "two"),  # at least HOST_MIN_ROUNDS (3): a median and a spread
-    arguments.folder: (str(CORPUS),),  # a file where a folder should be
-    arguments.output_file: (str(CORPUS.parent),),  # a folder where a file should be
+    arguments.folder: NOT_A_FOLDER,
+    arguments.output_file: (str(CORPUS.parent), str(CORPUS / "out.py")),  # a folder; a file under a file
     arguments.text_file: (MISSING, str(CORPUS.parent), "{empty}"),
 }
-# The training commands take plain int / float / Path options and check them after parsing (their
-# own entry points, `python -m fastlm.train` and `python -m fastlm.data`, share the checks).
+# Options generated from a typed config (`fastlm.utils.options`: training's, and the model options of
+# the benchmarks and profilers) and those of data prepare take plain int / float / Path values and
+# check them after parsing (`python -m fastlm.train` and `python -m fastlm.data` share the checks).
 BAD_VALUES |= {int: ("-1", "two"), float: ("-1", "nan", "two"), Path: (MISSING,),
-               train_options._kernel_sets: ("", "bogus", "torch,bogus")}  # fmt: skip
-CHECKED_AFTER_PARSING = {("train",), ("data", "prepare"), ("bench", "train")}
+               train_config.checkpoint_step: ("0", "-1", "two"),
+               tokenizer.tokenizer_spec: ("bogus", "bpe:", "bpe:257", "bpe:two", MISSING)}  # fmt: skip
+CHECKED_AFTER_PARSING = {("train",), ("data", "prepare"), ("bench", "train"), ("bench", "model"), ("profile", "model"),
+                         ("profile", "memory"), ("analyze", "memory")}  # fmt: skip
 CHOICE_LIST = ("", "bogus", "a,,b")  # any comma-separated subset of choices (`choice_list`)
 VALID = {"--data": str(CORPUS), "--input": str(CORPUS), "--out": "{empty_dir}"}  # the required options
 
@@ -63,7 +69,7 @@ def _options(parser):
 
 def _bad_values(action) -> tuple[str, ...]:
     if action.type is Path and action.option_strings[0] == "--out":
-        return (str(CORPUS),)  # a file where the output folder should be
+        return NOT_A_FOLDER
     if action.choices is not None:
         return ("bogus",)
     if action.type in BAD_VALUES:
@@ -121,7 +127,7 @@ NEEDS_NO_GPU = pytest.mark.skipif(torch.cuda.is_available(), reason="this machin
 SEMANTIC_CASES = [
     (["ar", "train", "--d-model", "10", "--heads", "3"], "--d-model (10) must be divisible by --heads (3)"),
     (["ar", "train", "--d-model", "6", "--heads", "2"], "--d-model / --heads (6 / 2 = 3) must be even"),
-    (["bench", "model", "--d-model", "32"], "missing --d-ff, --layers, --heads"),
+    (["bench", "model", "--heads", "3"], "--d-model (64) must be divisible by --heads (3)"),  # tiny's width
     (["bench", "model", "--d-model", "30", "--d-ff", "64", "--layers", "1", "--heads", "4"], "--d-model (30)"),
     (["profile", "memory", "--preset", "tiny,small"], "--preset and --kernels name 2 models"),
     (["profile", "model", "--kernels", "torch,fastlm"], "--preset and --kernels name 2 models"),
@@ -133,6 +139,7 @@ SEMANTIC_CASES = [
     ),
     pytest.param(["bench", "ddp", "--backend", "nccl"], "--backend nccl needs one GPU per process", marks=NEEDS_NO_GPU),
     (["data", "prepare", "--input", "{binary}", "--out", "{out}"], "binary.bin"),
+    (["data", "verify", "{out}"], "holds no prepared data"),
 ]
 
 
@@ -178,7 +185,7 @@ def test_help_shows_defaults_and_the_expected_duration(capsys):
 # The commands that take more than a few seconds: each states its wall time with the defaults.
 LONG_COMMANDS = {
     "bench xent", "bench attention", "bench norms", "bench softmax", "bench conv1d", "bench host", "bench model",
-    "bench allreduce", "bench ddp", "profile model", "profile memory", "ar train",
+    "bench allreduce", "bench ddp", "bench swiglu", "bench hf", "profile model", "profile memory", "ar train",
     "inspect compiled-xent", "report",
 }  # fmt: skip
 

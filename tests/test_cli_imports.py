@@ -1,11 +1,15 @@
 """`fastlm --help`, every group's --help and every `analyze` command answer without importing torch or
-Triton (seconds of imports): a fresh interpreter runs them and says after which one either appeared."""
+Triton (seconds of imports): a fresh interpreter runs them and says after which one either appeared.
+Training (`fastlm.train`) imports nothing of the benchmark framework (`fastlm.bench`, `fastlm.harness`)."""
 
 import argparse
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import fastlm
 from fastlm.cli import build_parser
 
 RUN = """
@@ -41,3 +45,41 @@ def test_help_and_analyze_import_neither_torch_nor_triton():
     loaded = json.loads(done.stdout)
     assert len(loaded) == 1 + len(argvs)
     assert not any(loaded.values()), f"torch or triton imported by: {[k for k, v in loaded.items() if v][0]}"
+
+
+TRAIN = Path(fastlm.__file__).parent / "train"
+MEASURING = ("fastlm.bench", "fastlm.harness")  # the benchmark framework, which training never imports
+RUN_TRAINING = """
+import sys
+
+from fastlm.train import loop
+
+status = loop.main(sys.argv[1:])
+print(sorted(name for name in sys.modules if name.startswith(("fastlm.bench", "fastlm.harness"))))
+sys.exit(status)
+"""
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module an import statement of the file names, at its top or inside a function."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return names
+
+
+def test_training_imports_nothing_of_the_benchmark_framework(corpus_data, tmp_path):
+    files = sorted(TRAIN.glob("*.py"))
+    assert {p.name for p in files} >= {"config.py", "loop.py", "checkpoint.py", "log.py"}
+    for path in files:
+        measuring = sorted(n for n in _imported_modules(path) if n.startswith(MEASURING))
+        assert not measuring, f"{path.name} imports {measuring}"
+    # and nothing it imports does, also while it trains (imports inside functions run then)
+    argv = ["--data", str(corpus_data), "--out", str(tmp_path), "--preset", "tiny", "--context", "16",
+            "--micro-batch", "2", "--steps", "1", "--eval-sequences", "2"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", RUN_TRAINING, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout

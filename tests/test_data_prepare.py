@@ -1,5 +1,6 @@
 """`fastlm data prepare` and reading its output: the token stream, shards and splits, idempotence,
-one-line errors for input that is not text, and the windows and epochs training draws from."""
+one-line errors for input that is not text, shards checked against the manifest (a sample on open,
+every byte by `fastlm data verify`), and the windows and epochs training draws from."""
 
 import argparse
 import importlib.util
@@ -10,7 +11,9 @@ import numpy as np
 import pytest
 
 from fastlm.data import prepare as prepare_module
-from fastlm.data.prepare import MANIFEST, DataError, _pieces, prepare
+from fastlm.data import verify as verify_module
+from fastlm.data.manifest import MANIFEST, SAMPLE_BLOCKS, SAMPLE_BYTES, DataError, sample_sha256
+from fastlm.data.prepare import _pieces, prepare
 from fastlm.data.tokenizer import load_tokenizer
 from fastlm.data.tokens import EpochOrder, TokenData, Windows
 
@@ -140,10 +143,14 @@ def test_damaged_data_is_a_one_line_error(tmp_path):
 
 def test_windows_cover_every_range_and_share_one_token():
     ranges = [np.arange(0, 10), np.arange(100, 103), np.arange(200, 207)]  # 3, 0 and 2 windows of 3 + 1
-    windows = Windows(ranges, context=3)
+    windows = Windows(ranges, context=3, vocab_size=207)
     assert windows.count == 5
     np.testing.assert_array_equal(windows[np.array([0, 2, 3, 4])],
                                   [[0, 1, 2, 3], [6, 7, 8, 9], [200, 201, 202, 203], [203, 204, 205, 206]])  # fmt: skip
+    for vocab_size in (206, 200):  # the last id read, then the first one, just outside the vocabulary
+        with pytest.raises(DataError, match=f"the data holds token id {vocab_size}, outside its vocabulary"):
+            Windows(ranges, context=3, vocab_size=vocab_size)[np.array([3, 4])]
+    Windows(ranges, context=3, vocab_size=200)[np.array([0, 2])]  # windows of ids below 200 read as before
 
 
 def test_epochs_are_seeded_permutations():
@@ -154,3 +161,55 @@ def test_epochs_are_seeded_permutations():
     assert not np.array_equal(ids[:7], ids[7:14])
     np.testing.assert_array_equal(EpochOrder(7, 3).ids(5, 10), ids[5:15])  # any position, from any state
     assert not np.array_equal(EpochOrder(7, 4).ids(0, 7), ids[:7])
+
+
+def _verify_command(directory) -> int:
+    parser = argparse.ArgumentParser(prog="fastlm data verify")
+    verify_module.add_arguments(parser)
+    return verify_module.run(parser.parse_args([str(directory)]))
+
+
+def _damage(path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1
+    path.write_bytes(data)
+
+
+def test_shards_are_checked_against_the_manifest(tmp_path, capsys, monkeypatch):
+    # shards larger than the sample (16 blocks of 4 KiB): a change in a sampled block is found on
+    # open, one between the blocks only by `fastlm data verify`, which reads every byte
+    text = tmp_path / "text.txt"
+    text.write_bytes(bytes(range(32, 127)) * 4000)  # 380 kB: shards of 100,000 ids (200 kB)
+    prepare([text], tmp_path / "data", "bytes", held_out=0.05, shard_tokens=100_000)
+    shards = sorted((tmp_path / "data").glob("*.bin"))
+    assert len(shards) == 4 and shards[0].stat().st_size > SAMPLE_BLOCKS * SAMPLE_BYTES
+    TokenData(tmp_path / "data")
+    capsys.readouterr()
+    assert _verify_command(tmp_path / "data") == 0
+    assert "4 shard(s), 380,001 tokens, every sha256 matches the manifest" in capsys.readouterr().out
+    between_blocks = SAMPLE_BYTES + 10  # block 0 is bytes [0, 4096), block 1 starts near 13,000
+    _damage(shards[1], between_blocks)
+    assert sample_sha256(shards[1]) == json.loads((tmp_path / "data" / MANIFEST).read_text())["shards"][1][
+        "sample_sha256"]  # fmt: skip
+    TokenData(tmp_path / "data")  # the sample does not see it
+    _damage(shards[2], 0)
+    with pytest.raises(DataError, match=f"{shards[2].name} changed after it was prepared"):
+        TokenData(tmp_path / "data")
+    assert _verify_command(tmp_path / "data") == 1
+    assert capsys.readouterr().out.splitlines() == [
+        f"{shards[1]} is corrupt: its sha256 differs from the manifest's",
+        f"{shards[2]} is corrupt: its sha256 differs from the manifest's",
+        "2 of 4 shard(s) damaged: prepare the data again",
+    ]
+
+
+def test_data_of_an_older_version_is_refused_and_prepared_again(tmp_path, capsys):
+    prepare([CORPUS], tmp_path, "bytes", held_out=0.05, shard_tokens=10**8)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    (tmp_path / MANIFEST).write_text(json.dumps({**manifest, "version": 1}))
+    with pytest.raises(DataError, match="written by another version of fastlm data prepare .version 1"):
+        TokenData(tmp_path)
+    capsys.readouterr()
+    assert prepare([CORPUS], tmp_path, "bytes", held_out=0.05, shard_tokens=10**8)["version"] == manifest["version"]
+    assert "wrote" in capsys.readouterr().out  # not "is ready": the shards were written again
+    TokenData(tmp_path)

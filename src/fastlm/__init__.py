@@ -12,6 +12,7 @@ _EXPORTS = {
     "causal_conv1d": "fastlm.ops.causal_conv1d",
     "cross_entropy": "fastlm.ops.cross_entropy",
     "flash_attention": "fastlm.ops.flash_attention",
+    "flash_attention_varlen": "fastlm.ops.flash_attention",
     "layer_norm": "fastlm.ops.layer_norm",
     "linear_cross_entropy": "fastlm.ops.linear_cross_entropy",
     "masked_softmax": "fastlm.ops.masked_softmax",

@@ -14,12 +14,13 @@ killed at any point leaves a manifest that names complete, verified files: the c
 the save, or those plus the new one. The next save removes what no manifest names (an interrupted
 save's files, checkpoints beyond the last `keep`).
 
-`load` reads the newest committed checkpoint with `torch.load(weights_only=True)`, so a checkpoint
-never runs code, after checking its size and sha256 against the manifest; given the configuration
-of the run that wants to continue, it refuses a different one unless the differing fields are
-overridden. Every failure is a `CheckpointError` whose message is one sentence naming the file and
-what is wrong: missing, truncated, corrupt (checksum mismatch), not a fastlm checkpoint, written
-with a different configuration.
+`load` reads the newest committed checkpoint (or the one of a given step) with
+`torch.load(weights_only=True)`, so a checkpoint never runs code, after checking its size and
+sha256 against the manifest; given the configuration of the run that wants to continue, it refuses
+a different one unless the differing fields are overridden. Every failure is a `CheckpointError`
+whose message is one sentence naming the file and what is wrong: missing, truncated, corrupt
+(checksum mismatch), not a fastlm checkpoint, written with a different configuration. A damaged
+file (`DamagedCheckpointError`) also names the newest older checkpoint that is intact.
 
 The contents are the caller's: `config` is JSON data describing the run (what must match to
 continue it exactly), `state` is a dict of tensors and plain data (model and optimizer state dicts,
@@ -57,6 +58,15 @@ class CheckpointError(Exception):
     """A checkpoint cannot be written, read or used; the message is one sentence naming the file."""
 
 
+class DamagedCheckpointError(CheckpointError):
+    """The file of the checkpoint asked for is damaged; ``intact_step`` is the step of the newest
+    older committed checkpoint whose file is intact (None when there is none)."""
+
+    def __init__(self, message: str, intact_step: int | None) -> None:
+        super().__init__(message)
+        self.intact_step = intact_step
+
+
 class ConfigMismatchError(CheckpointError):
     """The checkpoint was written by a run with another configuration; `fields` lists what differs."""
 
@@ -87,19 +97,18 @@ def newest(directory: Path) -> dict | None:
     return entries[-1] if entries else None
 
 
-def save(directory: Path, step: int, config: dict, state: dict, *, keep: int = 2, start_new: bool = False) -> Path:
+def save(directory: Path, step: int, config: dict, state: dict, *, keep: int = 2) -> Path:
     """Write the checkpoint of ``step`` into ``directory`` and commit it; returns its file.
 
-    The manifest keeps the checkpoints of earlier steps up to ``keep`` in all; ``start_new`` drops
-    them instead (the first save of a run that replaces an older run's checkpoints). Raises
-    `CheckpointError` when the file cannot be written or fails verification; the committed
-    checkpoints are then untouched."""
+    The manifest keeps the checkpoints of earlier steps up to ``keep`` in all (those of later steps,
+    left by a run resumed from an older checkpoint, are dropped). Raises `CheckpointError` when the
+    file cannot be written or fails verification; the committed checkpoints are then untouched."""
     directory = Path(directory)
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     if json.loads(json.dumps(config)) != config:  # tuples would come back as lists and never compare equal
         raise ValueError("config must be JSON data (dicts, lists, strings, numbers, booleans, None)")
-    earlier = [] if start_new else [e for e in _read_manifest(directory) if e["step"] < step]
+    earlier = [e for e in _read_manifest(directory) if e["step"] < step]
     try:
         directory.mkdir(parents=True, exist_ok=True)
         temporary = directory / f"step-{step:08d}.pt.tmp"
@@ -121,22 +130,38 @@ def save(directory: Path, step: int, config: dict, state: dict, *, keep: int = 2
     return path
 
 
-def load(directory: Path, config: dict | None = None, override: Iterable[str] = ()) -> Checkpoint:
-    """The newest committed checkpoint in ``directory``, verified. With ``config``, raises
-    `ConfigMismatchError` when the checkpoint's configuration differs in a field not in ``override``."""
+def load(directory: Path, config: dict | None = None, override: Iterable[str] = (), step: int | None = None
+         ) -> Checkpoint:  # fmt: skip
+    """The newest committed checkpoint in ``directory`` (with ``step``, the one of that step),
+    verified. With ``config``, raises `ConfigMismatchError` when the checkpoint's configuration
+    differs in a field not in ``override``; `DamagedCheckpointError` when its file is damaged."""
     directory = Path(directory)
     if not directory.exists():
         raise CheckpointError(f"{directory} does not exist: there is no checkpoint to resume")
     entries = _read_manifest(directory)
     if not entries:
         raise CheckpointError(f"{directory} holds no checkpoint (no {MANIFEST} with an entry)")
-    entry = entries[-1]
+    entry = entries[-1] if step is None else next((e for e in entries if e["step"] == step), None)
+    if entry is None:
+        steps = ", ".join(str(e["step"]) for e in entries)
+        raise CheckpointError(f"{directory} holds no checkpoint of step {step} (it holds steps {steps})")
     if config is not None:
         differences = config_differences(entry["config"], config, override)
         if differences:
             changes = ", ".join(f"{f} {_shown(entry['config'], f)} -> {_shown(config, f)}" for f in differences)
             message = f"{directory} holds a checkpoint of a run with another configuration ({changes})"
             raise ConfigMismatchError(message, differences)
+    try:
+        return _read(directory, entry)
+    except CheckpointError as error:
+        intact = [e["step"] for e in entries if e["step"] < entry["step"] and _intact(directory, e)]
+        if intact:
+            error = f"{error}; the older checkpoint of step {intact[-1]} is intact"
+        raise DamagedCheckpointError(str(error), intact[-1] if intact else None) from None
+
+
+def _read(directory: Path, entry: dict) -> Checkpoint:
+    """The checkpoint of a manifest entry, its file checked against the entry."""
     path = directory / entry["file"]
     _check_file(path, entry["bytes"], entry["sha256"])
     try:
@@ -151,6 +176,14 @@ def load(directory: Path, config: dict | None = None, override: Iterable[str] = 
     if payload["step"] != entry["step"] or payload["config"] != entry["config"]:
         raise CheckpointError(f"{path} does not hold the step and configuration that {MANIFEST} records for it")
     return Checkpoint(step=payload["step"], config=payload["config"], state=payload["state"])
+
+
+def _intact(directory: Path, entry: dict) -> bool:
+    try:
+        _check_file(directory / entry["file"], entry["bytes"], entry["sha256"])
+    except CheckpointError:
+        return False
+    return True
 
 
 def _read_manifest(directory: Path) -> list[dict]:

@@ -29,7 +29,7 @@ from fastlm.analysis.transformer import (
     sdpa_total,
 )
 from fastlm.devices import device_spec
-from fastlm.harness.tables import markdown_table
+from fastlm.utils.tables import markdown_table
 
 A100 = device_spec("a100")
 BIG = dict(B=16, N=16384, D=4096, H=32, n_bytes=2)

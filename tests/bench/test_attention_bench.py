@@ -7,9 +7,9 @@ from fastlm.analysis.attention import attention_forward_flops, scores_bytes
 from fastlm.bench import attention
 from fastlm.cli import main
 from fastlm.harness.benchmark import Implementation, Run, measure_or_status
-from fastlm.harness.records import read_records
 from fastlm.harness.runner import run_benchmark
 from fastlm.ops.flash_attention import flash_attention_ref
+from fastlm.utils.records import read_records
 
 
 def test_naive_attention_matches_reference():

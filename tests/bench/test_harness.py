@@ -10,9 +10,9 @@ from fastlm.bench import xent
 from fastlm.bench.bandwidth import measure_stages, render_bandwidth
 from fastlm.cli import main
 from fastlm.harness.benchmark import Benchmark, Implementation, Run, measure_or_status
-from fastlm.harness.records import append_records, latest_run, latest_runs_by, read_records
-from fastlm.harness.tables import markdown_table, present_columns, si, si_seconds
 from fastlm.harness.timing import measure, measure_after_setup, measure_graph_replay
+from fastlm.utils.records import append_records, latest_run, latest_runs_by, read_records
+from fastlm.utils.tables import markdown_table, present_columns, si, si_seconds
 
 
 def test_measure_returns_ordered_quantiles():

@@ -4,6 +4,7 @@ ratios and missing baselines, and its one-line errors."""
 import json
 
 import pytest
+import torch
 
 from fastlm.cli import main
 
@@ -48,3 +49,29 @@ def test_bench_hf_errors_are_one_line(tmp_path, capsys):
             main(["bench", "hf", *bad, "--out", str(tmp_path)])
         err = capsys.readouterr().err
         assert "invalid choice" in err or "unknown patch 'apex'" in err
+
+
+def test_a_patch_that_fails_becomes_its_rows_status(monkeypatch, tmp_path):
+    # a third-party patch that cannot run a row (Liger's loss under torch.compile, say) must not end
+    # the run: its rows say why, the other patches' rows are measured
+    from fastlm.bench import hf
+    from fastlm.harness.benchmark import Implementation
+
+    def broken(shape):
+        model = build_model(shape)
+        model.forward = lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("cannot trace addmm\nmore"))
+        return model
+
+    monkeypatch.setitem(hf.IMPLEMENTATIONS, "liger", Implementation("hf+liger", broken))
+    monkeypatch.setattr(hf, "missing_patch", lambda patch: None)
+    benchmark = hf.HFBenchmark((HFShape.of("llama", "tiny", 16),), ("none", "liger"),
+                               (hf.Row("train", "fp32", "eager"),), batch=1, warmup=0, steps=1, rounds=2)  # fmt: skip
+    from fastlm.harness.runner import run_benchmark
+
+    report = run_benchmark(benchmark, tmp_path, torch.device("cpu")).read_text()
+    records = [json.loads(line) for line in (tmp_path / "results" / "hf.jsonl").read_text().splitlines()]
+    assert [(r["implementation"], r["status"]) for r in records] == [
+        ("hf", "ok"),
+        ("hf+liger", "error: cannot trace addmm"),
+    ]
+    assert "error: cannot trace addmm" in report

@@ -12,8 +12,8 @@ from fastlm.bench.options import HOST_OPS
 from fastlm.cli import build_parser, main
 from fastlm.cli.bench import cmd_bench_host
 from fastlm.harness.benchmark import Run
-from fastlm.harness.records import append_records
 from fastlm.ops import launch
+from fastlm.utils.records import append_records
 
 CPU = torch.device("cpu")
 

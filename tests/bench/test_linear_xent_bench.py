@@ -8,7 +8,7 @@ import torch
 
 from fastlm.bench import linear_xent
 from fastlm.harness.benchmark import Run
-from fastlm.harness.records import append_records, read_records
+from fastlm.utils.records import append_records, read_records
 
 CEILINGS = {"matmul_tflops": 0.5, "copy_gbps": 10.0}  # what `fastlm bench ceilings` records
 

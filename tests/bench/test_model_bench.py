@@ -151,8 +151,8 @@ def test_custom_dimensions_and_bad_arguments(tmp_path, capsys):
                  "--context", "16", "--steps", "1", "--warmup", "0", "--precision", "fp32",
                  "--out", str(tmp_path)]) == 0  # fmt: skip
     assert "| custom |" in (tmp_path / "reports" / "model.md").read_text()
-    assert main(["bench", "model", "--d-model", "32", "--out", str(tmp_path)]) == 2
-    assert "missing --d-ff, --layers, --heads" in capsys.readouterr().err
+    assert main(["bench", "model", "--heads", "3", "--out", str(tmp_path)]) == 2  # the rest: the preset's
+    assert "--d-model (64) must be divisible by --heads (3)" in capsys.readouterr().err
     assert main(["bench", "model", "--d-model", "30", "--d-ff", "64", "--layers", "1", "--heads", "4",
                  "--out", str(tmp_path)]) == 2  # fmt: skip
     assert "--d-model (30) must be divisible by --heads (4)" in capsys.readouterr().err

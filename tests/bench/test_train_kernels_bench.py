@@ -6,8 +6,8 @@ import argparse
 import pytest
 
 from fastlm.bench import train_kernels
-from fastlm.harness.records import read_records
-from fastlm.train_options import add_kernel_comparison_arguments
+from fastlm.cli.train import add_kernel_comparison_arguments
+from fastlm.utils.records import read_records
 
 
 def test_kernel_sets_train_alike(corpus_data, tmp_path, capsys):

@@ -40,15 +40,32 @@ def test_round_trip(tmp_path):
     assert (entry["step"], entry["file"], entry["bytes"]) == (7, path.name, path.stat().st_size)
 
 
-def test_keeps_the_newest_and_start_new_drops_the_older_run(tmp_path):
+def test_keeps_the_newest_and_a_resumed_older_step_drops_the_later_ones(tmp_path):
     for step in range(1, 6):
-        checkpoint.save(tmp_path, step, CONFIG, _state(step), keep=2)
-    assert [e["step"] for e in _committed(tmp_path)] == [4, 5]
-    assert len(_files(tmp_path)) == 3  # the manifest and two checkpoints
-    # a new run's first save replaces checkpoints of later steps than its own
-    path = checkpoint.save(tmp_path, 1, CONFIG, _state(), keep=2, start_new=True)
-    assert _files(tmp_path) == [checkpoint.MANIFEST, path.name]
-    assert checkpoint.load(tmp_path).step == 1
+        checkpoint.save(tmp_path, step, CONFIG, _state(step), keep=3)
+    assert [e["step"] for e in _committed(tmp_path)] == [3, 4, 5]
+    assert len(_files(tmp_path)) == 4  # the manifest and three checkpoints
+    # a run resumed from step 3 saves step 4 again: the checkpoints of its steps 4 and 5 go
+    kept = checkpoint.newest(tmp_path)
+    checkpoint.save(tmp_path, 4, CONFIG, _state(40), keep=3)
+    assert [e["step"] for e in _committed(tmp_path)] == [3, 4]
+    assert not (tmp_path / kept["file"]).exists()
+    torch.testing.assert_close(checkpoint.load(tmp_path).state["model"]["w"], _state(40)["model"]["w"])
+
+
+def test_an_older_step_loads_on_request_and_a_damaged_newest_names_the_intact_one(tmp_path):
+    for step in (1, 2, 3):
+        checkpoint.save(tmp_path, step, CONFIG, _state(step), keep=3)
+    assert checkpoint.load(tmp_path, CONFIG, step=2).step == 2
+    with pytest.raises(CheckpointError, match=r"holds no checkpoint of step 7 \(it holds steps 1, 2, 3\)$"):
+        checkpoint.load(tmp_path, step=7)
+    _flip_a_byte(tmp_path)  # step 3
+    (tmp_path / _committed(tmp_path)[1]["file"]).unlink()  # step 2: the newest intact one is step 1
+    with pytest.raises(checkpoint.DamagedCheckpointError, match="is corrupt: .*; the older checkpoint of step 1 is "
+                       "intact$") as raised:  # fmt: skip
+        checkpoint.load(tmp_path, CONFIG)
+    assert raised.value.intact_step == 1
+    torch.testing.assert_close(checkpoint.load(tmp_path, step=1).state["model"]["w"], _state(1)["model"]["w"])
 
 
 def test_an_interrupted_save_is_ignored_and_cleaned_up(tmp_path):

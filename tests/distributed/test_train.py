@@ -8,9 +8,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from fastlm import checkpoint, train
+from fastlm import checkpoint
+from fastlm.data.tokens import TokenData
 from fastlm.distributed.launch import exit_process, free_port
-from fastlm.train_log import read_log
+from fastlm.train import loop
+from fastlm.train.log import read_log
 
 from .train_processes import TrainRun
 
@@ -27,7 +29,7 @@ def common(corpus_data) -> list[str]:
 def _rank_main(rank: int, world: int, port: int, argv: list[str]) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))  # fmt: skip
-    exit_process(train.main(argv))  # as `python -m fastlm.train` ends
+    exit_process(loop.main(argv))  # as `python -m fastlm.train` ends
 
 
 def _torchrun_like(argv: list[str], world: int = 2) -> None:
@@ -46,7 +48,7 @@ def _losses(out) -> list[float]:
 def single_process(common, tmp_path_factory):
     """One process, 2 micro-batches of 2 windows per step: its weights and losses after 3 steps."""
     out = tmp_path_factory.mktemp("single")
-    assert train.main([*common, "--steps", "3", "--out", str(out)]) == 0
+    assert loop.main([*common, "--steps", "3", "--out", str(out)]) == 0
     return _weights(out), _losses(out)
 
 
@@ -72,7 +74,7 @@ def test_bf16_weights_train_in_parallel_like_one_process(mode, common, tmp_path)
     # two ranks add their bf16 gradient halves as one process adds its two micro-batches': the same
     # sums, so the same weights and losses
     argv = [*common, "--steps", "3", "--precision", "bf16-weights"]
-    assert train.main([*argv, "--out", str(tmp_path / "single")]) == 0
+    assert loop.main([*argv, "--out", str(tmp_path / "single")]) == 0
     _torchrun_like([*argv, "--parallel", *mode, "--out", str(tmp_path / "parallel")])
     weights = _weights(tmp_path / "single")
     for name, value in _weights(tmp_path / "parallel").items():
@@ -110,7 +112,7 @@ BAD_ARGUMENTS = [
     (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 or more"),
     (["--heads", "3"], "--d-model (64) must be divisible by --heads (3)"),
     (["--batch-tokens", "100"], "--batch-tokens must be a positive multiple of --context x --micro-batch x "
-                                "processes = 1024 x 8 x 1 = 8192, got 100"),
+                                "processes = 512 x 8 x 1 = 4096, got 100"),
     (["--compile", "cudagraphs", "--batch-tokens", "16384"], "--compile cudagraphs needs --parallel none and no "
                                                              "gradient accumulation"),
     (["--resume"], "--resume: runs/train/checkpoints holds no checkpoint to continue"),
@@ -130,16 +132,16 @@ def test_bad_arguments_are_one_line_errors(argv, message, capsys, tmp_path, monk
     if "fsdp" in argv:  # as torchrun sets them
         monkeypatch.setenv("RANK", "0")
         monkeypatch.setenv("WORLD_SIZE", "2")
-    assert train.main(["--data", str(tmp_path), *argv]) == 2
+    assert loop.main(["--data", str(tmp_path), *argv]) == 2
     error = capsys.readouterr().err
     assert error.startswith("python -m fastlm.train: error: ") and len(error.splitlines()) == 1
     assert message in error
 
 
 def test_unprepared_or_too_small_data_is_a_one_line_error(common, tmp_path, capsys):
-    assert train.main(["--data", str(tmp_path), "--out", str(tmp_path / "run")]) == 2
+    assert loop.main(["--data", str(tmp_path), "--out", str(tmp_path / "run")]) == 2
     assert "holds no prepared data (no manifest.json): run fastlm data prepare" in capsys.readouterr().err
-    assert train.main([*common, "--context", "512", "--batch-tokens", "1024", "--out", str(tmp_path / "run")]) == 2
+    assert loop.main([*common, "--context", "512", "--batch-tokens", "1024", "--out", str(tmp_path / "run")]) == 2
     error = capsys.readouterr().err
     assert "the held-out split of" in error and "holds 0 window(s) of --context + 1 = 513 tokens" in error
 
@@ -148,33 +150,33 @@ def test_unprepared_or_too_small_data_is_a_one_line_error(common, tmp_path, caps
 def two_steps(common, tmp_path):
     """A folder holding the checkpoint of a 2-step single-process run, and its arguments."""
     argv = [*common, "--out", str(tmp_path)]
-    assert train.main([*argv, "--steps", "2"]) == 0
+    assert loop.main([*argv, "--steps", "2"]) == 0
     return tmp_path / "checkpoints", argv
 
 
 def test_an_existing_checkpoint_is_replaced_only_with_overwrite(two_steps, capsys):
     path, argv = two_steps
     committed = checkpoint.newest(path)
-    assert train.main([*argv, "--steps", "1"]) == 2
-    assert "holds a checkpoint (step 2): pass --resume to continue its run or --overwrite" in capsys.readouterr().err
+    assert loop.main([*argv, "--steps", "1"]) == 2
+    assert "holds a run with a checkpoint (step 2): pass --resume to continue it" in capsys.readouterr().err
     assert checkpoint.newest(path) == committed
-    assert train.main([*argv, "--steps", "1", "--overwrite"]) == 0
+    assert loop.main([*argv, "--steps", "1", "--overwrite"]) == 0
     assert checkpoint.newest(path)["step"] == 1
     assert not (path / committed["file"]).exists()
 
 
 def test_resume_refuses_another_configuration_unless_overridden(two_steps, capsys):
     path, argv = two_steps
-    assert train.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--batch-tokens", "128"]) == 1
+    assert loop.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--batch-tokens", "128"]) == 1
     error = capsys.readouterr().err
     assert "batch_tokens 64 -> 128, lr 0.01 -> 0.1, steps 2 -> 3); pass --override batch_tokens --override lr " \
            "--override steps" in error  # fmt: skip
     assert len(error.splitlines()) == 1
-    assert train.main([*argv, "--steps", "3", "--resume", "--d-model", "32"]) == 1
+    assert loop.main([*argv, "--steps", "3", "--resume", "--d-model", "32"]) == 1
     assert "d_model cannot change when resuming" in capsys.readouterr().err
     assert checkpoint.newest(path)["step"] == 2
     # a deliberate change: the new learning rate is the one the optimizer uses from then on
-    assert train.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--override", "lr", "--override",
+    assert loop.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--override", "lr", "--override",
                        "steps"]) == 0  # fmt: skip
     resumed = checkpoint.load(path)
     assert resumed.step == 3 and resumed.config["lr"] == 0.1
@@ -184,18 +186,19 @@ def test_resume_refuses_another_configuration_unless_overridden(two_steps, capsy
 def test_resume_at_or_past_the_last_step(two_steps, capsys):
     path, argv = two_steps
     committed = checkpoint.newest(path)
-    assert train.main([*argv, "--steps", "2", "--resume"]) == 0
+    assert loop.main([*argv, "--steps", "2", "--resume"]) == 0
     assert "at step 2 of 2: nothing to train" in capsys.readouterr().out
-    assert train.main([*argv, "--steps", "1", "--resume", "--override", "steps"]) == 1
+    assert loop.main([*argv, "--steps", "1", "--resume", "--override", "steps"]) == 1
     assert "is at step 2, past --steps 1" in capsys.readouterr().err
     assert checkpoint.newest(path) == committed
 
 
 def test_a_corrupt_checkpoint_stops_every_rank_with_one_line(common, tmp_path):
     argv = [*common, "--steps", "3", "--parallel", "ddp", "--out", str(tmp_path)]
-    args = train.resolve_defaults(train.parse_args(argv))
-    config = train.run_config(args, world=2, data=train.TokenData(args.data))
-    written = checkpoint.save(tmp_path / "checkpoints", 2, config, {"model": {}})
+    config = loop.parse_args(argv).resolved(gpu=False)
+    data = TokenData(config.data)
+    record = config.run_record(2, data.sha256, data.tokenizer, data.vocab_size)
+    written = checkpoint.save(tmp_path / "checkpoints", 2, record, {"model": {}})
     written.write_bytes(written.read_bytes()[:-1])
     run = TrainRun([*argv, "--resume"], tmp_path / "logs", "corrupt", world=2)
     assert run.wait() == [1, 1]

@@ -240,6 +240,12 @@ def test_bad_inputs_raise_clear_errors():
         model(torch.randn(2, 8))
     with pytest.raises(ValueError, match="targets shape"):
         model(tokens(2, 8), tokens(2, 7))
+    vocab = TINY.vocab_size
+    for bad in (vocab, -1):  # one past the last id, and a negative one: refused before the embedding
+        ids = tokens(2, 8)
+        ids[1, 3] = bad
+        with pytest.raises(ValueError, match=rf"tokens must be ids in \[0, {vocab}\) \(vocab_size\), got {bad}$"):
+            model(ids)
 
 
 def test_flops_per_token_by_hand():

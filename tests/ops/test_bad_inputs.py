@@ -30,6 +30,11 @@ def _qkv(q_shape=(1, 2, 8, 16), kv_shape=None, dtype=torch.float32):
     return torch.randn(q_shape, dtype=dtype), torch.randn(kv_shape, dtype=dtype), torch.randn(kv_shape, dtype=dtype)
 
 
+def _cu_seqlens():
+    """Cumulative lengths of two documents of 4 rows, for q and for k."""
+    return torch.tensor([[0, 4, 8]] * 2, dtype=torch.int32)
+
+
 def _non_leaf_logits():
     return torch.randn(4, 10, requires_grad=True) * 1
 
@@ -182,6 +187,13 @@ CASES = [
     ("attention twin D=0", lambda: FlashAttentionTorch.apply(*_qkv((2, 8, 0))), ValueError, "head dim must lie in"),
     ("attention kernels head dims", lambda: FlashAttentionTriton.apply(*_qkv((2, 8, 16), (2, 8, 32))), ValueError,
      "q and k must have the same head dim"),
+    ("attention window -2", lambda: fastlm.flash_attention(*_qkv(), window=(-2, 0)), ValueError,
+     "window sides must be ints >= 0, or -1"),
+    ("attention varlen 4-D q", lambda: fastlm.flash_attention_varlen(*_qkv(), *_cu_seqlens(), 8, 8), ValueError,
+     r"q must be packed as \(total_q, H, D\)"),
+    ("attention varlen cu int64",
+     lambda: fastlm.flash_attention_varlen(*_qkv((8, 2, 16)), *_cu_seqlens().long(), 8, 8), TypeError,
+     "cu_seqlens_q must be int32"),
     # layer_norm / rms_norm
     ("layer_norm x list", lambda: fastlm.layer_norm([1.0, 2.0]), TypeError, "x must be a torch.Tensor"),
     ("layer_norm x 0-d", lambda: fastlm.layer_norm(torch.randn(())), ValueError, "x must have at least one dimension"),
@@ -345,13 +357,14 @@ def test_the_table_reaches_every_public_op_and_module():
     """Each name fastlm exports, the user-loop functions, and each module: at least one row."""
     ids = " ".join(case[0] for case in CASES)
     for prefix in ("xent", "xent forward", "xent backward", "linear_xent", "attention", "attention twin",
-                   "attention kernels", "layer_norm", "rms_norm", "softmax", "conv", "rotary", "swiglu", "weighted_sum",
-                   "CrossEntropyLoss", "LayerNorm", "RMSNorm", "LinearCrossEntropyLoss"):  # fmt: skip
+                   "attention kernels", "attention window", "attention varlen", "layer_norm", "rms_norm", "softmax",
+                   "conv", "rotary", "swiglu", "weighted_sum", "CrossEntropyLoss", "LayerNorm", "RMSNorm",
+                   "LinearCrossEntropyLoss"):  # fmt: skip
         assert f"{prefix} " in ids, prefix
     # the Hugging Face patch's bad inputs (models it does not support) are tested in tests/integrations
     ops = set(fastlm.__all__) - {"apply_fastlm", "revert_fastlm"}
-    assert ops == {"causal_conv1d", "cross_entropy", "flash_attention", "layer_norm", "linear_cross_entropy",
-                   "masked_softmax", "rms_norm", "rotary_embedding", "swiglu"}  # fmt: skip
+    assert ops == {"causal_conv1d", "cross_entropy", "flash_attention", "flash_attention_varlen", "layer_norm",
+                   "linear_cross_entropy", "masked_softmax", "rms_norm", "rotary_embedding", "swiglu"}  # fmt: skip
 
 
 def test_correct_values_of_other_types_pass():

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+import triton
 
 import fastlm
 from fastlm.ops.flash_attention import (
@@ -20,11 +21,13 @@ from fastlm.ops.flash_attention import (
     AttentionTiles,
     FlashAttentionTorch,
     FlashAttentionTriton,
+    attention_config,
+    flash_attention_ref,
+)
+from fastlm.ops.flash_attention.kernels import (
     _flash_backward_dkdv_kernel,
     _flash_backward_dq_kernel,
     _flash_forward_kernel,
-    attention_config,
-    flash_attention_ref,
 )
 
 from .launches import assert_direct_launch_matches_dispatcher, compiled_code_launches
@@ -60,12 +63,12 @@ def make_qkv(batch, heads, kv_heads, nq, nk, dim, dtype, device, requires_grad=T
     return [t.requires_grad_(requires_grad) for t in (q, k, v)]
 
 
-def check_attention(run, q, k, v, causal, scale=None):
+def check_attention(run, q, k, v, causal, scale=None, window=None):
     """``run(q, k, v)``'s output and (dq, dk, dv) against the materialized reference, by
     `check_against_float64`."""
     out = check_against_float64(
-        run, lambda q, k, v: flash_attention_ref(q, k, v, causal=causal, scale=scale).to(q.dtype), (q, k, v),
-        *ALLOWANCE[q.dtype],
+        run, lambda q, k, v: flash_attention_ref(q, k, v, causal=causal, scale=scale, window=window).to(q.dtype),
+        (q, k, v), *ALLOWANCE[q.dtype],
     )  # fmt: skip
     assert out.dtype == q.dtype
 
@@ -177,6 +180,66 @@ def test_config_with_one_direction_replaced(device):
     check_attention(lambda *a: FlashAttentionTriton.apply(*a, True, None, config), q, k, v, True)
 
 
+# (Nq, Nk, causal, window), run with SMALL_TILES: windows narrower than a tile (masked inside it,
+# whole tiles skipped on both sides), of 0 and 1 keys, one-sided, Nq != Nk (aligned bottom-right:
+# with 61 queries and 45 keys the first 13 rows see no key), and wider than the sequence.
+WINDOWS = [
+    pytest.param(70, 70, True, (7, -1), id="causal-left7"),
+    pytest.param(70, 70, False, (0, 2), id="left0-right2"),
+    pytest.param(70, 70, False, (1, 1), id="band1"),
+    pytest.param(61, 45, False, (20, 3), id="nq>nk-20-3"),
+    pytest.param(45, 61, False, (-1, 2), id="nq<nk-right2"),
+    pytest.param(70, 70, True, (200, -1), id="wider-than-sequence"),
+]
+
+
+@pytest.mark.parametrize("nq,nk,causal,window", WINDOWS)
+def test_window_matches_reference(nq, nk, causal, window, device):
+    q, k, v = make_qkv(1, 2, 1, nq, nk, 16, torch.float32, device)
+    check_attention(lambda *a: FlashAttentionTriton.apply(*a, causal, None, SMALL_TILES, window), q, k, v, causal,
+                    window=window)  # fmt: skip
+
+
+@pytest.mark.parametrize("nq,nk,causal,window", WINDOWS)
+def test_torch_twin_window_matches_reference(nq, nk, causal, window):
+    q, k, v = make_qkv(1, 2, 1, nq, nk, 16, torch.float32, "cpu")
+    check_attention(lambda *a: FlashAttentionTorch.apply(*a, causal, None, window), q, k, v, causal, window=window)
+
+
+@pytest.mark.parametrize("run", ["kernels", "tiled twin"])
+def test_window_of_the_diagonal_returns_each_rows_own_value(run, device):
+    """Causal with a left window of 0 (causal bounds the right at 0, whatever the window says): each
+    query sees its own key alone, so O = V and dV = dO exactly, and dQ = dK = 0 up to the rounding of
+    dS = P * (dP - rowsum(dO * O)), a difference of two equal dot products."""
+    attend = {"kernels": lambda *a: FlashAttentionTriton.apply(*a, True, None, SMALL_TILES, (0, 5)),
+              "tiled twin": lambda *a: FlashAttentionTorch.apply(*a, True, None, (0, 5))}[run]  # fmt: skip
+    q, k, v = make_qkv(1, 2, 2, 70, 70, 16, torch.float32, device if run == "kernels" else "cpu")
+    grad_out = torch.randn_like(q)
+    out = attend(q, k, v)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad_out)
+    assert torch.equal(out, v) and torch.equal(dv, grad_out)
+    assert dq.abs().max() < 1e-5 and dk.abs().max() < 1e-5
+
+
+def test_window_never_reads_tiles_outside_it(device):
+    """NaN in the values of the first 16 keys reaches (as 0 * NaN) the rows of every program that
+    loads them. With a causal window of 16 keys and SMALL_TILES no program loads them for queries
+    from 48 on, nor for the dK/dV of keys from 64 on (their query tiles start at 48, where Dlt of
+    rows 32..47 is NaN): those results must equal the reference on the same inputs, NaN-free."""
+    q, k, v = make_qkv(1, 2, 1, 96, 96, 16, torch.float32, device)
+    grad_out = torch.randn(q.shape, device=device)
+    poisoned = v.detach().clone()
+    poisoned[:, :, :16] = float("nan")
+    out = FlashAttentionTriton.apply(q, k, poisoned.requires_grad_(True), True, None, SMALL_TILES, (16, -1))
+    got = (out, *torch.autograd.grad(out, (q, k, poisoned), grad_out))
+    doubles = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+    ref = flash_attention_ref(*doubles, causal=True, window=(16, -1))
+    want = (ref, *torch.autograd.grad(ref, doubles, grad_out.double()))
+    for name, a, b, first in zip(("out", "dq", "dk", "dv"), got, want, (48, 48, 64, 64), strict=True):
+        torch.testing.assert_close(a[:, :, first:].double(), b[:, :, first:], atol=1e-5, rtol=1e-5, msg=name)
+    assert out[:, :, :16].isnan().all()  # the rows that see the NaN
+
+
 def test_attention_config_covers_every_arch_dtype_and_head_dim():
     """Other GPUs (80, 120) and the interpreter (0) get the sm90 tiles, never an error, for long and
     short sequences alike; cached."""
@@ -209,32 +272,38 @@ def test_registered_ops_pass_opcheck(heads, device):
     q, k, v = make_qkv(1, 2, 1, 40, 40, 32, torch.float32, device)
     if not heads:
         q, k, v = (t.detach()[:, 0].requires_grad_(True) for t in (q, k, v))
-    torch.library.opcheck(torch.ops.fastlm.flash_attention_forward, (q, k, v, True, 0.2))
+    torch.library.opcheck(torch.ops.fastlm.flash_attention_forward, (q, k, v, None, None, 0, True, 0.2, 3, -1))
 
 
 class TinyAttention(torch.nn.Module):
-    """A module with projections around the kernel, as a model would use it."""
+    """A module with projections around the kernel, as a model would use it: dense causal attention,
+    and the same tokens as packed documents under a causal sliding window."""
 
     def __init__(self, dim=32, heads=2):
         super().__init__()
         self.heads = heads
         self.qkv = torch.nn.Linear(dim, 3 * dim)
 
-    def forward(self, x):
+    def forward(self, x, cu_seqlens):
         batch, length, dim = x.shape
         q, k, v = self.qkv(x).view(batch, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
-        return fastlm.flash_attention(q, k, v, causal=True).sum()
+        dense = fastlm.flash_attention(q, k, v, causal=True)
+        q, k, v = (t.transpose(1, 2).flatten(0, 1) for t in (q, k, v))  # (batch * length, heads, head dim)
+        packed = fastlm.flash_attention_varlen(q, k, v, cu_seqlens, cu_seqlens, length, length, causal=True,
+                                               window=(5, -1))  # fmt: skip
+        return dense.sum() + packed.square().sum()
 
 
 def test_torch_compile_fullgraph(device):
     model = TinyAttention().to(device)
     x = torch.randn(2, 24, 32, device=device)
-    expected = model(x)
+    cu_seqlens = torch.tensor([0, 10, 24, 30, 48], dtype=torch.int32, device=device)  # documents across rows
+    expected = model(x, cu_seqlens)
     expected.backward()
     expected_grad = model.qkv.weight.grad.clone()
     model.zero_grad()
     compiled = torch.compile(model, fullgraph=True)
-    actual = compiled(x)
+    actual = compiled(x, cu_seqlens)
     actual.backward()
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(model.qkv.weight.grad, expected_grad, atol=1e-5, rtol=1e-5)
@@ -281,6 +350,44 @@ def test_gpu_matches_reference(dim, dtype, causal):
 def test_gpu_lengths(nq, nk):
     q, k, v = make_qkv(1, 2, 1, nq, nk, 128, torch.bfloat16, "cuda")
     check_attention(lambda *a: fastlm.flash_attention(*a, causal=True), q, k, v, True)
+
+
+# (Nq, Nk, causal, window, head dim): a window across many 128-key tiles, a two-sided band, Nq != Nk
+# both ways (rows without keys, the diagonal off the tile grid), the diagonal alone, and a window
+# wider than the sequence.
+GPU_WINDOWS = [
+    (4096, 4096, True, (1024, -1), 128),
+    (4096, 4096, False, (256, 256), 64),
+    (3000, 4100, False, (100, 0), 128),
+    (4100, 3000, True, (777, -1), 64),
+    (2048, 2048, True, (0, -1), 128),
+    (2048, 2048, False, (5000, 5000), 128),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nq,nk,causal,window,dim", GPU_WINDOWS)
+def test_gpu_window(nq, nk, causal, window, dim):
+    q, k, v = make_qkv(1, 4, 2, nq, nk, dim, torch.bfloat16, "cuda")
+    check_attention(lambda *a: fastlm.flash_attention(*a, causal=causal, window=window), q, k, v, causal,
+                    window=window)  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_gpu_window_cost_grows_linearly():
+    """A causal window of 512 keys: from 8k to 16k tokens the forward+backward time about doubles
+    (quadratic cost would quadruple it), and at 16k it is a small fraction of full causal attention
+    (512 of 8192 keys per query on average: 1/16, plus the partly masked tiles)."""
+
+    def step_ms(n, window):
+        q, k, v = make_qkv(1, 16, 16, n, n, 128, torch.bfloat16, "cuda")
+        grad_out = torch.randn_like(q)
+        attend = lambda: fastlm.flash_attention(q, k, v, causal=True, window=window).backward(grad_out)
+        return triton.testing.do_bench(attend, grad_to_none=[q, k, v])
+
+    windowed = step_ms(16384, (512, -1))
+    assert windowed < 2.6 * step_ms(8192, (512, -1))
+    assert windowed < 0.2 * step_ms(16384, None)
 
 
 @pytest.mark.gpu

@@ -292,7 +292,8 @@ from triton.compiler import ASTSource
 from fastlm.optim.adamw import _adamw_kernel
 scalars = ["decay", "avg_weight", "beta2", "sq_weight", "step_size", "bias_correction2_sqrt", "eps"]
 constexprs = {"BLOCK": 4096, "LOW_DTYPE": None}  # fp32 parameters
-signature = {"TENSORS": "*i64", "BLOCKS": "*i64", **dict.fromkeys(scalars, "fp32"), **dict.fromkeys(constexprs, "constexpr")}
+signature = {"TENSORS": "*i64", "BLOCKS": "*i64", **dict.fromkeys(scalars, "fp32"),
+             **dict.fromkeys(constexprs, "constexpr")}
 source = ASTSource(_adamw_kernel, signature=signature, constexprs=constexprs)
 ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8}).asm["ptx"]
 print(ptx.count("ld.global.v4.b32"), ptx.count("st.global.v4.b32"))

@@ -26,7 +26,7 @@ from rich.table import Table
 from fastlm.analysis.roofline import Bound, elementwise_bound
 from fastlm.analysis.tables import add_columns
 from fastlm.devices import DeviceSpec
-from fastlm.harness.tables import si, si_seconds
+from fastlm.utils.tables import si, si_seconds
 
 SILU_FLOPS = 4
 

@@ -58,7 +58,7 @@ from fastlm.analysis.attention import SOFTMAX_FLOPS_PER_ELEMENT, scores_bytes
 from fastlm.analysis.roofline import Bound
 from fastlm.analysis.tables import add_columns
 from fastlm.devices import DeviceSpec
-from fastlm.harness.tables import format_value, si, si_seconds
+from fastlm.utils.tables import format_value, si, si_seconds
 
 ELEMENT_SIZES = {1: "fp8", 2: "fp16/bf16", 4: "fp32"}  # n_bytes accepted, and what they stand for
 DTYPE_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4}  # the element types by name, for the tables
@@ -193,7 +193,7 @@ def mlp_total(B: int, N: int, D: int, n_bytes: int) -> Stage:
     return _total("MLP", mlp_stages(B, N, D, n_bytes))
 
 
-# (key, header) pairs for `fastlm.harness.tables.markdown_table(render_stages(...), STAGE_COLUMNS)`
+# (key, header) pairs for `fastlm.utils.tables.markdown_table(render_stages(...), STAGE_COLUMNS)`
 STAGE_COLUMNS = [
     ("stage", "stage"),
     ("flops", "FLOPs"),

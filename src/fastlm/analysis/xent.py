@@ -26,7 +26,7 @@ from rich.table import Table
 from fastlm.analysis.roofline import Bound, elementwise_bound
 from fastlm.analysis.tables import add_columns
 from fastlm.devices import DeviceSpec
-from fastlm.harness.tables import si, si_seconds
+from fastlm.utils.tables import si, si_seconds
 
 LOGIT_BYTES, TARGET_BYTES, LOSS_BYTES, LSE_BYTES, GRAD_OUTPUT_BYTES, GRAD_BYTES = 2, 8, 4, 4, 4, 2
 

@@ -1,4 +1,4 @@
-"""`fastlm bench attention --sweep {naive,compile,flash,model}`: attention timings and memory.
+"""`fastlm bench attention --sweep {naive,compile,flash,model,varlen,window}`: attention timings and memory.
 
 Sweeps (one run, one device, every implementation side by side):
 - naive / compile: plain PyTorch attention (materialized scores, causal mask) eager or under
@@ -11,10 +11,19 @@ Sweeps (one run, one device, every implementation side by side):
   cuDNN backend; peak memory of forward+backward.
 - model: 32k tokens per batch, 16 heads, head dims 64 and 128, lengths 1k/4k/16k, causal, bf16;
   TFLOP/s by the conventional FLOP count (fastlm.analysis.attention) and peak memory.
+- varlen: two 32k-token rows of documents of long-tailed lengths, 16 heads, causal in each document,
+  bf16: fastlm's packed attention, the same kernels on one causal sequence per row, SDPA flash and
+  cuDNN on the documents padded to a batch, FlexAttention with a document mask.
+- window: a causal window of 1024 or 256 keys, 4k to 32k tokens, 32k per batch: fastlm's window,
+  full causal attention, independent sequences of twice the window (a window's best case), and
+  FlexAttention's sliding-window mask.
+Their TFLOP/s count each implementation's real work, the query-key pairs its mask shows (4 D FLOPs
+each, a causal N x N block as N^2 / 2): padding and what a mask hides do not count.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import timeit
@@ -28,10 +37,10 @@ import fastlm
 from fastlm.analysis.attention import BACKWARD_FLOPS_RATIO, attention_forward_flops
 from fastlm.bench.options import ATTENTION_SWEEPS
 from fastlm.harness.benchmark import Benchmark, Implementation, Run
-from fastlm.harness.plots import line_plot
-from fastlm.harness.records import read_records
-from fastlm.harness.tables import device_line, markdown_table, present_columns
 from fastlm.harness.timing import measure, measure_after_setup
+from fastlm.utils.plots import line_plot
+from fastlm.utils.records import read_records
+from fastlm.utils.tables import device_line, markdown_table, present_columns
 
 CPU_NOTE = (
     "No GPU: fastlm.flash_attention runs its tiled PyTorch path (the Triton interpreter under "
@@ -96,13 +105,71 @@ def sweep_shapes(sweep: str, device: torch.device) -> list[Shape]:
         tokens, heads = (32768, 16) if gpu else (512, 2)
         seqs = (1024, 4096, 16384) if gpu else (128, 256)
         return [Shape(tokens // n, heads, n, d, torch.bfloat16) for d in (64, 128) for n in seqs]
+    if sweep == "varlen":
+        rows, seq, heads = (2, 32768, 16) if gpu else (1, 256, 2)
+        return [Documents(rows, heads, seq, d, torch.bfloat16) for d in (64, 128)]
+    if sweep == "window":
+        tokens, heads = (32768, 16) if gpu else (512, 2)
+        windows, seqs = ((1024, 256), (4096, 16384, 32768)) if gpu else ((32,), (256,))
+        return [Window(tokens // n, heads, n, 128, torch.bfloat16, w) for w in windows for n in seqs]
     raise ValueError(f"unknown sweep {sweep!r}; choose from {', '.join(ATTENTION_SWEEPS)}")
+
+
+@dataclass(frozen=True)
+class Window(Shape):
+    """A Shape under a causal sliding window of ``window`` keys back."""
+
+    window: int = 0
+
+    def record(self) -> dict:
+        return {**super().record(), "window": self.window}
+
+    @property
+    def masked_flops(self) -> float:
+        """N w - w^2 / 2 query-key pairs per head (N^2 / 2, the causal count, once the window spans
+        the sequence), 4 D FLOPs each."""
+        n, w = self.seq, self.window
+        return 4.0 * self.batch * self.heads * (n * w - w * w / 2 if w < n else n * n / 2) * self.head_dim
+
+
+@dataclass(frozen=True)
+class Documents:
+    """``rows`` rows of ``seq`` tokens, each filled with documents (`lengths`)."""
+
+    rows: int
+    heads: int
+    seq: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def lengths(self) -> list[int]:
+        """Log-normal lengths (median seq / 64, sigma 1: 512 tokens in a 32k row, one in a hundred
+        past 5,000), each row's last document cut at its end. Seeded: every implementation gets the
+        same documents."""
+        generator, lengths = torch.Generator().manual_seed(0), []
+        for _ in range(self.rows):
+            left = self.seq
+            while left:
+                draw = float(torch.empty(1).log_normal_(math.log(self.seq / 64), 1.0, generator=generator))
+                lengths.append(min(left, max(1, round(draw))))
+                left -= lengths[-1]
+        return lengths
+
+    def record(self) -> dict:
+        lengths = self.lengths()
+        dense = Shape(self.rows, self.heads, self.seq, self.head_dim, self.dtype)
+        return {**dense.record(), "documents": len(lengths), "longest": max(lengths)}
+
+    @property
+    def masked_flops(self) -> float:
+        """The real work: causal attention within each document."""
+        return sum(attention_forward_flops(1, self.heads, n, n, self.head_dim, True) for n in self.lengths())
 
 
 @dataclass(frozen=True)
 class Case:
     sweep: str
-    shape: Shape
+    shape: Shape | Documents
 
 
 def _naive(_case: Case) -> AttentionFn:
@@ -135,6 +202,94 @@ def _sdpa(backend_name: str) -> Callable[[Case], AttentionFn | str]:
     return make
 
 
+# The varlen and window sweeps' implementations make a setup: (device) -> (leaf inputs in the layout
+# the implementation takes, the attention call, its forward FLOPs).
+
+
+def _dense_setup(shape: Shape, attend: AttentionFn, flops: float | None = None):
+    return lambda device: (shape.make_inputs(device), attend, shape.forward_flops if flops is None else flops)
+
+
+def _varlen_fastlm(case: Case):
+    docs = case.shape
+    lengths = docs.lengths()
+
+    def setup(device):
+        cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+        longest = max(lengths)
+        attend = lambda q, k, v: fastlm.flash_attention_varlen(q, k, v, cu_seqlens, cu_seqlens, longest, longest,
+                                                               causal=True)  # fmt: skip
+        inputs = [torch.randn(sum(lengths), docs.heads, docs.head_dim, device=device, dtype=docs.dtype,
+                              requires_grad=True) for _ in range(3)]  # fmt: skip
+        return inputs, attend, docs.masked_flops
+
+    return setup
+
+
+def _varlen_one_sequence(case: Case):
+    docs = case.shape
+    return _dense_setup(Shape(docs.rows, docs.heads, docs.seq, docs.head_dim, docs.dtype), _fastlm(case))
+
+
+def _varlen_sdpa_padded(backend_name: str):
+    def make(case: Case):
+        docs = case.shape
+        lengths = docs.lengths()
+        padded = Shape(len(lengths), docs.heads, max(lengths), docs.head_dim, docs.dtype)  # a document per entry
+        return _dense_setup(padded, _sdpa(backend_name)(case), docs.masked_flops)  # causal: padding is ignored
+
+    return make
+
+
+def _flex(mask_for):
+    """FlexAttention (compiled) under the block mask of ``mask_for(case shape, device)`` ->
+    (mask_mod, the Shape of its inputs)."""
+
+    def make(case: Case):
+        try:
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        except ImportError:
+            return "unavailable: this torch has no torch.nn.attention.flex_attention"
+        compiled = torch.compile(flex_attention, dynamic=False)
+
+        def setup(device):
+            mask_mod, shape = mask_for(case.shape, device)
+            block_mask = create_block_mask(mask_mod, None, None, shape.seq, shape.seq, device=device)
+            attend = lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+            return shape.make_inputs(device), attend, case.shape.masked_flops
+
+        return setup
+
+    return make
+
+
+def _document_mask(docs: Documents, device: torch.device):
+    """Every row as one sequence: a query sees the keys of its document up to itself."""
+    lengths = docs.lengths()
+    document = torch.repeat_interleave(torch.arange(len(lengths), device=device), torch.tensor(lengths, device=device))
+    mask_mod = lambda b, h, q_idx, kv_idx: (document[q_idx] == document[kv_idx]) & (kv_idx <= q_idx)
+    return mask_mod, Shape(1, docs.heads, sum(lengths), docs.head_dim, docs.dtype)
+
+
+def _window_mask(shape: Window, device: torch.device):
+    return lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx) & (q_idx - kv_idx <= shape.window), shape
+
+
+def _window_fastlm(case: Case):
+    shape = case.shape
+    attend = lambda q, k, v: fastlm.flash_attention(q, k, v, causal=True, window=(shape.window, -1))
+    return _dense_setup(shape, attend, shape.masked_flops)
+
+
+def _window_chunks(case: Case):
+    """Independent causal sequences of twice the window over the same tokens: the cost a window of w
+    keys approaches (each query sees about w keys in both)."""
+    shape = case.shape
+    chunk = min(2 * shape.window, shape.seq)
+    return _dense_setup(Shape(shape.batch * shape.seq // chunk, shape.heads, chunk, shape.head_dim, shape.dtype),
+                        _fastlm(case))  # fmt: skip
+
+
 IMPLEMENTATIONS = {
     "naive": Implementation("naive", _naive, "PyTorch eager, materialized scores"),
     "compile": Implementation("compile", _compiled, "torch.compile of the naive attention"),
@@ -142,12 +297,29 @@ IMPLEMENTATIONS = {
     "sdpa-flash": Implementation("sdpa-flash", _sdpa("FLASH_ATTENTION"), "SDPA, FlashAttention-2 backend",
                                  needs_gpu=True),
     "sdpa-cudnn": Implementation("sdpa-cudnn", _sdpa("CUDNN_ATTENTION"), "SDPA, cuDNN backend", needs_gpu=True),
+    "fastlm-varlen": Implementation("fastlm-varlen", _varlen_fastlm, "fastlm.flash_attention_varlen"),
+    "fastlm-one-sequence": Implementation("fastlm-one-sequence", _varlen_one_sequence,
+                                          "fastlm.flash_attention, each row one causal sequence"),
+    "sdpa-flash-padded": Implementation("sdpa-flash-padded", _varlen_sdpa_padded("FLASH_ATTENTION"),
+                                        "SDPA flash, documents padded to a batch", needs_gpu=True),
+    "sdpa-cudnn-padded": Implementation("sdpa-cudnn-padded", _varlen_sdpa_padded("CUDNN_ATTENTION"),
+                                        "SDPA cuDNN, documents padded to a batch", needs_gpu=True),
+    "flex-documents": Implementation("flex-documents", _flex(_document_mask), "FlexAttention, document mask",
+                                     needs_gpu=True),
+    "fastlm-window": Implementation("fastlm-window", _window_fastlm, "fastlm.flash_attention, causal window"),
+    "fastlm-chunks": Implementation("fastlm-chunks", _window_chunks, "fastlm, independent 2w-token sequences"),
+    "fastlm-causal": Implementation("fastlm-causal", lambda case: _dense_setup(case.shape, _fastlm(case)),
+                                    "fastlm, full causal attention"),
+    "flex-window": Implementation("flex-window", _flex(_window_mask), "FlexAttention, sliding-window mask",
+                                  needs_gpu=True),
 }  # fmt: skip
 SWEEP_IMPLEMENTATIONS = {
     "naive": ("naive",),
     "compile": ("compile",),
     "flash": ("fastlm", "naive", "sdpa-flash", "sdpa-cudnn"),
     "model": ("fastlm", "sdpa-flash", "sdpa-cudnn"),
+    "varlen": ("fastlm-varlen", "fastlm-one-sequence", "sdpa-flash-padded", "sdpa-cudnn-padded", "flex-documents"),
+    "window": ("fastlm-window", "fastlm-chunks", "fastlm-causal", "flex-window"),
 }
 
 
@@ -194,9 +366,9 @@ def _loop_timings(fn: AttentionFn, q, k, v, device, steps: int, warmup: int) -> 
     }
 
 
-def _bench_timings(fn: AttentionFn, q, k, v, device, shape: Shape) -> dict:
+def _bench_timings(fn: AttentionFn, q, k, v, device, flops: float) -> dict:
     """do_bench forward, backward (CUDA events around the backward only) and forward+backward;
-    peak memory of one forward+backward; TFLOP/s by the conventional count."""
+    peak memory of one forward+backward; TFLOP/s of ``flops`` forward FLOPs (the backward 2.5x)."""
     grad_out = torch.randn_like(q)
     fwd = measure(lambda: fn(q, k, v), device, warmup_ms=25, rep_ms=100)
     bwd = measure_after_setup(lambda: fn(q, k, v), lambda out: out.backward(grad_out), device, reps=10)
@@ -209,7 +381,6 @@ def _bench_timings(fn: AttentionFn, q, k, v, device, shape: Shape) -> dict:
         fn(q, k, v).backward(grad_out)
         torch.cuda.synchronize()
         peak_mb = torch.cuda.max_memory_allocated() / 2**20
-    flops = shape.forward_flops
     return {
         "fwd_ms": fwd.median_ms,
         "bwd_ms": bwd.median_ms,
@@ -302,6 +473,8 @@ def model_ratios(records: list[dict]) -> list[dict]:
     return rows
 
 
+VARLEN_COLUMNS = [*BENCH_COLUMNS[:2], ("documents", "documents"), ("longest", "longest"), *BENCH_COLUMNS[4:]]
+WINDOW_COLUMNS = [*BENCH_COLUMNS[:3], ("window", "window"), *BENCH_COLUMNS[3:]]
 RATIO_COLUMNS = [
     ("head_dim", "D"),
     ("seq", "N"),
@@ -355,12 +528,15 @@ class AttentionBenchmark(Benchmark):
 
     def measure(self, case: Case, fn: AttentionFn, run: Run) -> dict:
         device = run.device
+        if case.sweep in ("varlen", "window"):
+            tensors, attend, flops = fn(device)
+            return {"status": "ok", **_bench_timings(attend, *tensors, device, flops)}
         tensors = case.shape.make_inputs(device)
         if case.sweep in ("naive", "compile"):
             on_gpu = device.type == "cuda"
             return {"status": "ok", **_loop_timings(fn, *tensors, device, steps=100 if on_gpu else 3,
                                                     warmup=3 if on_gpu else 1)}  # fmt: skip
-        return {"status": "ok", **_bench_timings(fn, *tensors, device, case.shape)}
+        return {"status": "ok", **_bench_timings(fn, *tensors, device, case.shape.forward_flops)}
 
     def render(self, results_dir: Path, reports_dir: Path) -> str:
         """Markdown for the latest run of each sweep; writes the PNG plots."""
@@ -395,6 +571,18 @@ class AttentionBenchmark(Benchmark):
                          markdown_table(flash, present_columns(flash, BENCH_COLUMNS))]  # fmt: skip
             if plot is not None:
                 sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
+        varlen = latest_sweep(records, "varlen")
+        if varlen:
+            first = varlen[0]
+            sections += ["## Packed documents (`--sweep varlen`)",
+                         device_line(first) + f" · {first['batch']} x {first['seq']}-token rows, {first['heads']} "
+                         "heads, causal within each document, bf16 · TFLOP/s of the real (per-document) work",
+                         markdown_table(varlen, present_columns(varlen, VARLEN_COLUMNS))]  # fmt: skip
+        window = latest_sweep(records, "window")
+        if window:
+            sections += ["## Sliding window (`--sweep window`)",
+                         device_line(window[0]) + " · causal, bf16 · TFLOP/s of the work each mask shows",
+                         markdown_table(window, present_columns(window, WINDOW_COLUMNS))]  # fmt: skip
         naive, compiled = latest_sweep(records, "naive"), latest_sweep(records, "compile")
         if naive or compiled:
             first = (naive or compiled)[0]

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from fastlm.harness.benchmark import Benchmark, Implementation, Run, failure_status
-from fastlm.harness.plots import grouped_bar_plot
-from fastlm.harness.tables import device_line, markdown_table, present_columns
 from fastlm.harness.timing import Timing, drop_grads, measure, measure_after_setup, measure_graph_replay
+from fastlm.utils.plots import grouped_bar_plot
+from fastlm.utils.tables import device_line, markdown_table, present_columns
 
 STAGES = ("fwd", "bwd", "fwd_bwd")
 CPU_NOTE = (

@@ -192,7 +192,8 @@ class HFBenchmark(Benchmark):
                                   "batch": self.batch, **dataclasses.asdict(row), "status": missing_patch(p)})
                 for s, p in missing for row in self.rows])  # fmt: skip
         for measured in measure_rounds(self._subjects(), self.rows, batch=self.batch, warmup=self.warmup,
-                                       steps=self.steps, rounds=self.rounds, device=run.device):  # fmt: skip
+                                       steps=self.steps, rounds=self.rounds, device=run.device,
+                                       errors_as_status=True):  # fmt: skip
             yield Measured(measured.label, [{**r, "op": "hf"} for r in measured.records])
 
     def render(self, results_dir: Path, reports_dir: Path) -> str:

@@ -53,11 +53,11 @@ from fastlm.bench.options import (
     HOST_OPS,
 )
 from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run, failure_status
-from fastlm.harness.plots import grouped_bar_plot
-from fastlm.harness.records import latest_run, read_records, with_environment
-from fastlm.harness.tables import device_line, markdown_table
 from fastlm.harness.timing import drop_grads
 from fastlm.ops.launch import DIRECT_LAUNCH
+from fastlm.utils.plots import grouped_bar_plot
+from fastlm.utils.records import latest_run, read_records, with_environment
+from fastlm.utils.tables import device_line, markdown_table
 
 # both take a case's inputs; one module-level function per op and implementation (host_cases)
 IMPLEMENTATIONS = (

@@ -28,11 +28,11 @@ import torch.nn.functional as F
 import fastlm
 from fastlm.bench.bandwidth import CPU_NOTE
 from fastlm.harness.benchmark import Benchmark, Implementation, Run
-from fastlm.harness.plots import bar_series, grouped_bar_plot
-from fastlm.harness.tables import device_line, markdown_table
 from fastlm.harness.timing import measure
 from fastlm.ops.common import device_arch
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy_config
+from fastlm.utils.plots import bar_series, grouped_bar_plot
+from fastlm.utils.tables import device_line, markdown_table
 
 WIDTH = 4096
 GPU_CASES = tuple((tokens, WIDTH, vocab) for tokens in (4096, 8192, 32768) for vocab in (32000, 128256, 256000))

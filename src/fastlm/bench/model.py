@@ -40,12 +40,12 @@ import torch
 from fastlm.analysis.model import MODES, mfu
 from fastlm.bench.model_report import CPU_NOTE, render
 from fastlm.devices import current_device_name, spec_for_device_name
-from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run
-from fastlm.harness.records import read_records, with_environment
-from fastlm.harness.steps import LossFn, Row, autocasts, make_optimizer, make_step, time_steps, weights_stored_for
+from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run, failure_status
+from fastlm.harness.steps import LossFn, Row, make_optimizer, make_step, time_steps, weights_stored_for
 from fastlm.harness.timing import is_out_of_memory
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.model.config import COMPILE_MODES, TORCH_COMPILE_MODE
+from fastlm.model.config import COMPILE_MODES, TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
+from fastlm.utils.records import read_records, with_environment
 
 SWEEP_PRECISIONS = ("fp32", "bf16")
 SWEEP_COMPILE_MODES = ("eager", "compile")
@@ -212,7 +212,7 @@ def row_memory_estimate(config: ModelConfig, row: Row, batch: int) -> int:
     against 42 GB estimated here: the estimate errs on the safe side."""
     parameters = config.num_parameters()
     gradients, adamw, casts = row.mode != "fwd", row.mode == "train", row.precision == "bf16"
-    masters = adamw and row.precision == "bf16-weights"  # its smaller weights and gradients are left out
+    masters = adamw and stores_bf16_weights(row.precision)  # its smaller weights and gradients are left out
     weights = 4 * gradients + 8 * adamw + 2 * casts + 4 * masters
     tokens = batch * config.context_length
     activations = 34 * tokens * config.d_model * config.num_layers * (1 if autocasts(row.precision) else 2)
@@ -276,6 +276,7 @@ def measure_rounds(
     rounds: int,
     device: torch.device,
     interleave: bool | None = None,
+    errors_as_status: bool = False,
 ) -> Iterator[Measured]:
     """Every (subject, row) for ``rounds`` rounds, one step per round of a (subject, row); one record
     per (subject, row), yielded with the step that finishes its model's last round.
@@ -284,7 +285,9 @@ def measure_rounds(
     compiled modules kept, so slow drift of the machine (clocks, temperature, other tenants) is
     spread over all configurations alike. Back to back: the rounds of one configuration follow
     each other and a model is freed once its rows are done. A configuration that runs out of
-    memory is not retried in later rounds; its record says "out of memory"."""
+    memory is not retried in later rounds; its record says "out of memory". With
+    ``errors_as_status``, so does one that raises any other RuntimeError (a third-party model that
+    fails to compile, say): its record says "error: " and the message's first line."""
     memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     schedule, why = choose_schedule(subject_list, row_list, batch, memory, interleave)
     if schedule == "interleaved":
@@ -295,21 +298,24 @@ def measure_rounds(
     built = [BuiltModel(subject, batch, device) for subject in subject_list]
     times: dict[tuple[int, Row], list[list[float]]] = {(s, row): [] for s in range(len(built)) for row in row_list}
     peaks: dict[tuple[int, Row], list[float]] = {key: [] for key in times}
-    out_of_memory: set[tuple[int, Row]] = set()
+    failed: dict[tuple[int, Row], str] = {}  # (subject, row) -> its record's status
     spec = spec_for_device_name(current_device_name())
     with _compile_caches_for_many_models():
         for i, (r, s, row) in enumerate(plan):
             subject = subject_list[s]
-            if (s, row) not in out_of_memory:
+            if (s, row) not in failed:
                 try:
                     round_times, peak = built[s].round(row, warmup, steps)
                     times[s, row].append(round_times)
                     if peak is not None:
                         peaks[s, row].append(peak)
                 except RuntimeError as error:
-                    if not is_out_of_memory(error):
+                    if is_out_of_memory(error):
+                        failed[s, row] = "out of memory"
+                    elif errors_as_status:
+                        failed[s, row] = failure_status(error)
+                    else:
                         raise
-                    out_of_memory.add((s, row))
                     _free_memory(device)
             label = f"{subject.preset} {row.mode} {row.precision} {row.compile} round {r + 1}/{rounds}"
             if last_use[s] != i:
@@ -324,8 +330,8 @@ def measure_rounds(
             model_records = []
             for row in row_list:
                 record = {**base, **dataclasses.asdict(row)}
-                if (s, row) in out_of_memory or not times[s, row]:
-                    record["status"] = "out of memory"
+                if (s, row) in failed or not times[s, row]:
+                    record["status"] = failed.get((s, row), "out of memory")
                 else:
                     record.update(status="ok", **summarize_rounds(times[s, row], warmup,
                                                                   batch * subject.config.context_length))  # fmt: skip

@@ -7,8 +7,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from fastlm.harness.plots import grouped_bar_plot
-from fastlm.harness.tables import markdown_table, present_columns
+from fastlm.utils.plots import grouped_bar_plot
+from fastlm.utils.tables import markdown_table, present_columns
 
 CPU_NOTE = (
     "No GPU: steps of the model on the CPU, its fastlm kernels through their reference paths; MFU and peak "

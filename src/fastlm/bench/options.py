@@ -18,7 +18,7 @@ HOST_CPU_CALLS, HOST_CPU_ROUNDS, HOST_CPU_WARMUP = 10, 3, 2
 HOST_MIN_ROUNDS = 3  # a median and a spread
 
 # `fastlm bench attention` (fastlm.bench.attention)
-ATTENTION_SWEEPS = ("naive", "compile", "flash", "model")
+ATTENTION_SWEEPS = ("naive", "compile", "flash", "model", "varlen", "window")
 
 # `fastlm bench hf` (fastlm.bench.hf)
 HF_FAMILIES = ("llama", "qwen3", "mistral")

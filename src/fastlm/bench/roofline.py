@@ -23,9 +23,9 @@ from fastlm.analysis.xent import CrossEntropyCost
 from fastlm.devices import current_device_name, spec_for_device_name
 from fastlm.harness.benchmark import Benchmark
 from fastlm.harness.ceilings import latest_ceilings, record_ceilings
-from fastlm.harness.plots import save_figure
-from fastlm.harness.records import latest_run, read_records
-from fastlm.harness.tables import markdown_table
+from fastlm.utils.plots import save_figure
+from fastlm.utils.records import latest_run, read_records
+from fastlm.utils.tables import markdown_table
 
 NORM_FLOPS_PER_ELEMENT = {"layer": 7, "rms": 4}
 CPU_NOTE = (

@@ -11,55 +11,58 @@ OUT/kernels.png (both curves) and appends one record per run to OUT/results/trai
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import timeit
 from collections.abc import Sequence
 
-from fastlm import train
-from fastlm.data.prepare import DataError
-from fastlm.harness.records import append_records, with_environment
-from fastlm.train_log import loss_plot, read_log
-from fastlm.train_options import UsageError
+import torch
+
+from fastlm.train import loop
+from fastlm.train.config import TrainConfig
+from fastlm.train.log import loss_plot, read_log
+from fastlm.utils.errors import UserError
+from fastlm.utils.options import from_namespace
+from fastlm.utils.records import append_records, with_environment
 
 RESULTS_FILE = "train_kernels.jsonl"
 
 
-def compare_kernels(args: argparse.Namespace, kernel_sets: Sequence[str]) -> list[dict]:
-    """Train once per kernel set with the options of ``args`` (checked as `fastlm train` checks
-    them); one record per run: kernels, wall_s, tokens_per_s, mfu, the last training and held-out
-    losses, and the configuration. Raises UsageError / DataError like `train.train`."""
-    if args.parallel != "none" or args.resume:
-        raise UsageError("the kernel benchmark trains fresh runs in one process: it takes neither --parallel "
-                               "nor --resume")  # fmt: skip
-    # the options as given (--out, --checkpoint-every), before each run's overrides below hide them
-    train.check_arguments(train.resolve_defaults(argparse.Namespace(**{**vars(args), "kernels": kernel_sets[0]})), 1)
+def compare_kernels(config: TrainConfig, kernel_sets: Sequence[str]) -> list[dict]:
+    """Train once per kernel set with ``config`` (checked as `fastlm train` checks it); one record
+    per run: kernels, wall_s, tokens_per_s, mfu, the last training and held-out losses, and the
+    configuration. Raises UserError like `fastlm.train.loop.train`."""
+    if config.parallel != "none" or config.resume:
+        raise UserError("the kernel benchmark trains fresh runs in one process: it takes neither --parallel nor "
+                        "--resume")  # fmt: skip
+    config = config.resolved(gpu=torch.cuda.is_available())
+    config.check(world=1)  # as given, before each run's own values below hide some (--checkpoint-every)
     runs, records = {}, []
     for kernels in kernel_sets:
-        fresh = {"kernels": kernels, "out": args.out / kernels, "checkpoint_every": 0, "overwrite": True}
-        run_args = train.resolve_defaults(argparse.Namespace(**{**vars(args), **fresh}))
-        train.check_arguments(run_args, world=1)
+        run = dataclasses.replace(config, kernels=kernels, out=config.out / kernels, checkpoint_every=0, overwrite=True)
+        loop.check_config(run, world=1)
         start = timeit.default_timer()
-        result = train.train(run_args)
+        result = loop.train(run)
         wall_s = timeit.default_timer() - start
-        runs[kernels] = read_log(run_args.out / "log.jsonl")
+        runs[kernels] = read_log(run.out / "log.jsonl")
         records.append(with_environment({
             "op": "train_kernels", "kernels": kernels, "wall_s": wall_s, "steps": result["step"],
             "tokens_per_s": result["tokens_per_s"], "mfu": result["mfu"], "peak_memory_gib": result["peak_memory_gib"],
             "final_loss": result["losses"][-1], "eval_loss": result["eval"][-1][1],
-            "config": {k: str(v) if k in ("data", "out") else v for k, v in vars(run_args).items()},
+            "config": {k: str(v) if k in ("data", "out") else v for k, v in dataclasses.asdict(run).items()},
         }))  # fmt: skip
-    append_records(args.out / "results" / RESULTS_FILE, records)
+    append_records(config.out / "results" / RESULTS_FILE, records)
     first = records[0]
-    title = f"{first['config']['preset']} on {args.data.name}, each kernel set from the same start · {first['gpu']}"
-    loss_plot(args.out / "kernels.png", runs, title)
+    title = f"{first['config']['preset']} on {config.data.name}, each kernel set from the same start · {first['gpu']}"
+    loss_plot(config.out / "kernels.png", runs, title)
     return records
 
 
 def run(args: argparse.Namespace) -> int:
     """`fastlm bench train`: print one line per kernel set; 0, or 2 after a one-line error."""
     try:
-        records = compare_kernels(args, args.kernels)
-    except (UsageError, DataError) as error:
+        records = compare_kernels(from_namespace(TrainConfig, args, kernels=args.kernels[0]), args.kernels)
+    except UserError as error:
         print(f"{args.prog}: error: {error}", flush=True, file=sys.stderr)
         return 2
     for r in records:

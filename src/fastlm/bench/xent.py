@@ -26,9 +26,9 @@ import torch.nn.functional as F
 import fastlm
 from fastlm.analysis.xent import CrossEntropyCost
 from fastlm.harness.benchmark import Benchmark, Implementation, Run
-from fastlm.harness.plots import bar_series, grouped_bar_plot
-from fastlm.harness.tables import device_line, markdown_table
 from fastlm.harness.timing import Timing, measure, measure_after_setup
+from fastlm.utils.plots import bar_series, grouped_bar_plot
+from fastlm.utils.tables import device_line, markdown_table
 
 DEFAULT_BATCH = 4096
 DEFAULT_VOCABS = (32000, 50264, 128256)

@@ -15,7 +15,7 @@ import functools
 import os
 
 from fastlm.cli import analyze, ar, bench, data, inspect, output, profile, report, train
-from fastlm.cli.arguments import UserError
+from fastlm.utils.errors import UserError
 
 GROUPS = (train, data, bench, profile, analyze, ar, inspect, report)
 

@@ -9,9 +9,10 @@ import argparse
 
 from fastlm.analysis.transformer import DTYPE_BYTES
 from fastlm.cli import output
-from fastlm.cli.arguments import UserError, add_command, add_group, int_list, positive_float, positive_int
+from fastlm.cli.arguments import add_command, add_group, int_list, positive_float, positive_int
 from fastlm.cli.models import add_model_arguments, check_heads, single_model_config
 from fastlm.devices import DEVICES, device_spec
+from fastlm.utils.errors import UserError
 
 
 def cmd_analyze_xent(args) -> None:

@@ -8,7 +8,6 @@ from rich.table import Table
 
 from fastlm.cli import output
 from fastlm.cli.arguments import (
-    UserError,
     add_command,
     add_group,
     add_out,
@@ -18,7 +17,8 @@ from fastlm.cli.arguments import (
     random_seed,
 )
 from fastlm.cli.models import check_heads
-from fastlm.harness.progress import progress_steps
+from fastlm.utils.errors import UserError
+from fastlm.utils.progress import progress_steps
 
 # RecallConfig's fields -> the options that set them
 RECALL_OPTIONS = {"num_keys": "--keys", "num_values": "--values", "num_pairs": "--pairs", "num_train": "--train",
@@ -62,9 +62,9 @@ def cmd_ar_handcrafted(args) -> None:
 
 
 def cmd_ar_train(args) -> None:
-    from fastlm.harness.records import append_records, with_environment
     from fastlm.tasks.associative_recall import make_splits
     from fastlm.tasks.recall_training import TARGET_ACCURACY, TrainSettings, accuracy_plot, minimum_layers, train_depth
+    from fastlm.utils.records import append_records, with_environment
 
     task = recall_config(args)
     settings = TrainSettings(d_model=args.d_model, num_heads=args.heads, epochs=args.epochs, batch=args.batch,

@@ -2,7 +2,8 @@
 
 Each argument type rejects a bad value with one sentence, which argparse prefixes with the
 option's name ("argument --lr: expected a positive finite number, got 'nan'") and exits with 2.
-A mistake argparse cannot see (options that contradict each other) raises `UserError`.
+A mistake argparse cannot see (options that contradict each other) raises
+`fastlm.utils.errors.UserError`.
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-
-class UserError(Exception):
-    """A mistake in how fastlm was called; printed as one sentence."""
-
+from fastlm.utils.options import SEED_LIMIT
+from fastlm.utils.paths import check_writable_folder
 
 # ---------------------------------------------------------------------------------------------
 # Argument types
@@ -41,9 +40,9 @@ def non_negative_int(text: str) -> int:
 
 
 def random_seed(text: str) -> int:
-    """A random seed: an integer in [0, 2**63), the range torch's generators take."""
+    """A random seed: an integer in [0, SEED_LIMIT), as `fastlm train --seed` takes."""
     value = non_negative_int(text)
-    if value >= 2**63:
+    if value >= SEED_LIMIT:
         raise argparse.ArgumentTypeError(f"expected a seed below 2**63, got {value}")
     return value
 
@@ -107,18 +106,20 @@ def text_file(text: str) -> Path:
 
 
 def folder(text: str) -> Path:
-    """A folder to write into: missing (it is created) or an existing folder, not a file."""
-    path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
-    return path
+    """A folder to write into: an existing folder, or one that can be created."""
+    try:
+        check_writable_folder(Path(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return Path(text)
 
 
 def output_file(text: str) -> Path:
-    """A file to write: not an existing folder."""
+    """A file to write: not an existing folder, in a folder that can be written."""
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
+    folder(str(path.parent))
     return path
 
 

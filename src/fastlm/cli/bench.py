@@ -25,7 +25,6 @@ from fastlm.bench.options import (
 )
 from fastlm.cli import bench_distributed, bench_hf, output
 from fastlm.cli.arguments import (
-    UserError,
     add_command,
     add_group,
     add_out,
@@ -35,9 +34,10 @@ from fastlm.cli.arguments import (
     positive_int,
 )
 from fastlm.cli.models import add_model_arguments, model_configs
+from fastlm.cli.train import add_kernel_comparison_arguments
 from fastlm.devices import current_device
 from fastlm.model.config import COMPILE_MODES, PRECISIONS, PRESETS
-from fastlm.train_options import add_kernel_comparison_arguments
+from fastlm.utils.errors import UserError
 
 _host_ops = choice_list(HOST_OPS, "op")
 _sweep_list = choice_list(ATTENTION_SWEEPS, "sweep")

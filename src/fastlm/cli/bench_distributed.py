@@ -1,16 +1,16 @@
 """`fastlm bench allreduce | ddp`: collectives and data-parallel training, one process per rank.
 
 NCCL with one GPU per process where there are GPUs, else gloo on the CPU. Rank 0 of the worker
-processes reports progress, one plain line each (`fastlm.harness.progress.print_line`).
+processes reports progress, one plain line each (`fastlm.utils.progress.print_line`).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from fastlm.bench.distributed.options import DDP_OPTIMIZERS, DDP_VARIANTS, Variant, ddp_variant
 from fastlm.cli import output
 from fastlm.cli.arguments import (
-    UserError,
     add_command,
     add_out,
     choice_list,
@@ -22,8 +22,8 @@ from fastlm.cli.arguments import (
     positive_int,
 )
 from fastlm.devices import current_device
-from fastlm.distributed.bench_options import DDP_OPTIMIZERS, DDP_VARIANTS, Variant, ddp_variant
-from fastlm.model.config import PRESETS
+from fastlm.model.config import FP32_WEIGHT_PRECISIONS, FP32_WEIGHTS_HELP, PRESETS
+from fastlm.utils.errors import UserError
 
 
 def _ddp_variant(part: str) -> Variant:
@@ -58,7 +58,7 @@ def _world_sizes(procs: tuple[int, ...], backend: str) -> list[int]:
 def cmd_bench_allreduce(args) -> None:
     import torch
 
-    from fastlm.distributed.allreduce_bench import AllreduceBenchmark
+    from fastlm.bench.distributed.allreduce import AllreduceBenchmark
     from fastlm.harness.runner import run_benchmark
 
     backend = args.backend
@@ -72,7 +72,7 @@ def cmd_bench_allreduce(args) -> None:
 def cmd_bench_ddp(args) -> None:
     import torch
 
-    from fastlm.distributed.ddp_bench import DataParallelBenchmark, Settings
+    from fastlm.bench.distributed.ddp import DataParallelBenchmark, Settings
     from fastlm.harness.runner import run_benchmark
 
     backend = args.backend
@@ -122,7 +122,7 @@ def _add_ddp_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab", type=positive_int, default=10000, help="vocabulary size")
     p.add_argument("--context", type=positive_int, default=512, help="sequence length")
     p.add_argument("--batch", type=positive_int, default=4, help="sequences per rank")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="fp32, or bf16 (autocast)")
+    p.add_argument("--precision", choices=FP32_WEIGHT_PRECISIONS, default="bf16", help=FP32_WEIGHTS_HELP)
     p.add_argument("--variants", type=_variant_list, default=",".join(DDP_VARIANTS),
                    help="comma list of gradient synchronizations; bucketed-X for any X MB")  # fmt: skip
     p.add_argument("--optimizers", type=_optimizer_list, default=DDP_OPTIMIZERS,

@@ -8,9 +8,10 @@ import importlib.util
 from fastlm.analysis.model import MODES
 from fastlm.bench.options import HF_FAMILIES, HF_PATCHES, HF_SIZES
 from fastlm.cli import output
-from fastlm.cli.arguments import UserError, add_command, add_out, choice_list, non_negative_int, positive_int
+from fastlm.cli.arguments import add_command, add_out, choice_list, non_negative_int, positive_int
 from fastlm.devices import current_device
 from fastlm.model.config import COMPILE_MODES, PRECISIONS
+from fastlm.utils.errors import UserError
 
 
 def cmd_bench_hf(args) -> None:
@@ -44,7 +45,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--size", choices=HF_SIZES, default=None,
                    help="the family's published dimensions: 1b, 3b, 8b (Llama 3.2 1B/3B, 3.1 8B; Qwen3 1.7B/4B/8B; "
                    "Mistral 7B as 8b) or tiny (default 1b on a GPU, tiny on a CPU)")  # fmt: skip
-    p.add_argument("--layers", type=positive_int, default=None, help="number of layers (default: the size's; fewer make a quick run)")
+    p.add_argument("--layers", type=positive_int, default=None,
+                   help="number of layers (default: the size's; fewer make a quick run)")  # fmt: skip
     for flag, what in (("--d-model", "hidden size"), ("--d-ff", "MLP width"), ("--heads", "query heads"),
                        ("--kv-heads", "key/value heads"), ("--head-dim", "head dimension"),
                        ("--vocab", "vocabulary size")):  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 from fastlm.cli import output
 from fastlm.cli.arguments import add_command, add_group, output_file, positive_int
 from fastlm.devices import current_device
-from fastlm.harness.progress import print_line
+from fastlm.utils.progress import print_line
 
 
 def cmd_inspect_compiled_xent(args) -> None:

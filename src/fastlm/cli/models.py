@@ -1,11 +1,13 @@
-"""Which model a command runs or analyzes: presets or explicit dimensions, and kernel switches."""
+"""Which model a command runs or analyzes: presets (a comma list), dimensions that replace the
+presets', and kernel switches. The preset, dimension and context options are the fields of
+`fastlm.model.options.ModelOptions`, as in `fastlm train`."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 
-from fastlm.cli.arguments import UserError, choice_list, positive_int
+from fastlm.cli.arguments import choice_list, positive_int
 from fastlm.devices import current_device
 from fastlm.model.config import (
     ATTENTION_KERNELS,
@@ -17,22 +19,22 @@ from fastlm.model.config import (
     SOFTMAX_KERNELS,
     ModelConfig,
 )
+from fastlm.model.options import ModelOptions
+from fastlm.utils.errors import UserError
+from fastlm.utils.options import add_options, from_namespace
 
 
 def add_model_arguments(p: argparse.ArgumentParser, gpu_preset: str = "small") -> None:
-    """Which model: presets (or explicit dims), vocabulary, context, batch and kernel switches;
-    ``gpu_preset`` is the default preset on a GPU machine (tiny without one)."""
+    """Which model: presets (and dimensions replacing theirs), vocabulary, context, batch and kernel
+    switches; ``gpu_preset`` is the default preset on a GPU machine (tiny without one)."""
     p.set_defaults(gpu_preset=gpu_preset)
-    p.add_argument("--preset", type=choice_list(PRESETS, "preset"), default=None,
-                   help=f"comma list of {', '.join(PRESETS)} (default on a GPU: {gpu_preset}; "
-                   "without one: tiny)")  # fmt: skip
-    custom = "custom model instead of a preset, with --d-model, --d-ff, --layers and --heads (default: a preset)"
-    p.add_argument("--d-model", type=positive_int, default=None, help=f"model width; {custom}")
-    p.add_argument("--d-ff", type=positive_int, default=None, help=f"MLP hidden width; {custom}")
-    p.add_argument("--layers", type=positive_int, default=None, help=f"Transformer blocks; {custom}")
-    p.add_argument("--heads", type=positive_int, default=None, help=f"attention heads; {custom}")
+    presets = {
+        "type": choice_list(PRESETS, "preset"),
+        "choices": None,
+        "help": f"comma list of {', '.join(PRESETS)} (default on a GPU: {gpu_preset}; without one: tiny)",
+    }
+    add_options(p, ModelOptions, overrides={"preset": presets})
     p.add_argument("--vocab", type=positive_int, default=10000, help="vocabulary size")
-    p.add_argument("--context", type=positive_int, default=512, help="sequence length")
     p.add_argument("--batch", type=positive_int, default=4, help="sequences per step")
     p.add_argument("--kernels", type=choice_list(KERNEL_SETS, "kernel set"), default=("torch",),
                    help="comma list: torch (SDPA, PyTorch norm and loss) and/or fastlm (fused kernels)")  # fmt: skip
@@ -57,29 +59,20 @@ def check_heads(d_model: int, heads: int, rope: bool = False) -> None:
 
 
 def model_configs(args: argparse.Namespace) -> list[tuple[str, ModelConfig]]:
-    """(name, config) for every preset x kernel set named on the command line; explicit
-    --d-model/--d-ff/--layers/--heads build one "custom" config instead of presets."""
-    common = {"vocab_size": args.vocab, "context_length": args.context}
-    dims = {"d_model": args.d_model, "d_ff": args.d_ff, "num_layers": args.layers, "num_heads": args.heads}
-    if any(v is not None for v in dims.values()):
-        missing = [f"--{k.replace('num_', '').replace('_', '-')}" for k, v in dims.items() if v is None]
-        if missing:
-            raise UserError(
-                f"a custom model needs --d-model, --d-ff, --layers and --heads; missing {', '.join(missing)}"
-            )
-        check_heads(args.d_model, args.heads, rope=True)
-        bases = [("custom", lambda: ModelConfig(**dims, **common))]
-    else:
-        presets = args.preset or ((args.gpu_preset,) if current_device().type == "cuda" else ("tiny",))
-        bases = [(name, lambda name=name: ModelConfig.preset(name, **common)) for name in presets]
+    """(name, config) for every preset x kernel set named on the command line; a preset whose
+    dimensions --d-model/--d-ff/--layers/--heads replace is named "custom"."""
+    options = from_namespace(ModelOptions, args, preset=None)
+    presets = args.preset or ((args.gpu_preset,) if current_device().type == "cuda" else ("tiny",))
     overrides = {
         k: getattr(args, k) for k in ("attention", "norm", "rope", "loss", "softmax") if getattr(args, k) is not None
     }
     configs = []
-    for name, make in bases:
+    for preset in presets:
+        base = options.model_config(preset, args.vocab)
         for kernels in args.kernels:
             try:
-                configs.append((name, dataclasses.replace(make().with_kernels(kernels), **overrides)))
+                configs.append(("custom" if options.custom else preset,
+                                dataclasses.replace(base.with_kernels(kernels), **overrides)))  # fmt: skip
             except ValueError as error:
                 raise UserError(str(error)) from None
     return configs

@@ -2,7 +2,7 @@
 
 Everything goes through `console` (stdout) and `error_console` (stderr); tests that check a
 table's layout swap `console` for one of a fixed width. Progress lines and notes come from
-`fastlm.harness.progress`.
+`fastlm.utils.progress`.
 """
 
 from __future__ import annotations

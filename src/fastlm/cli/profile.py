@@ -9,8 +9,8 @@ from fastlm.cli import output
 from fastlm.cli.arguments import add_command, add_group, add_out, choice_list, int_list, non_negative_int, positive_int
 from fastlm.cli.models import add_model_arguments, single_model_config
 from fastlm.devices import current_device
-from fastlm.harness.progress import progress_steps
-from fastlm.model.config import ModelConfig
+from fastlm.model.config import FP32_WEIGHT_PRECISIONS, FP32_WEIGHTS_HELP, ModelConfig
+from fastlm.utils.progress import progress_steps
 
 
 def run_model_profile(
@@ -64,7 +64,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     p = add_command(commands, "model", "kernel summary per range (forward, backward, optimizer, attention stages)",
                     cmd_profile_model, duration=("about 30 seconds", "under 10 minutes"))  # fmt: skip
     add_model_arguments(p)
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="bf16", help="fp32, or bf16 (autocast)")
+    p.add_argument("--precision", choices=FP32_WEIGHT_PRECISIONS, default="bf16", help=FP32_WEIGHTS_HELP)
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untraced steps first")
     p.add_argument("--steps", type=positive_int, default=3, help="profiled steps per phase")
     p.add_argument("--timing-steps", type=positive_int, default=10,
@@ -77,6 +77,6 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--contexts", type=int_list, default=(128, 256, 512), help="comma list of context lengths")
     p.add_argument("--mode", type=choice_list(("fwd", "train"), "mode"), default=("fwd", "train"),
                    help="comma list of fwd (forward pass), train (full step with AdamW)")  # fmt: skip
-    p.add_argument("--precision", type=choice_list(("fp32", "bf16"), "precision"), default=("fp32", "bf16"),
-                   help="comma list of fp32, bf16 (autocast)")  # fmt: skip
+    p.add_argument("--precision", type=choice_list(FP32_WEIGHT_PRECISIONS, "precision"), default=FP32_WEIGHT_PRECISIONS,
+                   help=f"comma list: {FP32_WEIGHTS_HELP}")  # fmt: skip
     add_out(p)

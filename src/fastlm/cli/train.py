@@ -1,20 +1,32 @@
-"""`fastlm train`: the training loop on prepared token data (`fastlm.train`), one process or one per GPU."""
+"""`fastlm train`: the training loop on prepared token data (`fastlm.train`), one process or one per
+GPU; its options are the fields of `fastlm.train.config.TrainConfig`."""
 
 from __future__ import annotations
 
 import argparse
 
-from fastlm.cli.arguments import add_command
-from fastlm.train_options import add_arguments
+from fastlm.cli.arguments import add_command, choice_list
+from fastlm.model.config import KERNEL_SETS
+from fastlm.train.config import TrainConfig, add_arguments
+from fastlm.utils.options import from_namespace
 
 
 def cmd_train(args) -> int:
-    from fastlm import train
+    from fastlm.train import loop
 
-    return train.run(args)
+    return loop.run(from_namespace(TrainConfig, args), args.prog)
+
+
+def add_kernel_comparison_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of `fastlm train`, with --kernels a comma list of kernel sets to compare."""
+    add_arguments(p, overrides={"kernels": {"type": choice_list(KERNEL_SETS, "kernel set"), "choices": None,
+                                            "default": KERNEL_SETS, "help": "comma list of kernel sets, each "
+                                            "trained from the same start"}})  # fmt: skip
+    p.set_defaults(prog=p.prog)
 
 
 def add_commands(groups: argparse._SubParsersAction) -> None:
     p = add_command(groups, "train", "train the LM on prepared token data (fastlm data prepare), one process or "
                     "under torchrun one per GPU", cmd_train)  # fmt: skip
     add_arguments(p)
+    p.set_defaults(prog=p.prog)

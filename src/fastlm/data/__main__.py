@@ -1,11 +1,15 @@
-"""`python -m fastlm.data prepare ...`: the same as `fastlm data prepare ...`."""
+"""`python -m fastlm.data prepare|verify ...`: the same as `fastlm data prepare|verify ...`."""
 
 import argparse
 
-from fastlm.data import prepare
+from fastlm.data import prepare, verify
+
+COMMANDS = {"prepare": (prepare, "tokenize text files into token shards"),
+            "verify": (verify, "check every shard's sha256 against the manifest")}  # fmt: skip
 
 parser = argparse.ArgumentParser(prog="python -m fastlm.data", description=__doc__.splitlines()[0])
 commands = parser.add_subparsers(dest="command", required=True)
-prepare.add_arguments(commands.add_parser("prepare", help="tokenize text files into token shards",
-                                          description=prepare.__doc__.splitlines()[0]))  # fmt: skip
-raise SystemExit(prepare.run(parser.parse_args()))
+for name, (module, summary) in COMMANDS.items():
+    module.add_arguments(commands.add_parser(name, help=summary, description=module.__doc__.splitlines()[0]))
+args = parser.parse_args()
+raise SystemExit(COMMANDS[args.command][0].run(args))

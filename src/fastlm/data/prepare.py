@@ -2,10 +2,13 @@
 
 Also `python -m fastlm.data prepare`:
 
-    fastlm data prepare --input books/ notes.txt --tokenizer gpt2 --out data/books
+    fastlm data prepare --input books/ notes.txt --tokenizer bpe:16384 --out data/books
 
     data/books/
-      manifest.json                   tokenizer, vocabulary, dtype, counts, inputs, splits (below)
+      manifest.json                   tokenizer, vocabulary, dtype, counts, inputs, shards (size,
+                                      sha256, sample sha256: `fastlm.data.manifest`), splits (below)
+      tokenizer-3f9a1c2b7d4e.json     the tokenizer (a trained bpe:VOCAB or the tokenizer.json given);
+                                      none for bytes and gpt2
       tokens-3f9a1c2b7d4e-00000.bin   token ids as raw little-endian uint16 (uint32 for vocabularies
       tokens-3f9a1c2b7d4e-00001.bin   past 65536), --shard-tokens per file; np.memmap reads them
 
@@ -15,15 +18,18 @@ model sees where a document starts. The held-out split is the last --held-out fr
 token stream; the manifest names each split as token ranges of the shard files, so splitting copies
 nothing.
 
-Idempotent: the manifest records the inputs (path, size, modification time) and the settings; run
-again with the same ones, the command only says the data is ready. Otherwise new shards are written
-(their names carry a tag of the inputs and settings, so they never replace the committed ones),
-the manifest is replaced in one rename, and only then are the shards it no longer names removed:
-a run stopped at any moment leaves the previous data whole.
+Idempotent: the manifest records the inputs (path, size, modification time) and the settings
+(a tokenizer file by its sha256); run again with the same ones, the command only says the data is
+ready, before loading or training a tokenizer. Otherwise new files are written (their names carry a
+tag of the inputs and settings, so they never replace the committed ones), the manifest is replaced
+in one rename, and only then are the files it no longer names removed: a run stopped at any moment
+leaves the previous data whole.
 
-Cost: the inputs are read once; a document is held in memory whole, and tokenized in pieces of
-about 1 MB cut before a line that starts with a non-space character, a place where GPT-2's
-pre-tokenizer always splits, so the ids equal those of the document tokenized at once.
+Cost: the inputs are read once (twice for bpe:VOCAB, whose training reads them first); a document
+is held in memory whole. bytes, gpt2 and bpe:VOCAB tokenize it in pieces of about 1 MB cut before a
+line that starts with a non-space character, a place where GPT-2's pre-tokenizer always splits, so
+the ids equal those of the document tokenized at once; a tokenizer.json (whose pre-tokenizer may
+treat the start of its input apart) gets each document whole.
 """
 
 from __future__ import annotations
@@ -39,23 +45,30 @@ from pathlib import Path
 
 import numpy as np
 
-from fastlm.data.tokenizer import TOKENIZERS, Tokenizer, default_tokenizer, load_tokenizer
-from fastlm.harness.progress import progress
+from fastlm.data.manifest import (
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    DataError,
+    check_shard,
+    read_manifest,
+    sample_sha256,
+    token_dtype,
+)
+from fastlm.data.tokenizer import (
+    BPE_PREFIX,
+    Tokenizer,
+    default_tokenizer,
+    load_tokenizer,
+    tokenizer_name,
+    tokenizer_spec,
+)
+from fastlm.utils.paths import check_writable_folder
+from fastlm.utils.progress import progress
 
-FORMAT = "fastlm-tokens"
-VERSION = 1
-MANIFEST = "manifest.json"
-_SHARD_NAME = re.compile(r"tokens-[0-9a-f]{12}-\d{5}\.bin(\.tmp)?")
+_DATA_FILE = re.compile(r"(tokens-[0-9a-f]{12}-\d{5}\.bin|tokenizer-[0-9a-f]{12}\.json)(\.tmp)?")
 _PIECE_CHARS = 1 << 20
 _PIECE_END = re.compile(r"\n(?=\S)")
-
-
-class DataError(ValueError):
-    """Input that cannot be prepared or data that cannot be read; one sentence naming the file."""
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
 def input_files(inputs: list[Path], out: Path) -> list[Path]:
@@ -101,14 +114,16 @@ def _pieces(text: str) -> Iterator[str]:
 
 
 class _ShardWriter:
-    """Appends token ids to numbered shard files of at most ``shard_tokens`` ids, hashing them."""
+    """Appends token ids to numbered shard files of at most ``shard_tokens`` ids, hashing the stream
+    and each shard."""
 
     def __init__(self, out: Path, tag: str, dtype: np.dtype, shard_tokens: int) -> None:
         self.out, self.tag, self.shard_tokens = out, tag, shard_tokens
         self.dtype = dtype.newbyteorder("<")
-        self.shards: list[dict] = []  # {"file", "tokens"} of every shard written so far
+        # {"file", "tokens", "sha256", "sample_sha256"} of every shard written so far (the hashes once closed)
+        self.shards: list[dict] = []
         self.sha256 = hashlib.sha256()
-        self._file = None
+        self._file, self._shard_sha256 = None, None
 
     def write(self, tokens: np.ndarray) -> None:
         tokens = tokens.astype(self.dtype, copy=False)
@@ -120,20 +135,23 @@ class _ShardWriter:
             data = part.tobytes()
             self._file.write(data)
             self.sha256.update(data)
+            self._shard_sha256.update(data)
             self.shards[-1]["tokens"] += len(part)
 
     def _next_shard(self) -> None:
         self.close()
         name = f"tokens-{self.tag}-{len(self.shards):05d}.bin"
         self.shards.append({"file": name, "tokens": 0})
-        self._file = (self.out / f"{name}.tmp").open("wb")
+        self._file, self._shard_sha256 = (self.out / f"{name}.tmp").open("wb"), hashlib.sha256()
 
     def close(self) -> None:
-        """Finish the open shard: a complete file under its final name."""
+        """Finish the open shard: a complete file under its final name, its hashes recorded."""
         if self._file is not None:
             self._file.close()
-            name = self.shards[-1]["file"]
-            os.replace(self.out / f"{name}.tmp", self.out / name)
+            shard = self.shards[-1]
+            os.replace(self.out / f"{shard['file']}.tmp", self.out / shard["file"])
+            shard["sha256"] = self._shard_sha256.hexdigest()
+            shard["sample_sha256"] = sample_sha256(self.out / shard["file"])
             self._file = None
 
 
@@ -148,47 +166,47 @@ def _split_ranges(shards: list[dict], start: int, stop: int) -> list[dict]:
     return ranges
 
 
-def read_manifest(directory: Path) -> dict | None:
-    """The manifest of prepared data in ``directory``; None when there is none."""
-    path = Path(directory) / MANIFEST
+def _ready(directory: Path, manifest: dict | None, sources: list[dict], settings: dict) -> bool:
+    """Whether ``manifest`` (any version) describes these inputs and settings, with intact shards."""
+    if manifest is None or manifest.get("version") != VERSION:
+        return False
+    if manifest["inputs"] != sources or manifest["settings"] != settings:
+        return False
     try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as error:
-        raise DataError(f"{path} cannot be read: {error}") from None
-    if not (isinstance(manifest, dict) and manifest.get("format") == FORMAT and manifest.get("version") == VERSION):
-        raise DataError(f"{path} is not a manifest of fastlm token data (format {FORMAT} version {VERSION})")
-    return manifest
-
-
-def _shards_complete(directory: Path, manifest: dict) -> bool:
-    itemsize = np.dtype(manifest["dtype"]).itemsize
-    for shard in manifest["shards"]:
-        path = directory / shard["file"]
-        if not path.is_file() or path.stat().st_size != shard["tokens"] * itemsize:
-            return False
+        for shard in manifest["shards"]:
+            check_shard(directory, manifest, shard)
+    except DataError:
+        return False
     return True
 
 
-def prepare(inputs: list[Path], out: Path, tokenizer_name: str, held_out: float, shard_tokens: int) -> dict:
-    """Tokenize ``inputs`` into ``out`` (see the module's docstring); returns the manifest. Prints
-    progress; raises DataError (or ValueError for the tokenizer) for input it cannot use."""
+def prepare(inputs: list[Path], out: Path, tokenizer: str, held_out: float, shard_tokens: int) -> dict:
+    """Tokenize ``inputs`` into ``out`` with the tokenizer of spec ``tokenizer`` (see the module's
+    docstring); returns the manifest. Prints progress; raises DataError (or ValueError for the
+    tokenizer) for input it cannot use."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"--out {out} is a file, not a folder")
+    try:
+        check_writable_folder(out)
+    except ValueError as error:
+        raise DataError(f"--out {error}") from None
     files = input_files(inputs, out)
-    tokenizer = load_tokenizer(tokenizer_name)
     sources = [{"path": str(f.resolve()), "bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns} for f in files]
-    settings = {"tokenizer": tokenizer.name, "held_out": held_out, "shard_tokens": shard_tokens}
-    existing = read_manifest(out) if out.is_dir() else None
-    if existing is not None and existing["inputs"] == sources and existing["settings"] == settings:
-        if _shards_complete(out, existing):
-            print(f"{out} is ready: {existing['tokens']:,} tokens, {existing['documents']} document(s) "
-                  f"(prepared before from the same inputs and settings)", flush=True)  # fmt: skip
-            return existing
+    settings = {"tokenizer": tokenizer_name(tokenizer), "held_out": held_out, "shard_tokens": shard_tokens}
+    existing = read_manifest(out, any_version=True) if out.is_dir() else None
+    if _ready(out, existing, sources, settings):
+        print(f"{out} is ready: {existing['tokens']:,} tokens, {existing['documents']} document(s) "
+              f"(prepared before from the same inputs and settings)", flush=True)  # fmt: skip
+        return existing
+    if tokenizer.startswith(BPE_PREFIX):
+        print(f"training the {tokenizer} tokenizer on {len(files)} file(s)", flush=True)
+    tokenizer = load_tokenizer(tokenizer, lambda: (read_document(f) for f in files))
     tag = hashlib.sha256(json.dumps([sources, settings]).encode()).hexdigest()[:12]
     out.mkdir(parents=True, exist_ok=True)
+    tokenizer_file = None
+    if tokenizer.json is not None:
+        tokenizer_file = f"tokenizer-{tag}.json"
+        (out / f"{tokenizer_file}.tmp").write_text(tokenizer.json)
+        os.replace(out / f"{tokenizer_file}.tmp", out / tokenizer_file)
     writer = _ShardWriter(out, tag, token_dtype(tokenizer.vocab_size), shard_tokens)
     try:
         documents = _tokenize(files, tokenizer, writer)
@@ -203,17 +221,18 @@ def prepare(inputs: list[Path], out: Path, tokenizer_name: str, held_out: float,
                         "or a larger --held-out")  # fmt: skip
     manifest = {
         "format": FORMAT, "version": VERSION, "tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size,
-        "eot": tokenizer.eot, "dtype": writer.dtype.str, "tokens": total, "documents": documents,
-        "sha256": writer.sha256.hexdigest(), "settings": settings, "inputs": sources, "shards": writer.shards,
+        "eot": tokenizer.eot, "tokenizer_file": tokenizer_file, "dtype": writer.dtype.str, "tokens": total,
+        "documents": documents, "sha256": writer.sha256.hexdigest(), "settings": settings, "inputs": sources,
+        "shards": writer.shards,
         "splits": {"train": _split_ranges(writer.shards, 0, total - held),
                    "val": _split_ranges(writer.shards, total - held, total)},
     }  # fmt: skip
     temporary = out / f"{MANIFEST}.tmp"
     temporary.write_text(json.dumps(manifest, indent=1))
     os.replace(temporary, out / MANIFEST)  # the commit
-    named = {shard["file"] for shard in writer.shards}
+    named = {shard["file"] for shard in writer.shards} | {tokenizer_file}
     for path in out.iterdir():
-        if _SHARD_NAME.fullmatch(path.name) and path.name not in named:
+        if _DATA_FILE.fullmatch(path.name) and path.name not in named:
             path.unlink()
     print(f"wrote {out}: {total:,} tokens ({total - held:,} train, {held:,} held out), {documents} document(s), "
           f"{tokenizer.name} tokenizer (vocabulary {tokenizer.vocab_size:,})", flush=True)  # fmt: skip
@@ -230,7 +249,7 @@ def _tokenize(files: list[Path], tokenizer: Tokenizer, writer: _ShardWriter) -> 
             if text:
                 documents += 1
                 writer.write(np.array([tokenizer.eot]))
-                for piece in _pieces(text):
+                for piece in [text] if tokenizer.whole_documents else _pieces(text):
                     writer.write(tokenizer.encode(piece))
                     bar.advance(len(piece.encode("utf-8")))
             if len(files) > 1:
@@ -243,9 +262,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", type=Path, nargs="+", required=True, metavar="PATH",
                    help="text files, and folders whose files are all taken (required)")  # fmt: skip
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for the shards (required)")
-    p.add_argument("--tokenizer", choices=TOKENIZERS, default=None,
-                   help="bytes (vocabulary 257) or gpt2 (tiktoken's BPE, vocabulary 50257) (default: gpt2 where "
-                   "tiktoken is installed, else bytes)")  # fmt: skip
+    p.add_argument("--tokenizer", type=tokenizer_spec, default=None, metavar="SPEC",
+                   help="bytes (vocabulary 257), gpt2 (tiktoken's BPE, vocabulary 50257; its tables are downloaded "
+                   "on first use), PATH to a Hugging Face tokenizer.json, or bpe:VOCAB (a byte-level BPE of VOCAB "
+                   "ids trained on the input, offline) (default: gpt2 where tiktoken is installed, else "
+                   "bytes)")  # fmt: skip
     p.add_argument(
         "--held-out",
         type=float,
@@ -260,17 +281,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """`fastlm data prepare`; 0, or 2 after a one-line error for input it cannot use."""
+    tokenizer = args.tokenizer or default_tokenizer()
     try:
         if not 0 < args.held_out <= 0.5:
             raise DataError(f"--held-out must be above 0 and at most 0.5, got {args.held_out}")
         if args.shard_tokens < 1:
             raise DataError(f"--shard-tokens must be at least 1, got {args.shard_tokens}")
-        tokenizer = args.tokenizer or default_tokenizer()
         prepare(args.input, args.out, tokenizer, args.held_out, args.shard_tokens)
     except DataError as error:
         message = str(error)
     except ValueError as error:  # the tokenizer's
-        message = f"--tokenizer: {error}"
+        message = f"--tokenizer {tokenizer}: {error}"
     except OSError as error:
         message = f"{error.filename}: {error.strerror}"
     else:

@@ -7,7 +7,9 @@ inputs and next-token targets of one sequence: window j of a range covers its to
 target once. Training visits the windows in epochs, each a permutation of all windows drawn from
 (seed, epoch); the data position of a run is how many windows it has consumed. The windows at
 positions [p, p + n) depend on nothing else: not on the number of processes, nor on how the run
-was interrupted and resumed.
+was interrupted and resumed. Opening the data checks every shard against the manifest (its size and
+a sample of its bytes, `fastlm.data.manifest`); every window read is checked to hold token ids of
+the vocabulary only.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fastlm.data.prepare import DataError, read_manifest
+from fastlm.data.manifest import DataError, check_shard, read_manifest
 
 
 class TokenData:
@@ -33,26 +35,25 @@ class TokenData:
         self.vocab_size: int = manifest["vocab_size"]
         self.tokenizer: str = manifest["tokenizer"]
         self.sha256: str = manifest["sha256"]
-        dtype = np.dtype(manifest["dtype"])
         self._shards = {}
         for shard in manifest["shards"]:
-            path = self.directory / shard["file"]
-            size = path.stat().st_size if path.is_file() else None
-            if size != shard["tokens"] * dtype.itemsize:
-                state = "missing" if size is None else f"{size:,} bytes, {shard['tokens'] * dtype.itemsize:,} expected"
-                raise DataError(f"{path} is {state}: prepare the data again")
-            self._shards[shard["file"]] = np.memmap(path, dtype=dtype, mode="r")
+            check_shard(self.directory, manifest, shard)
+            self._shards[shard["file"]] = np.memmap(self.directory / shard["file"], dtype=manifest["dtype"], mode="r")
 
     def split(self, name: str) -> list[np.ndarray]:
         """The token ranges of split ``name`` ("train" or "val"), views of the memory maps."""
         return [self._shards[r["file"]][r["start"] : r["stop"]] for r in self.manifest["splits"][name]]
 
+    def windows(self, split: str, context: int) -> Windows:
+        return Windows(self.split(split), context, self.vocab_size)
+
 
 class Windows:
-    """The windows of context + 1 tokens of a split; ``windows[ids]`` -> (len(ids), context + 1) int64."""
+    """The windows of context + 1 tokens of a split; ``windows[ids]`` -> (len(ids), context + 1) int64,
+    DataError for a window that holds an id outside [0, vocab_size)."""
 
-    def __init__(self, ranges: list[np.ndarray], context: int) -> None:
-        self.ranges, self.context = ranges, context
+    def __init__(self, ranges: list[np.ndarray], context: int, vocab_size: int) -> None:
+        self.ranges, self.context, self.vocab_size = ranges, context, vocab_size
         counts = [max(len(r) - 1, 0) // context for r in ranges]
         self._first = np.cumsum([0, *counts])  # the id of each range's first window
         self.count = int(self._first[-1])
@@ -63,6 +64,10 @@ class Windows:
         for row, (window, index) in enumerate(zip(ids, ranges, strict=True)):
             start = (window - self._first[index]) * self.context
             rows[row] = self.ranges[index][start : start + self.context + 1]
+        if len(rows) and not (rows.min() >= 0 and rows.max() < self.vocab_size):
+            bad = int(rows[(rows < 0) | (rows >= self.vocab_size)][0])
+            raise DataError(f"the data holds token id {bad}, outside its vocabulary of {self.vocab_size:,} ids: a "
+                            "damaged shard (fastlm data verify finds it)")  # fmt: skip
         return rows
 
 

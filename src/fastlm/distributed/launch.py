@@ -1,4 +1,5 @@
-"""Run a function on several local processes joined in one process group (benchmarks and tests).
+"""Run a function on several local processes joined in one process group (benchmarks and tests),
+and end a worker process cleanly.
 
 `torchrun` is the launcher for training; benchmarks that sweep several world sizes from one command
 start their own processes instead: one per rank with torch.multiprocessing, a rendezvous on a free
@@ -12,14 +13,11 @@ import os
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import ClassVar, NoReturn
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-from fastlm.harness.benchmark import Benchmark
 
 
 def free_port() -> int:
@@ -54,23 +52,3 @@ def spawn(body: Callable, world: int, *args, backend: str = "gloo", timeout_s: f
     """Call ``body(rank, *args)`` on ``world`` new processes inside an initialized process group;
     raises if any rank fails. ``body`` and ``args`` must be picklable (module-level functions)."""
     mp.spawn(_run, args=(world, backend, free_port(), timeout_s, body, args), nprocs=world, join=True)
-
-
-@dataclass(frozen=True)
-class WorldSizesBenchmark(Benchmark):
-    """A benchmark measured once per world size, each in processes of its own (`spawn`); its rank 0
-    prints the progress lines, as a bar redrawn by this process would garble them."""
-
-    backend: str  # gloo | nccl
-    worlds: tuple[int, ...]
-
-    gloo_note: ClassVar[str]  # what a gloo run (CPU processes, no NCCL) does not measure, said before it starts
-
-    def note(self, device: torch.device) -> str | None:
-        return self.gloo_note if self.backend == "gloo" else None
-
-    def cases(self, device: torch.device) -> tuple[int, ...]:
-        return self.worlds
-
-    def count(self, device: torch.device) -> int:
-        return len(self.worlds)

@@ -1,3 +1,3 @@
-"""What every measuring tool shares: timing, records, ceilings, tables, plots, model steps and the
-benchmark runner. It sits below `bench`, `profile`, `analysis` and the distributed benchmarks, and
-imports none of them."""
+"""The benchmark framework every measuring tool shares: timing, ceilings, model steps and the
+benchmark runner (records, tables and plots are `fastlm.utils`'). It sits below `bench` and
+`profile` and imports neither; training imports nothing of it."""

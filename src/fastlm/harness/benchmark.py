@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from fastlm.harness.ceilings import record_ceilings
-from fastlm.harness.records import latest_run, read_records, with_environment
 from fastlm.harness.timing import is_out_of_memory
+from fastlm.utils.records import latest_run, read_records, with_environment
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from fastlm.devices import current_device_name, spec_for_device_name
-from fastlm.harness.records import append_records, read_records, with_environment
 from fastlm.harness.timing import measure
+from fastlm.utils.records import append_records, read_records, with_environment
 
 RESULTS_FILE = "ceilings.jsonl"
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from fastlm.harness.benchmark import Benchmark, Run
-from fastlm.harness.progress import print_line, progress_steps
-from fastlm.harness.records import append_records
+from fastlm.utils.progress import print_line, progress_steps
+from fastlm.utils.records import append_records
 
 
 def run_benchmark(benchmark: Benchmark, out: Path, device: torch.device) -> Path:

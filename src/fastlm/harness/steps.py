@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fastlm.model.config import stores_bf16_weights
+from fastlm.model.precision import param_groups, precision_context
 from fastlm.model.transformer import linear_weights
 from fastlm.optim import AdamW
 
@@ -25,22 +27,8 @@ class Row:
     """How a model is stepped: one row of `fastlm bench model`."""
 
     mode: str  # fwd | fwd+bwd | train (fastlm.analysis.model.MODES)
-    # fp32: no autocast. bf16: torch.autocast(bfloat16) over fp32 weights. bf16-weights: the same
-    # autocast, with every matmul weight stored in bf16 and its fp32 master kept by fastlm's AdamW
-    # (docs/optim.md), so no step casts a weight or a weight gradient.
-    precision: str
+    precision: str  # fastlm.model.config.PRECISIONS (their meaning: fastlm.model.precision)
     compile: str  # fastlm.model.config.COMPILE_MODES
-
-
-def autocasts(precision: str) -> bool:
-    """Whether steps of ``precision`` run under bf16 autocast (activations in 16 bits)."""
-    return precision in ("bf16", "bf16-weights")
-
-
-def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
-    if autocasts(precision):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -48,7 +36,7 @@ def weights_stored_for(model: torch.nn.Module, precision: str) -> Iterator[None]
     """For "bf16-weights", the model's matmul weights in bf16 while the block runs, in fp32 again
     after it (rounded to bf16 values: what a measurement of speed never notices); no change for
     the other precisions."""
-    weights = linear_weights(model) if precision == "bf16-weights" else []
+    weights = linear_weights(model) if stores_bf16_weights(precision) else []
     for weight in weights:
         weight.data = weight.data.to(torch.bfloat16)
     try:
@@ -62,14 +50,12 @@ def make_optimizer(model: torch.nn.Module, precision: str = "bf16") -> torch.opt
     """AdamW for every model measured here. fp32 weights: PyTorch's fused single-kernel
     implementation on CUDA, so the optimizer costs the same for every model and as little as
     PyTorch allows. "bf16-weights" (inside `weights_stored_for`): fastlm's AdamW, one launch per
-    group, with fp32 masters of the bf16 matmul weights."""
-    if precision == "bf16-weights":
-        low = linear_weights(model)
-        low_ids = {id(p) for p in low}
-        rest = [p for p in model.parameters() if id(p) not in low_ids]
-        return AdamW([{"params": low, "param_dtype": torch.bfloat16}, {"params": rest}], lr=1e-4)
-    on_cuda = next(model.parameters()).is_cuda
-    return torch.optim.AdamW(model.parameters(), lr=1e-4, fused=on_cuda)
+    group, with fp32 masters of the bf16 matmul weights. The groups are training's
+    (`fastlm.model.precision.param_groups`)."""
+    groups = param_groups(model, precision, weight_decay=0.1)
+    if stores_bf16_weights(precision):
+        return AdamW(groups, lr=1e-4)
+    return torch.optim.AdamW(groups, lr=1e-4, fused=next(model.parameters()).is_cuda)
 
 
 def make_step(

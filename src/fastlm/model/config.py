@@ -19,12 +19,30 @@ ROPE_KERNELS = ("torch", "fastlm", "auto")  # PyTorch ops | fastlm.rotary_embedd
 SOFTMAX_KERNELS = ("torch", "fastlm")  # the naive path's mask + softmax: two PyTorch ops | fastlm.masked_softmax
 LOSS_KERNELS = ("torch", "fastlm")  # LM head + F.cross_entropy | fastlm.linear_cross_entropy
 KERNEL_SETS = ("torch", "fastlm")  # what ModelConfig.with_kernels takes: every switch at once
-# How a step runs: eager, torch.compile, or torch.compile(mode="reduce-overhead") (CUDA graphs)
+# How a step runs, for training, the benchmarks and the profilers alike: eager, torch.compile, or
+# torch.compile(mode="reduce-overhead") (CUDA graphs)
 COMPILE_MODES = ("eager", "compile", "cudagraphs")
-# How a step's numbers are stored: fp32; bf16 autocast over fp32 weights; that autocast with the
-# matmul weights stored in bf16 and their fp32 masters in fastlm's AdamW
-PRECISIONS = ("fp32", "bf16", "bf16-weights")
 TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}  # torch.compile(mode=...) of each
+COMPILE_HELP = "eager, compile (torch.compile) or cudagraphs (torch.compile(mode='reduce-overhead'): CUDA graphs)"
+# How a step's numbers are stored (fastlm.model.precision says what each means for a step)
+PRECISIONS = ("fp32", "bf16", "bf16-weights")
+PRECISION_HELP = ("fp32, bf16 (torch.autocast over fp32 weights) or bf16-weights (that autocast with the matmul "
+                  "weights stored in bf16 and their fp32 masters in fastlm's AdamW)")  # fmt: skip
+
+
+def autocasts(precision: str) -> bool:
+    """Whether steps of ``precision`` run under bf16 autocast (activations in 16 bits)."""
+    return precision in ("bf16", "bf16-weights")
+
+
+def stores_bf16_weights(precision: str) -> bool:
+    """Whether ``precision`` keeps the matmul weights in bf16, with fp32 masters in the optimizer."""
+    return precision == "bf16-weights"
+
+
+# those of tools that step the model's fp32 weights as they are (the profilers, the data-parallel benchmark)
+FP32_WEIGHT_PRECISIONS = PRECISIONS[:2]
+FP32_WEIGHTS_HELP = "fp32, or bf16 (torch.autocast over fp32 weights)"
 
 # name -> (d_model, d_ff, num_layers, num_heads)
 PRESET_DIMENSIONS = {

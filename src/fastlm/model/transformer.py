@@ -225,6 +225,13 @@ class TransformerLM(nn.Module):
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds context_length {self.config.context_length}")
         if targets is not None and targets.shape != tokens.shape:
             raise ValueError(f"targets shape {tuple(targets.shape)} must equal tokens shape {tuple(tokens.shape)}")
+        # ids outside the vocabulary: checked where it costs no host synchronization (a CUDA device
+        # asserts in the embedding instead; the training loop checks every batch before the copy)
+        if tokens.device.type != "cuda" and not torch.compiler.is_compiling() and tokens.numel():
+            low, high = tokens.min().item(), tokens.max().item()
+            if low < 0 or high >= self.config.vocab_size:
+                bad = low if low < 0 else high
+                raise ValueError(f"tokens must be ids in [0, {self.config.vocab_size}) (vocab_size), got {bad}")
         with annotate("forward"):
             x = self.embedding(tokens)
             for block in self.blocks:

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastlm.harness.tables import markdown_table
+from fastlm.utils.tables import markdown_table
 
 AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
 LAYERS = ("fc1", "relu", "ln", "fc2")  # ToyModel's children, in forward order

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-from fastlm.harness.plots import save_figure
-from fastlm.harness.records import append_records, with_environment
 from fastlm.harness.steps import Row, make_optimizer, make_step, time_steps
-from fastlm.harness.tables import markdown_table
 from fastlm.model import ModelConfig, TransformerLM
+from fastlm.utils.plots import save_figure
+from fastlm.utils.records import append_records, with_environment
+from fastlm.utils.tables import markdown_table
 
 RESULTS_FILE = "profile_memory.jsonl"
 LARGEST_AT_PEAK = 12  # allocations listed in the HTML page

@@ -24,12 +24,13 @@ from pathlib import Path
 import torch
 
 from fastlm.analysis.attention import naive_attention_stage_flops
-from fastlm.harness.records import append_records, with_environment
-from fastlm.harness.steps import make_optimizer, precision_context, time_steps
-from fastlm.harness.tables import markdown_table
+from fastlm.harness.steps import make_optimizer, time_steps
 from fastlm.model import ModelConfig, TransformerLM
+from fastlm.model.precision import precision_context
 from fastlm.model.ranges import annotate, annotations
 from fastlm.profile.kernels import OUTSIDE, KernelStats, category_shares, merge, summarize_kernels
+from fastlm.utils.records import append_records, with_environment
+from fastlm.utils.tables import markdown_table
 
 RESULTS_FILE = "profile_model.jsonl"
 PHASES = ("inference", "train")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from fastlm.harness.plots import save_figure
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.tasks.associative_recall import RecallConfig, RecallSplit, accuracy
+from fastlm.utils.plots import save_figure
 
 TARGET_ACCURACY = 0.9
 

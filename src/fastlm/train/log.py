@@ -12,20 +12,70 @@ A record of log.jsonl, one per log interval and one per evaluation that falls be
     peak_memory_gib  rank 0's peak allocated CUDA memory so far; null on CPU
     elapsed_s        since this process started training
     eval_loss        mean loss on the held-out windows, when evaluated at this step
+
+The files of a run in OUT (RUN_FILES) belong to one run: a new run starts only in an OUT without
+them, or with --overwrite, which moves them to OUT/previous-<time>-<suffix>/ (`set_aside`) and
+deletes that folder once the new run has committed its first checkpoint (`discard_set_aside`): a
+new run stopped before then leaves the old one whole.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
+import tempfile
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 
-from fastlm.harness.progress import Progress, progress
 from fastlm.model.config import ModelConfig
+from fastlm.utils.progress import Progress, progress
+
+RUN_FILES = ("log.jsonl", "run.json", "loss.png", "checkpoints")
+SET_ASIDE_PREFIX = "previous-"
+
+
+def run_files(out: Path) -> list[str]:
+    """The RUN_FILES that exist in ``out``."""
+    return [name for name in RUN_FILES if (Path(out) / name).exists()]
+
+
+def set_aside(out: Path) -> Path | None:
+    """Move the run files of ``out`` into a new OUT/previous-* folder; returns it (None when there
+    were none to move)."""
+    names = run_files(out)
+    if not names:
+        return None
+    aside = Path(tempfile.mkdtemp(prefix=f"{SET_ASIDE_PREFIX}{time.strftime('%Y%m%dT%H%M%S')}-", dir=out))
+    for name in names:
+        (Path(out) / name).rename(aside / name)
+    return aside
+
+
+def set_aside_runs(out: Path) -> list[Path]:
+    """The folders of runs that --overwrite set aside in ``out``, oldest first."""
+    return sorted(p for p in Path(out).glob(f"{SET_ASIDE_PREFIX}*") if p.is_dir()) if Path(out).is_dir() else []
+
+
+def discard_set_aside(out: Path) -> None:
+    """Delete the runs set aside in ``out``: the run that replaced them has a checkpoint (or ended)."""
+    for folder in set_aside_runs(out):
+        shutil.rmtree(folder)
+
+
+def new_run_id() -> str:
+    """A training run's id: its start time (UTC) and a random suffix."""
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+
+
+def run_id(out: Path) -> str | None:
+    """The run id that OUT/run.json records; None without one."""
+    path = Path(out) / "run.json"
+    return json.loads(path.read_text()).get("run_id") if path.exists() else None
 
 
 def format_record(record: dict, steps: int) -> str:
@@ -90,7 +140,7 @@ def loss_plot(path: Path, runs: Mapping[str, Sequence[dict]], title: str) -> Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fastlm.harness.plots import save_figure
+    from fastlm.utils.plots import save_figure
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for index, (name, records) in enumerate(runs.items()):
@@ -113,13 +163,13 @@ def loss_plot(path: Path, runs: Mapping[str, Sequence[dict]], title: str) -> Pat
 class Throughput:
     """Tokens/s, MFU and peak memory of log intervals, timed on the host between synchronizations."""
 
-    def __init__(self, model_cfg: ModelConfig, args, world: int, device: torch.device) -> None:
+    def __init__(self, model_cfg: ModelConfig, world: int, device: torch.device) -> None:
         from fastlm.analysis.model import flops_per_token
         from fastlm.devices import spec_for_device_name
 
         self.device, self.world = device, world
         self.spec = spec_for_device_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
-        self.flops_per_token = flops_per_token(model_cfg, "train", seq_len=args.context)
+        self.flops_per_token = flops_per_token(model_cfg, "train", seq_len=model_cfg.context_length)
         self.began = time.perf_counter()
         self.intervals: list[dict] = []
         self._start = self.began

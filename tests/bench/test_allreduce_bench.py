@@ -4,8 +4,8 @@ import json
 
 import pytest
 
+from fastlm.bench.distributed.allreduce import GLOO_NOTE, bus_bandwidth, render
 from fastlm.cli import main
-from fastlm.distributed.allreduce_bench import GLOO_NOTE, bus_bandwidth, render
 
 
 def test_bus_bandwidth_is_the_ring_traffic_per_link():

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastlm.harness.plots import grouped_bar_plot, save_figure
-from fastlm.harness.records import latest_runs_by, read_records
-from fastlm.harness.tables import markdown_table, present_columns
+from fastlm.utils.plots import grouped_bar_plot, save_figure
+from fastlm.utils.records import latest_runs_by, read_records
+from fastlm.utils.tables import markdown_table, present_columns
 
 GLOO_NOTE = (
     "gloo on CPU: no NCCL kernels and no GPU timeline, so communication time, its overlap with the "

@@ -24,12 +24,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fastlm.distributed.launch import WorldSizesBenchmark, spawn
+from fastlm.bench.distributed.worlds import WorldSizesBenchmark
+from fastlm.distributed.launch import spawn
 from fastlm.harness.benchmark import Measured, Run
-from fastlm.harness.plots import line_plot
-from fastlm.harness.progress import print_line
-from fastlm.harness.records import latest_run, read_records, with_environment
-from fastlm.harness.tables import markdown_table, si, si_seconds
+from fastlm.utils.plots import line_plot
+from fastlm.utils.progress import print_line
+from fastlm.utils.records import latest_run, read_records, with_environment
+from fastlm.utils.tables import markdown_table, si, si_seconds
 
 GLOO_NOTE = (
     "gloo on CPU tensors: these all-reduces go through host memory and loopback TCP, not NCCL over "

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from fastlm.bench.distributed.ddp_report import GLOO_NOTE, compare_steps, render, round_range
+from fastlm.bench.distributed.options import ddp_variant
+from fastlm.bench.distributed.timeline import Timeline, collective_intervals, intersection, length, merge
 from fastlm.cli import main
-from fastlm.distributed.bench_options import ddp_variant
-from fastlm.distributed.ddp_report import GLOO_NOTE, compare_steps, render, round_range
-from fastlm.distributed.timeline import Timeline, collective_intervals, intersection, length, merge
 from fastlm.distributed.wrappers import ParallelSpec
 
 

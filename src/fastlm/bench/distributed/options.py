@@ -1,5 +1,5 @@
 """Option values of `fastlm bench ddp`, without torch: the command line builds its parser and checks
-a value with them before torch is imported (seconds); `fastlm.distributed.ddp_bench` uses them too.
+a value with them before torch is imported (seconds); `fastlm.bench.distributed.ddp` uses them too.
 """
 
 from __future__ import annotations

@@ -8,18 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from fastlm import checkpoint, train
+from fastlm import checkpoint
 from fastlm.data.tokens import EpochOrder, Windows
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.transformer import linear_weights
 from fastlm.optim.schedule import warmup_cosine_lr
-from fastlm.train_log import read_log
+from fastlm.train import loop
+from fastlm.train.log import read_log
 
 SMALL = ["--preset", "tiny", "--context", "16", "--log-every", "1", "--eval-sequences", "4"]
 
 
 def _run(corpus_data, out, *argv) -> list[dict]:
-    assert train.main(["--data", str(corpus_data), *SMALL, "--out", str(out), *argv]) == 0
+    assert loop.main(["--data", str(corpus_data), *SMALL, "--out", str(out), *argv]) == 0
     return read_log(out / "log.jsonl")
 
 
@@ -80,7 +81,7 @@ def test_gradient_clipping(corpus_data, tmp_path, clip, precision):
     first_moment = _norm([s["exp_avg"] for s in state.values()])
     norm = records[1]["grad_norm"]  # before clipping
     assert norm > 0.05
-    assert first_moment == pytest.approx((1 - train.BETAS[0]) * (min(norm, clip) if clip else norm), rel=1e-4)
+    assert first_moment == pytest.approx((1 - loop.BETAS[0]) * (min(norm, clip) if clip else norm), rel=1e-4)
 
 
 def _untimed(records: list[dict]) -> list[dict]:
@@ -118,7 +119,7 @@ def test_precision_cannot_change_to_or_from_bf16_weights_on_resume(corpus_data, 
     _run(corpus_data, tmp_path, *argv, "--precision", "bf16")
     for overrides in ([], ["--override", "steps", "--override", "precision"]):  # the same answer either way
         resume = ["--steps", "2", "--resume", *overrides]
-        assert train.main(["--data", str(corpus_data), *SMALL, "--out", str(tmp_path), *argv, *resume,
+        assert loop.main(["--data", str(corpus_data), *SMALL, "--out", str(tmp_path), *argv, *resume,
                            "--precision", "bf16-weights"]) == 1  # fmt: skip
         assert "cannot change to or from bf16-weights" in capsys.readouterr().err
 
@@ -139,14 +140,14 @@ class _Interrupted(Exception):
 def test_interrupted_run_resumes_on_the_same_tokens(corpus_data, tmp_path, monkeypatch):
     argv = ["--micro-batch", "2", "--steps", "5", "--warmup", "2", "--checkpoint-every", "2"]
     straight = _run(corpus_data, tmp_path / "straight", *argv)
-    save = train.save_checkpoint
+    save = loop.save_checkpoint
 
     def save_then_stop(args, step, *rest, **kwargs):  # the process dies right after committing step 2
         save(args, step, *rest, **kwargs)
         if step == 2:
             raise _Interrupted
 
-    monkeypatch.setattr(train, "save_checkpoint", save_then_stop)
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_stop)
     with pytest.raises(_Interrupted):
         _run(corpus_data, tmp_path / "interrupted", *argv)
     monkeypatch.undo()
@@ -161,12 +162,12 @@ def test_interrupted_run_resumes_on_the_same_tokens(corpus_data, tmp_path, monke
 
 
 def test_ranks_take_contiguous_shares_of_one_global_batch():
-    windows = Windows([np.arange(1000)], context=4)
+    windows = Windows([np.arange(1000)], context=4, vocab_size=1000)
     order = EpochOrder(windows.count, seed=0)
 
     def steps(world: int, rank: int, micro_batch: int) -> list[np.ndarray]:
         accumulation = 8 // (micro_batch * world)
-        batches = train.micro_batches(windows, order, 10, micro_batch, accumulation, rank, world, torch.device("cpu"))
+        batches = loop.micro_batches(windows, order, 10, micro_batch, accumulation, rank, world, torch.device("cpu"))
         return [torch.cat([next(batches)[0] for _ in range(accumulation)]).numpy() for _ in range(2)]
 
     one = steps(world=1, rank=0, micro_batch=2)

@@ -54,18 +54,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from fastlm.distributed.bench_options import DDP_OPTIMIZERS, Variant
-from fastlm.distributed.ddp_report import GLOO_NOTE, TIMELINES_FILE, render
-from fastlm.distributed.launch import WorldSizesBenchmark, spawn
+from fastlm.bench.distributed.ddp_report import GLOO_NOTE, TIMELINES_FILE, render
+from fastlm.bench.distributed.options import DDP_OPTIMIZERS, Variant
+from fastlm.bench.distributed.timeline import collective_intervals, gpu_timeline, length
+from fastlm.bench.distributed.worlds import WorldSizesBenchmark
+from fastlm.distributed.launch import spawn
 from fastlm.distributed.sharded_optimizer import ShardedOptimizer
-from fastlm.distributed.timeline import collective_intervals, gpu_timeline, length
 from fastlm.distributed.wrappers import ParallelSpec, wrap
 from fastlm.harness.benchmark import Measured, Run
-from fastlm.harness.progress import print_line
-from fastlm.harness.records import append_records, with_environment
-from fastlm.harness.tables import si_seconds
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.ranges import annotate, annotations
+from fastlm.utils.progress import print_line
+from fastlm.utils.records import append_records, with_environment
+from fastlm.utils.tables import si_seconds
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,44 @@
+"""The options that choose a command's model, declared once: `fastlm train` takes a preset, the
+benchmarks and profilers a comma list of them (`fastlm.cli.models`); either way a dimension given
+replaces the preset's. Without torch: the command line builds its parsers from these fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastlm.model.config import PRESETS, ModelConfig
+from fastlm.utils.errors import UserError
+from fastlm.utils.options import check_limits, flag, option
+
+# ModelConfig's field -> the option that sets it, for its error messages
+FIELD_OPTIONS = {"d_model": "d_model", "d_ff": "d_ff", "num_layers": "layers", "num_heads": "heads",
+                 "context_length": "context", "vocab_size": "vocab"}  # fmt: skip
+
+
+@dataclass
+class ModelOptions:
+    preset: str | None = option(None, "model dimensions (default: small on a GPU, tiny without one)", choices=PRESETS)
+    d_model: int | None = option(None, "width (default: the preset's)", limit="positive")
+    d_ff: int | None = option(None, "MLP hidden width (default: the preset's)", limit="positive")
+    layers: int | None = option(None, "Transformer blocks (default: the preset's)", limit="positive")
+    heads: int | None = option(None, "attention heads (default: the preset's)", limit="positive")
+    context: int = option(512, "tokens per sequence", limit="positive")
+
+    def model_config(self, preset: str, vocab_size: int) -> ModelConfig:
+        """``preset`` with the dimensions given and this context; UserError, naming the options,
+        for dimensions that do not fit together."""
+        check_limits(self, ModelOptions)
+        dims = {"d_model": self.d_model, "d_ff": self.d_ff, "num_layers": self.layers, "num_heads": self.heads}
+        try:
+            return ModelConfig.preset(preset, vocab_size=vocab_size, context_length=self.context,
+                                      **{k: v for k, v in dims.items() if v is not None})  # fmt: skip
+        except ValueError as error:
+            message = str(error)
+            for field, name in FIELD_OPTIONS.items():
+                message = message.replace(field, flag(name))
+            raise UserError(message) from None
+
+    @property
+    def custom(self) -> bool:
+        """Whether a dimension replaces the preset's."""
+        return any(v is not None for v in (self.d_model, self.d_ff, self.layers, self.heads))

@@ -1,0 +1,91 @@
+"""Launch tiles of the attention kernels: per GPU architecture, dtype, head dim and sequence length."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from fastlm.ops.common import next_power_of_2
+
+MAX_HEAD_DIM = 256  # the widest head the tables below cover
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """How one kernel covers the (queries x keys) plane."""
+
+    block_m: int  # query rows per tile: a program's tile (forward, dQ) or the dK/dV loop's step
+    block_n: int  # key rows per tile: the forward / dQ loop's step, or the dK/dV program's tile
+    num_warps: int  # warps per program
+    num_stages: int  # software-pipelining depth of the tile loop (shared-memory buffers)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tiles of the three kernels for one (GPU architecture, dtype, head dim)."""
+
+    forward: AttentionTiles  # _flash_forward_kernel
+    dkdv: AttentionTiles  # _flash_backward_dkdv_kernel
+    dq: AttentionTiles  # _flash_backward_dq_kernel (which also forms Dlt)
+
+
+def _entry(forward: tuple, dkdv: tuple, dq: tuple) -> AttentionConfig:
+    """A table entry from each kernel's (block_m, block_n, num_warps, num_stages)."""
+    return AttentionConfig(AttentionTiles(*forward), AttentionTiles(*dkdv), AttentionTiles(*dq))
+
+
+# sm90 (H100 / H200), by (padded head dim, bytes per element), each kernel's tiles as (BLOCK_M,
+# BLOCK_N, warps, stages). bf16/fp16 at head dims 64 and 128 and the fp32 forward are the fastest
+# measured by benchmarks/tune_attention.py on an H200 (B=8, H=16, N=4096, causal;
+# benchmarks/results/attention_tuning_h200.jsonl); dQ shares the dK/dV tiles except where that sweep
+# found better ones (bf16/fp16, head dim <= 128). The other entries are scaled from them to fit
+# registers and shared memory, and are checked by the GPU tests, not tuned.
+SM90_TILES = {
+    (16, 2): _entry((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3)),
+    (32, 2): _entry((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3)),
+    (64, 2): _entry((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3)),
+    (128, 2): _entry((128, 128, 8, 3), (64, 128, 8, 3), (128, 64, 8, 3)),
+    (256, 2): _entry((64, 32, 4, 2), (32, 32, 4, 1), (32, 32, 4, 1)),
+    (16, 4): _entry((32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
+    (32, 4): _entry((32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
+    (64, 4): _entry((32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
+    (128, 4): _entry((32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
+    (256, 4): _entry((32, 32, 4, 1), (16, 16, 4, 1), (16, 16, 4, 1)),
+}
+# Sequences of at most SHORT_SEQ keys. There the grid is short (at 4 x 12 heads x 512 tokens the
+# long-sequence dQ tiles make 192 programs for 132 SMs) and each program's loop a few steps, so
+# smaller backward tiles win: the fastest measured by benchmarks/tune_attention.py on an H100 at
+# the presets' shapes, 4 x 12 and 16 x 25 heads x 512 tokens, head dim 64 (both shapes picked the
+# same dK/dV and dQ tiles; benchmarks/results/attention_tuning_h100.jsonl). Entries it lacks fall
+# back to SM90_TILES.
+SHORT_SEQ = 1024
+SM90_SHORT_TILES = {
+    (64, 2): _entry((64, 64, 4, 3), (32, 64, 4, 3), (64, 32, 4, 3)),
+}
+# Tables by compute capability, (long, short). Other GPUs, and 0 (the interpreter, where tiles only
+# set which masking paths the tests exercise), take the sm90 tiles: no other architecture was measured.
+TILES_BY_ARCH = {90: (SM90_TILES, SM90_SHORT_TILES)}
+
+
+@functools.cache
+def padded_head_dim(head_dim: int) -> int:
+    """Head dim padded to a power of two of at least 16, the smallest `tl.dot` operand."""
+    return max(16, next_power_of_2(head_dim))
+
+
+def attention_config(arch: int, dtype: torch.dtype, head_dim: int, keys: int | None = None) -> AttentionConfig:
+    """The tiles for a GPU of compute capability ``arch`` (``device_arch``), inputs of ``dtype``, a
+    head dim in [1, MAX_HEAD_DIM] and ``keys`` keys per head (packed sequences: the longest
+    document's; None: long sequences). One comparison
+    and a cached lookup per call; with a symbolic ``keys`` (a trace with dynamic shapes) the
+    comparison becomes a guard on ``keys <= SHORT_SEQ``."""
+    return _table_config(arch, dtype, padded_head_dim(head_dim), keys is not None and keys <= SHORT_SEQ)
+
+
+@functools.cache
+def _table_config(arch: int, dtype: torch.dtype, block_d: int, short: bool) -> AttentionConfig:
+    long_tiles, short_tiles = TILES_BY_ARCH.get(arch, TILES_BY_ARCH[90])
+    key = (block_d, min(dtype.itemsize, 4))
+    return short_tiles.get(key, long_tiles[key]) if short else long_tiles[key]

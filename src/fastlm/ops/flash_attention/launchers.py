@@ -1,0 +1,139 @@
+"""Launchers: allocate the outputs and launch the attention kernels, with as little Python per call as
+a launch can have.
+
+Dense inputs: q (Z, H, M, D) and k, v (Z, Hkv, N, D), or 3-D (Z, M, D), (Z, N, D) read as one head
+(head stride 0). Packed (``cu_seqlens_q`` and ``cu_seqlens_k`` given): q (total_q, H, D) and k, v
+(total_k, Hkv, D), Z documents delimited by int32 cumulative lengths (Z + 1,). Any strides. Eager
+calls launch through eager_kernel; inside the triton_ops (``traced``) Inductor launches the kernels
+named in wrap_triton from its own code.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import wrap_triton
+
+from fastlm.ops.common import cdiv
+from fastlm.ops.flash_attention.config import AttentionConfig, padded_head_dim
+from fastlm.ops.flash_attention.kernels import (
+    _flash_backward_dkdv_kernel,
+    _flash_backward_dq_kernel,
+    _flash_forward_kernel,
+)
+from fastlm.ops.flash_attention.masks import UNBOUNDED, window_bounds
+from fastlm.ops.launch import eager_kernel
+
+
+def _dims(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """(Z, heads, rows, D) of a dense 4-D tensor; a 3-D one is a single head."""
+    shape = t.shape
+    return (shape[0], 1, shape[1], shape[2]) if len(shape) == 3 else shape
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """The kernels' (batch, head, row, D) strides of a dense tensor (`_dims`)."""
+    stride = t.stride()
+    return (stride[0], 0, stride[1], stride[2]) if len(stride) == 3 else stride
+
+
+def _packed_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """The kernels' strides of a packed (total, heads, D) tensor: batch stride 0 (the kernels offset
+    each document by its first row)."""
+    stride = t.stride()
+    return 0, stride[1], stride[0], stride[2]
+
+
+def _problem(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor | None):
+    """(Z, H, Hkv, M, N, D, strides): batch entries (packed: documents), query and key/value heads,
+    query and key rows (packed: totals), head dim, and the function giving a tensor's kernel strides."""
+    if cu_seqlens_q is None:
+        Z, H, M, D = _dims(q)
+        _, Hkv, N, _ = _dims(k)
+        strides = _strides
+    else:
+        (M, H, D), (N, Hkv, _) = q.shape, k.shape
+        Z = cu_seqlens_q.shape[0] - 1
+        strides = _packed_strides
+    # D: a constexpr of the kernels (and a config key): specialized in a trace with dynamic shapes
+    return Z, H, Hkv, M, N, int(D), strides
+
+
+def _grid(rows: int, block: int, heads: int, batch: int, packed: bool) -> tuple[int, int, int]:
+    """Dense: (tiles, heads, batch entries). Packed: every document's tiles in one flat axis, with at
+    most one spare slot per document (kernels._packed_tile)."""
+    return (rows // block + batch, heads, 1) if packed else (cdiv(rows, block), heads, batch)
+
+
+def _mask(causal: bool, window: tuple[int, int], queries: int, keys: int) -> tuple[int, int, bool, bool]:
+    """The kernels' (window_left, window_right, BOUNDED_LEFT, BOUNDED_RIGHT). A side is bounded only
+    where it can hide a key: a left bound >= keys - 1 hides none, nor a right bound >= queries - 1
+    (packed: the totals, which bound every document's lengths), so a window wider than the
+    sequence costs what no window costs, and the bounds passed stay below 2**31."""
+    left, right = window_bounds(causal, window)
+    bounded_left, bounded_right = 0 <= left < keys - 1, 0 <= right < queries - 1
+    return left if bounded_left else 0, right if bounded_right else 0, bounded_left, bounded_right
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """fp32 inputs follow torch's matmul setting: TF32 only when the user allowed it."""
+    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
+def _launch_forward(q, k, v, causal: bool, scale: float, config: AttentionConfig, *, window=UNBOUNDED,
+                    cu_seqlens_q=None, cu_seqlens_k=None, traced: bool = False):  # fmt: skip
+    """-> O (q's shape and dtype, contiguous), L (fp32, contiguous: q.shape[:-1], packed (H, total_q))."""
+    Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
+    packed = cu_seqlens_q is not None
+    o = q.new_empty(q.shape)
+    lse = q.new_empty((H, M) if packed else q.shape[:-1], dtype=torch.float32)
+    if Z * H * M == 0:
+        return o, lse
+    if N == 0:  # no keys at all: every row is empty
+        return o.zero_(), lse.fill_(float("-inf"))
+    left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
+    tiles = config.forward
+    kernel = wrap_triton(_flash_forward_kernel) if traced else eager_kernel(_flash_forward_kernel)
+    kernel[_grid(M, tiles.block_m, H, Z, packed)](
+        q, k, v, o, lse, *((cu_seqlens_q, cu_seqlens_k) if packed else (lse, lse)),
+        *strides(q), *strides(k), *strides(v), *strides(o)[:3], *((0, M) if packed else (H * M, M)),
+        H, H // Hkv, *((0, 0, Z) if packed else (M, N, 0)), scale, left, right,
+        BOUNDED_LEFT=bounded_left, BOUNDED_RIGHT=bounded_right, VARLEN=packed, HEAD_DIM=D,
+        BLOCK_D=padded_head_dim(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PRECISION=_precision(q.dtype),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    return o, lse
+
+
+def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, config: AttentionConfig, *,
+                     window=UNBOUNDED, cu_seqlens_q=None, cu_seqlens_k=None, traced: bool = False):  # fmt: skip
+    """Gradients (dq, dk, dv), contiguous, in the inputs' dtype, from the forward's O and L (both
+    contiguous, as the forward makes them). Two launches: dQ (which stores Dlt), then dK/dV."""
+    Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
+    packed = cu_seqlens_q is not None
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    if Z * H * M == 0 or N == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
+    delta = lse.new_empty(lse.shape)
+    # the arguments both kernels take, in their order
+    inputs = (*((cu_seqlens_q, cu_seqlens_k) if packed else (lse, lse)),
+              *strides(q), *strides(k), *strides(v), *strides(grad_out))  # fmt: skip
+    rows = (0, M) if packed else (H * M, M)  # L's and Dlt's strides
+    sizes = (*((0, 0, Z) if packed else (M, N, 0)), scale, left, right)
+    common = dict(BOUNDED_LEFT=bounded_left, BOUNDED_RIGHT=bounded_right, VARLEN=packed, HEAD_DIM=D,
+                  BLOCK_D=padded_head_dim(D), PRECISION=_precision(q.dtype))  # fmt: skip
+    tiles = config.dq
+    kernel = wrap_triton(_flash_backward_dq_kernel) if traced else eager_kernel(_flash_backward_dq_kernel)
+    kernel[_grid(M, tiles.block_m, H, Z, packed)](
+        q, k, v, o, grad_out, lse, delta, dq, *inputs, *strides(o)[:3], *rows, H, H // Hkv, *sizes,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **common,
+    )  # fmt: skip
+    tiles = config.dkdv
+    kernel = wrap_triton(_flash_backward_dkdv_kernel) if traced else eager_kernel(_flash_backward_dkdv_kernel)
+    kernel[_grid(N, tiles.block_n, Hkv, Z, packed)](
+        q, k, v, grad_out, lse, delta, dk, dv, *inputs, *strides(dk)[:3], *rows, Hkv, H // Hkv, *sizes,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        **common,
+    )  # fmt: skip
+    return dq, dk, dv

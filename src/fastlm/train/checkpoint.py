@@ -1,0 +1,122 @@
+"""The training loop's checkpoints: what `fastlm train` saves (model, optimizer, data position, run id)
+in the layout of an unsharded single-process run, through the safe writer of `fastlm.checkpoint`;
+what OUT must hold for a run to start or resume; and how a resumed run's configuration and files
+are checked against the checkpoint's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch.distributed as dist
+
+from fastlm import checkpoint
+from fastlm.checkpoint import CheckpointError, ConfigMismatchError, DamagedCheckpointError
+from fastlm.model.config import stores_bf16_weights
+from fastlm.train.config import NEWEST, OVERRIDABLE, TrainConfig
+from fastlm.train.log import TrainLog, run_files, run_id, set_aside_runs
+from fastlm.utils.errors import UserError
+from fastlm.utils.paths import check_writable_folder
+
+
+def checkpoint_dir(config: TrainConfig) -> Path:
+    return config.out / "checkpoints"
+
+
+def check_out(config: TrainConfig) -> None:
+    """UserError unless OUT can take the run: a writable folder; holding no other run's files
+    unless --resume or --overwrite; a checkpoint to continue with --resume."""
+    try:
+        check_writable_folder(config.out)
+    except ValueError as error:
+        raise UserError(f"--out {error}") from None
+    try:
+        existing = checkpoint.newest(checkpoint_dir(config))
+    except CheckpointError as error:
+        if not config.overwrite:
+            raise UserError(str(error)) from None
+        existing = None
+    held = run_files(config.out)
+    if held and not (config.resume or config.overwrite):
+        if existing is not None:
+            raise UserError(f"{config.out} holds a run with a checkpoint (step {existing['step']}): pass --resume to "
+                            "continue it or --overwrite to replace it")  # fmt: skip
+        raise UserError(f"{config.out} holds another run's {', '.join(held)}: pass --overwrite to replace it, or "
+                        "another --out")  # fmt: skip
+    if config.resume and existing is None:
+        aside = set_aside_runs(config.out)
+        hint = f" (the run --overwrite replaced is in {aside[-1]}: move its files back to continue it)" if aside else ""
+        raise UserError(f"--resume: {checkpoint_dir(config)} holds no checkpoint to continue{hint}")
+
+
+def training_state(model, optimizer, config: TrainConfig) -> dict:
+    """{"model", "optimizer"} state dicts in the layout of an unsharded single-process run."""
+    if config.parallel == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
+    else:
+        model_state, optimizer_state = getattr(model, "module", model).state_dict(), optimizer.state_dict()
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def restore(state: dict, model, optimizer, config: TrainConfig) -> None:
+    """Load a `training_state` dict (the learning rate is set by the schedule before every step)."""
+    if config.parallel == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        options = StateDictOptions(full_state_dict=True)
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optimizer"], options=options)  # fmt: skip
+    else:
+        getattr(model, "module", model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+
+def save_checkpoint(config: TrainConfig, step: int, position: int, run: str, record: dict, model, optimizer,
+                    rank: int, log: TrainLog) -> None:  # fmt: skip
+    """Every rank takes part (sharded states are gathered); rank 0 writes; if that fails, every rank
+    raises its error rather than waiting for rank 0. ``record``: the run's `TrainConfig.run_record`."""
+    state = {**training_state(model, optimizer, config), "data": {"position": position}, "run_id": run}
+    failure = None
+    if rank == 0:
+        try:
+            path = checkpoint.save(checkpoint_dir(config), step, record, state, keep=config.keep_checkpoints)
+            log.note(f"checkpoint step {step}: {path}")
+        except CheckpointError as error:
+            failure = str(error)
+    if dist.is_initialized():
+        shared = [failure]
+        dist.broadcast_object_list(shared, src=0)
+        failure = shared[0]
+    if failure is not None:
+        raise CheckpointError(failure)
+
+
+def load_for_resume(config: TrainConfig, record: dict) -> checkpoint.Checkpoint:
+    """The checkpoint --resume names, checked against the run's record and OUT's log."""
+    newest = checkpoint.newest(checkpoint_dir(config))  # checked first: no --override makes this change possible
+    saved = newest["config"].get("precision") if newest else None
+    if saved not in (None, config.precision) and stores_bf16_weights(saved) != stores_bf16_weights(config.precision):
+        raise CheckpointError(f"{checkpoint_dir(config)} holds a checkpoint of precision {saved}; a run cannot change "
+                              f"to or from bf16-weights (the optimizer state then holds fp32 masters and one more "
+                              f"param group)")  # fmt: skip
+    try:
+        resumed = checkpoint.load(checkpoint_dir(config), record, config.override,
+                                  step=None if config.resume == NEWEST else config.resume)  # fmt: skip
+    except DamagedCheckpointError as error:
+        hint = f"; pass --resume {error.intact_step} to continue from it" if error.intact_step is not None else ""
+        raise CheckpointError(f"{error}{hint}") from None
+    except ConfigMismatchError as error:
+        fixed = [f for f in error.fields if f not in OVERRIDABLE]
+        if fixed:
+            raise CheckpointError(f"{error}; {', '.join(fixed)} cannot change when resuming") from None
+        flags = " ".join(f"--override {f}" for f in error.fields)
+        raise CheckpointError(f"{error}; pass {flags} to continue with the change") from None
+    if resumed.step > config.steps:
+        raise CheckpointError(f"{checkpoint_dir(config)} is at step {resumed.step}, past --steps {config.steps}")
+    logged, saved = run_id(config.out), resumed.state.get("run_id")  # older versions' checkpoints hold none
+    if None not in (logged, saved) and logged != saved:
+        raise UserError(f"{config.out / 'run.json'} and log.jsonl belong to another run than the checkpoints in "
+                        f"{checkpoint_dir(config)}: move them away to resume")  # fmt: skip
+    return resumed

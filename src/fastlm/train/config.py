@@ -1,0 +1,160 @@
+"""`TrainConfig`: every setting of a training run as one typed dataclass. The command line of
+`fastlm train` (and `python -m fastlm.train`) is generated from its fields (`add_arguments`), the
+loop reads it, and a checkpoint records the part a resumed run must share (`run_record`), which
+`--resume` compares. Without torch: `fastlm --help` builds the parser before any command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastlm.distributed.wrappers import MODES
+from fastlm.model.config import (
+    COMPILE_HELP,
+    COMPILE_MODES,
+    KERNEL_SETS,
+    PRECISION_HELP,
+    PRECISIONS,
+    ModelConfig,
+    stores_bf16_weights,
+)
+from fastlm.model.options import ModelOptions
+from fastlm.utils.errors import UserError
+from fastlm.utils.options import add_options, check_limits, option
+
+VOCAB_MULTIPLE = 64  # the model's vocabulary is the data's rounded up to it (tensor-core-friendly shapes)
+# fields of `run_record` a resumed run may change on purpose; the others define the model and its data
+OVERRIDABLE = ("lr", "min_lr_ratio", "warmup", "steps", "weight_decay", "grad_clip", "batch_tokens", "micro_batch",
+               "precision", "kernels", "compile", "seed", "parallel", "world_size", "data")  # fmt: skip
+NEWEST = "newest"  # --resume's value for the newest checkpoint
+
+
+def checkpoint_step(text: str) -> int | str:
+    """--resume's value: "newest" (what --resume alone means) or a checkpoint's step."""
+    if text == NEWEST:
+        return text
+    step = int(text) if text.isdigit() else 0
+    if step < 1:
+        raise argparse.ArgumentTypeError(f"expected newest or the step of a checkpoint (a positive integer), got "
+                                         f"{text!r}")  # fmt: skip
+    return step
+
+
+@dataclass
+class TrainConfig(ModelOptions):
+    """A training run; the model fields (preset, dimensions, context) come from `ModelOptions`."""
+
+    data: Path | None = option(
+        None, "prepared token data (fastlm data prepare --out) (required)", required=True, metavar="DIR"
+    )
+    out: Path = option(Path("runs/train"), "folder of the run: log.jsonl, loss.png, run.json and checkpoints/",
+                       metavar="DIR")  # fmt: skip
+    kernels: str = option("torch", "torch (SDPA, PyTorch norm and loss) or fastlm (fused kernels)", choices=KERNEL_SETS)
+    micro_batch: int = option(8, "sequences per process per forward and backward", limit="positive")
+    batch_tokens: int | None = option(
+        None, "global batch in tokens, a multiple of --context x --micro-batch x processes, reached by gradient "
+        "accumulation (default: --context x --micro-batch x processes, no accumulation)", limit="positive")  # fmt: skip
+    steps: int = option(1000, "optimizer steps of the run; the cosine ends there", limit="positive")
+    lr: float = option(6e-4, "peak AdamW learning rate", limit="positive")
+    min_lr_ratio: float = option(0.1, "the cosine decays to this fraction of --lr", limit="fraction")
+    warmup: int = option(100, "steps of linear warmup", limit="non_negative")
+    weight_decay: float = option(0.1, "AdamW weight decay of matrices and embeddings", limit="non_negative")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this; 0: no clipping", limit="non_negative")
+    compile: str | None = option(None, f"{COMPILE_HELP} (default: compile on a GPU, eager without one)",
+                                 choices=COMPILE_MODES)  # fmt: skip
+    precision: str | None = option(None, f"{PRECISION_HELP}; bf16-weights not with --parallel fsdp or "
+                                   "--shard-optimizer (default: bf16 on a GPU, fp32 without one)",
+                                   choices=PRECISIONS)  # fmt: skip
+    parallel: str = option("none", "how gradients are synchronized across processes; anything but none needs "
+                           "torchrun", choices=MODES)  # fmt: skip
+    bucket_mb: float = option(25.0, "bucket size of --parallel bucketed and torch-ddp", limit="positive")
+    shard_optimizer: bool = option(False, "shard AdamW's state across processes (ShardedOptimizer); not with "
+                                   "--parallel fsdp")  # fmt: skip
+    log_every: int = option(10, "steps per log line and record", limit="positive")
+    eval_every: int = option(200, "steps between evaluations on the held-out split, also done before the first "
+                             "step and after the last; 0: only those", limit="non_negative")  # fmt: skip
+    eval_sequences: int = option(64, "held-out windows per evaluation, the first ones of the split", limit="positive")
+    checkpoint_every: int = option(1000, "steps between checkpoints, also saved after the last step; 0: no "
+                                   "checkpoints", limit="non_negative")  # fmt: skip
+    keep_checkpoints: int = option(2, "how many of the newest checkpoints to keep", limit="positive")
+    resume: int | str | None = option(
+        None, "continue the run of OUT from its newest checkpoint, or from the kept checkpoint of step STEP "
+        "(default: start a new run; --resume alone: newest)", type=checkpoint_step, nargs="?", const=NEWEST,
+        metavar="STEP")  # fmt: skip
+    overwrite: bool = option(False, "start a new run in an OUT that holds one: the old run's files are moved to "
+                             "OUT/previous-* and deleted once the new run has saved its first checkpoint (or "
+                             "ended, without checkpoints)")  # fmt: skip
+    override: list[str] = option([], "with --resume, accept a change of FIELD from the checkpoint's run "
+                                 f"(repeatable; one of {', '.join(OVERRIDABLE)}) (default: none)",
+                                 choices=OVERRIDABLE, metavar="FIELD")  # fmt: skip
+    seed: int = option(0, "seeds the initial weights and the order of the windows", limit="seed")
+    timeout_s: float = option(600.0, "a collective that waits longer (a process died or hangs) fails instead of "
+                              "hanging", limit="positive")  # fmt: skip
+
+    def resolved(self, gpu: bool) -> TrainConfig:
+        """A copy with the device-dependent defaults filled in (preset, precision, compile)."""
+        defaults = {"preset": "small" if gpu else "tiny", "precision": "bf16" if gpu else "fp32",
+                    "compile": "compile" if gpu else "eager"}  # fmt: skip
+        return dataclasses.replace(self, **{k: getattr(self, k) or v for k, v in defaults.items()})
+
+    def check(self, world: int) -> None:
+        """UserError, naming the option, for values out of range and options that do not combine
+        (on a `resolved` config of ``world`` processes)."""
+        if self.data is None:
+            raise UserError("--data is required")
+        check_limits(self)
+        self.model_config(vocab_size=1)
+        per_micro_step = self.context * self.micro_batch * world
+        if self.batch_tokens is not None and self.batch_tokens % per_micro_step:
+            raise UserError(f"--batch-tokens must be a positive multiple of --context x --micro-batch x processes = "
+                            f"{self.context} x {self.micro_batch} x {world} = {per_micro_step}, "
+                            f"got {self.batch_tokens}")  # fmt: skip
+        if self.compile == "cudagraphs" and (self.parallel != "none" or self.accumulation(world) > 1):
+            raise UserError("--compile cudagraphs needs --parallel none and no gradient accumulation (--batch-tokens "
+                            "= --context x --micro-batch): a graph's gradients are overwritten by its next "
+                            "replay")  # fmt: skip
+        if stores_bf16_weights(self.precision) and (self.parallel == "fsdp" or self.shard_optimizer):
+            raise UserError("--precision bf16-weights does not combine with --parallel fsdp or --shard-optimizer "
+                            "(they shard the optimizer state, which would have to hold the fp32 masters)")  # fmt: skip
+        if self.parallel == "fsdp" and self.shard_optimizer:
+            raise UserError("--shard-optimizer does not combine with --parallel fsdp (FSDP already shards the "
+                            "optimizer state)")  # fmt: skip
+        if self.override and not self.resume:
+            raise UserError("--override needs --resume")
+        if self.resume and self.overwrite:
+            raise UserError("--resume and --overwrite exclude each other: continue the checkpoint's run, or replace it")
+
+    def batch_tokens_of(self, world: int) -> int:
+        """The global batch in tokens: --batch-tokens, or one micro-batch per process."""
+        return self.batch_tokens or self.context * self.micro_batch * world
+
+    def accumulation(self, world: int) -> int:
+        """Micro-batches per process per step."""
+        return self.batch_tokens_of(world) // (self.context * self.micro_batch * world)
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        """The preset with any dimension given and the kernels chosen; the data's vocabulary rounded up."""
+        padded = -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+        return super().model_config(self.preset, padded).with_kernels(self.kernels)
+
+    def run_record(self, world: int, data_sha256: str, tokenizer: str, vocab_size: int) -> dict:
+        """What a resumed run must share with the run that wrote the checkpoint to continue it
+        exactly (JSON data; `OVERRIDABLE` names the fields a resumed run may change)."""
+        dims = dataclasses.asdict(self.model_config(vocab_size))
+        for switch in ("attention", "norm", "rope", "loss", "softmax"):  # the kernels field says which
+            del dims[switch]
+        return {"data": data_sha256[:16], "tokenizer": tokenizer, "preset": self.preset, **dims,
+                "batch_tokens": self.batch_tokens_of(world), "micro_batch": self.micro_batch,
+                "precision": self.precision, "kernels": self.kernels, "compile": self.compile, "seed": self.seed,
+                "lr": self.lr, "min_lr_ratio": self.min_lr_ratio, "warmup": self.warmup, "steps": self.steps,
+                "weight_decay": self.weight_decay, "grad_clip": self.grad_clip, "parallel": self.parallel,
+                "world_size": world}  # fmt: skip
+
+
+def add_arguments(parser, exclude=(), overrides: dict | None = None) -> None:
+    """The options of `fastlm train`, one per field of `TrainConfig` (``exclude`` and ``overrides``:
+    `fastlm.utils.options.add_options`)."""
+    add_options(parser, TrainConfig, exclude, overrides)

@@ -1,0 +1,433 @@
+"""The training loop of `fastlm train`: the language model on prepared token data, on one process or
+one per GPU, as a `fastlm.train.config.TrainConfig` says.
+
+`python -m fastlm.train` is the same command, the module torchrun starts once per GPU:
+
+    python -m fastlm.data prepare --input notes.txt --tokenizer bytes --out data/notes
+    python -m fastlm.train --data data/notes --preset tiny --context 128 --steps 300 --out runs/notes
+    torchrun --nproc-per-node 2 -m fastlm.train --data data/owt --preset small --context 2048 --parallel fsdp
+
+A step trains on a global batch of --batch-tokens tokens: --batch-tokens / --context windows (see
+`fastlm.data.tokens`), taken at the run's data position. Each of the P processes takes its
+contiguous share and runs it as A micro-batches of --micro-batch windows (gradient accumulation,
+A = --batch-tokens / (--context x --micro-batch x P)); the gradient is the mean over the global
+batch whatever P and A are, so 1, 2 or 4 processes train the same curve up to rounding. Then the
+global gradient norm is clipped to --grad-clip and AdamW (betas 0.9, 0.95; weight decay on
+matrices and embeddings only) steps with the learning rate of `fastlm.optim.schedule` (linear
+warmup, cosine decay to --min-lr-ratio x --lr over --steps). The model's vocabulary is the data's
+rounded up to a multiple of 64 (tensor-core-friendly shapes; the extra ids never occur).
+`--precision bf16` runs the forward under bf16 autocast over fp32 weights; `bf16-weights` stores
+the matmul weights in bf16 with their fp32 masters in `fastlm.optim.AdamW` (no step casts a weight
+or its gradient; the forward sees the same bf16 values either way).
+
+`--parallel`: none (one process), naive / flat (`allreduce_gradients` after backward, per parameter
+/ flattened), ddp / bucketed (fastlm's overlapping wrappers), torch-ddp (PyTorch's
+DistributedDataParallel), fsdp (PyTorch's FSDP2 `fully_shard` per block and the root: parameters,
+gradients and optimizer state sharded). `--shard-optimizer` wraps AdamW in `ShardedOptimizer`.
+Micro-batches before the last skip the gradient synchronization. `--compile compile` compiles the
+model (each block under fsdp), `cudagraphs` also replays it as CUDA graphs (one process, no
+accumulation: a graph's gradients are overwritten by its next replay).
+
+Host synchronization happens only at log intervals (--log-every, evaluations, checkpoints): the
+losses and gradient norms stay on the device until then, and the next micro-batch is copied while
+the current one computes. `fastlm.train.log` describes the log lines, OUT/log.jsonl and
+OUT/loss.png; OUT/run.json records the configuration and the machine.
+
+Checkpoints (OUT/checkpoints, see `fastlm.checkpoint`), every --checkpoint-every steps and after the
+last: every rank takes part in gathering the state, rank 0 writes, verifies and commits it, keeping
+the last --keep-checkpoints; a process killed at any moment leaves the committed ones whole. A
+checkpoint holds the model, the optimizer, the data position (windows consumed) and the run's id
+(OUT/run.json records it too), and records the run's configuration; `--resume` continues exactly
+(the same tokens, bit for bit on the same machine and world size), cutting the log back to the
+checkpoint's step, and refuses a run that differs unless each change is named with `--override
+FIELD`; `--resume STEP` continues from an older kept checkpoint (when the newest is damaged, the
+error names the intact one). A folder that holds a run is only continued (--resume) or replaced
+(--overwrite, which keeps the old run aside until the new one has a checkpoint: `fastlm.train.log`).
+Mistakes in the arguments, --out included, end in a one-line error (status 2) before any work,
+unusable checkpoints too (status 1), on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from fastlm.checkpoint import CheckpointError
+from fastlm.data.tokens import EpochOrder, TokenData, Windows
+from fastlm.devices import current_device_name
+from fastlm.distributed import ShardedOptimizer
+from fastlm.distributed.wrappers import BUCKETED_MODES, ParallelSpec, Wrapped, wrap
+from fastlm.model import ModelConfig, TransformerLM
+from fastlm.model.config import TORCH_COMPILE_MODE, stores_bf16_weights
+from fastlm.model.precision import param_groups, precision_context
+from fastlm.optim import AdamW
+from fastlm.optim.schedule import warmup_cosine_lr
+from fastlm.train.checkpoint import check_out, checkpoint_dir, load_for_resume, restore, save_checkpoint
+from fastlm.train.config import TrainConfig, add_arguments
+from fastlm.train.log import Throughput, TrainLog, discard_set_aside, loss_plot, new_run_id, read_log, set_aside
+from fastlm.utils.errors import UserError
+from fastlm.utils.options import from_namespace
+from fastlm.utils.records import with_environment
+
+PROG = "python -m fastlm.train"
+BETAS = (0.9, 0.95)
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes, wrapping, data
+# ---------------------------------------------------------------------------------------------
+
+
+def _rank_and_world(config: TrainConfig) -> tuple[int, int]:
+    if config.parallel == "none":
+        return 0, 1
+    if "RANK" not in os.environ:
+        raise UserError(f"--parallel {config.parallel} needs torchrun (RANK / WORLD_SIZE are not set)")
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def _setup(config: TrainConfig) -> torch.device:
+    """The device of this rank; initializes torch.distributed unless --parallel none."""
+    if config.parallel == "none":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=timedelta(seconds=config.timeout_s))
+    return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> Wrapped:
+    """The model wrapped for --parallel (the registry of `fastlm.distributed.wrappers`)."""
+    bucket_mb = config.bucket_mb if config.parallel in BUCKETED_MODES else None
+    return wrap(model, ParallelSpec(config.parallel, bucket_mb), device)
+
+
+def _gradient_sync(model: torch.nn.Module, config: TrainConfig, sync: bool) -> contextlib.AbstractContextManager:
+    """The context of a micro-batch's backward: without ``sync``, gradients accumulate locally."""
+    if config.parallel == "fsdp":
+        model.set_requires_gradient_sync(sync)
+    elif not sync and config.parallel in ("ddp", "bucketed", "torch-ddp"):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def _compile(model: TransformerLM, config: TrainConfig) -> None:
+    """Compile in place (state-dict keys stay those of the eager model): each block under fsdp,
+    before sharding (the graphs stop at FSDP's hooks between blocks), else the whole model."""
+    if config.compile == "eager":
+        return
+    for module in model.blocks if config.parallel == "fsdp" else [model]:
+        module.compile(mode=TORCH_COMPILE_MODE[config.compile])
+
+
+def _optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over `fastlm.model.precision.param_groups`: PyTorch's (fused on CUDA), or for
+    bf16-weights fastlm's, whose first group stores the matmul weights in bf16 from here on, with
+    their fp32 masters in its state."""
+    groups = param_groups(model, config.precision, config.weight_decay)
+    if stores_bf16_weights(config.precision):
+        return AdamW(groups, lr=config.lr, betas=BETAS)
+    options = {"lr": config.lr, "betas": BETAS, "fused": device.type == "cuda"}
+    if config.shard_optimizer:
+        return ShardedOptimizer(groups, torch.optim.AdamW, **options)
+    return torch.optim.AdamW(groups, **options)
+
+
+def _clip_gradients(model: torch.nn.Module, config: TrainConfig) -> torch.Tensor:
+    """Scale the gradients to a global norm of at most --grad-clip (0: no limit); the norm before.
+    bf16-weights: every gradient's norm summed in fp32 (PyTorch's clip_grad_norm_ returns a bf16
+    gradient's norm in bf16, 0.1% off, and clips by that)."""
+    max_norm = config.grad_clip or math.inf
+    if not stores_bf16_weights(config.precision):
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    params = [p for p in model.parameters() if p.grad is not None]
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}  # one multi-tensor launch per dtype, as PyTorch's
+    for p in params:
+        by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+    norms = [n for grads in by_dtype.values() for n in torch._foreach_norm(grads, 2.0, dtype=torch.float32)]
+    norm = torch.linalg.vector_norm(torch.stack(norms))
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
+
+
+def micro_batches(
+    windows: Windows,
+    order: EpochOrder,
+    position: int,
+    micro_batch: int,
+    accumulation: int,
+    rank: int,
+    world: int,
+    device: torch.device,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's (tokens, targets) micro-batches, (micro_batch, context) each, step after step
+    from data position ``position``: of a step's global batch (positions [p, p + G), G = micro_batch
+    x accumulation x world) rank r takes the contiguous share [p + r G / world, p + (r + 1) G / world)."""
+    share = micro_batch * accumulation
+    while True:
+        for index in range(accumulation):
+            rows = torch.from_numpy(windows[order.ids(position + rank * share + index * micro_batch, micro_batch)])
+            if device.type == "cuda":
+                rows = rows.pin_memory()  # so the copy below is asynchronous
+            rows = rows.to(device, non_blocking=True)
+            yield rows[:, :-1], rows[:, 1:]
+        position += share * world
+
+
+def evaluation_windows(windows: Windows, config: TrainConfig, world: int) -> int:
+    """How many held-out windows an evaluation takes: --eval-sequences, or as many as the split has,
+    rounded down to a multiple of --micro-batch x processes (every rank runs the same forwards)."""
+    unit = config.micro_batch * world
+    if config.eval_sequences < unit:
+        raise UserError(f"--eval-sequences must be at least --micro-batch x processes = {unit}, got "
+                         f"{config.eval_sequences}")  # fmt: skip
+    count = min(config.eval_sequences, windows.count) // unit * unit
+    if count == 0:
+        raise UserError(f"the held-out split of {config.data} holds {windows.count} window(s) of --context + 1 = "
+                         f"{config.context + 1} tokens, fewer than --micro-batch x processes = {unit}; use a smaller "
+                         "--context or --micro-batch, or prepare the data with a larger --held-out")  # fmt: skip
+    return count
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, windows: Windows, count: int, config: TrainConfig, rank: int, world: int,
+             device: torch.device, autocast) -> float:  # fmt: skip
+    """Mean loss of the first ``count`` held-out windows; each rank takes its contiguous share."""
+    share = count // world
+    total = torch.zeros((), device=device)
+    for first in range(rank * share, (rank + 1) * share, config.micro_batch):
+        rows = torch.from_numpy(windows[np.arange(first, first + config.micro_batch)]).to(device)
+        if config.compile == "cudagraphs":
+            torch.compiler.cudagraph_mark_step_begin()
+        with autocast:
+            total += model(rows[:, :-1], rows[:, 1:]).float() * config.micro_batch
+    if world > 1:
+        dist.all_reduce(total)
+    return total.item() / count
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+# ---------------------------------------------------------------------------------------------
+
+
+def train(config: TrainConfig) -> dict:
+    """Run the training loop (``config`` resolved and checked: `check_config`); returns
+    {"step", "losses" (per step of this run, mean over ranks), "eval" ([step, loss] pairs),
+    "tokens_per_s", "mfu" (medians of the log intervals after the first; None before any),
+    "peak_memory_gib"} on every rank. Raises UserError, DataError and CheckpointError with one-sentence messages."""
+    rank, world = _rank_and_world(config)
+    data = TokenData(config.data)
+    train_windows, held_out = data.windows("train", config.context), data.windows("val", config.context)
+    if train_windows.count == 0:
+        raise UserError(f"the training split of {config.data} holds no window of --context + 1 = {config.context + 1} "
+                         "tokens; use a smaller --context or more text")  # fmt: skip
+    eval_count = evaluation_windows(held_out, config, world)
+    record = config.run_record(world, data.sha256, data.tokenizer, data.vocab_size)
+    # verified before the process group exists, so a bad checkpoint stops every rank with its message
+    resumed = load_for_resume(config, record) if config.resume else None
+    if resumed is not None and resumed.step == config.steps:
+        if rank == 0:
+            print(f"{checkpoint_dir(config)} is at step {resumed.step} of {config.steps}: nothing to train", flush=True)
+        return {"step": resumed.step, "losses": [], "eval": [], "tokens_per_s": None, "mfu": None,
+                "peak_memory_gib": None}  # fmt: skip
+    device = _setup(config)
+    try:
+        # The loop's model, wrapper and optimizer are freed when it returns, while the process group
+        # is still registered. Freed after destroy_process_group, PyTorch DDP's reducer would drop the
+        # group's last reference, and the group's destructor joins gloo threads that wait for the GIL
+        # the freeing thread holds: a hang at exit.
+        pending = [resumed]  # handed over, so the loop can free the loaded tensors once restored
+        del resumed
+        return _train_loop(config, record, pending, rank, world, device, (train_windows, held_out, eval_count))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train_loop(config: TrainConfig, record: dict, pending: list, rank: int, world: int, device: torch.device,
+                data) -> dict:  # fmt: skip
+    """The steps; ``pending`` holds the checkpoint to resume from (or None), taken out here."""
+    train_windows, held_out, eval_count = data
+    resumed = pending.pop()
+    torch.manual_seed(config.seed)  # the same initial weights on every rank
+    model_cfg = config.model_config(record["vocab_size"])
+    model = TransformerLM(model_cfg).to(device)
+    # bf16-weights: the optimizer stores the matmul weights in bf16, before a wrapper sizes its
+    # gradient buckets by the parameters' dtypes; the other precisions build it after wrapping (FSDP
+    # replaces the parameters)
+    optimizer = _optimizer(model, config, device) if stores_bf16_weights(config.precision) else None
+    if config.parallel == "fsdp":
+        _compile(model, config)
+    wrapped = _wrap(model, config, device)
+    model = wrapped.module
+    if config.parallel != "fsdp":
+        _compile(model, config)
+    if optimizer is None:
+        optimizer = _optimizer(model, config, device)
+    step, position = 0, 0
+    run_id = new_run_id()
+    if resumed is not None:
+        restore(resumed.state, model, optimizer, config)
+        step, position = resumed.step, resumed.state["data"]["position"]
+        run_id = resumed.state.get("run_id", run_id)  # absent from the checkpoints of older versions
+        resumed = None  # drop the loaded tensors: the model holds them now
+    accumulate = config.accumulation(world)
+    tokens_per_step = config.batch_tokens_of(world)
+    batches = micro_batches(train_windows, EpochOrder(train_windows.count, config.seed), position, config.micro_batch,
+                            accumulate, rank, world, device)  # fmt: skip
+    autocast = precision_context(config.precision, device)
+    meter = Throughput(model_cfg, world, device)
+    log = TrainLog(config.out / "log.jsonl", config.steps, step, enabled=rank == 0)
+    aside = set_aside(config.out) if rank == 0 and config.overwrite else None
+    if rank == 0:
+        _write_run_file(config, run_id, record, model_cfg, world, device)  # the end rewrites it with the result
+    result = {"losses": [], "eval": []}
+    with log:
+        log.note(_describe(config, model_cfg, world, accumulate, tokens_per_step, position, train_windows.count))
+        if aside is not None:
+            log.note(f"--overwrite: the old run is in {aside} until this run saves its first checkpoint")
+        if step == 0:
+            loss = evaluate(model, held_out, eval_count, config, rank, world, device, autocast)
+            log.write({"step": 0, "eval_loss": loss})
+            result["eval"].append([0, loss])
+        pending_losses, pending_norms = [], []
+        batch = next(batches)
+        meter.start()
+        while step < config.steps:
+            lr = warmup_cosine_lr(step, lr=config.lr, min_lr=config.lr * config.min_lr_ratio, warmup=config.warmup,
+                                  steps=config.steps)  # fmt: skip
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            step_loss = None
+            for index in range(accumulate):
+                with _gradient_sync(model, config, sync=index == accumulate - 1):
+                    if config.compile == "cudagraphs":
+                        torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are dead
+                    with autocast:
+                        loss = model(*batch)
+                    batch = next(batches)  # its copy overlaps this micro-batch's backward
+                    (loss / accumulate).backward()
+                # a new tensor, not the graph output that the next replay of a CUDA graph overwrites
+                step_loss = loss.detach() / accumulate if step_loss is None else step_loss + loss.detach() / accumulate
+            wrapped.synchronize()  # the wrappers that average after backward do it here
+            norm = _clip_gradients(model, config)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            position += tokens_per_step // config.context
+            pending_losses.append(step_loss)
+            pending_norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor under fsdp
+            log.advance()
+            last = step == config.steps
+            evaluating = last or (config.eval_every and step % config.eval_every == 0)
+            saving = config.checkpoint_every and (last or step % config.checkpoint_every == 0)
+            if not (evaluating or saving or step % config.log_every == 0):
+                continue
+            losses = torch.stack(pending_losses).float()
+            if world > 1:
+                dist.all_reduce(losses)
+                losses /= world
+            losses = losses.tolist()  # the host waits for the device here, once per log interval
+            entry = {"step": step, "loss": sum(losses) / len(losses), "lr": lr,
+                      "grad_norm": pending_norms[-1].item(), "tokens": step * tokens_per_step,
+                      **meter.interval(len(losses) * tokens_per_step)}  # fmt: skip
+            result["losses"] += losses
+            pending_losses, pending_norms = [], []
+            if evaluating:
+                entry["eval_loss"] = evaluate(model, held_out, eval_count, config, rank, world, device, autocast)
+                result["eval"].append([step, entry["eval_loss"]])
+            log.write(entry)
+            if saving:
+                save_checkpoint(config, step, position, run_id, record, model, optimizer, rank, log)
+                if rank == 0 and config.overwrite:
+                    discard_set_aside(config.out)
+            meter.start()  # evaluations and checkpoints are not training time
+    result = {"step": step, **result, **meter.steady_state()}
+    if rank == 0:
+        _plot(config, model_cfg, world)
+        _write_run_file(config, run_id, record, model_cfg, world, device, result)
+        if config.overwrite:  # a run without checkpoints replaces the old one when it ends
+            discard_set_aside(config.out)
+    if dist.is_initialized():
+        dist.barrier()  # no rank tears down while another still has collectives in flight
+    return result
+
+
+def _describe(config: TrainConfig, model_cfg: ModelConfig, world: int, accumulate: int, tokens_per_step: int,
+              position: int, windows: int) -> str:  # fmt: skip
+    parameters = model_cfg.num_parameters()
+    return (f"training {config.preset} ({parameters / 1e6:.1f}M parameters, {config.kernels} kernels, "
+            f"{config.precision}, {config.compile}) on {world} process(es), --parallel {config.parallel}: "
+            f"{tokens_per_step:,} tokens per step = {world} x {accumulate} micro-batch(es) of {config.micro_batch} x "
+            f"{config.context}; {windows:,} training windows, data position {position:,}")  # fmt: skip
+
+
+def _write_run_file(config: TrainConfig, run_id: str, record: dict, model_cfg: ModelConfig, world: int,
+                    device: torch.device, result: dict | None = None) -> None:  # fmt: skip
+    """OUT/run.json: the run's id, its record (`TrainConfig.run_record`), the model's size and where
+    the run ran; at the end also what `train` returns (the per-step losses, the evaluations,
+    steady-state tokens/s and MFU)."""
+    config.out.mkdir(parents=True, exist_ok=True)
+    run = with_environment({"config": record, "parameters": model_cfg.num_parameters(), "world_size": world,
+                            "device": str(device), "argv": sys.argv, "result": result})  # fmt: skip
+    run["run_id"] = run_id  # the training run's, kept across resumes (the environment's is this process's)
+    (config.out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
+
+
+def _plot(config: TrainConfig, model_cfg: ModelConfig, world: int) -> None:
+    records = read_log(config.out / "log.jsonl")
+    title = (f"{config.preset} ({model_cfg.num_parameters() / 1e6:.1f}M) on {config.data.name}, context "
+             f"{config.context}, {config.batch_tokens_of(world):,} tokens per step, {world} process(es) · "
+             f"{current_device_name()}")  # fmt: skip
+    loss_plot(config.out / "loss.png", {"": records}, title)
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry points
+# ---------------------------------------------------------------------------------------------
+
+
+def check_config(config: TrainConfig, world: int) -> None:
+    """UserError, one sentence, for options that do not fit together and for an OUT that cannot
+    take the run: before any work (``config`` resolved)."""
+    config.check(world)
+    check_out(config)
+
+
+def run(config: TrainConfig, prog: str = PROG) -> int:
+    """`fastlm train`; 0 when done, 2 after a one-line error for a mistake in the arguments or data
+    that does not fit them, 1 for an unusable checkpoint. Prints on every rank."""
+    try:
+        config = config.resolved(gpu=torch.cuda.is_available())
+        check_config(config, _rank_and_world(config)[1])
+        train(config)
+    except UserError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    except CheckpointError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return from_namespace(TrainConfig, parser.parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
