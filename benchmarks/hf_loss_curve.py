@@ -2,9 +2,12 @@
 `fastlm.apply_fastlm`, from the same initial weights on the same batches.
 
 The text is this repository's README and docs as UTF-8 bytes (vocabulary 256), cut into windows of
---context + 1 tokens; both runs see the same windows in the same order (Trainer's seeded sampler).
-Appends one record per run to benchmarks/results/hf_loss.jsonl (every logged loss, the mean of the
-last 10) and draws benchmarks/reports/hf_loss.png.
+--context + 1 tokens; every run sees the same windows in the same order (Trainer's seeded sampler).
+A third run, the unpatched model from its initial weights rounded to bf16 (a change of at most
+2^-9 of each weight), measures how far rounding alone moves the curve: the noise floor that the
+patched run's difference is compared with. Appends one record per run to
+benchmarks/results/hf_loss.jsonl (every logged loss, the mean of the last 10) and draws
+benchmarks/reports/hf_loss_<precision>.png.
 
     python3 benchmarks/hf_loss_curve.py --steps 200          # a GPU: bf16, about a minute per run
 """
@@ -49,8 +52,8 @@ def train(model: torch.nn.Module, data: ByteWindows, args: argparse.Namespace, o
     training = TrainingArguments(
         output_dir=str(out), max_steps=args.steps, per_device_train_batch_size=args.batch, learning_rate=args.lr,
         warmup_steps=args.steps // 10, lr_scheduler_type="cosine", weight_decay=0.1, logging_steps=1,
-        bf16=on_gpu, save_strategy="no", report_to=[], seed=0, data_seed=0, dataloader_drop_last=True,
-        disable_tqdm=True, use_cpu=not on_gpu,
+        bf16=on_gpu and args.precision == "bf16", save_strategy="no", report_to=[], seed=0, data_seed=0,
+        dataloader_drop_last=True, disable_tqdm=True, use_cpu=not on_gpu,
     )  # fmt: skip
     trainer = Trainer(model=model, args=training, train_dataset=data)
     trainer.train()
@@ -64,6 +67,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp32"), help="bf16 autocast or fp32 (GPU)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "traces" / "hf_loss")
     args = parser.parse_args()
     text = b"\n".join(p.read_bytes() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
@@ -73,22 +77,31 @@ def main() -> None:
     torch.manual_seed(0)
     unpatched = build_model(shape)
     patched = apply_fastlm(copy.deepcopy(unpatched))
+    rounded = copy.deepcopy(unpatched)
+    with torch.no_grad():
+        for parameter in rounded.parameters():
+            parameter.copy_(parameter.bfloat16().float())
     records, curves = [], {}
-    for name, model in (("hf", unpatched), ("hf+fastlm", patched)):
+    runs = (("hf", unpatched), ("hf+fastlm", patched), ("hf, start rounded to bf16", rounded))
+    for name, model in runs:
         losses = train(model.cuda() if torch.cuda.is_available() else model, data, args, args.out / name)
         curves[name] = losses
         records.append(with_environment({
             "op": "hf_loss", "implementation": name, "family": args.family, "steps": args.steps,
-            "batch": args.batch, "context": args.context, "lr": args.lr, "losses": losses,
+            "batch": args.batch, "context": args.context, "lr": args.lr, "precision": args.precision, "losses": losses,
             "last10_mean": statistics.mean(losses[-10:]),
         }))  # fmt: skip
     append_records(ROOT / "benchmarks" / "results" / "hf_loss.jsonl", records)
-    base, ours = records[0]["last10_mean"], records[1]["last10_mean"]
-    print(f"last-10 mean loss: hf {base:.4f}, hf+fastlm {ours:.4f}, difference {100 * (ours / base - 1):+.3f}%")
+    base = records[0]["last10_mean"]
+    for record in records[1:]:
+        print(
+            f"last-10 mean loss, {args.precision}: {record['implementation']} {record['last10_mean']:.4f} against hf "
+            f"{base:.4f}: {100 * (record['last10_mean'] / base - 1):+.3f}%"
+        )
     panel = {name: list(enumerate(losses, start=1)) for name, losses in curves.items()}
-    line_plot(ROOT / "benchmarks" / "reports" / "hf_loss.png",
+    line_plot(ROOT / "benchmarks" / "reports" / f"hf_loss_{args.precision}.png",
               [(f"{args.family}, {shape.num_parameters() / 1e6:.1f}M parameters, via Trainer", panel)],
-              xlabel="step", ylabel="training loss", title="Unpatched vs fastlm-patched")  # fmt: skip
+              xlabel="step", ylabel="training loss", title=f"Unpatched vs patched, {args.precision}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -366,14 +366,19 @@ def test_trainer_losses_match_unpatched(tmp_path, op_calls):
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(expected), rtol=1e-5, atol=1e-6)
 
 
-def test_torch_compile_traces_the_patched_model_in_one_graph():
+def test_torch_compile_traces_the_patched_model_in_one_graph(op_calls):
     """aot_eager: Dynamo's trace and the autograd graph (no graph break), without Inductor's CPU
-    compile time; Inductor runs on the GPU test."""
+    compile time; Inductor runs on the GPU test. The attention kernel is in the graph with and
+    without a cache (without one, transformers builds a mask while tracing; the patched base model
+    knows it is plain causal); with explicit position ids it cannot know, and SDPA runs."""
     model, reference = patched_pair("qwen3")
-    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
     ids = tokens()
-    for use_cache in (True, False):  # with a cache the mask is None; without, transformers builds one
-        assert_same_step(compiled, reference, input_ids=ids, labels=ids, use_cache=use_cache)
+    for use_cache, positions in ((True, None), (False, None), (False, torch.arange(8)[None])):
+        torch._dynamo.reset()
+        op_calls["flash_attention"] = 0
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+        assert_same_step(compiled, reference, input_ids=ids, labels=ids, use_cache=use_cache, position_ids=positions)
+        assert (op_calls["flash_attention"] > 0) == (positions is None), (use_cache, positions)
         model.zero_grad(), reference.zero_grad()
 
 

@@ -43,6 +43,9 @@ from fastlm.ops.swiglu import swiglu
 # LlamaForCausalLM): one patch serves these families, whose modules share attribute names and forwards
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 ATTN_IMPLEMENTATION = "fastlm"
+# keyword the patched base model adds to its layers' calls when no attention mask and no position ids
+# were given: the attention is plain causal by construction (`_base_model_forward`)
+PLAIN_CAUSAL = "fastlm_plain_causal"
 SWIGLU_ACTIVATIONS = ("silu", "swish")
 
 _warned_fallbacks: set[str] = set()
@@ -62,6 +65,10 @@ def attention_function(module, query, key, value, attention_mask, dropout=0.0, s
     other case runs transformers' SDPA function, once warned per case (`_fallback_reason`): the
     result is always exact, the kernel is used where it computes the same thing.
     """
+    if kwargs.pop(PLAIN_CAUSAL, False):
+        # a mask transformers built anyway (it always does while torch.compile traces, to look for
+        # packed sequences in the position ids) holds nothing the checks below do not see
+        attention_mask = None
     reason = _fallback_reason(module, query, key, attention_mask, dropout, sliding_window, kwargs)
     if reason is not None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -158,6 +165,17 @@ def _register_attention() -> None:
 # ----------------------------------------------------------------------------------------------
 # Module forwards, bound to the patched instances
 # ----------------------------------------------------------------------------------------------
+
+
+def _base_model_forward(self, *args, **kwargs):
+    """The base model (LlamaModel, ...) with its attention calls told when they are plain causal:
+    called without an attention mask and without position ids (positions then count from the
+    cache's length), its only masks are causal and any sliding window, which the attention
+    function checks from the shapes. Lets the kernel run under torch.compile, where transformers
+    builds a mask that only reading its data could show to be plain causal."""
+    if len(args) <= 1 and kwargs.get("attention_mask") is None and kwargs.get("position_ids") is None:
+        kwargs[PLAIN_CAUSAL] = True
+    return _original_forward(self, *args, **kwargs)
 
 
 def _original_forward(module, *args, **kwargs):
@@ -320,6 +338,8 @@ def apply_fastlm(model, *, attention: bool = True, norm: bool = True, rope: bool
         else:
             warnings.warn(f"apply_fastlm leaves the MLPs as they are: hidden_act {base.config.hidden_act!r} is not "
                           "SwiGLU's silu", stacklevel=2)  # fmt: skip
+    if attention:
+        replacements[f"{prefix}Model"] = _base_model_forward
     if loss:  # the model itself, when it is the causal LM
         replacements[f"{prefix}ForCausalLM"] = _signed_like(type(base).forward)
     for module in base.modules():
