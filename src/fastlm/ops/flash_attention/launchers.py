@@ -64,6 +64,13 @@ def _grid(rows: int, block: int, heads: int, batch: int, packed: bool) -> tuple[
     return (rows // block + batch, heads, 1) if packed else (cdiv(rows, block), heads, batch)
 
 
+def _cu_seqlens(q: torch.Tensor, cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None) -> tuple:
+    """The kernels' CU_SEQLENS_Q and CU_SEQLENS_K: the offsets when packed; dense, where no kernel
+    reads them, q, which no kernel writes. (A stand-in that aliases a written output, such as L,
+    makes Inductor's functionalization of the launch hand back an unwritten copy of that output.)"""
+    return (cu_seqlens_q, cu_seqlens_k) if cu_seqlens_q is not None else (q, q)
+
+
 def _mask(causal: bool, window: tuple[int, int], queries: int, keys: int) -> tuple[int, int, bool, bool]:
     """The kernels' (window_left, window_right, BOUNDED_LEFT, BOUNDED_RIGHT). A side is bounded only
     where it can hide a key: a left bound >= keys - 1 hides none, nor a right bound >= queries - 1
@@ -94,7 +101,7 @@ def _launch_forward(q, k, v, causal: bool, scale: float, config: AttentionConfig
     tiles = config.forward
     kernel = wrap_triton(_flash_forward_kernel) if traced else eager_kernel(_flash_forward_kernel)
     kernel[_grid(M, tiles.block_m, H, Z, packed)](
-        q, k, v, o, lse, *((cu_seqlens_q, cu_seqlens_k) if packed else (lse, lse)),
+        q, k, v, o, lse, *_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k),
         *strides(q), *strides(k), *strides(v), *strides(o)[:3], *((0, M) if packed else (H * M, M)),
         H, H // Hkv, *((0, 0, Z) if packed else (M, N, 0)), scale, left, right,
         BOUNDED_LEFT=bounded_left, BOUNDED_RIGHT=bounded_right, VARLEN=packed, HEAD_DIM=D,
@@ -116,7 +123,7 @@ def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, conf
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
     delta = lse.new_empty(lse.shape)
     # the arguments both kernels take, in their order
-    inputs = (*((cu_seqlens_q, cu_seqlens_k) if packed else (lse, lse)),
+    inputs = (*_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k),
               *strides(q), *strides(k), *strides(v), *strides(grad_out))  # fmt: skip
     rows = (0, M) if packed else (H * M, M)  # L's and Dlt's strides
     sizes = (*((0, 0, Z) if packed else (M, N, 0)), scale, left, right)
