@@ -261,6 +261,6 @@ def render(records: list[dict], reports_dir: Path) -> str:
               for name in names}  # fmt: skip
     if any(v is not None for values in series.values() for v in values):
         plot = grouped_bar_plot(reports_dir / "hf.png", labels, series, ylabel="tokens/s",
-                                title=f"Training step of Hugging Face models ({first['gpu']})")  # fmt: skip
+                                title=f"HF models' training step, {first['gpu'].removeprefix('NVIDIA ')}")  # fmt: skip
         lines.append(f"![tokens/s]({plot.name})")
     return "\n".join(lines)
