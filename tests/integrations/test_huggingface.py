@@ -85,7 +85,7 @@ def _fresh_warnings(monkeypatch):
 @pytest.fixture
 def op_calls(monkeypatch):
     """Counts the calls of each fastlm op the patch runs."""
-    counts = dict.fromkeys(OPS.values(), 0)
+    counts = dict.fromkeys([*OPS.values(), "flash_attention_varlen"], 0)
 
     def counting(name):
         op = getattr(huggingface, name)
@@ -108,7 +108,7 @@ def test_training_step_and_logits_match_unpatched(family, op_calls, recwarn):
     assert_same_step(model, reference, input_ids=ids, labels=ids)
     qk_norms = 2 if family == "qwen3" else 0
     assert op_calls == {"flash_attention": 2, "rms_norm": 2 * (2 + qk_norms) + 1, "rotary_embedding": 2, "swiglu": 2,
-                        "linear_cross_entropy": 1}  # fmt: skip
+                        "linear_cross_entropy": 1, "flash_attention_varlen": 0}  # fmt: skip
     assert model(input_ids=ids, labels=ids).logits is None  # the fused loss holds no logits
     model.eval(), reference.eval()
     with torch.no_grad():
@@ -124,7 +124,7 @@ def test_each_switch_installs_only_its_kernel(switch, op_calls):
     ids = tokens()
     model.train()(input_ids=ids, labels=ids)
     assert op_calls[OPS[switch]] == 0
-    assert all(count > 0 for name, count in op_calls.items() if name != OPS[switch])
+    assert all(op_calls[name] > 0 for name in OPS.values() if name != OPS[switch])
 
 
 def test_padding_falls_back_to_sdpa_once_with_a_warning(recwarn):
@@ -147,21 +147,26 @@ def test_all_ones_attention_mask_runs_the_kernel(op_calls, recwarn):
 
 def test_packed_position_ids_match_unpatched(op_calls, recwarn):
     """DataCollatorWithFlattening's format: one row, position_ids restarting at each sequence, and
-    no cache (transformers looks for restarts only then; Trainer sets use_cache=False). The mask
-    falls back to SDPA; the rotation, one row of positions, stays on the kernel."""
+    no cache (transformers looks for restarts only then; Trainer sets use_cache=False). The patched
+    base model turns the restarts into cu_seq_lens for the variable-length kernel; the rotation,
+    one row of positions, stays on its kernel too."""
     model, reference = patched_pair("llama")
     ids = tokens(1, 9)
     position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 0, 1]])
     labels = ids.clone()
     labels[0, [0, 4, 7]] = -100  # each sequence's first token is no target of the one before
     assert_same_step(model, reference, input_ids=ids, position_ids=position_ids, labels=labels, use_cache=False)
-    assert op_calls["rotary_embedding"] == 2 and op_calls["flash_attention"] == 0
-    assert fallback_warnings(recwarn)
+    assert op_calls["rotary_embedding"] == 2 and op_calls["flash_attention_varlen"] == 2
+    assert op_calls["flash_attention"] == 0 and not fallback_warnings(recwarn)
+    # with a cache transformers does not look for restarts: one sequence, in both models
+    model.zero_grad(), reference.zero_grad()
+    assert_same_step(model, reference, input_ids=ids, position_ids=position_ids, labels=labels, use_cache=True)
+    assert op_calls["flash_attention_varlen"] == 2 and not fallback_warnings(recwarn)
 
 
-def test_cu_seq_lens_alone_keep_the_sequences_apart(recwarn):
+def test_cu_seq_lens_alone_keep_the_sequences_apart(op_calls, recwarn):
     """Packed sequences given only as flash-attention offsets (no position_ids): transformers builds
-    no mask, so the fallback builds one from cu_seq_lens. Each sequence's logits equal those of the
+    no mask; the variable-length kernel takes the offsets. Each sequence's logits equal those of the
     sequence run alone (RoPE is relative: the shift of its positions in the pack does not count)."""
     model = tiny_model("mistral")
     apply_fastlm(model)
@@ -173,16 +178,22 @@ def test_cu_seq_lens_alone_keep_the_sequences_apart(recwarn):
         packed = model(input_ids=torch.cat([first, second], dim=1), **packing).logits
         torch.testing.assert_close(packed[:, :5], model(input_ids=first).logits, **FP32)
         torch.testing.assert_close(packed[:, 5:], model(input_ids=second).logits, **FP32)
-    assert any("cu_seq_lens" in message for message in fallback_warnings(recwarn))
+    assert op_calls["flash_attention_varlen"] == 2 and not fallback_warnings(recwarn)
 
 
-def test_sliding_window_shorter_than_the_sequence_matches_unpatched(recwarn):
+def test_sliding_window_shorter_than_the_sequence_matches_unpatched(op_calls, recwarn):
     model = tiny_model("mistral", sliding_window=3)
     reference = copy.deepcopy(model)
     apply_fastlm(model)
     ids = tokens()
     assert_same_step(model.train(), reference.train(), input_ids=ids, labels=ids)
-    assert fallback_warnings(recwarn)
+    assert op_calls["flash_attention"] == 2 and not fallback_warnings(recwarn)
+    # packed and windowed at once
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]])
+    model.zero_grad(), reference.zero_grad()
+    assert_same_step(model, reference, input_ids=tokens(1, 8), position_ids=position_ids, labels=tokens(1, 8),
+                     use_cache=False)  # fmt: skip
+    assert op_calls["flash_attention_varlen"] == 2 and not fallback_warnings(recwarn)
 
 
 def _attention_inputs(queries: int = 5, keys: int = 5):
@@ -193,7 +204,7 @@ def _attention_inputs(queries: int = 5, keys: int = 5):
     ("case", "keys", "kwargs"),
     [
         ("attention dropout", 5, {"dropout": 0.5}),
-        ("sliding window", 5, {"sliding_window": 3}),  # a window the mask did not carry
+        ("attention dropout", 5, {"dropout": 0.5, "sliding_window": 3}),  # a window the mask did not carry
         ("non-causal", 5, {"is_causal": False}),
         ("more keys than queries", 7, {}),  # a static cache's prefill
     ],
@@ -440,7 +451,23 @@ def test_inductor_compiled_patched_model_matches_unpatched(no_tf32):
     model.cuda(), reference.cuda()
     compiled = torch.compile(model, fullgraph=True)
     ids = tokens().cuda()
-    assert_same_step(compiled, reference, input_ids=ids, labels=ids, use_cache=True)
+    for use_cache in (True, False):  # without a cache transformers builds a mask while tracing
+        assert_same_step(compiled, reference, input_ids=ids, labels=ids, use_cache=use_cache)
+        model.zero_grad(), reference.zero_grad()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [None, 48])
+def test_packed_sequences_match_unpatched_on_gpu(window, no_tf32, op_calls, recwarn):
+    # one row of 128 tokens packing sequences of 50, 1 and 77 tokens, with Mistral's window or none
+    model = tiny_model("mistral", sliding_window=window).cuda()
+    reference = copy.deepcopy(model)
+    apply_fastlm(model)
+    ids = tokens(1, 128).cuda()
+    position_ids = torch.cat([torch.arange(50), torch.arange(1), torch.arange(77)])[None].cuda()
+    assert_same_step(model.train(), reference.train(), input_ids=ids, labels=ids, position_ids=position_ids,
+                     use_cache=False)  # fmt: skip
+    assert op_calls["flash_attention_varlen"] == 2 and not fallback_warnings(recwarn)
 
 
 @pytest.mark.gpu

@@ -33,7 +33,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from fastlm.ops.flash_attention import flash_attention
+from fastlm.ops.flash_attention import flash_attention, flash_attention_varlen
 from fastlm.ops.layer_norm import rms_norm
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy
 from fastlm.ops.rotary import rotary_embedding
@@ -43,8 +43,9 @@ from fastlm.ops.swiglu import swiglu
 # LlamaForCausalLM): one patch serves these families, whose modules share attribute names and forwards
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 ATTN_IMPLEMENTATION = "fastlm"
-# keyword the patched base model adds to its layers' calls when no attention mask and no position ids
-# were given: the attention is plain causal by construction (`_base_model_forward`)
+# keyword the patched base model adds to its layers' calls when it was given no attention mask: the
+# attention is causal, within the packed sequences of cu_seq_lens_q/k if any, within the sliding
+# window if any (`_base_model_forward`), so a mask transformers built says nothing more
 PLAIN_CAUSAL = "fastlm_plain_causal"
 SWIGLU_ACTIVATIONS = ("silu", "swish")
 
@@ -61,15 +62,17 @@ def attention_function(module, query, key, value, attention_mask, dropout=0.0, s
     """The "fastlm" attention implementation, with transformers' attention-function signature:
     query (B, H, Nq, D), key and value (B, Hkv, Nk, D) -> ((B, Nq, H, D), None).
 
-    Plain causal attention runs `fastlm.flash_attention` on the grouped heads as they are. Every
-    other case runs transformers' SDPA function, once warned per case (`_fallback_reason`): the
-    result is always exact, the kernel is used where it computes the same thing.
+    Causal attention runs `fastlm.flash_attention` on the grouped heads as they are, with the
+    sliding window if the model has one; packed sequences (cu_seq_lens_q / cu_seq_lens_k, one row)
+    run `fastlm.flash_attention_varlen`. Every other case runs transformers' SDPA function, once
+    warned per case (`_fallback_reason`): the result is always exact, the kernels are used where
+    they compute the same thing.
     """
     if kwargs.pop(PLAIN_CAUSAL, False):
         # a mask transformers built anyway (it always does while torch.compile traces, to look for
         # packed sequences in the position ids) holds nothing the checks below do not see
         attention_mask = None
-    reason = _fallback_reason(module, query, key, attention_mask, dropout, sliding_window, kwargs)
+    reason = _fallback_reason(module, query, key, attention_mask, dropout, kwargs)
     if reason is not None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -82,29 +85,38 @@ def attention_function(module, query, key, value, attention_mask, dropout=0.0, s
     if torch.is_autocast_enabled(device):  # as SDPA under autocast: q, k, v in the autocast dtype
         dtype = torch.get_autocast_dtype(device)
         query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
-    return flash_attention(query, key, value, causal=True, scale=scaling).transpose(1, 2), None
+    # transformers' window: query i sees key j when i - sliding_window < j <= i
+    window = None if sliding_window is None else (sliding_window - 1, 0)
+    if kwargs.get("cu_seq_lens_q") is None:
+        return flash_attention(query, key, value, causal=True, scale=scaling, window=window).transpose(1, 2), None
+    # one row of packed sequences: (1, H, T, D) -> (T, H, D) views, the output (T, H, D) -> (1, T, H, D)
+    out = flash_attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
+                                 kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"], kwargs["max_length_q"],
+                                 kwargs["max_length_k"], causal=True, scale=scaling, window=window)  # fmt: skip
+    return out[None], None
 
 
-def _fallback_reason(module, query, key, attention_mask, dropout, sliding_window, kwargs) -> str | None:
-    """Why this call is not plain causal attention over all keys, or None when it is.
+def _fallback_reason(module, query, key, attention_mask, dropout, kwargs) -> str | None:
+    """Why the kernels cannot compute this call, or None when they can: causal attention over the
+    keys, within a sliding window if any, and within the packed sequences of one row if
+    cu_seq_lens_q / cu_seq_lens_k are given.
 
     The mask transformers builds for the "fastlm" implementation (`mask_function`) is None only
-    where the attention is plain causal: no padding, no packed sequences (position_ids that restart),
-    no sliding window shorter than the keys. Packed sequences given only as cu_seq_lens, dropout and
-    non-causal attention do not show in the mask.
+    where the attention is plain causal; the patched base model (`_base_model_forward`) sets it
+    aside where it knows there is no padding. Dropout and non-causal attention do not show in it.
     """
     if attention_mask is not None:
-        return "an attention mask (padding, packed sequences or a sliding window)"
-    if kwargs.get("cu_seq_lens_q") is not None:
-        return "packed sequences (cu_seq_lens_q)"
+        return "an attention mask (padding, or packing and windows without the patched base model)"
+    packed = kwargs.get("cu_seq_lens_q") is not None
+    if packed and (query.shape[0] != 1 or kwargs.get("max_length_q") is None):
+        return "packed sequences in more than one row or without max_length_q"
     if dropout > 0.0:
         return "attention dropout"
-    if sliding_window is not None and key.shape[2] > sliding_window:
-        return "a sliding window shorter than the keys"
     is_causal = kwargs.get("is_causal")
     if not (getattr(module, "is_causal", True) if is_causal is None else is_causal):
         return "non-causal attention"
-    if 1 < query.shape[2] < key.shape[2]:  # a static cache's prefill: SDPA aligns the mask top-left
+    if 1 < query.shape[2] < key.shape[2] or (packed and query.shape[2] != key.shape[2]):
+        # a static cache's prefill: SDPA aligns the mask top-left
         return "more keys than queries without a mask"
     return None
 
@@ -168,14 +180,46 @@ def _register_attention() -> None:
 
 
 def _base_model_forward(self, *args, **kwargs):
-    """The base model (LlamaModel, ...) with its attention calls told when they are plain causal:
-    called without an attention mask and without position ids (positions then count from the
-    cache's length), its only masks are causal and any sliding window, which the attention
-    function checks from the shapes. Lets the kernel run under torch.compile, where transformers
-    builds a mask that only reading its data could show to be plain causal."""
-    if len(args) <= 1 and kwargs.get("attention_mask") is None and kwargs.get("position_ids") is None:
-        kwargs[PLAIN_CAUSAL] = True
+    """The base model (LlamaModel, ...), its attention calls told what their mask is when it was
+    given no attention mask (`PLAIN_CAUSAL`): causal, within any sliding window, and within the
+    packed sequences that restarting position ids mark, handed on as cu_seq_lens_q/k as
+    `DataCollatorWithFlattening` hands them (`_packed_sequences`). Lets the kernels run where
+    transformers builds a mask only reading its data could show to be causal (packing, and every
+    call while torch.compile traces)."""
+    if len(args) > 1 or kwargs.get("attention_mask") is not None:
+        return _original_forward(self, *args, **kwargs)
+    positions = kwargs.get("position_ids")
+    if positions is not None and kwargs.get("cu_seq_lens_q") is None:
+        if torch.compiler.is_compiling() or not _looks_for_packing(self, kwargs):
+            return _original_forward(self, *args, **kwargs)  # transformers' mask says what positions mean
+        kwargs.update(_packed_sequences(positions))
+    kwargs[PLAIN_CAUSAL] = True
     return _original_forward(self, *args, **kwargs)
+
+
+def _looks_for_packing(model, kwargs) -> bool:
+    """Whether transformers reads packed sequences from the position ids of this call: only without
+    a cache (Trainer's use_cache=False), as `create_causal_mask` does."""
+    use_cache = kwargs.get("use_cache")
+    use_cache = model.config.use_cache if use_cache is None else use_cache
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))
+    return cache is None and not use_cache
+
+
+def _packed_sequences(position_ids: torch.Tensor) -> dict:
+    """cu_seq_lens_q/k and max_length_q/k of one row of packed sequences, which start where a
+    position is not its predecessor's + 1 (transformers' rule); {} for several rows or one
+    sequence. Reads the positions: one wait for the GPU per forward, in eager mode only."""
+    if position_ids.shape[0] != 1:
+        return {}
+    positions = position_ids[0]
+    starts = torch.nonzero(positions[1:] - positions[:-1] != 1).flatten() + 1
+    if starts.numel() == 0:
+        return {}
+    edges = [0, *starts.tolist(), positions.numel()]
+    offsets = torch.tensor(edges, dtype=torch.int32, device=positions.device)
+    longest = max(b - a for a, b in zip(edges, edges[1:], strict=False))
+    return {"cu_seq_lens_q": offsets, "cu_seq_lens_k": offsets, "max_length_q": longest, "max_length_k": longest}
 
 
 def _original_forward(module, *args, **kwargs):
