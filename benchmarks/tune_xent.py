@@ -3,7 +3,7 @@
 B=4096, bf16, through the launchers with explicit `XentConfig`s. Prints one JSON line per
 configuration with the median ms and the GB/s of the kernel's cost-model bytes, then (on stderr)
 the configuration with the best geometric mean over the vocabularies, as a Python expression:
-the sm90 entry of fastlm/ops/cross_entropy.py's table comes from these runs.
+the sm90 entry of fastlm/ops/cross_entropy/config.py's table comes from these runs.
 Usage: python benchmarks/tune_xent.py [--kernels forward,backward,fused] > tune.jsonl
 """
 

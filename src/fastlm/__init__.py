@@ -9,16 +9,21 @@ import importlib
 
 _EXPORTS = {
     "apply_fastlm": "fastlm.integrations.huggingface",
+    "bradley_terry_loss": "fastlm.losses",
     "causal_conv1d": "fastlm.ops.causal_conv1d",
     "cross_entropy": "fastlm.ops.cross_entropy",
+    "dpo_loss": "fastlm.losses",
     "flash_attention": "fastlm.ops.flash_attention",
     "flash_attention_varlen": "fastlm.ops.flash_attention",
     "layer_norm": "fastlm.ops.layer_norm",
     "linear_cross_entropy": "fastlm.ops.linear_cross_entropy",
+    "linear_dpo_loss": "fastlm.losses",
     "masked_softmax": "fastlm.ops.masked_softmax",
+    "ranking_loss": "fastlm.losses",
     "revert_fastlm": "fastlm.integrations.huggingface",
     "rms_norm": "fastlm.ops.layer_norm",
     "rotary_embedding": "fastlm.ops.rotary",
+    "sequence_logprobs": "fastlm.losses",
     "swiglu": "fastlm.ops.swiglu",
 }
 __all__ = sorted(_EXPORTS)

@@ -26,8 +26,9 @@ class CrossEntropyLoss(torch.nn.Module):
         inplace: bool = False,
     ) -> None:
         super().__init__()
-        ignore_index, label_smoothing, z_loss = check_options(ignore_index, reduction, label_smoothing, z_loss, fused,
-                                                              inplace)  # fmt: skip
+        ignore_index, label_smoothing, z_loss = check_options(
+            ignore_index, reduction, label_smoothing, z_loss, fused, inplace
+        )
         self.ignore_index = ignore_index
         self.reduction = reduction
         self.label_smoothing = label_smoothing

@@ -75,3 +75,13 @@ def test_a_patch_that_fails_becomes_its_rows_status(monkeypatch, tmp_path):
         ("hf+liger", "error: cannot trace addmm"),
     ]
     assert "error: cannot trace addmm" in report
+
+
+@pytest.mark.parametrize("on_gpu", [False, True])
+def test_fastlm_report_has_the_hf_and_swiglu_sections(on_gpu):
+    from fastlm.cli.report import report_sections
+
+    headings = [heading for _, heading, _ in report_sections(on_gpu)]
+    hf = next(benchmark for benchmark, heading, _ in report_sections(on_gpu) if heading.startswith("Hugging Face"))
+    assert "SwiGLU" in headings
+    assert hf.shapes[0].num_layers == (4 if on_gpu else 2) and len(hf.patches) == 3

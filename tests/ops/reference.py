@@ -39,8 +39,10 @@ def _largest_errors(actual: torch.Tensor, expected: torch.Tensor) -> str:
     absolute = (actual - expected).abs()
     relative = torch.where(expected != 0, absolute / expected.abs(), 0.0)
     at, rel_at = (tuple(int(i) for i in torch.unravel_index(e.argmax(), e.shape)) for e in (absolute, relative))
-    return (f"max abs error {absolute[at]:.3g} at {at} ({actual[at]:.8g} for {expected[at]:.8g}), "
-            f"max rel error {relative[rel_at]:.3g} at {rel_at}")  # fmt: skip
+    return (
+        f"max abs error {absolute[at]:.3g} at {at} ({actual[at]:.8g} for {expected[at]:.8g}), "
+        f"max rel error {relative[rel_at]:.3g} at {rel_at}"
+    )
 
 
 def assert_as_accurate_as_torch(ours, theirs, truth, allowance: float, what: str = "output") -> None:
@@ -72,8 +74,9 @@ def _output_and_gradients(function, inputs, upstream) -> list[torch.Tensor]:
     return [out, *gradients(out, inputs, upstream)]
 
 
-def check_results_against_float64(ours, torch_fn, inputs, upstream, allowance: float,
-                                  grad_allowance: float | None = None) -> None:  # fmt: skip
+def check_results_against_float64(
+    ours, torch_fn, inputs, upstream, allowance: float, grad_allowance: float | None = None
+) -> None:
     """fastlm's results ``ours`` ([output, gradient of each input that requires grad] for
     ``upstream``) against the same from ``torch_fn`` on ``inputs`` (floating tensors or None, which
     passes through) and on float64 copies of them, by `assert_as_accurate_as_torch`: the output
@@ -88,14 +91,21 @@ def check_results_against_float64(ours, torch_fn, inputs, upstream, allowance: f
         assert_as_accurate_as_torch(ours[index], theirs[index], truth[index], limit, what)
 
 
-def check_against_float64(fastlm_fn, torch_fn, inputs, allowance: float, grad_allowance: float | None = None,
-                          upstream: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def check_against_float64(
+    fastlm_fn,
+    torch_fn,
+    inputs,
+    allowance: float,
+    grad_allowance: float | None = None,
+    upstream: torch.Tensor | None = None,
+) -> torch.Tensor:
     """`check_results_against_float64` for ``fastlm_fn(*inputs)`` and its gradients. The upstream
     gradient, random unless given, is rounded to the narrowest dtype of the inputs and the output,
     so that fastlm, torch and the float64 truth receive the same values. Returns fastlm's output."""
     out = fastlm_fn(*inputs)
     narrowest = max((t.dtype for t in (out, *inputs) if t is not None), key=lambda dtype: torch.finfo(dtype).eps)
     upstream = (torch.randn_like(out) if upstream is None else upstream).to(narrowest)
-    check_results_against_float64([out, *gradients(out, inputs, upstream)], torch_fn, inputs, upstream, allowance,
-                                  grad_allowance)  # fmt: skip
+    check_results_against_float64(
+        [out, *gradients(out, inputs, upstream)], torch_fn, inputs, upstream, allowance, grad_allowance
+    )
     return out

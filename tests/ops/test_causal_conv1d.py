@@ -18,21 +18,26 @@ from .reference import check_against_float64, unit_roundoff
 # points. 16-bit gradients: half of it, as the backward stores dz = dout * silu'(z) in the input's
 # dtype before du sums it (as PyTorch's own SiLU backward hands it on), where the reference's graph
 # keeps it in fp32: one rounding more.
-ALLOWANCE = {torch.float32: (1e-6, 1e-6),
-             torch.float16: (unit_roundoff(torch.float16) / 8, unit_roundoff(torch.float16) / 2),
-             torch.bfloat16: (unit_roundoff(torch.bfloat16) / 8, unit_roundoff(torch.bfloat16) / 2)}  # fmt: skip
+ALLOWANCE = {
+    torch.float32: (1e-6, 1e-6),
+    torch.float16: (unit_roundoff(torch.float16) / 8, unit_roundoff(torch.float16) / 2),
+    torch.bfloat16: (unit_roundoff(torch.bfloat16) / 8, unit_roundoff(torch.bfloat16) / 2),
+}
 
 
 def _check(u, weight, bias=None, activation=None, *, backend="triton", config=None):
     """Output and every gradient against the reference, by `check_against_float64`; with
     ``config``, through the eager autograd.Function with that launch configuration."""
     out = check_against_float64(
-        lambda u, w, b: CausalConv1dFunction.apply(u, w, b, activation == "silu", backend, config)
-        if config is not None
-        else causal_conv1d(u, w, b, activation, backend=backend),
+        lambda u, w, b: (
+            CausalConv1dFunction.apply(u, w, b, activation == "silu", backend, config)
+            if config is not None
+            else causal_conv1d(u, w, b, activation, backend=backend)
+        ),
         lambda u, w, b: causal_conv1d_ref(u, w, b, activation),
-        (u, weight, bias), *ALLOWANCE[u.dtype],
-    )  # fmt: skip
+        (u, weight, bias),
+        *ALLOWANCE[u.dtype],
+    )
     assert out.dtype == u.dtype
     return out
 
@@ -58,8 +63,14 @@ def test_definition_by_hand():
 def test_backward_spans_chunks_and_frozen_parameters():
     # 3 chunks of 16 rows per sequence of 40 (the last partial), 2 steps of 8 per chunk; 8-channel
     # blocks over 12 channels (the second partial) in every kernel
-    config = dataclasses.replace(conv_module.DEFAULT_CONFIG, backward_chunk_l=16, backward_block_l=8,
-                                 backward_block_d=8, forward_block_l=16, forward_block_d=8)  # fmt: skip
+    config = dataclasses.replace(
+        conv_module.DEFAULT_CONFIG,
+        backward_chunk_l=16,
+        backward_block_l=8,
+        backward_block_d=8,
+        forward_block_l=16,
+        forward_block_d=8,
+    )
     u = torch.randn(2, 40, 12, requires_grad=True)
     _check(u, torch.randn(12, 4, requires_grad=True), torch.randn(12, requires_grad=True), "silu", config=config)
     _check(u, torch.randn(12, 4), torch.randn(12), "silu", config=config)  # frozen weight and bias: only du
@@ -80,8 +91,9 @@ def test_config_checks_and_architectures():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_low_precision(dtype):
     u = torch.randn(2, 24, 16, dtype=dtype, requires_grad=True)
-    _check(u, torch.randn(16, 4, dtype=dtype, requires_grad=True), torch.randn(16, dtype=dtype, requires_grad=True),
-           "silu")  # fmt: skip
+    _check(
+        u, torch.randn(16, 4, dtype=dtype, requires_grad=True), torch.randn(16, dtype=dtype, requires_grad=True), "silu"
+    )
 
 
 def test_non_contiguous_input():
@@ -128,9 +140,12 @@ def test_gpu_inductor_launches_the_kernels_from_its_code():
     u = torch.randn(2, 300, 64, device="cuda", requires_grad=True)
     weight = torch.randn(64, 4, device="cuda", requires_grad=True)
     bias = torch.randn(64, device="cuda", requires_grad=True)
-    out = compiled_code_launches(lambda u: causal_conv1d(u * 2, weight, bias, "silu"), (u,),
-                                 kernels=("_conv1d_forward_kernel", "_conv1d_dz_kernel", "_conv1d_input_grad_kernel"),
-                                 ops=("fastlm.causal_conv1d_forward", "fastlm.causal_conv1d_backward"))  # fmt: skip
+    out = compiled_code_launches(
+        lambda u: causal_conv1d(u * 2, weight, bias, "silu"),
+        (u,),
+        kernels=("_conv1d_forward_kernel", "_conv1d_dz_kernel", "_conv1d_input_grad_kernel"),
+        ops=("fastlm.causal_conv1d_forward", "fastlm.causal_conv1d_backward"),
+    )
     expected = causal_conv1d_ref(u * 2, weight, bias, "silu")
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     want = torch.autograd.grad(expected.sum(), (u, weight, bias))

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import fastlm
 from fastlm.nn import CrossEntropyLoss
 from fastlm.ops import cross_entropy as ce
-from fastlm.ops.common import device_arch
+from fastlm.ops.common import cdiv, device_arch, multiprocessors
 from fastlm.ops.cross_entropy import (
     DEFAULT_CONFIG,
     CrossEntropyFunction,
@@ -39,9 +39,11 @@ SHAPES = [(1, 1), (3, 37), (2, 8193), (17, 128)]
 # round it once, at different points. The fused path rounds its 16-bit gradient in the forward and
 # again when the backward scales it by an upstream gradient other than 1 (docs/cross_entropy.md):
 # a whole unit roundoff.
-ALLOWANCE = {torch.float32: (1e-6, 1e-6, 1e-6),
-             torch.float16: (1e-6, unit_roundoff(torch.float16) / 8, unit_roundoff(torch.float16)),
-             torch.bfloat16: (1e-6, unit_roundoff(torch.bfloat16) / 8, unit_roundoff(torch.bfloat16))}  # fmt: skip
+ALLOWANCE = {
+    torch.float32: (1e-6, 1e-6, 1e-6),
+    torch.float16: (1e-6, unit_roundoff(torch.float16) / 8, unit_roundoff(torch.float16)),
+    torch.bfloat16: (1e-6, unit_roundoff(torch.bfloat16) / 8, unit_roundoff(torch.bfloat16)),
+}
 
 PATHS = [  # (fused, inplace)
     pytest.param(False, False, id="recompute"),
@@ -76,9 +78,13 @@ def check(logits, targets, fused, inplace=False, run=None, **options):
     if run is None:
         run = lambda x: fastlm.cross_entropy(x * 1 if inplace else x, targets, fused=fused, inplace=inplace, **options)
     loss_allowance, grad_allowance, fused_grad_allowance = ALLOWANCE[logits.dtype]
-    loss = check_against_float64(run, lambda x: cross_entropy_ref(x, targets, **options),
-                                 [logits.detach().requires_grad_(True)], loss_allowance,
-                                 fused_grad_allowance if fused else grad_allowance)  # fmt: skip
+    loss = check_against_float64(
+        run,
+        lambda x: cross_entropy_ref(x, targets, **options),
+        [logits.detach().requires_grad_(True)],
+        loss_allowance,
+        fused_grad_allowance if fused else grad_allowance,
+    )
     assert loss.dtype == torch.float32
 
 
@@ -87,8 +93,13 @@ def check_standalone(losses, grad, logits, targets, grad_output):
     against cross_entropy_ref, by `check_results_against_float64`."""
     assert losses.dtype == torch.float32 and grad.dtype == logits.dtype
     leaf = logits.detach().requires_grad_(True)
-    check_results_against_float64([losses, grad], lambda x: cross_entropy_ref(x, targets, reduction="none"), [leaf],
-                                  grad_output, *ALLOWANCE[logits.dtype][:2])  # fmt: skip
+    check_results_against_float64(
+        [losses, grad],
+        lambda x: cross_entropy_ref(x, targets, reduction="none"),
+        [leaf],
+        grad_output,
+        *ALLOWANCE[logits.dtype][:2],
+    )
 
 
 @pytest.mark.parametrize("fused,inplace", PATHS)
@@ -327,8 +338,14 @@ def test_explicit_config(dtype, device):
     logits, targets = make_inputs(5, 83, dtype, device)
     targets[0] = 4
     config = dataclasses.replace(cross_entropy_config(device_arch(logits.device), dtype, 83), **NARROW_BLOCKS)
-    check(logits, targets, False, run=lambda x: CrossEntropyFunction.apply(x, targets, -100, 0.0, 1e-3, config),
-          reduction="none", z_loss=1e-3)  # fmt: skip
+    check(
+        logits,
+        targets,
+        False,
+        run=lambda x: CrossEntropyFunction.apply(x, targets, -100, 0.0, 1e-3, config),
+        reduction="none",
+        z_loss=1e-3,
+    )
     # scale-rows with factors other than 1, in column blocks
     fused = lambda x: CrossEntropyFusedFunction.apply(x, targets, -100, 0.0, 1e-3, "none", False, config)
     check(logits, targets, True, run=fused, reduction="none", z_loss=1e-3)
@@ -346,8 +363,10 @@ def test_config_pick():
     assert cross_entropy_config(90, torch.float32, 32767).fused_block == DEFAULT_CONFIG.fused_block
     # the fused kernel's blocks pad a row by at most a sixth
     assert [cross_entropy_config(90, torch.bfloat16, v).fused_block for v in (32000, 50264, 128256)] == [
-        16384, 8192, 16384
-    ]  # fmt: skip
+        16384,
+        8192,
+        16384,
+    ]
 
 
 @pytest.mark.parametrize("count_block", [16, 64])
@@ -358,8 +377,12 @@ def test_fused_mean_counts_targets_in_steps(count_block, device):
     config = dataclasses.replace(
         cross_entropy_config(device_arch(logits.device), torch.float32, 29), fused_count_block=count_block
     )
-    check(logits, targets, True, run=lambda x: CrossEntropyFusedFunction.apply(x, targets, -100, 0.0, 0.0, "mean",
-                                                                               False, config))  # fmt: skip
+    check(
+        logits,
+        targets,
+        True,
+        run=lambda x: CrossEntropyFusedFunction.apply(x, targets, -100, 0.0, 0.0, "mean", False, config),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,27 +436,74 @@ def _launch_through_triton(logits, targets, upstream, config):
     flags = dict(HAS_SMOOTHING=True, HAS_Z_LOSS=True)
     losses, stats = torch.empty(batch, **f32), torch.empty(2, batch, **f32)
     ce._cross_entropy_forward_kernel[(batch,)](
-        logits, *logits.stride(), targets, targets.stride(0), losses, stats, batch, vocab, -100, 0.1, 1e-3,
-        BLOCK_V=config.forward_block, num_warps=config.forward_warps, **flags,
-    )  # fmt: skip
+        logits,
+        *logits.stride(),
+        targets,
+        targets.stride(0),
+        losses,
+        stats,
+        batch,
+        vocab,
+        -100,
+        0.1,
+        1e-3,
+        BLOCK_V=config.forward_block,
+        num_warps=config.forward_warps,
+        **flags,
+    )
     grad = torch.empty(batch, vocab, device="cuda", dtype=logits.dtype)
-    ce._cross_entropy_backward_kernel[(batch, ce.cdiv(vocab, config.backward_block))](
-        logits, *logits.stride(), targets, targets.stride(0), stats, upstream, upstream.stride(0), grad,
-        batch, vocab, -100, 0.1, 1e-3, BLOCK_V=config.backward_block, num_warps=config.backward_warps, **flags,
-    )  # fmt: skip
+    ce._cross_entropy_backward_kernel[(batch, cdiv(vocab, config.backward_block))](
+        logits,
+        *logits.stride(),
+        targets,
+        targets.stride(0),
+        stats,
+        upstream,
+        upstream.stride(0),
+        grad,
+        batch,
+        vocab,
+        -100,
+        0.1,
+        1e-3,
+        BLOCK_V=config.backward_block,
+        num_warps=config.backward_warps,
+        **flags,
+    )
     fused_losses, fused_grad = torch.empty(batch, **f32), torch.empty_like(grad)
-    programs = min(batch, config.fused_programs_per_sm * ce.multiprocessors(0))
+    programs = min(batch, config.fused_programs_per_sm * multiprocessors(0))
     ce._cross_entropy_fused_kernel[(programs,)](
-        logits, *logits.stride(), targets, targets.stride(0), fused_losses, 0, fused_losses, fused_grad,
-        *fused_grad.stride(), batch, vocab, -100, 0.1, 1e-3,
-        BLOCK_V=config.fused_block, HAS_ROW_SCALE=False, MEAN=True, COUNT_BLOCK=config.fused_count_block,
-        num_warps=config.fused_warps, **flags,
-    )  # fmt: skip
+        logits,
+        *logits.stride(),
+        targets,
+        targets.stride(0),
+        fused_losses,
+        0,
+        fused_losses,
+        fused_grad,
+        *fused_grad.stride(),
+        batch,
+        vocab,
+        -100,
+        0.1,
+        1e-3,
+        BLOCK_V=config.fused_block,
+        HAS_ROW_SCALE=False,
+        MEAN=True,
+        COUNT_BLOCK=config.fused_count_block,
+        num_warps=config.fused_warps,
+        **flags,
+    )
     scaled = fused_grad.clone()
-    ce._scale_rows_kernel[(batch, ce.cdiv(vocab, config.backward_block))](
-        scaled, *scaled.stride(), upstream, upstream.stride(0), vocab,
-        BLOCK_V=config.backward_block, num_warps=config.backward_warps,
-    )  # fmt: skip
+    ce._scale_rows_kernel[(batch, cdiv(vocab, config.backward_block))](
+        scaled,
+        *scaled.stride(),
+        upstream,
+        upstream.stride(0),
+        vocab,
+        BLOCK_V=config.backward_block,
+        num_warps=config.backward_warps,
+    )
     return losses, stats, grad, fused_losses, fused_grad, scaled
 
 

@@ -22,36 +22,47 @@ ALLOWANCE = 1e-6  # fp32 (how far fastlm's normwise error may pass the reference
 def xent(batch, vocab, ignored=False, fused=True, **options):
     """Cross-entropy over (batch, vocab) logits; targets fixed here (the checker takes float inputs only)."""
     targets = torch.full((batch,), -100) if ignored else torch.randint(0, vocab, (batch,))
-    return (lambda logits: fastlm.cross_entropy(logits, targets.to(logits.device), fused=fused, **options),
-            lambda logits: cross_entropy_ref(logits, targets.to(logits.device), **options),
-            [(batch, vocab)])  # fmt: skip
+    return (
+        lambda logits: fastlm.cross_entropy(logits, targets.to(logits.device), fused=fused, **options),
+        lambda logits: cross_entropy_ref(logits, targets.to(logits.device), **options),
+        [(batch, vocab)],
+    )
 
 
 def attention(q_shape, kv_shape, causal=False):
-    return (lambda q, k, v: fastlm.flash_attention(q, k, v, causal=causal),
-            lambda q, k, v: flash_attention_ref(q, k, v, causal=causal), [q_shape, kv_shape, kv_shape])  # fmt: skip
+    return (
+        lambda q, k, v: fastlm.flash_attention(q, k, v, causal=causal),
+        lambda q, k, v: flash_attention_ref(q, k, v, causal=causal),
+        [q_shape, kv_shape, kv_shape],
+    )
 
 
 def norm(kind, shape, affine=True, eps=1e-5):
     """PyTorch's own norms as the reference: they keep float64 in float64 (the `*_norm_ref` do not)."""
     params = [(shape[-1],)] * (2 if kind == "layer" else 1)
     if kind == "layer":
-        return (lambda x, w=None, b=None: fastlm.layer_norm(x, w, b, eps),
-                lambda x, w=None, b=None: F.layer_norm(x, x.shape[-1:], w, b, eps),
-                [shape, *(params if affine else [])])  # fmt: skip
-    return (lambda x, w: fastlm.rms_norm(x, w, eps), lambda x, w: F.rms_norm(x, x.shape[-1:], w, eps),
-            [shape, *params])  # fmt: skip
+        return (
+            lambda x, w=None, b=None: fastlm.layer_norm(x, w, b, eps),
+            lambda x, w=None, b=None: F.layer_norm(x, x.shape[-1:], w, b, eps),
+            [shape, *(params if affine else [])],
+        )
+    return (lambda x, w: fastlm.rms_norm(x, w, eps), lambda x, w: F.rms_norm(x, x.shape[-1:], w, eps), [shape, *params])
 
 
 def softmax(shape, mask_shape=None, causal=False):
-    return (lambda x, mask=None: fastlm.masked_softmax(x, mask, scale=0.5, causal=causal),
-            lambda x, mask=None: masked_softmax_ref(x, mask, scale=0.5, causal=causal),
-            [shape] + ([mask_shape] if mask_shape else []))  # fmt: skip
+    return (
+        lambda x, mask=None: fastlm.masked_softmax(x, mask, scale=0.5, causal=causal),
+        lambda x, mask=None: masked_softmax_ref(x, mask, scale=0.5, causal=causal),
+        [shape] + ([mask_shape] if mask_shape else []),
+    )
 
 
 def conv(batch, length, d, k, activation=None):
-    return (lambda u, w, b: fastlm.causal_conv1d(u, w, b, activation),
-            lambda u, w, b: causal_conv1d_ref(u, w, b, activation), [(batch, length, d), (d, k), (d,)])  # fmt: skip
+    return (
+        lambda u, w, b: fastlm.causal_conv1d(u, w, b, activation),
+        lambda u, w, b: causal_conv1d_ref(u, w, b, activation),
+        [(batch, length, d), (d, k), (d,)],
+    )
 
 
 EDGES = {

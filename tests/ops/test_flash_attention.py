@@ -51,9 +51,11 @@ CASES = [
 # (as FlashAttention does on tensor cores), where the reference keeps it in fp32. 16-bit gradients:
 # a whole unit roundoff, as dS = P * (dP - rowsum(dO * O)) also reads the output saved in the input
 # dtype, and is rounded before both of its matmuls (dQ = dS K, dK = dS^T Q).
-ALLOWANCE = {torch.float32: (1e-6, 1e-6),
-             torch.float16: (unit_roundoff(torch.float16) / 4, unit_roundoff(torch.float16)),
-             torch.bfloat16: (unit_roundoff(torch.bfloat16) / 4, unit_roundoff(torch.bfloat16))}  # fmt: skip
+ALLOWANCE = {
+    torch.float32: (1e-6, 1e-6),
+    torch.float16: (unit_roundoff(torch.float16) / 4, unit_roundoff(torch.float16)),
+    torch.bfloat16: (unit_roundoff(torch.bfloat16) / 4, unit_roundoff(torch.bfloat16)),
+}
 
 
 def make_qkv(batch, heads, kv_heads, nq, nk, dim, dtype, device, requires_grad=True):
@@ -67,9 +69,11 @@ def check_attention(run, q, k, v, causal, scale=None, window=None):
     """``run(q, k, v)``'s output and (dq, dk, dv) against the materialized reference, by
     `check_against_float64`."""
     out = check_against_float64(
-        run, lambda q, k, v: flash_attention_ref(q, k, v, causal=causal, scale=scale, window=window).to(q.dtype),
-        (q, k, v), *ALLOWANCE[q.dtype],
-    )  # fmt: skip
+        run,
+        lambda q, k, v: flash_attention_ref(q, k, v, causal=causal, scale=scale, window=window).to(q.dtype),
+        (q, k, v),
+        *ALLOWANCE[q.dtype],
+    )
     assert out.dtype == q.dtype
 
 
@@ -127,8 +131,11 @@ def test_nan_and_inf_follow_torch(run, device):
     torch's softmax(q k^T) v does; the other rows stay exact."""
     q, k, v = make_qkv(1, 1, 1, 20, 20, 16, torch.float32, device, requires_grad=False)
     q[0, 0, 3, 2], q[0, 0, 5, 1], k[0, 0, 7, 0] = float("inf"), float("nan"), float("inf")
-    attend = {"kernels": FlashAttentionTriton.apply, "tiled twin": FlashAttentionTorch.apply,
-              "reference": flash_attention_ref}[run]  # fmt: skip
+    attend = {
+        "kernels": FlashAttentionTriton.apply,
+        "tiled twin": FlashAttentionTorch.apply,
+        "reference": flash_attention_ref,
+    }[run]
     out = attend(q, k, v)
     expected = torch.softmax(q.double() @ k.double().transpose(-1, -2) / 4, dim=-1) @ v.double()
     assert torch.equal(out.isnan(), expected.isnan()) and out.isnan().any()
@@ -196,8 +203,9 @@ WINDOWS = [
 @pytest.mark.parametrize("nq,nk,causal,window", WINDOWS)
 def test_window_matches_reference(nq, nk, causal, window, device):
     q, k, v = make_qkv(1, 2, 1, nq, nk, 16, torch.float32, device)
-    check_attention(lambda *a: FlashAttentionTriton.apply(*a, causal, None, SMALL_TILES, window), q, k, v, causal,
-                    window=window)  # fmt: skip
+    check_attention(
+        lambda *a: FlashAttentionTriton.apply(*a, causal, None, SMALL_TILES, window), q, k, v, causal, window=window
+    )
 
 
 @pytest.mark.parametrize("nq,nk,causal,window", WINDOWS)
@@ -211,8 +219,10 @@ def test_window_of_the_diagonal_returns_each_rows_own_value(run, device):
     """Causal with a left window of 0 (causal bounds the right at 0, whatever the window says): each
     query sees its own key alone, so O = V and dV = dO exactly, and dQ = dK = 0 up to the rounding of
     dS = P * (dP - rowsum(dO * O)), a difference of two equal dot products."""
-    attend = {"kernels": lambda *a: FlashAttentionTriton.apply(*a, True, None, SMALL_TILES, (0, 5)),
-              "tiled twin": lambda *a: FlashAttentionTorch.apply(*a, True, None, (0, 5))}[run]  # fmt: skip
+    attend = {
+        "kernels": lambda *a: FlashAttentionTriton.apply(*a, True, None, SMALL_TILES, (0, 5)),
+        "tiled twin": lambda *a: FlashAttentionTorch.apply(*a, True, None, (0, 5)),
+    }[run]
     q, k, v = make_qkv(1, 2, 2, 70, 70, 16, torch.float32, device if run == "kernels" else "cpu")
     grad_out = torch.randn_like(q)
     out = attend(q, k, v)
@@ -289,8 +299,9 @@ class TinyAttention(torch.nn.Module):
         q, k, v = self.qkv(x).view(batch, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)
         dense = fastlm.flash_attention(q, k, v, causal=True)
         q, k, v = (t.transpose(1, 2).flatten(0, 1) for t in (q, k, v))  # (batch * length, heads, head dim)
-        packed = fastlm.flash_attention_varlen(q, k, v, cu_seqlens, cu_seqlens, length, length, causal=True,
-                                               window=(5, -1))  # fmt: skip
+        packed = fastlm.flash_attention_varlen(
+            q, k, v, cu_seqlens, cu_seqlens, length, length, causal=True, window=(5, -1)
+        )
         return dense.sum() + packed.square().sum()
 
 
@@ -317,11 +328,15 @@ def test_gpu_inductor_launches_the_kernels_from_its_code():
     def attend(q, k, v):
         return fastlm.flash_attention(q * 2, k, v, causal=True)
 
-    compiled_code_launches(attend, (q, k, v), kernels=kernels,
-                           ops=("fastlm.flash_attention_forward", "fastlm.flash_attention_backward"))  # fmt: skip
-    check_against_float64(torch.compile(attend, fullgraph=True),
-                          lambda q, k, v: flash_attention_ref(q * 2, k, v, causal=True).to(q.dtype), (q, k, v),
-                          *ALLOWANCE[torch.bfloat16])  # fmt: skip
+    compiled_code_launches(
+        attend, (q, k, v), kernels=kernels, ops=("fastlm.flash_attention_forward", "fastlm.flash_attention_backward")
+    )
+    check_against_float64(
+        torch.compile(attend, fullgraph=True),
+        lambda q, k, v: flash_attention_ref(q * 2, k, v, causal=True).to(q.dtype),
+        (q, k, v),
+        *ALLOWANCE[torch.bfloat16],
+    )
 
 
 # --- GPU: realistic lengths, tight tolerances --------------------------------------------------
@@ -369,8 +384,7 @@ GPU_WINDOWS = [
 @pytest.mark.parametrize("nq,nk,causal,window,dim", GPU_WINDOWS)
 def test_gpu_window(nq, nk, causal, window, dim):
     q, k, v = make_qkv(1, 4, 2, nq, nk, dim, torch.bfloat16, "cuda")
-    check_attention(lambda *a: fastlm.flash_attention(*a, causal=causal, window=window), q, k, v, causal,
-                    window=window)  # fmt: skip
+    check_attention(lambda *a: fastlm.flash_attention(*a, causal=causal, window=window), q, k, v, causal, window=window)
 
 
 @pytest.mark.gpu

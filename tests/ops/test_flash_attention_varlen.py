@@ -58,8 +58,9 @@ def packed_kernels(cu_q, cu_k, causal, window, config=None, scale=None):
 
     def run(q, k, v):
         max_k = int((cu_k[1:] - cu_k[:-1]).max())
-        return _FlashAttentionKernels.apply(q, k, v, causal, scale or q.shape[-1] ** -0.5, config,
-                                            check_window(window), cu_q, cu_k, max_k)  # fmt: skip
+        return _FlashAttentionKernels.apply(
+            q, k, v, causal, scale or q.shape[-1] ** -0.5, config, check_window(window), cu_q, cu_k, max_k
+        )
 
     return run
 
@@ -259,8 +260,9 @@ def test_gpu_matches_reference(dim, dtype, causal, window, cross):
     (q, k, v), cu_q, cu_k = make_packed(q_lengths, k_lengths, 8, 2, dim, dtype, "cuda")
 
     def run(q, k, v):
-        return fastlm.flash_attention_varlen(q, k, v, cu_q, cu_k, max(q_lengths), max(k_lengths), causal=causal,
-                                             window=window)  # fmt: skip
+        return fastlm.flash_attention_varlen(
+            q, k, v, cu_q, cu_k, max(q_lengths), max(k_lengths), causal=causal, window=window
+        )
 
     check_varlen(run, q, k, v, cu_q, cu_k, causal, window)
 
@@ -301,11 +303,16 @@ def test_gpu_compiled_launches_the_kernels_and_matches_eager():
     (q, k, v), cu, _ = make_packed(lengths, lengths, 4, 2, 64, torch.bfloat16, "cuda")
 
     def attend(q, k, v):
-        return fastlm.flash_attention_varlen(q * 2, k, v, cu, cu, max(lengths), max(lengths), causal=True,
-                                             window=(128, -1))  # fmt: skip
+        return fastlm.flash_attention_varlen(
+            q * 2, k, v, cu, cu, max(lengths), max(lengths), causal=True, window=(128, -1)
+        )
 
-    compiled_code_launches(attend, (q, k, v), kernels=[kernel.__name__ for kernel in KERNELS],
-                           ops=("fastlm.flash_attention_forward", "fastlm.flash_attention_backward"))  # fmt: skip
+    compiled_code_launches(
+        attend,
+        (q, k, v),
+        kernels=[kernel.__name__ for kernel in KERNELS],
+        ops=("fastlm.flash_attention_forward", "fastlm.flash_attention_backward"),
+    )
     grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
     torch._dynamo.reset()
     runs = []
@@ -322,8 +329,10 @@ def test_gpu_direct_launch_matches_triton_dispatch(monkeypatch):
     is not the dense one ((total, H, D + 1) memory)."""
     lengths = long_tailed_lengths(3000, seed=3)
     total = sum(lengths)
-    q, k, v = (torch.randn(total, heads, 65, device="cuda", dtype=torch.bfloat16)[..., :64].requires_grad_(True)
-               for heads in (4, 2, 2))  # fmt: skip
+    q, k, v = (
+        torch.randn(total, heads, 65, device="cuda", dtype=torch.bfloat16)[..., :64].requires_grad_(True)
+        for heads in (4, 2, 2)
+    )
     cu = cumulative(lengths, "cuda")
     grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
 
@@ -332,8 +341,15 @@ def test_gpu_direct_launch_matches_triton_dispatch(monkeypatch):
         return out, *torch.autograd.grad(out, (q, k, v), grad_out)
 
     assert_direct_launch_matches_dispatcher(forward_and_grads, KERNELS, monkeypatch)
-    check_varlen(lambda *a: fastlm.flash_attention_varlen(*a, cu, cu, max(lengths), max(lengths), causal=True),
-                 q, k, v, cu, cu, True)  # fmt: skip
+    check_varlen(
+        lambda *a: fastlm.flash_attention_varlen(*a, cu, cu, max(lengths), max(lengths), causal=True),
+        q,
+        k,
+        v,
+        cu,
+        cu,
+        True,
+    )
 
 
 @pytest.mark.gpu

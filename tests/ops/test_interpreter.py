@@ -16,8 +16,20 @@ from fastlm.ops import interpreter
 interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under TRITON_INTERPRET=1")
 
 # One bf16 operation per OP, on (N,) tensors; the result is stored as bf16.
-OPERATIONS = ["add", "sub", "mul", "div", "fma", "neg", "times 2.5", "greater", "round fp32", "round fp32 rtne",
-              "from int", "sum"]  # fmt: skip
+OPERATIONS = [
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "fma",
+    "neg",
+    "times 2.5",
+    "greater",
+    "round fp32",
+    "round fp32 rtne",
+    "from int",
+    "sum",
+]
 
 
 @triton.jit
@@ -57,10 +69,19 @@ def _torch_operation(name, x, y):
     """torch's bf16 result: the exact (fp32) result rounded once, as the GPU's bf16 instructions do."""
     xf, yf = x.float(), y.float()
     exact = {
-        "add": xf + yf, "sub": xf - yf, "mul": xf * yf, "div": xf / yf, "fma": xf * yf + xf, "neg": -xf,
-        "times 2.5": xf * 2.5, "greater": (xf > yf).float(), "round fp32": xf * 1.0029296875,
-        "round fp32 rtne": xf * 1.0029296875, "from int": torch.arange(len(x)).float(), "sum": xf.sum().expand(len(x)),
-    }[name]  # fmt: skip
+        "add": xf + yf,
+        "sub": xf - yf,
+        "mul": xf * yf,
+        "div": xf / yf,
+        "fma": xf * yf + xf,
+        "neg": -xf,
+        "times 2.5": xf * 2.5,
+        "greater": (xf > yf).float(),
+        "round fp32": xf * 1.0029296875,
+        "round fp32 rtne": xf * 1.0029296875,
+        "from int": torch.arange(len(x)).float(),
+        "sum": xf.sum().expand(len(x)),
+    }[name]
     return exact.bfloat16()
 
 
@@ -94,8 +115,9 @@ def test_bf16_dot_is_exact_products_summed_in_fp32():
 
 def test_rounding_to_bf16_is_to_nearest_even_and_keeps_specials():
     # ties to even (down, then up), above a tie, overflow to inf, infinities, an fp32 subnormal, -0
-    values = torch.tensor([1.0 + 2**-8, 1.0 + 3 * 2**-8, -(1.0 + 2**-8 + 2**-20), 3.4e38, float("inf"),
-                           -float("inf"), 1e-40, -0.0])  # fmt: skip
+    values = torch.tensor(
+        [1.0 + 2**-8, 1.0 + 3 * 2**-8, -(1.0 + 2**-8 + 2**-20), 3.4e38, float("inf"), -float("inf"), 1e-40, -0.0]
+    )
     bits = torch.from_numpy(interpreter.narrow(values.numpy()).view("int16"))
     assert torch.equal(bits, values.bfloat16().view(torch.int16))
     widened = torch.from_numpy(interpreter.widen(bits.numpy().view("uint16")))

@@ -1,6 +1,7 @@
 """LayerNorm / RMSNorm kernels against fp64 references: outputs, every gradient, edge cases."""
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -17,15 +18,18 @@ from fastlm.ops.layer_norm import (
     rms_norm_ref,
 )
 
-from .launches import compiled_code_launches
+from .launches import assert_direct_launch_matches_dispatcher, compiled_code_launches
 from .reference import check_against_float64, unit_roundoff
 
 # How far fastlm's normwise error may pass that of F.layer_norm / F.rms_norm (float64: the truth),
 # outputs and gradients alike: in fp32, sums taken in other orders (the rows' statistics; dw and db
 # over the rows); in 16-bit, an eighth of the unit roundoff, as both accumulate in fp32 and round
 # each result to the dtype once, at different points.
-ALLOWANCE = {torch.float32: 1e-6, torch.float16: unit_roundoff(torch.float16) / 8,
-             torch.bfloat16: unit_roundoff(torch.bfloat16) / 8}  # fmt: skip
+ALLOWANCE = {
+    torch.float32: 1e-6,
+    torch.float16: unit_roundoff(torch.float16) / 8,
+    torch.bfloat16: unit_roundoff(torch.bfloat16) / 8,
+}
 
 
 DEFAULT = norm_config(0)  # what the interpreter runs (0: no GPU architecture)
@@ -70,9 +74,13 @@ def test_matches_reference_with_all_gradients(kind, width):
 # to 4 rows; dw / db over column blocks of 64 (5 blocks, the last one partial), summed 4 partial rows
 # at a time (7 and 16 row groups: a partial last step).
 LOOPED = dataclasses.replace(
-    DEFAULT, forward_block_max=64, backward_block_max=64, looped_backward_rows=4, param_grad_block_d=64,
+    DEFAULT,
+    forward_block_max=64,
+    backward_block_max=64,
+    looped_backward_rows=4,
+    param_grad_block_d=64,
     fused_sum_group=4,
-)  # fmt: skip
+)
 
 
 @pytest.mark.parametrize("rows", [7, 41])  # backward chunks of 2 and 4 rows (4 programs on CPU), last one partial
@@ -221,11 +229,15 @@ def test_gpu_inductor_launches_the_kernels_from_its_code(dtype):
     def norm(x, weight):
         return rms_norm(x * 2, weight)
 
-    compiled_code_launches(norm, (x, weight),
-                           kernels=("_norm_forward_kernel", "_norm_backward_kernel", "_sum_partials_kernel"),
-                           ops=("fastlm.norm_forward", "fastlm.norm_backward"))  # fmt: skip
-    check_against_float64(torch.compile(norm, fullgraph=True), lambda x, w: _torch_norm("rms")(x * 2, w), (x, weight),
-                          ALLOWANCE[dtype])  # fmt: skip
+    compiled_code_launches(
+        norm,
+        (x, weight),
+        kernels=("_norm_forward_kernel", "_norm_backward_kernel", "_sum_partials_kernel"),
+        ops=("fastlm.norm_forward", "fastlm.norm_backward"),
+    )
+    check_against_float64(
+        torch.compile(norm, fullgraph=True), lambda x, w: _torch_norm("rms")(x * 2, w), (x, weight), ALLOWANCE[dtype]
+    )
 
 
 def test_ops_pass_opcheck():
@@ -274,8 +286,9 @@ def test_modules_match_torch():
 
     x = torch.randn(3, 24)
     torch.testing.assert_close(fastlm.nn.LayerNorm(24)(x), torch.nn.LayerNorm(24)(x), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(fastlm.nn.RMSNorm(24, eps=1e-6)(x), torch.nn.RMSNorm(24, eps=1e-6)(x),
-                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        fastlm.nn.RMSNorm(24, eps=1e-6)(x), torch.nn.RMSNorm(24, eps=1e-6)(x), rtol=1e-5, atol=1e-5
+    )
     assert fastlm.nn.LayerNorm(24, bias=False).bias is None
 
 
@@ -336,17 +349,16 @@ def test_gpu_eager_launches_match_tritons_dispatcher_bit_for_bit(kind, monkeypat
     bias = None if kind == "rms" else torch.randn(999, device="cuda", dtype=torch.bfloat16)
     rms = kind == "rms"
 
+    kernels = (norm_module._norm_forward_kernel, norm_module._norm_backward_kernel)
+
     def both_directions(x):
         y, mean, rstd = norm_module._forward(x, weight, bias, 1e-5, rms, x.dtype)
-        return (y, rstd, *norm_module._backward(torch.ones_like(y), x, weight, mean, rstd, rms, True, not rms))
+        grads = norm_module._backward(torch.ones_like(y), x, weight, mean, rstd, rms, True, not rms)
+        return tuple(t for t in (y, rstd, *grads) if t is not None)
 
     for x in cases:
-        for _ in range(2):  # the first call of a specialization goes through Triton, the next launch directly
-            direct = both_directions(x)
-        with monkeypatch.context() as patch:
-            patch.setattr(norm_module, "eager_kernel", lambda kernel: kernel)  # Triton's own dispatcher
-            dispatched = both_directions(x)
-        assert all(torch.equal(a, b) for a, b in zip(direct, dispatched, strict=True) if a is not None)
+        with monkeypatch.context() as patch:  # each case starts on the direct launches again
+            assert_direct_launch_matches_dispatcher(functools.partial(both_directions, x), kernels, patch)
 
 
 @pytest.mark.gpu

@@ -141,8 +141,9 @@ def test_autocast_with_fp32_weight(hidden_dtype, device):
     gradients accumulated over the chunks in fp32 buffers returned as they are."""
     hidden, weight, bias, targets = make_inputs(device=device)
     hidden = hidden.to(hidden_dtype)
-    _, _, grad_weight, _ = bf16_results(hidden, weight, bias, targets, torch.tensor(1.0, device=device), autocast=True,
-                                        chunk_rows=8)  # fmt: skip
+    _, _, grad_weight, _ = bf16_results(
+        hidden, weight, bias, targets, torch.tensor(1.0, device=device), autocast=True, chunk_rows=8
+    )
     assert not torch.equal(grad_weight, grad_weight.bfloat16().float()), "weight gradient rounded to bf16"
 
 
@@ -262,16 +263,22 @@ def test_registered_ops_pass_opcheck(device):
     chunks of 4: opcheck runs each op several times)."""
     hidden, weight, bias, targets = (t[:9] if t.shape[0] == N else t for t in make_inputs(device=device))
     hidden, weight, bias = leaves(hidden, weight, bias)
-    torch.library.opcheck(torch.ops.fastlm.linear_cross_entropy_losses, (hidden, weight, targets, bias, -100, 0.1,
-                                                                          1e-3, 5.0, 4))  # fmt: skip
+    torch.library.opcheck(
+        torch.ops.fastlm.linear_cross_entropy_losses, (hidden, weight, targets, bias, -100, 0.1, 1e-3, 5.0, 4)
+    )
     # The gradients op's backward scales the gradients it returned in place (what makes it free when
     # the upstream gradient is 1), which opcheck's AOT check of the op alone rejects, as for the fused
     # cross-entropy op; test_torch_compile_matches_eager covers compile.
     row_scale = torch.rand(9, device=device)
-    for args in ((hidden, weight, targets, bias, row_scale, True, True, True, -100, 0.0, 0.0, None, 4),
-                 (hidden, weight, targets, None, None, True, False, False, 3, 0.0, 1e-3, 2.0, None)):  # fmt: skip
-        torch.library.opcheck(torch.ops.fastlm.linear_cross_entropy_gradients, args,
-                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))  # fmt: skip
+    for args in (
+        (hidden, weight, targets, bias, row_scale, True, True, True, -100, 0.0, 0.0, None, 4),
+        (hidden, weight, targets, None, None, True, False, False, 3, 0.0, 1e-3, 2.0, None),
+    ):
+        torch.library.opcheck(
+            torch.ops.fastlm.linear_cross_entropy_gradients,
+            args,
+            test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+        )
 
 
 def test_module_passes_every_flag(device):
@@ -279,9 +286,12 @@ def test_module_passes_every_flag(device):
     targets[targets == -100] = 2
     options = dict(ignore_index=2, reduction="sum", label_smoothing=0.1, z_loss=1e-3, softcap=4.0)
     module = LinearCrossEntropyLoss(**options, chunk_rows=8)
-    check_against_float64(lambda h, w, b: module(h, w, targets, b),
-                          lambda h, w, b: linear_cross_entropy_ref(h, w, targets, b, **options),
-                          leaves(hidden, weight, bias), FP32_ALLOWANCE)  # fmt: skip
+    check_against_float64(
+        lambda h, w, b: module(h, w, targets, b),
+        lambda h, w, b: linear_cross_entropy_ref(h, w, targets, b, **options),
+        leaves(hidden, weight, bias),
+        FP32_ALLOWANCE,
+    )
     assert "softcap=4.0, chunk_rows=8" in repr(module)
 
 
@@ -293,8 +303,9 @@ def test_reference_is_torch_on_the_logits():
     expected = F.cross_entropy(logits, targets, label_smoothing=0.1)
     torch.testing.assert_close(linear_cross_entropy_ref(hidden, weight, targets, bias, label_smoothing=0.1), expected)
     capped = F.cross_entropy(3.0 * torch.tanh(logits / 3.0), targets, reduction="sum")
-    torch.testing.assert_close(linear_cross_entropy_ref(hidden, weight, targets, bias, reduction="sum", softcap=3.0),
-                               capped)  # fmt: skip
+    torch.testing.assert_close(
+        linear_cross_entropy_ref(hidden, weight, targets, bias, reduction="sum", softcap=3.0), capped
+    )
 
 
 def test_config_pick():
@@ -346,8 +357,9 @@ def test_gpu_bf16_autocast_matches_reference(reduction):
     targets = torch.randint(0, vocab, (rows,), device="cuda")
     targets[::7] = -100
     upstream = torch.rand((rows,) if reduction == "none" else (), device="cuda") + 0.5
-    bf16_results(hidden, weight, bias, targets, upstream, autocast=True, reduction=reduction, z_loss=1e-4,
-                 chunk_rows=256)  # fmt: skip
+    bf16_results(
+        hidden, weight, bias, targets, upstream, autocast=True, reduction=reduction, z_loss=1e-4, chunk_rows=256
+    )
 
 
 @pytest.mark.gpu
@@ -358,11 +370,18 @@ def test_gpu_inductor_launches_the_kernels_from_its_code():
     def loss(h, w, b):
         return fastlm.linear_cross_entropy(h, w, targets, b, chunk_rows=128)
 
-    compiled_code_launches(loss, (hidden, weight, bias), ("_cross_entropy_fused_kernel", "_scale_rows_kernel"),
-                           ("fastlm.linear_cross_entropy_gradients", "fastlm.cross_entropy_scale_rows_"))  # fmt: skip
-    check_against_float64(torch.compile(loss, fullgraph=True),
-                          lambda h, w, b: linear_cross_entropy_ref(h, w, targets, b), (hidden, weight, bias),
-                          FP32_ALLOWANCE)  # fmt: skip
+    compiled_code_launches(
+        loss,
+        (hidden, weight, bias),
+        ("_cross_entropy_fused_kernel", "_scale_rows_kernel"),
+        ("fastlm.linear_cross_entropy_gradients", "fastlm.cross_entropy_scale_rows_"),
+    )
+    check_against_float64(
+        torch.compile(loss, fullgraph=True),
+        lambda h, w, b: linear_cross_entropy_ref(h, w, targets, b),
+        (hidden, weight, bias),
+        FP32_ALLOWANCE,
+    )
 
 
 @pytest.mark.gpu

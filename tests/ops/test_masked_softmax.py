@@ -17,9 +17,11 @@ from .reference import check_against_float64, unit_roundoff
 # both compute in fp32 and round once, at different points. 16-bit gradients: half of it, as the
 # backward reads the output saved in the input's dtype (as torch.softmax's does), where the
 # reference's graph keeps it in fp32: one rounding more.
-ALLOWANCE = {torch.float32: (1e-6, 1e-6),
-             torch.float16: (unit_roundoff(torch.float16) / 8, unit_roundoff(torch.float16) / 2),
-             torch.bfloat16: (unit_roundoff(torch.bfloat16) / 8, unit_roundoff(torch.bfloat16) / 2)}  # fmt: skip
+ALLOWANCE = {
+    torch.float32: (1e-6, 1e-6),
+    torch.float16: (unit_roundoff(torch.float16) / 8, unit_roundoff(torch.float16) / 2),
+    torch.bfloat16: (unit_roundoff(torch.bfloat16) / 8, unit_roundoff(torch.bfloat16) / 2),
+}
 
 
 def _check(x, mask=None, *, scale=1.0, causal=False, config=None):
@@ -27,12 +29,15 @@ def _check(x, mask=None, *, scale=1.0, causal=False, config=None):
     by `check_against_float64`; with ``config``, through the eager autograd.Function with that
     launch configuration."""
     out = check_against_float64(
-        lambda x, mask: MaskedSoftmaxFunction.apply(x, mask, scale, causal, config)
-        if config is not None
-        else masked_softmax(x, mask, scale=scale, causal=causal),
+        lambda x, mask: (
+            MaskedSoftmaxFunction.apply(x, mask, scale, causal, config)
+            if config is not None
+            else masked_softmax(x, mask, scale=scale, causal=causal)
+        ),
         lambda x, mask: masked_softmax_ref(x, mask, scale=scale, causal=causal),
-        (x, mask), *ALLOWANCE[x.dtype],
-    )  # fmt: skip
+        (x, mask),
+        *ALLOWANCE[x.dtype],
+    )
     assert out.dtype == x.dtype
     return out
 
@@ -189,9 +194,12 @@ def test_gpu_matches_reference(dtype, sk):
 def test_gpu_inductor_launches_the_kernels_from_its_code():
     x = torch.randn(2, 4, 64, 256, device="cuda", requires_grad=True)
     mask = torch.where(torch.rand(2, 1, 1, 256, device="cuda") < 0.1, float("-inf"), 0.0)
-    out = compiled_code_launches(lambda x: masked_softmax(x * 2, mask, scale=0.5, causal=True).square(), (x,),
-                                 kernels=("_softmax_forward_kernel", "_softmax_backward_kernel"),
-                                 ops=("fastlm.masked_softmax_forward", "fastlm.masked_softmax_backward"))  # fmt: skip
+    out = compiled_code_launches(
+        lambda x: masked_softmax(x * 2, mask, scale=0.5, causal=True).square(),
+        (x,),
+        kernels=("_softmax_forward_kernel", "_softmax_backward_kernel"),
+        ops=("fastlm.masked_softmax_forward", "fastlm.masked_softmax_backward"),
+    )
     expected = masked_softmax_ref(x * 2, mask, scale=0.5, causal=True)
     torch.testing.assert_close(out, expected.square(), rtol=1e-5, atol=1e-6)
     (want,) = torch.autograd.grad(expected.square().sum(), x)

@@ -76,8 +76,9 @@ def test_explicit_config_loops_over_heads():
     assert config.block_h(5, 4) == 1
     q, k = _heads(2, 5, 3, 8, torch.float32), _heads(2, 3, 3, 8, torch.float32)
     cos, sin = _tables(3, 8)
-    check_against_float64(_flat(lambda *a: RotaryFunction.apply(*a, config)), _flat(rotary_embedding_ref),
-                          (q, k, cos, sin), 1e-6)  # fmt: skip
+    check_against_float64(
+        _flat(lambda *a: RotaryFunction.apply(*a, config)), _flat(rotary_embedding_ref), (q, k, cos, sin), 1e-6
+    )
 
 
 def test_config_for_every_architecture():
@@ -157,5 +158,6 @@ def test_gpu_inductor_launches_the_kernel_from_its_code():
         q_out, k_out = rotary_embedding(q, k, cos, sin)
         return q_out.float().sum(-1) + k_out.float().sum((1, -1))[:, None]
 
-    compiled_code_launches(rotated, (q, k), kernels=("_rotary_kernel",),
-                           ops=("fastlm.rotary_forward", "fastlm.rotary_backward"))  # fmt: skip
+    compiled_code_launches(
+        rotated, (q, k), kernels=("_rotary_kernel",), ops=("fastlm.rotary_forward", "fastlm.rotary_backward")
+    )

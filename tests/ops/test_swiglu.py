@@ -79,8 +79,9 @@ def test_explicit_config_tiles_rows_and_columns(dtype):
     # 8-wide, 2-row tiles over (5, 19): a grid of 3 x 3 programs, the last row and column tiles partial
     config = dataclasses.replace(op.DEFAULT_CONFIG, tile_elements=16, block_d_max=8)
     assert config.blocks(19) == (2, 8)
-    check_against_float64(lambda g, u: SwigluFunction.apply(g, u, config), swiglu_ref, _pair((5, 19), dtype),
-                          ALLOWANCE[dtype])  # fmt: skip
+    check_against_float64(
+        lambda g, u: SwigluFunction.apply(g, u, config), swiglu_ref, _pair((5, 19), dtype), ALLOWANCE[dtype]
+    )
 
 
 def test_config_for_every_architecture():
@@ -90,8 +91,7 @@ def test_config_for_every_architecture():
     assert swiglu_config(75, torch.float32) == op.DEFAULT_CONFIG
     # (BLOCK_R, BLOCK_D): narrow rows stack into one tile; wide ones are split, one row per tile
     config = SwigluConfig(tile_elements=4096, block_d_max=1024, num_warps=4)
-    assert [config.blocks(d) for d in (0, 1, 5, 1024, 14336)] == [(4096, 1), (4096, 1), (512, 8), (4, 1024),
-                                                                   (4, 1024)]  # fmt: skip
+    assert [config.blocks(d) for d in (0, 1, 5, 1024, 14336)] == [(4096, 1), (4096, 1), (512, 8), (4, 1024), (4, 1024)]
     with pytest.raises(dataclasses.FrozenInstanceError):
         op.DEFAULT_CONFIG.num_warps = 8  # type: ignore[misc]
     with pytest.raises(ValueError, match="block_d_max must be a power of two, got 48"):
@@ -142,8 +142,9 @@ def test_compiles_without_graph_breaks():
         return function(*fused.chunk(2, dim=-1)).square().sum()
 
     compiled = torch.compile(lambda fused: loss(swiglu, fused), fullgraph=True, backend="aot_eager")
-    torch.testing.assert_close(torch.autograd.grad(compiled(fused), fused),
-                               torch.autograd.grad(loss(swiglu_ref, fused), fused))  # fmt: skip
+    torch.testing.assert_close(
+        torch.autograd.grad(compiled(fused), fused), torch.autograd.grad(loss(swiglu_ref, fused), fused)
+    )
 
 
 def test_ops_pass_opcheck():
@@ -200,10 +201,18 @@ def test_gpu_inductor_launches_the_kernels_from_its_code():
     def doubled(fused):
         return swiglu(*fused.chunk(2, dim=-1)) * 2
 
-    compiled_code_launches(doubled, (fused,), kernels=("_swiglu_forward_kernel", "_swiglu_backward_kernel"),
-                           ops=("fastlm.swiglu_forward", "fastlm.swiglu_backward"))  # fmt: skip
-    check_against_float64(torch.compile(doubled, fullgraph=True), lambda fused: _halves(swiglu_ref)(fused) * 2,
-                          (fused,), ALLOWANCE[torch.float32])  # fmt: skip
+    compiled_code_launches(
+        doubled,
+        (fused,),
+        kernels=("_swiglu_forward_kernel", "_swiglu_backward_kernel"),
+        ops=("fastlm.swiglu_forward", "fastlm.swiglu_backward"),
+    )
+    check_against_float64(
+        torch.compile(doubled, fullgraph=True),
+        lambda fused: _halves(swiglu_ref)(fused) * 2,
+        (fused,),
+        ALLOWANCE[torch.float32],
+    )
 
 
 @pytest.mark.gpu

@@ -26,7 +26,7 @@ TRITON_OPS = {
     "fastlm::swiglu_backward": ["_swiglu_backward_kernel"],
     "fastlm::weighted_sum_forward": ["_weighted_sum_forward_kernel"],
     "fastlm::weighted_sum_backward": ["_weighted_sum_backward_kernel"],
-}  # fmt: skip
+}
 
 # Outside the interpreter (which replaces compiled kernels with Python functions torch does not
 # recognize), in a fresh process: which kernels torch found in each registered op.

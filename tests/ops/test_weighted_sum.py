@@ -85,11 +85,15 @@ def test_gpu_inductor_launches_the_kernels_from_its_code():
     def doubled(x, w):
         return weighted_sum(x, w) * 2
 
-    compiled_code_launches(doubled, (x, w),
-                           kernels=("_weighted_sum_forward_kernel", "_weighted_sum_backward_kernel"),
-                           ops=("fastlm.weighted_sum_forward", "fastlm.weighted_sum_backward"))  # fmt: skip
-    check_against_float64(torch.compile(doubled, fullgraph=True), lambda x, w: weighted_sum_ref(x, w) * 2, (x, w),
-                          ALLOWANCE)  # fmt: skip
+    compiled_code_launches(
+        doubled,
+        (x, w),
+        kernels=("_weighted_sum_forward_kernel", "_weighted_sum_backward_kernel"),
+        ops=("fastlm.weighted_sum_forward", "fastlm.weighted_sum_backward"),
+    )
+    check_against_float64(
+        torch.compile(doubled, fullgraph=True), lambda x, w: weighted_sum_ref(x, w) * 2, (x, w), ALLOWANCE
+    )
 
 
 @pytest.mark.gpu

@@ -151,8 +151,11 @@ def test_kernel_takes_only_aligned_contiguous_fp32(device):
 
 def test_groups_the_kernel_does_not_take_match_torch(device):
     # fp64 and non-contiguous parameters (torch's path) next to fp32 ones (the kernel's) in one group
-    ours = [*make_params([(5,), (3, 4)], device), *make_params([(6,)], device, torch.float64),
-            torch.nn.Parameter(torch.randn(6, 4, device=device).t())]  # fmt: skip
+    ours = [
+        *make_params([(5,), (3, 4)], device),
+        *make_params([(6,)], device, torch.float64),
+        torch.nn.Parameter(torch.randn(6, 4, device=device).t()),
+    ]
     theirs = clone_params(ours)
     ours_opt = AdamW(ours, lr=1e-2, config=SMALL_BLOCKS)
     theirs_opt = torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
@@ -197,10 +200,13 @@ def test_loaded_step_counts_move_to_the_cpu():
     # torch's fused and capturable AdamW keep step on the parameters' device, older checkpoints a number
     params = make_params([(4,), (3,)], "cpu")
     opt = AdamW(params)
-    state = {"state": {0: {"step": torch.tensor(5.0, dtype=torch.float64), "exp_avg": torch.randn(4),
-                           "exp_avg_sq": torch.rand(4)},
-                       1: {"step": 5, "exp_avg": torch.randn(3), "exp_avg_sq": torch.rand(3)}},
-             "param_groups": [{**opt.defaults, "fused": True, "params": [0, 1]}]}  # fmt: skip
+    state = {
+        "state": {
+            0: {"step": torch.tensor(5.0, dtype=torch.float64), "exp_avg": torch.randn(4), "exp_avg_sq": torch.rand(4)},
+            1: {"step": 5, "exp_avg": torch.randn(3), "exp_avg_sq": torch.rand(3)},
+        },
+        "param_groups": [{**opt.defaults, "fused": True, "params": [0, 1]}],
+    }
     opt.load_state_dict(state)
     assert "fused" not in opt.param_groups[0]
     for p in params:
@@ -355,8 +361,9 @@ def assert_masters_match(ours_opt, theirs_opt, ours, theirs, dtype) -> None:
         torch.testing.assert_close(state["master"], q, rtol=TOLERANCES["param"][0], atol=TOLERANCES["param"][1])
         assert torch.equal(p, state["master"].to(dtype))  # the stored parameter is its master rounded
         for key in ("exp_avg", "exp_avg_sq", "step"):
-            torch.testing.assert_close(state[key], theirs_opt.state[q][key], rtol=TOLERANCES[key][0],
-                                       atol=TOLERANCES[key][1])  # fmt: skip
+            torch.testing.assert_close(
+                state[key], theirs_opt.state[q][key], rtol=TOLERANCES[key][0], atol=TOLERANCES[key][1]
+            )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

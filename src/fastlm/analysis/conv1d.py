@@ -97,19 +97,24 @@ def cost_tables(cost: Conv1dCost, dtype: str, spec: DeviceSpec) -> list[Table | 
     """What `fastlm analyze conv1d` prints, in order: the forward table on ``spec``, fused vs a
     separate padding pass, then a sentence on the backward; ``dtype`` names the element type."""
     fused, padded = cost.fwd_bound(spec), cost.fwd_bound(spec, padding_pass=True)
-    table = Table(title=f"Causal conv1d forward · B={cost.batch}, L={cost.length}, D={cost.channels}, "
-                        f"K={cost.kernel_size}, {dtype} · {spec.name}")  # fmt: skip
+    table = Table(
+        title=f"Causal conv1d forward · B={cost.batch}, L={cost.length}, D={cost.channels}, "
+        f"K={cost.kernel_size}, {dtype} · {spec.name}"
+    )
     add_columns(table, ("quantity", "formula"), ("fused (masked loads)", "separate padding pass"))
-    table.add_row("bytes", f"{FORMULAS['fused']} | {FORMULAS['padding pass']}", si(fused.bytes, "B"),
-                  si(padded.bytes, "B"))  # fmt: skip
+    table.add_row(
+        "bytes", f"{FORMULAS['fused']} | {FORMULAS['padding pass']}", si(fused.bytes, "B"), si(padded.bytes, "B")
+    )
     table.add_row("FLOPs", FORMULAS["FLOPs"], si(fused.flops), si(padded.flops))
-    table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fused.intensity:.3g} FLOP/B",
-                  f"{padded.intensity:.3g} FLOP/B")  # fmt: skip
+    table.add_row(
+        "arithmetic intensity", "FLOPs / bytes", f"{fused.intensity:.3g} FLOP/B", f"{padded.intensity:.3g} FLOP/B"
+    )
     ridge = f"{spec.vector_fp32_tflops:g} TF / {spec.memory_gbps:g} GB/s"
     table.add_row("device ridge (CUDA cores fp32)", ridge, f"{fused.ridge:.3g} FLOP/B", f"{padded.ridge:.3g} FLOP/B")
     table.add_row("verdict", "intensity vs ridge", fused.verdict, padded.verdict)
-    table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", si_seconds(fused.min_time_s),
-                  si_seconds(padded.min_time_s))  # fmt: skip
+    table.add_row(
+        "minimum time", "max(bytes/BW, FLOPs/rate)", si_seconds(fused.min_time_s), si_seconds(padded.min_time_s)
+    )
     return [
         table,
         f"Backward (fused, z recomputed): {si(cost.bwd_bytes, 'B')}, at least "

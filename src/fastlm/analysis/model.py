@@ -84,6 +84,9 @@ def memory_table(config: ModelConfig, name: str, batch: int, contexts: Sequence[
     table.add_row("total before activations", "16 x N", gib(memory.static))
     for context in contexts:
         one = TrainingMemory(config, batch, context)
-        table.add_row(f"one residual-stream activation, context {context}", "batch x context x d_model x bytes",
-                      f"{gib(one.residual_activation(4))} fp32 / {gib(one.residual_activation(2))} bf16")  # fmt: skip
+        table.add_row(
+            f"one residual-stream activation, context {context}",
+            "batch x context x d_model x bytes",
+            f"{gib(one.residual_activation(4))} fp32 / {gib(one.residual_activation(2))} bf16",
+        )
     return table

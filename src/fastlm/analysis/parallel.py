@@ -64,7 +64,6 @@ MASTER_WEIGHT_BYTES = 4  # fp32, per parameter
 GRADIENT_BYTES = 4  # fp32 accumulated gradient, per parameter
 ADAMW_STATE_BYTES = 8  # fp32 first and second moments, per parameter
 ACTIVATION_BYTES = 2  # bf16, per saved element
-STATE_BYTES = MASTER_WEIGHT_BYTES + GRADIENT_BYTES + ADAMW_STATE_BYTES  # 16, sharded by FSDP
 COMMS_BYTES = 2  # bf16: gathered weights and exchanged activations on the wire
 
 
@@ -91,8 +90,13 @@ class ParallelConfig:
     context_length: int = 8192  # tokens per sequence
 
     def __post_init__(self) -> None:
-        _check_positive_ints(d_model=self.d_model, d_ff=self.d_ff, blocks=self.blocks, batch=self.batch,
-                             context_length=self.context_length)  # fmt: skip
+        _check_positive_ints(
+            d_model=self.d_model,
+            d_ff=self.d_ff,
+            blocks=self.blocks,
+            batch=self.batch,
+            context_length=self.context_length,
+        )
 
     @property
     def tokens(self) -> int:
@@ -275,37 +279,51 @@ def cost_tables(
 
 def _memory_tables(config: ParallelConfig, gpu_memory_gb: float) -> list[Table | str]:
     memory = memory_accounting(config)
-    table = Table(title=f"Training memory · d_model {config.d_model}, d_ff {config.d_ff}, {config.blocks} blocks of "
-                        f"two linear layers · {config.tokens:,} tokens (batch {config.batch} x context "
-                        f"{config.context_length}) · 1 GB = 1e9 bytes, 1 GiB = 2^30")  # fmt: skip
+    table = Table(
+        title=f"Training memory · d_model {config.d_model}, d_ff {config.d_ff}, {config.blocks} blocks of "
+        f"two linear layers · {config.tokens:,} tokens (batch {config.batch} x context "
+        f"{config.context_length}) · 1 GB = 1e9 bytes, 1 GiB = 2^30"
+    )
     table.add_column("what")
     table.add_column("formula")
     table.add_column("value", justify="right", no_wrap=True)
     table.add_column("GiB", justify="right", no_wrap=True)
     table.add_row("parameters P", "2 x blocks x d_model x d_ff", f"{memory.parameters:,}", "")
-    for what, formula, n_bytes in (("master weights (fp32)", "4 x P", memory.master_weights),
-                                   ("accumulated gradients (fp32)", "4 x P", memory.gradients),
-                                   ("AdamW state (fp32 m and v)", "8 x P", memory.adamw_state),
-                                   ("weights + gradients + AdamW", "16 x P", memory.state)):  # fmt: skip
+    for what, formula, n_bytes in (
+        ("master weights (fp32)", "4 x P", memory.master_weights),
+        ("accumulated gradients (fp32)", "4 x P", memory.gradients),
+        ("AdamW state (fp32 m and v)", "8 x P", memory.adamw_state),
+        ("weights + gradients + AdamW", "16 x P", memory.state),
+    ):
         table.add_row(what, formula, _gb(n_bytes), _gib(n_bytes))
-    table.add_row("saved activations per token (bf16)", "2 x blocks x (d_model + d_ff)",
-                  f"{memory.activations_per_token:,} B", "")  # fmt: skip
-    table.add_row(f"saved activations A, {config.tokens:,} tokens", "tokens x per token", _gb(memory.activations),
-                  _gib(memory.activations))  # fmt: skip
+    table.add_row(
+        "saved activations per token (bf16)", "2 x blocks x (d_model + d_ff)", f"{memory.activations_per_token:,} B", ""
+    )
+    table.add_row(
+        f"saved activations A, {config.tokens:,} tokens",
+        "tokens x per token",
+        _gb(memory.activations),
+        _gib(memory.activations),
+    )
     table.add_row("total", "16 x P + A", _gb(memory.total), _gib(memory.total))
     gpu = f"{gpu_memory_gb:g} GB"
     gpus = [devices_needed(n_bytes, gpu_memory_gb) for n_bytes in (memory.state, memory.total)]
     table.add_row(f"{gpu} GPUs for 16 x P", f"ceil(16 x P / {gpu})", str(gpus[0]), "")
     table.add_row(f"{gpu} GPUs for 16 x P + A", f"ceil((16 x P + A) / {gpu})", str(gpus[1]), "")
-    return [table, f"{gpu} GPUs to hold it: [bold]{gpus[0]}[/] for weights, gradients and AdamW state, "
-                   f"[bold]{gpus[1]}[/] with the saved activations too."]  # fmt: skip
+    return [
+        table,
+        f"{gpu} GPUs to hold it: [bold]{gpus[0]}[/] for weights, gradients and AdamW state, "
+        f"[bold]{gpus[1]}[/] with the saved activations too.",
+    ]
 
 
 def _fsdp_tables(config: ParallelConfig, limit_gb: float) -> list[Table | str]:
     n_min = smallest_fsdp_degree(config, limit_gb)
     half = memory_accounting(config).activations / 2
-    table = Table(title=f"FSDP over N devices: 16 x P and A/2 sharded, the other A/2 on every device · "
-                        f"per device (16 x P + A/2) / N + A/2 · limit {limit_gb:g} GB")  # fmt: skip
+    table = Table(
+        title=f"FSDP over N devices: 16 x P and A/2 sharded, the other A/2 on every device · "
+        f"per device (16 x P + A/2) / N + A/2 · limit {limit_gb:g} GB"
+    )
     table.add_column("N", justify="right", no_wrap=True)
     table.add_column("(16 x P + A/2) / N", justify="right", no_wrap=True)
     table.add_column("A/2", justify="right", no_wrap=True)
@@ -315,27 +333,43 @@ def _fsdp_tables(config: ParallelConfig, limit_gb: float) -> list[Table | str]:
     shown = sorted({1, 8, 64} | ({n_min - 1, n_min} - {0} if n_min else set()))
     for n in shown:
         per_device = fsdp_memory_per_device(config, n)
-        table.add_row(str(n), _gb(per_device - half), _gb(half), _gb(per_device), _gib(per_device),
-                      "yes" if per_device < limit_gb * GB else "no")  # fmt: skip
+        table.add_row(
+            str(n),
+            _gb(per_device - half),
+            _gb(half),
+            _gb(per_device),
+            _gib(per_device),
+            "yes" if per_device < limit_gb * GB else "no",
+        )
     if n_min is None:
-        return [table, f"No N_FSDP fits under {limit_gb:g} GB: the replicated half of the activations alone, "
-                       f"A/2 = {_gb(half)}, does not; save fewer tokens (--batch, --context)."]  # fmt: skip
+        return [
+            table,
+            f"No N_FSDP fits under {limit_gb:g} GB: the replicated half of the activations alone, "
+            f"A/2 = {_gb(half)}, does not; save fewer tokens (--batch, --context).",
+        ]
     per_device = fsdp_memory_per_device(config, n_min)
-    return [table, f"Smallest N_FSDP with per-device memory under {limit_gb:g} GB: [bold]{n_min}[/] "
-                   f"({_gb(per_device)} = {_gib(per_device)} per device)."]  # fmt: skip
+    return [
+        table,
+        f"Smallest N_FSDP with per-device memory under {limit_gb:g} GB: [bold]{n_min}[/] "
+        f"({_gb(per_device)} = {_gib(per_device)} per device).",
+    ]
 
 
 def _forward_tables(config: ParallelConfig, mesh: MeshConfig) -> list[Table | str]:
     batch = compute_bound_batch(config, mesh)
     n_devices = mesh.devices
-    title = (f"Forward pass, FSDP x TP · X = {mesh.x} (FSDP, M_X = {mesh.m_x}) x Y = {mesh.y} (TP, M_Y = {mesh.m_y}) "
-             f"= {n_devices} chips · C = {mesh.flops:.3g} FLOP/s, W_ici = {mesh.w_ici:.3g} B/s")  # fmt: skip
+    title = (
+        f"Forward pass, FSDP x TP · X = {mesh.x} (FSDP, M_X = {mesh.m_x}) x Y = {mesh.y} (TP, M_Y = {mesh.m_y}) "
+        f"= {n_devices} chips · C = {mesh.flops:.3g} FLOP/s, W_ici = {mesh.w_ici:.3g} B/s"
+    )
     if batch is None:
         alpha = mesh.ici_intensity
-        return [f"[bold]{title}[/]",
-                f"No batch is compute-bound: the TP collectives alone take as long as the math, since d_ff = "
-                f"{config.d_ff} <= alpha x Y / M_Y = {alpha * mesh.y / mesh.m_y:,.1f} "
-                f"(alpha = C / W_ici = {alpha:,.1f}); use a smaller --y or a larger --my."]  # fmt: skip
+        return [
+            f"[bold]{title}[/]",
+            f"No batch is compute-bound: the TP collectives alone take as long as the math, since d_ff = "
+            f"{config.d_ff} <= alpha x Y / M_Y = {alpha * mesh.y / mesh.m_y:,.1f} "
+            f"(alpha = C / W_ici = {alpha:,.1f}); use a smaller --y or a larger --my.",
+        ]
     times = forward_times(config, mesh, batch)
     per_device = math.ceil(batch / n_devices)
     table = Table(title=title)
@@ -344,14 +378,19 @@ def _forward_tables(config: ParallelConfig, mesh: MeshConfig) -> list[Table | st
     table.add_column("value", justify="right", no_wrap=True)
     us = lambda seconds: f"{seconds * 1e6:,.1f} µs"
     table.add_row("alpha, ICI FLOPs per byte", "C / W_ici", f"{mesh.ici_intensity:,.1f} FLOP/B")
-    table.add_row("smallest compute-bound batch B", "alpha F X / (M_X (F - alpha Y / M_Y))",
-                  f"{batch:,.1f} tokens")  # fmt: skip
+    table.add_row("smallest compute-bound batch B", "alpha F X / (M_X (F - alpha Y / M_Y))", f"{batch:,.1f} tokens")
     table.add_row("per-device batch", "B / N", f"{batch / n_devices:,.1f} tokens")
-    table.add_row("smallest whole per-device batch", "ceil(B / N), total x N",
-                  f"{per_device:,} ({per_device * n_devices:,} in all)")  # fmt: skip
+    table.add_row(
+        "smallest whole per-device batch",
+        "ceil(B / N), total x N",
+        f"{per_device:,} ({per_device * n_devices:,} in all)",
+    )
     table.add_row("T_math per block at B", "4 B D F / (N C)", us(times.math_s))
     table.add_row("T_FSDP: AllGather weights on X", "4 D F / (Y W_ici M_X)", us(times.fsdp_comms_s))
     table.add_row("T_TP: In and Out collectives on Y", "4 B D / (X W_ici M_Y)", us(times.tp_comms_s))
-    return [table, "Compute-bound when T_math >= T_FSDP + T_TP (communication overlapped with math; How to Scale "
-                   "Your Model, 'Mixed FSDP and Tensor Parallelism'); the times are per block and the same ratio "
-                   "holds for all blocks. Assumptions: fastlm.analysis.parallel, docs/distributed.md."]  # fmt: skip
+    return [
+        table,
+        "Compute-bound when T_math >= T_FSDP + T_TP (communication overlapped with math; How to Scale "
+        "Your Model, 'Mixed FSDP and Tensor Parallelism'); the times are per block and the same ratio "
+        "holds for all blocks. Assumptions: fastlm.analysis.parallel, docs/distributed.md.",
+    ]

@@ -237,9 +237,11 @@ def layer_tables(layer: str, B: int, N: int, D: int, H: int, dtype: str, spec: D
     ``dtype`` (a key of DTYPE_BYTES) on ``spec``, then a note on how to read it."""
     stages = layer_stages(layer, B, N, D, H, DTYPE_BYTES[dtype])
     heads = f", H={H} (head dim {D // H})" if layer != "mlp" else ""
-    table = Table(title=f"{layer} · B={B}, N={N}, D={D}{heads}, {dtype} · {spec.name} "
-                        f"(ridge {spec.ridge_flops_per_byte:.0f} FLOP/B tensor cores, "
-                        f"{spec.vector_ridge_flops_per_byte:.1f} CUDA cores)")  # fmt: skip
+    table = Table(
+        title=f"{layer} · B={B}, N={N}, D={D}{heads}, {dtype} · {spec.name} "
+        f"(ridge {spec.ridge_flops_per_byte:.0f} FLOP/B tensor cores, "
+        f"{spec.vector_ridge_flops_per_byte:.1f} CUDA cores)"
+    )
     headers = dict(STAGE_COLUMNS)
     add_columns(table, (headers["stage"],), [headers[key] for key in ("flops", "bytes", "intensity")])
     table.add_column(headers["verdict"], no_wrap=True)
@@ -248,9 +250,15 @@ def layer_tables(layer: str, B: int, N: int, D: int, H: int, dtype: str, spec: D
     rows = render_stages(stages, spec)
     table.columns[0].min_width = max(len(word) for row in rows for word in row["stage"].split())  # words stay whole
     for row in rows:
-        table.add_row(row["stage"], si(row["flops"]), si(row["bytes"], "B"), format_value(row["intensity"]),
-                      row["verdict"].removesuffix("-bound"), si_seconds(row["min_time_us"] * 1e-6),
-                      row["scaling"])  # fmt: skip
+        table.add_row(
+            row["stage"],
+            si(row["flops"]),
+            si(row["bytes"], "B"),
+            format_value(row["intensity"]),
+            row["verdict"].removesuffix("-bound"),
+            si_seconds(row["min_time_us"] * 1e-6),
+            row["scaling"],
+        )
     return [
         table,
         "Every stage unfused: each reads its inputs from memory and writes its output once (module "

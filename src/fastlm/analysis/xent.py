@@ -107,19 +107,39 @@ def cost_tables(cost: CrossEntropyCost, spec: DeviceSpec) -> list[Table | str]:
     fwd, bwd = cost.fwd_bound(spec), cost.bwd_bound(spec)
     table = Table(title=f"Cross-entropy cost model · B={cost.batch}, V={cost.vocab} · {spec.name}")
     add_columns(table, ("quantity", "formula"), ("forward", "backward"))
-    table.add_row("bytes loaded", f"{FORMULAS['fwd loaded']} | {FORMULAS['bwd loaded']}",
-                  si(cost.fwd_bytes_loaded, "B"), si(cost.bwd_bytes_loaded, "B"))  # fmt: skip
-    table.add_row("bytes stored", f"{FORMULAS['fwd stored']} | {FORMULAS['bwd stored']}",
-                  si(cost.fwd_bytes_stored, "B"), si(cost.bwd_bytes_stored, "B"))  # fmt: skip
-    table.add_row("FLOPs per token", f"{FORMULAS['fwd FLOPs/token']} | {FORMULAS['bwd FLOPs/token']}",
-                  si(cost.fwd_flops_per_token), si(cost.bwd_flops_per_token))  # fmt: skip
+    table.add_row(
+        "bytes loaded",
+        f"{FORMULAS['fwd loaded']} | {FORMULAS['bwd loaded']}",
+        si(cost.fwd_bytes_loaded, "B"),
+        si(cost.bwd_bytes_loaded, "B"),
+    )
+    table.add_row(
+        "bytes stored",
+        f"{FORMULAS['fwd stored']} | {FORMULAS['bwd stored']}",
+        si(cost.fwd_bytes_stored, "B"),
+        si(cost.bwd_bytes_stored, "B"),
+    )
+    table.add_row(
+        "FLOPs per token",
+        f"{FORMULAS['fwd FLOPs/token']} | {FORMULAS['bwd FLOPs/token']}",
+        si(cost.fwd_flops_per_token),
+        si(cost.bwd_flops_per_token),
+    )
     table.add_row("FLOPs", "B x per token", si(cost.fwd_flops), si(cost.bwd_flops))
     table.add_row("arithmetic intensity", "FLOPs / bytes", f"{fwd.intensity:.3g} FLOP/B", f"{bwd.intensity:.3g} FLOP/B")
-    table.add_row("device ridge (CUDA cores fp32)", f"{spec.vector_fp32_tflops:g} TF / {spec.memory_gbps:g} GB/s",
-                  f"{fwd.ridge:.3g} FLOP/B", f"{bwd.ridge:.3g} FLOP/B")  # fmt: skip
+    table.add_row(
+        "device ridge (CUDA cores fp32)",
+        f"{spec.vector_fp32_tflops:g} TF / {spec.memory_gbps:g} GB/s",
+        f"{fwd.ridge:.3g} FLOP/B",
+        f"{bwd.ridge:.3g} FLOP/B",
+    )
     tensor_rate = f"{spec.matmul_tflops:g} TF {spec.matmul_dtype} / {spec.memory_gbps:g} GB/s"
-    table.add_row("device ridge (tensor cores)", tensor_rate,
-                  f"{spec.ridge_flops_per_byte:.3g} FLOP/B", f"{spec.ridge_flops_per_byte:.3g} FLOP/B")  # fmt: skip
+    table.add_row(
+        "device ridge (tensor cores)",
+        tensor_rate,
+        f"{spec.ridge_flops_per_byte:.3g} FLOP/B",
+        f"{spec.ridge_flops_per_byte:.3g} FLOP/B",
+    )
     table.add_row("verdict", "intensity vs ridge", fwd.verdict, bwd.verdict)
     table.add_row("minimum time", "max(bytes/BW, FLOPs/rate)", si_seconds(fwd.min_time_s), si_seconds(bwd.min_time_s))
     fused = cost.fused_bound(spec)

@@ -406,15 +406,6 @@ def latest_sweep(records: list[dict], sweep: str) -> list[dict]:
     return [r for r in mine if r["run_id"] == run_id]
 
 
-LOOP_COLUMNS = [
-    ("head_dim", "D"),
-    ("seq", "N"),
-    ("implementation", "implementation"),
-    ("fwd_ms", "fwd ms (mean of 100)"),
-    ("bwd_ms", "bwd ms (mean of 100)"),
-    ("memory_before_backward_mb", "memory before bwd MiB"),
-    ("status", "status"),
-]
 BENCH_COLUMNS = [
     ("dtype", "dtype"),
     ("head_dim", "D"),

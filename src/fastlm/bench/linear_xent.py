@@ -28,7 +28,7 @@ import torch.nn.functional as F
 import fastlm
 from fastlm.bench.bandwidth import CPU_NOTE
 from fastlm.harness.benchmark import Benchmark, Implementation, Run
-from fastlm.harness.timing import measure
+from fastlm.harness.timing import measure, peak_backward_memory
 from fastlm.ops.common import device_arch
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy_config
 from fastlm.utils.plots import bar_series, grouped_bar_plot
@@ -100,20 +100,6 @@ def matmul_flops(tokens: int, width: int, vocab: int) -> int:
     """The loss's three matmuls, forward and backward: logits (2 N V d), grad_hidden and grad_weight
     (2 N V d each)."""
     return 6 * tokens * vocab * width
-
-
-def _peak_memory(loss_fn: LossFn, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> dict:
-    """The protocol's two peaks of one fwd+bwd, in GiB."""
-    hidden.grad = weight.grad = None
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    loss_fn(hidden, weight, targets).backward()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    gradients = sum(t.grad.numel() * t.grad.element_size() for t in (hidden, weight))
-    hidden.grad = weight.grad = None
-    return {"peak_gib": peak / 2**30, "peak_excluding_grads_gib": (peak - gradients) / 2**30}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +181,7 @@ class LinearCrossEntropyBenchmark(Benchmark):
             "fraction_of_matmul": tflops / run.ceilings["matmul_tflops"],
         }
         if device.type == "cuda":
-            result.update(_peak_memory(loss_fn, hidden, weight, targets))
+            result.update(peak_backward_memory(lambda: loss_fn(hidden, weight, targets), [hidden, weight]))
         return result
 
     def render(self, results_dir: Path, reports_dir: Path) -> str:

@@ -167,6 +167,8 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
          _fixed("fastlm.bench.conv1d", "Conv1dBenchmark"), ten_seconds),
         ("linear-xent", "fused linear + cross-entropy fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, "
          "matmul + fastlm CE, Liger, CCE", _fixed("fastlm.bench.linear_xent", "LinearCrossEntropyBenchmark"), None),
+        ("dpo", "DPO loss from hidden states fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, Liger",
+         _fixed("fastlm.bench.dpo", "DPOBenchmark"), None),
         ("roofline", "this device's measured roofline with every benchmarked fastlm kernel on it",
          _fixed("fastlm.bench.roofline", "RooflineBenchmark"), None),
     ):  # fmt: skip

@@ -30,7 +30,8 @@ def cmd_bench_hf(args) -> None:
         shape = HFShape.of(args.family, size, context, **overrides)
     except ValueError as error:
         raise UserError(str(error)) from None
-    benchmark = HFBenchmark((shape,), args.patches, tuple(rows(args.mode, args.precision, args.compile)),
+    compile_modes = args.compile or (("eager", "compile") if on_gpu else ("eager",))
+    benchmark = HFBenchmark((shape,), args.patches, tuple(rows(args.mode, args.precision, compile_modes)),
                             batch=args.batch or (4 if on_gpu else 1), warmup=args.warmup, steps=args.steps,
                             rounds=args.rounds)  # fmt: skip
     output.show_report(run_benchmark(benchmark, args.out, current_device()))
@@ -39,7 +40,7 @@ def cmd_bench_hf(args) -> None:
 def add_commands(commands: argparse._SubParsersAction) -> None:
     p = add_command(commands, "hf", "a Hugging Face model's training step: unpatched, fastlm.apply_fastlm, Liger "
                     "(tokens/s, MFU, peak memory)", cmd_bench_hf,
-                    duration=("about 30 seconds", "3-6 minutes at 1b, plus 1-3 minutes of compilation per "
+                    duration=("about 15 seconds", "3-6 minutes at 1b, plus 1-3 minutes of compilation per "
                                                        "model"))  # fmt: skip
     p.add_argument("--family", choices=HF_FAMILIES, default="llama", help="model family (default llama)")
     p.add_argument("--size", choices=HF_SIZES, default=None,
@@ -65,8 +66,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                    "AdamW)")  # fmt: skip
     p.add_argument("--precision", type=choice_list(PRECISIONS[:2], "precision"), default=("bf16",),
                    help="comma list of fp32, bf16 (autocast over fp32 weights) (default bf16)")  # fmt: skip
-    p.add_argument("--compile", type=choice_list(COMPILE_MODES[:2], "compile mode"), default=("eager", "compile"),
-                   help="comma list of eager, compile (torch.compile of the model) (default both)")  # fmt: skip
+    p.add_argument("--compile", type=choice_list(COMPILE_MODES[:2], "compile mode"), default=None,
+                   help="comma list of eager, compile (torch.compile of the model) (default both on a GPU, eager "
+                   "on a CPU)")  # fmt: skip
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed steps first, every round (default 3)")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per round (default 10)")
     p.add_argument("--rounds", type=positive_int, default=3,

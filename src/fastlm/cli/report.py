@@ -17,7 +17,11 @@ CPU_ONLY = (
 )
 
 
-def cmd_report(args) -> None:
+def report_sections(on_gpu: bool) -> tuple:
+    """(benchmark, its heading in the report, whether its ## headings become ###), in report order.
+    The Hugging Face section needs transformers (the `hf` extra) and is left out without it."""
+    import importlib.util
+
     from fastlm.bench.attention import AttentionBenchmark
     from fastlm.bench.conv1d import Conv1dBenchmark
     from fastlm.bench.host import HostBenchmark
@@ -26,27 +30,43 @@ def cmd_report(args) -> None:
     from fastlm.bench.norms import NormsBenchmark
     from fastlm.bench.roofline import RooflineBenchmark
     from fastlm.bench.softmax import SoftmaxBenchmark
+    from fastlm.bench.swiglu import SwigluBenchmark
     from fastlm.bench.xent import CrossEntropyBenchmark
-    from fastlm.harness.runner import run_benchmark
 
-    device = current_device()
-    on_gpu = device.type == "cuda"
     preset = "small" if on_gpu else "tiny"
     compile_modes = ("eager", "compile") if on_gpu else ("eager",)
     model = ModelBenchmark(((preset, ModelConfig.preset(preset)),), tuple(rows(("fwd", "fwd+bwd", "train"),
                            ("bf16",), compile_modes)), batch=4, warmup=5, steps=10)  # fmt: skip
-    # (benchmark, its report's heading here, demote its own ## headings to ###)
-    sections = (
+    sections = [
         (CrossEntropyBenchmark(), "Cross-entropy", False),
         (AttentionBenchmark(("model",)), "Attention", True),
         (model, f"Language model ({preset} preset)", False),
         (NormsBenchmark(), "LayerNorm / RMSNorm", False),
         (SoftmaxBenchmark(), "Masked softmax", False),
+        (SwigluBenchmark(), "SwiGLU", False),
         (Conv1dBenchmark(), "Causal conv1d", False),
         (LinearCrossEntropyBenchmark(), "Fused linear + cross-entropy", False),
         (HostBenchmark(modes=compile_modes), "Host cost per call: fastlm vs PyTorch", True),
         (RooflineBenchmark(), "Roofline", False),
-    )
+    ]
+    if importlib.util.find_spec("transformers") is not None:
+        from fastlm.bench.hf import HFBenchmark, HFShape
+        from fastlm.bench.options import HF_PATCHES
+
+        # Llama-3.2-1B's layers, 4 of its 16 on a GPU to keep the report short
+        shape = HFShape.of("llama", "1b", 2048, num_layers=4) if on_gpu else HFShape.of("llama", "tiny", 64)
+        hf = HFBenchmark((shape,), HF_PATCHES, tuple(rows(("train",), ("bf16",), compile_modes)),
+                         batch=4 if on_gpu else 1, warmup=3 if on_gpu else 1, steps=10 if on_gpu else 2)  # fmt: skip
+        sections.insert(3, (hf, f"Hugging Face Llama ({shape.size}, {shape.num_layers} layers): apply_fastlm", False))
+    return tuple(sections)
+
+
+def cmd_report(args) -> None:
+    from fastlm.harness.runner import run_benchmark
+
+    device = current_device()
+    on_gpu = device.type == "cuda"
+    sections = report_sections(on_gpu)
     lines = ["# fastlm report", "", f"Device: {'GPU' if on_gpu else 'CPU only'}."]
     if not on_gpu:
         lines += ["", CPU_ONLY]

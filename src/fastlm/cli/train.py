@@ -1,5 +1,6 @@
 """`fastlm train`: the training loop on prepared token data (`fastlm.train`), one process or one per
-GPU; its options are the fields of `fastlm.train.config.TrainConfig`."""
+GPU; its options are the fields of `fastlm.train.config.TrainConfig`. `fastlm train reward` trains a
+reward model on ranked responses (`fastlm.train.reward`)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,20 @@ import argparse
 
 from fastlm.cli.arguments import add_command, choice_list
 from fastlm.model.config import KERNEL_SETS
-from fastlm.train.config import TrainConfig, add_arguments
-from fastlm.utils.options import from_namespace
+from fastlm.train.config import RewardConfig, TrainConfig, add_arguments
+from fastlm.utils.options import add_options, from_namespace
 
 
 def cmd_train(args) -> int:
     from fastlm.train import loop
 
     return loop.run(from_namespace(TrainConfig, args), args.prog)
+
+
+def cmd_train_reward(args) -> int:
+    from fastlm.train import reward
+
+    return reward.run(from_namespace(RewardConfig, args))
 
 
 def add_kernel_comparison_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,5 +35,10 @@ def add_kernel_comparison_arguments(p: argparse.ArgumentParser) -> None:
 def add_commands(groups: argparse._SubParsersAction) -> None:
     p = add_command(groups, "train", "train the LM on prepared token data (fastlm data prepare), one process or "
                     "under torchrun one per GPU", cmd_train)  # fmt: skip
-    add_arguments(p)
+    # --data is checked after parsing (TrainConfig.check): argparse would also demand it of `train reward`
+    add_arguments(p, overrides={"data": {"required": False}})
     p.set_defaults(prog=p.prog)
+    tasks = p.add_subparsers(dest="command", title="other tasks", metavar="{reward}")
+    reward = add_command(tasks, "reward", "train a reward model on ranked responses in a JSONL file "
+                         "(fastlm.train.reward)", cmd_train_reward)  # fmt: skip
+    add_options(reward, RewardConfig)

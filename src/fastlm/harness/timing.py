@@ -50,6 +50,23 @@ def drop_grads(tensors: Sequence[torch.Tensor]) -> None:
         tensor.grad = None
 
 
+def peak_backward_memory(loss: Callable[[], torch.Tensor], leaves: Sequence[torch.Tensor]) -> dict:
+    """CUDA: the peak allocated during one ``loss().backward()`` minus what was allocated just before
+    (the inputs, the caching allocator's other live blocks excluded), in GiB: ``peak_gib`` with the
+    gradients of ``leaves``, which remain allocated after the step, ``peak_excluding_grads_gib``
+    without them (what the loss itself costs). The leaves' gradients are dropped before and after."""
+    drop_grads(leaves)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    loss().backward()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    gradients = sum(t.grad.numel() * t.grad.element_size() for t in leaves)
+    drop_grads(leaves)
+    return {"peak_gib": peak / 2**30, "peak_excluding_grads_gib": (peak - gradients) / 2**30}
+
+
 def measure_graph_replay(fn: Callable[[], object], device: torch.device, leaves: Sequence[torch.Tensor] = ()) -> Timing:
     """Time ``fn`` captured once into a CUDA graph and replayed: the GPU time of its kernels with the
     host's dispatch (Python, autograd, launches) taken out, for every implementation alike. The

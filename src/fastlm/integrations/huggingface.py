@@ -57,8 +57,9 @@ _warned_fallbacks: set[str] = set()
 # ----------------------------------------------------------------------------------------------
 
 
-def attention_function(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
-                       **kwargs):  # fmt: skip
+def attention_function(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None, **kwargs
+):
     """The "fastlm" attention implementation, with transformers' attention-function signature:
     query (B, H, Nq, D), key and value (B, Hkv, Nk, D) -> ((B, Nq, H, D), None).
 
@@ -79,8 +80,17 @@ def attention_function(module, query, key, value, attention_mask, dropout=0.0, s
         _warn_once(reason)
         if attention_mask is None:
             attention_mask = _implicit_mask(query, key, sliding_window, kwargs)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      sliding_window=sliding_window, **kwargs)  # fmt: skip
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            sliding_window=sliding_window,
+            **kwargs,
+        )
     device = query.device.type
     if torch.is_autocast_enabled(device):  # as SDPA under autocast: q, k, v in the autocast dtype
         dtype = torch.get_autocast_dtype(device)
@@ -90,9 +100,18 @@ def attention_function(module, query, key, value, attention_mask, dropout=0.0, s
     if kwargs.get("cu_seq_lens_q") is None:
         return flash_attention(query, key, value, causal=True, scale=scaling, window=window).transpose(1, 2), None
     # one row of packed sequences: (1, H, T, D) -> (T, H, D) views, the output (T, H, D) -> (1, T, H, D)
-    out = flash_attention_varlen(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-                                 kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"], kwargs["max_length_q"],
-                                 kwargs["max_length_k"], causal=True, scale=scaling, window=window)  # fmt: skip
+    out = flash_attention_varlen(
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        kwargs["cu_seq_lens_q"],
+        kwargs["cu_seq_lens_k"],
+        kwargs["max_length_q"],
+        kwargs["max_length_k"],
+        causal=True,
+        scale=scaling,
+        window=window,
+    )
     return out[None], None
 
 
@@ -125,8 +144,11 @@ def _warn_once(reason: str) -> None:
     """One warning per reason and process; none while torch.compile traces, which cannot warn."""
     if reason not in _warned_fallbacks and not torch.compiler.is_compiling():
         _warned_fallbacks.add(reason)
-        warnings.warn(f"fastlm attention runs transformers' SDPA attention for {reason}, which "
-                      "fastlm.flash_attention does not cover (same result, SDPA's speed)", stacklevel=3)  # fmt: skip
+        warnings.warn(
+            f"fastlm attention runs transformers' SDPA attention for {reason}, which "
+            "fastlm.flash_attention does not cover (same result, SDPA's speed)",
+            stacklevel=3,
+        )
 
 
 def _implicit_mask(query, key, sliding_window, kwargs) -> torch.Tensor | None:
@@ -271,8 +293,9 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
         query, key = self.q_norm(query), self.k_norm(key)
     # transformers' tables hold each position's D/2 angles twice (cat(freqs, freqs)); row n is token n's
     half = self.head_dim // 2
-    query, key = rotary_embedding(query.transpose(1, 2), key.transpose(1, 2), cos[0, :, :half].float(),
-                                  sin[0, :, :half].float())  # fmt: skip
+    query, key = rotary_embedding(
+        query.transpose(1, 2), key.transpose(1, 2), cos[0, :, :half].float(), sin[0, :, :half].float()
+    )
     cache, past_key_values = kwargs.pop("cache", None), kwargs.pop("past_key_values", None)  # 5.x / 4.x name
     cache = past_key_values if cache is None else cache
     cache_position = kwargs.pop("cache_position", None)
@@ -282,12 +305,16 @@ def _attention_forward(self, hidden_states, position_embeddings=None, attention_
         key, value = cache.update(key, value, self.layer_idx, cache_kwargs)
     interface = _attention_interface(self)
     output, weights = interface(
-        self, query, key, value, attention_mask,
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
         dropout=self.attention_dropout if self.training else 0.0,
         scaling=self.scaling,
         sliding_window=getattr(self, "sliding_window", getattr(self.config, "sliding_window", None)),
         **kwargs,
-    )  # fmt: skip
+    )
     return self.o_proj(output.reshape(*input_shape, -1).contiguous()), weights
 
 
@@ -314,8 +341,14 @@ def _causal_lm_forward(self, *args, **kwargs):
     kwargs.pop("logits_to_keep", None)
     return_dict = kwargs.pop("return_dict", None)
     outputs = getattr(self, self.base_model_prefix)(*args, **kwargs)
-    loss = causal_lm_loss(outputs.last_hidden_state, self.lm_head, labels, kwargs.get("num_items_in_batch"),
-                          kwargs.get("ignore_index", -100), kwargs.get("shift_labels"))  # fmt: skip
+    loss = causal_lm_loss(
+        outputs.last_hidden_state,
+        self.lm_head,
+        labels,
+        kwargs.get("num_items_in_batch"),
+        kwargs.get("ignore_index", -100),
+        kwargs.get("shift_labels"),
+    )
     fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
     output = CausalLMOutputWithPast(loss=loss, **fields)
     return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
@@ -335,8 +368,9 @@ def causal_lm_loss(hidden, lm_head, labels, num_items_in_batch=None, ignore_inde
     targets = shift_labels.reshape(-1).to(hidden.device)
     if num_items_in_batch is None:
         return linear_cross_entropy(rows, lm_head.weight, targets, lm_head.bias, ignore_index=ignore_index)
-    total = linear_cross_entropy(rows, lm_head.weight, targets, lm_head.bias, ignore_index=ignore_index,
-                                 reduction="sum")  # fmt: skip
+    total = linear_cross_entropy(
+        rows, lm_head.weight, targets, lm_head.bias, ignore_index=ignore_index, reduction="sum"
+    )
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
@@ -358,8 +392,9 @@ def _signed_like(forward):
 # ----------------------------------------------------------------------------------------------
 
 
-def apply_fastlm(model, *, attention: bool = True, norm: bool = True, rope: bool = True, mlp: bool = True,
-                 loss: bool = True):  # fmt: skip
+def apply_fastlm(
+    model, *, attention: bool = True, norm: bool = True, rope: bool = True, mlp: bool = True, loss: bool = True
+):
     """Run ``model``'s attention, RMSNorms, RoPE, SwiGLU MLPs and training loss through fastlm's
     kernels (module docstring), in place; returns ``model``.
 
@@ -380,8 +415,10 @@ def apply_fastlm(model, *, attention: bool = True, norm: bool = True, rope: bool
         if getattr(base.config, "hidden_act", None) in SWIGLU_ACTIVATIONS:
             replacements[f"{prefix}MLP"] = _mlp_forward
         else:
-            warnings.warn(f"apply_fastlm leaves the MLPs as they are: hidden_act {base.config.hidden_act!r} is not "
-                          "SwiGLU's silu", stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"apply_fastlm leaves the MLPs as they are: hidden_act {base.config.hidden_act!r} is not SwiGLU's silu",
+                stacklevel=2,
+            )
     if attention:
         replacements[f"{prefix}Model"] = _base_model_forward
     if loss:  # the model itself, when it is the causal LM
@@ -430,6 +467,8 @@ def _unwrap(model):
 def _family_prefix(model) -> str:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in FAMILIES:
-        raise ValueError(f"apply_fastlm supports the transformers model types {', '.join(FAMILIES)}; got "
-                         f"{type(model).__name__} with model_type {model_type!r}")  # fmt: skip
+        raise ValueError(
+            f"apply_fastlm supports the transformers model types {', '.join(FAMILIES)}; got "
+            f"{type(model).__name__} with model_type {model_type!r}"
+        )
     return FAMILIES[model_type]

@@ -17,6 +17,9 @@ tied to the embedding. Switches in `ModelConfig` pick the kernels:
                                           which never materializes the (B*N, V) logits)
     softmax    torch  | fastlm           (naive attention's mask + softmax | fastlm.masked_softmax)
 
+`TransformerLM.hidden_states` is the model up to the LM head (what `fastlm.sequence_logprobs` and
+`fastlm.linear_dpo_loss` take); `RewardModel` puts a scalar head there instead of the LM head.
+
 Ranges named "attention/scores|mask|softmax|output" inside the naive path, and "forward" around
 the model, show up in profiles when `fastlm.model.ranges.annotations()` is on.
 """
@@ -218,13 +221,23 @@ class TransformerLM(nn.Module):
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B, N) int -> logits (B, N, V); with targets (B, N), the mean next-token loss."""
+        if targets is not None and targets.shape != tokens.shape:
+            raise ValueError(f"targets shape {tuple(targets.shape)} must equal tokens shape {tuple(tokens.shape)}")
+        with annotate("forward"):
+            x = self.hidden_states(tokens)  # (B, N, d)
+            if targets is None:
+                return self.lm_head(x)  # (B, N, V)
+            if self.config.loss == "fastlm":  # the LM head's matmul inside the loss, chunk by chunk
+                return linear_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.flatten())
+            return F.cross_entropy(self.lm_head(x).flatten(0, 1), targets.flatten())
+
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, N) int -> the final norm's output (B, N, d), what the LM head reads."""
         if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
             shape = tuple(tokens.shape)
             raise ValueError(f"tokens must be a (batch, length) integer tensor, got {shape} {tokens.dtype}")
         if tokens.shape[1] > self.config.context_length:
             raise ValueError(f"sequence length {tokens.shape[1]} exceeds context_length {self.config.context_length}")
-        if targets is not None and targets.shape != tokens.shape:
-            raise ValueError(f"targets shape {tuple(targets.shape)} must equal tokens shape {tuple(tokens.shape)}")
         # ids outside the vocabulary: checked where it costs no host synchronization (a CUDA device
         # asserts in the embedding instead; the training loop checks every batch before the copy)
         if tokens.device.type != "cuda" and not torch.compiler.is_compiling() and tokens.numel():
@@ -232,13 +245,36 @@ class TransformerLM(nn.Module):
             if low < 0 or high >= self.config.vocab_size:
                 bad = low if low < 0 else high
                 raise ValueError(f"tokens must be ids in [0, {self.config.vocab_size}) (vocab_size), got {bad}")
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.final_norm(x)
+
+
+class RewardModel(TransformerLM):
+    """The LM with a scalar head in place of the LM head (a reward model, as in InstructGPT):
+
+        tokens (B, N), lengths (B,) -> hidden states (B, N, d) -> h = the state of token lengths - 1
+        -> reward = w . h (B,)
+
+    Sequences are padded on the right, so by causality the last real token's state never sees the
+    padding. No bias: the preference losses depend only on differences of rewards. The state dict is
+    the LM's without lm_head, so an LM's weights load into it with ``strict=False``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.lm_head = None
+        self.reward_head = Linear(config.d_model, 1)
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """tokens (B, N) int, lengths (B,) int in [1, N] -> rewards (B,) in fp32."""
+        if lengths.shape != tokens.shape[:1]:
+            raise ValueError(f"lengths must have shape ({tokens.shape[0]},) to match tokens {tuple(tokens.shape)}, "
+                             f"got {tuple(lengths.shape)}")  # fmt: skip
+        if lengths.device.type != "cuda" and not torch.compiler.is_compiling() and lengths.numel():
+            if lengths.min().item() < 1 or lengths.max().item() > tokens.shape[1]:
+                raise ValueError(f"lengths must be in [1, {tokens.shape[1]}] (the padded length)")
         with annotate("forward"):
-            x = self.embedding(tokens)
-            for block in self.blocks:
-                x = block(x)
-            x = self.final_norm(x)  # (B, N, d)
-            if targets is None:
-                return self.lm_head(x)  # (B, N, V)
-            if self.config.loss == "fastlm":  # the LM head's matmul inside the loss, chunk by chunk
-                return linear_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.flatten())
-            return F.cross_entropy(self.lm_head(x).flatten(0, 1), targets.flatten())
+            x = self.hidden_states(tokens)  # (B, N, d)
+            last = x[torch.arange(x.shape[0], device=x.device), lengths - 1]  # (B, d)
+            return self.reward_head(last).squeeze(-1).float()

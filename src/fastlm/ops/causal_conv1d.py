@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from fastlm.ops.common import (
+    DTYPES,
     cdiv,
     check_dtype,
     check_optional_tensor,
@@ -45,9 +45,8 @@ from fastlm.ops.common import (
     next_power_of_2,
     runs_triton,
 )
-from fastlm.ops.launch import eager_kernel
+from fastlm.ops.launch import launcher
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_KERNEL_SIZE = 8
 ACTIVATIONS = (None, "silu")
 BACKENDS = ("triton", "cuda")
@@ -67,8 +66,23 @@ def _shifted(U, base, rows, cols, shift, L, stride_l, col_mask):
 
 
 @triton.jit
-def _conv(U, W, BIAS, base, rows, cols, col_mask, shift, L, stride_ul, stride_wd, stride_wk, stride_bias,
-          K: tl.constexpr, HAS_BIAS: tl.constexpr):  # fmt: skip
+def _conv(
+    U,
+    W,
+    BIAS,
+    base,
+    rows,
+    cols,
+    col_mask,
+    shift,
+    L,
+    stride_ul,
+    stride_wd,
+    stride_wk,
+    stride_bias,
+    K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
     """z at rows + shift: bias + sum_k w[:, k] * u[rows + shift - (K - 1) + k]."""
     w = tl.load(W + cols * stride_wd, mask=col_mask, other=0.0).to(tl.float32)
     z = w[None, :] * _shifted(U, base, rows, cols, shift - (K - 1), L, stride_ul, col_mask)
@@ -91,8 +105,23 @@ def _conv1d_forward_kernel(
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     batch = tl.program_id(2).to(tl.int64)
     col_mask = cols < D
-    z = _conv(U, W, BIAS, batch * stride_ub, rows, cols, col_mask, 0, L, stride_ul, stride_wd, stride_wk, stride_bias,
-              K, HAS_BIAS)  # fmt: skip
+    z = _conv(
+        U,
+        W,
+        BIAS,
+        batch * stride_ub,
+        rows,
+        cols,
+        col_mask,
+        0,
+        L,
+        stride_ul,
+        stride_wd,
+        stride_wk,
+        stride_bias,
+        K,
+        HAS_BIAS,
+    )
     if SILU:
         z = z * tl.sigmoid(z)
     out = OUT + batch * L * D + rows[:, None] * D + cols[None, :]
@@ -122,8 +151,23 @@ def _conv1d_dz_kernel(
         rows = tl.cast(start, tl.int64) + tl.arange(0, BLOCK_L)  # int64: L * D may pass 2^31
         dz = _shifted(DOUT, dout_base, rows, cols, 0, L, stride_ol, col_mask)
         if SILU:  # dz = dout * silu'(z), z recomputed from u
-            z = _conv(U, W, BIAS, u_base, rows, cols, col_mask, 0, L, stride_ul, stride_wd, stride_wk, stride_bias,
-                      K, HAS_BIAS)  # fmt: skip
+            z = _conv(
+                U,
+                W,
+                BIAS,
+                u_base,
+                rows,
+                cols,
+                col_mask,
+                0,
+                L,
+                stride_ul,
+                stride_wd,
+                stride_wk,
+                stride_bias,
+                K,
+                HAS_BIAS,
+            )
             sig = tl.sigmoid(z)
             dz = dz * sig * (1.0 + z * (1.0 - sig))
             dz_ptr = DZ + batch * L * D + rows[:, None] * D + cols[None, :]
@@ -182,8 +226,10 @@ class Conv1dConfig:
 
     def __post_init__(self):
         if self.backward_chunk_l % self.backward_block_l:  # a step must not cross into the next program's rows
-            raise ValueError(f"backward_chunk_l ({self.backward_chunk_l}) must be a multiple of backward_block_l "
-                             f"({self.backward_block_l})")  # fmt: skip
+            raise ValueError(
+                f"backward_chunk_l ({self.backward_chunk_l}) must be a multiple of backward_block_l "
+                f"({self.backward_block_l})"
+            )
 
 
 # By device_arch. H100 / H200 (90): backward part 1 from benchmarks/tune_conv1d.py on an H100, the
@@ -191,9 +237,16 @@ class Conv1dConfig:
 # 32 x 128 tile with 4 warps (benchmarks/results/conv1d_tuning_h100.jsonl, the records marked
 # "two-part"); the forward's tile is not swept.
 _CONFIGS = {
-    90: Conv1dConfig(forward_block_l=32, forward_block_d=128, forward_warps=4, backward_block_l=64,
-                     backward_block_d=64, backward_warps=2, backward_chunk_l=512),
-}  # fmt: skip
+    90: Conv1dConfig(
+        forward_block_l=32,
+        forward_block_d=128,
+        forward_warps=4,
+        backward_block_l=64,
+        backward_block_d=64,
+        backward_warps=2,
+        backward_chunk_l=512,
+    ),
+}
 DEFAULT_CONFIG = _CONFIGS[90]  # GPUs nobody measured, and the interpreter (0)
 
 
@@ -208,6 +261,10 @@ def causal_conv1d_config(arch: int, dtype: torch.dtype) -> Conv1dConfig:
 # ----------------------------------------------------------------------------------------------
 # Launchers: one per direction, shared by the eager autograd.Function and the triton_ops
 # ----------------------------------------------------------------------------------------------
+
+_launch_conv1d_forward = launcher(_conv1d_forward_kernel)
+_launch_conv1d_dz = launcher(_conv1d_dz_kernel)
+_launch_conv1d_input_grad = launcher(_conv1d_input_grad_kernel)
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
@@ -227,18 +284,38 @@ def _forward(u, weight, bias, silu: bool, config: Conv1dConfig | None = None, tr
         return out
     config = config or causal_conv1d_config(device_arch(u.device), u.dtype)
     grid = (cdiv(length, config.forward_block_l), cdiv(d, config.forward_block_d), batch)
-    kernel = wrap_triton(_conv1d_forward_kernel) if traced else eager_kernel(_conv1d_forward_kernel)
-    kernel[grid](
-        u, weight, bias if bias is not None else weight, out, length, d, u.stride(0), u.stride(1), *weight.stride(),
+    _launch_conv1d_forward(traced)[grid](
+        u,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        length,
+        d,
+        u.stride(0),
+        u.stride(1),
+        *weight.stride(),
         bias.stride(0) if bias is not None else 0,
-        K=weight.shape[1], HAS_BIAS=bias is not None, SILU=silu, BLOCK_L=config.forward_block_l,
-        BLOCK_D=config.forward_block_d, num_warps=config.forward_warps,
-    )  # fmt: skip
+        K=weight.shape[1],
+        HAS_BIAS=bias is not None,
+        SILU=silu,
+        BLOCK_L=config.forward_block_l,
+        BLOCK_D=config.forward_block_d,
+        num_warps=config.forward_warps,
+    )
     return out
 
 
-def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: bool,
-              config: Conv1dConfig | None = None, traced: bool = False):  # fmt: skip
+def _backward(
+    dout,
+    u,
+    weight,
+    bias,
+    silu: bool,
+    weight_grad: bool,
+    bias_grad: bool,
+    config: Conv1dConfig | None = None,
+    traced: bool = False,
+):
     """(du, dweight or None, dbias or None); ``config`` None picks it; ``traced`` inside the
     triton_op. Two launches: dz and the weight / bias partials, then du from dz (dout itself without
     SILU, and part 1 is skipped when it has nothing to do); then one sum (and cast) per parameter
@@ -262,21 +339,48 @@ def _backward(dout, u, weight, bias, silu: bool, weight_grad: bool, bias_grad: b
     db_partial = torch.empty((programs, d), dtype=torch.float32, device=u.device) if bias_grad else du
     if silu or weight_grad or bias_grad:
         grid = (chunks, cdiv(d, config.backward_block_d), batch)
-        kernel = wrap_triton(_conv1d_dz_kernel) if traced else eager_kernel(_conv1d_dz_kernel)
-        kernel[grid](
-            u, weight, bias if bias is not None else weight, dout, dz, dw_partial, db_partial,
-            length, d, u.stride(0), u.stride(1), *weight.stride(), bias.stride(0) if bias is not None else 0,
-            dout.stride(0), dout.stride(1),
-            K=k, K_POW2=next_power_of_2(k), HAS_BIAS=bias is not None, SILU=silu, WEIGHT_GRAD=weight_grad,
-            BIAS_GRAD=bias_grad, BLOCK_L=config.backward_block_l, BLOCK_D=config.backward_block_d,
-            CHUNK_L=config.backward_chunk_l, num_warps=config.backward_warps,
-        )  # fmt: skip
+        _launch_conv1d_dz(traced)[grid](
+            u,
+            weight,
+            bias if bias is not None else weight,
+            dout,
+            dz,
+            dw_partial,
+            db_partial,
+            length,
+            d,
+            u.stride(0),
+            u.stride(1),
+            *weight.stride(),
+            bias.stride(0) if bias is not None else 0,
+            dout.stride(0),
+            dout.stride(1),
+            K=k,
+            K_POW2=next_power_of_2(k),
+            HAS_BIAS=bias is not None,
+            SILU=silu,
+            WEIGHT_GRAD=weight_grad,
+            BIAS_GRAD=bias_grad,
+            BLOCK_L=config.backward_block_l,
+            BLOCK_D=config.backward_block_d,
+            CHUNK_L=config.backward_chunk_l,
+            num_warps=config.backward_warps,
+        )
     grid = (cdiv(length, config.forward_block_l), cdiv(d, config.forward_block_d), batch)
-    kernel = wrap_triton(_conv1d_input_grad_kernel) if traced else eager_kernel(_conv1d_input_grad_kernel)
-    kernel[grid](
-        dz, weight, du, length, d, dz.stride(0), dz.stride(1), *weight.stride(),
-        K=k, BLOCK_L=config.forward_block_l, BLOCK_D=config.forward_block_d, num_warps=config.forward_warps,
-    )  # fmt: skip
+    _launch_conv1d_input_grad(traced)[grid](
+        dz,
+        weight,
+        du,
+        length,
+        d,
+        dz.stride(0),
+        dz.stride(1),
+        *weight.stride(),
+        K=k,
+        BLOCK_L=config.forward_block_l,
+        BLOCK_D=config.forward_block_d,
+        num_warps=config.forward_warps,
+    )
     dw = dw_partial.sum(dim=0).to(weight.dtype) if weight_grad else None
     db = db_partial.sum(dim=0).to(bias.dtype) if bias_grad else None
     return du, dw, db
@@ -290,8 +394,9 @@ def _reference(u, weight, bias=None, activation=None):
         return empty if bias is None else empty + bias.to(dtype)
     k = weight.shape[1]
     x = torch.nn.functional.pad(u.to(dtype).transpose(1, 2), (k - 1, 0))  # (B, D, L + K - 1)
-    z = torch.nn.functional.conv1d(x, weight.to(dtype).unsqueeze(1), None if bias is None else bias.to(dtype),
-                                   groups=u.shape[-1])  # fmt: skip
+    z = torch.nn.functional.conv1d(
+        x, weight.to(dtype).unsqueeze(1), None if bias is None else bias.to(dtype), groups=u.shape[-1]
+    )
     z = z.transpose(1, 2).contiguous()
     return torch.nn.functional.silu(z) if activation == "silu" else z
 
@@ -311,8 +416,13 @@ def _reference_backward(dout, u, weight, bias, silu, weight_grad, bias_grad):
         dz = dz * sig * (1 + z * (1 - sig))
     # du(l) = sum_j w[:, K - 1 - j] dz(l + j): a conv of the right-padded dz with the flipped taps
     dz_t = dz.transpose(1, 2)  # (B, D, L)
-    du = torch.nn.functional.conv1d(torch.nn.functional.pad(dz_t, (0, k - 1)), weight.to(dtype).flip(1).unsqueeze(1),
-                                    groups=u.shape[-1]).transpose(1, 2).contiguous()  # fmt: skip
+    du = (
+        torch.nn.functional.conv1d(
+            torch.nn.functional.pad(dz_t, (0, k - 1)), weight.to(dtype).flip(1).unsqueeze(1), groups=u.shape[-1]
+        )
+        .transpose(1, 2)
+        .contiguous()
+    )
     dw = db = None
     if weight_grad:
         padded = torch.nn.functional.pad(u.to(dtype).transpose(1, 2), (k - 1, 0))  # (B, D, L + K - 1)
@@ -346,9 +456,14 @@ def _forward_op(u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 @torch.library.triton_op("fastlm::causal_conv1d_backward", mutates_args=())
 def _backward_op(
-    dout: torch.Tensor, u: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool,
-    weight_grad: bool, bias_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    dout: torch.Tensor,
+    u: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    silu: bool,
+    weight_grad: bool,
+    bias_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(du, dweight, dbias); dweight / dbias are empty tensors when not requested."""
     du, dw, db = _backward(dout, u, weight, bias, silu, weight_grad, bias_grad, traced=True)
     empty = u.new_empty(0)
@@ -405,8 +520,9 @@ def check_inputs(u, weight, bias, activation, backend) -> None:
     if u.dim() != 3:
         raise ValueError(f"u must have shape (B, L, D), got {tuple(u.shape)}")
     if weight.dim() != 2 or weight.shape[0] != u.shape[2]:
-        raise ValueError(f"weight must have shape (D, K) = ({u.shape[2]}, K) to match u {tuple(u.shape)}, "
-                         f"got {tuple(weight.shape)}")  # fmt: skip
+        raise ValueError(
+            f"weight must have shape (D, K) = ({u.shape[2]}, K) to match u {tuple(u.shape)}, got {tuple(weight.shape)}"
+        )
     if not 1 <= weight.shape[1] <= MAX_KERNEL_SIZE:
         raise ValueError(f"weight's kernel size K must be 1 to {MAX_KERNEL_SIZE}, got {weight.shape[1]}")
     if u.shape[0] > 65535:  # the batch is a grid axis

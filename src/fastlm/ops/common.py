@@ -13,6 +13,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # the floating-point dtypes the ops' kernels take
+
 
 def runs_triton(tensor: torch.Tensor) -> bool:
     """Whether the Triton kernels handle ``tensor``.
@@ -77,8 +79,9 @@ def check_integer(name: str, value, minimum: int | None = None) -> int:
     return value
 
 
-def check_number(name: str, value, minimum: float | None = None, maximum: float | None = None,
-                 positive: bool = False) -> float:  # fmt: skip
+def check_number(
+    name: str, value, minimum: float | None = None, maximum: float | None = None, positive: bool = False
+) -> float:
     """``value`` as a float: a finite real number (int, float, numpy scalar) within [minimum, maximum]
     (``positive``: > 0). A tensor, a bool or a string is a ``TypeError``; NaN, inf or a value out of
     range a ``ValueError``."""

@@ -114,8 +114,11 @@ def _patch(interpreter) -> None:
     def create_fp_to_fp(original, self, src, dst_type, rounding_mode):
         # `.to(tl.bfloat16, fp_downcast_rounding="rtne")`: the interpreter's own rounding rounds ties
         # up and loses the carry into the exponent
-        if not (dst_type.scalar == bf16 and rounding_mode == interpreter._ir.ROUNDING_MODE.RTNE
-                and src.dtype.scalar in (tl.float16, fp32, tl.float64)):  # fmt: skip
+        if not (
+            dst_type.scalar == bf16
+            and rounding_mode == interpreter._ir.ROUNDING_MODE.RTNE
+            and src.dtype.scalar in (tl.float16, fp32, tl.float64)
+        ):
             return original(self, src, dst_type, rounding_mode)
         return handle_type(narrow(src.data.astype(np.float32)), bf16)
 

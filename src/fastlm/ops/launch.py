@@ -19,9 +19,11 @@ the interpreter (TRITON_INTERPRET=1), for kernels not called that way or with pr
 in a process started with FASTLM_LAUNCH=triton (to measure one against the other), every call goes
 through Triton's dispatcher; so does every later call of a kernel whose direct launch Triton's
 launcher rejected. Triton settings that change its binaries (TRITON_DEBUG, instrumentation) are
-read when a specialization is first launched: set them before the first call. Inside a
-`torch.library.triton_op` the launchers use `wrap_triton` instead: there Inductor launches the
-kernels from its own generated code.
+read when a specialization is first launched: set them before the first call.
+
+Ops launch each kernel through its `launcher`, made once per kernel at import: in eager calls it
+gives the kernel's EagerKernel, inside a `torch.library.triton_op` (``traced``) `wrap_triton(kernel)`,
+which Inductor turns into a launch from its own generated code.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+from collections.abc import Callable
 
 import torch
+from torch.library import wrap_triton
 from triton.runtime.jit import JITFunction
 
 try:  # Triton >= 3.4: launch hooks live in triton.knobs
@@ -105,8 +109,9 @@ class EagerKernel:
         grid_1 = grid[1] if len(grid) > 1 else 1
         grid_2 = grid[2] if len(grid) > 2 else 1
         try:
-            binary.run(grid[0], grid_1, grid_2, stream, binary.function, binary.packed_metadata, metadata, enter,
-                       exit_, *full)  # fmt: skip
+            binary.run(
+                grid[0], grid_1, grid_2, stream, binary.function, binary.packed_metadata, metadata, enter, exit_, *full
+            )
         except TypeError:  # a Triton whose launcher takes other arguments (it checks them before launching)
             self.direct = False
             return self.fn[grid](*args, **kwargs)
@@ -133,3 +138,19 @@ def eager_kernel(fn) -> EagerKernel:
     if kernel is None:
         kernel = _EAGER_KERNELS[id(fn)] = EagerKernel(fn)
     return kernel
+
+
+def launcher(fn: JITFunction) -> Callable[[bool], object]:
+    """How an op's launchers launch the `@triton.jit` kernel ``fn``, eager or traced: made once per
+    kernel at import (``_launch_forward = launcher(_forward_kernel)``), then called per launch as
+    ``_launch_forward(traced)[grid](*args, **constexprs)``. In eager calls it returns fn's
+    EagerKernel (looked up once, here), inside a torch.library.triton_op (``traced``)
+    ``wrap_triton(fn)``. A closure over ``fn``, so that torch, which reads the source of the
+    functions a triton_op calls, finds the kernel through it and keys its compile caches on the
+    kernel's source."""
+    eager = eager_kernel(fn)
+
+    def launch(traced: bool):
+        return wrap_triton(fn) if traced else eager
+
+    return launch

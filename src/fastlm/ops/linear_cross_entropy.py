@@ -43,18 +43,19 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from fastlm.ops.common import check_dtype, check_integer, check_number, check_same_device, check_tensor, device_arch
-from fastlm.ops.cross_entropy import (
-    LOGIT_DTYPES,
-    _forward,
-    _fused,
-    _scale_rows,
-    _scale_rows_op,
-    check_target_dtype,
-    check_target_range,
-    cross_entropy_ref,
+from fastlm.ops.common import (
+    DTYPES,
+    check_dtype,
+    check_integer,
+    check_number,
+    check_same_device,
+    check_tensor,
+    device_arch,
 )
-from fastlm.ops.cross_entropy import check_options as check_xent_options
+from fastlm.ops.cross_entropy.api import _scale_rows_op, check_target_dtype, check_target_range
+from fastlm.ops.cross_entropy.api import check_options as check_xent_options
+from fastlm.ops.cross_entropy.launchers import _forward, _fused, _scale_rows
+from fastlm.ops.cross_entropy.reference import cross_entropy_ref
 
 # ----------------------------------------------------------------------------------------------
 # Chunk size
@@ -155,8 +156,9 @@ def _chunk_dlogits(hidden, weight, bias, targets, row_scale, options: LossOption
         return _fused(logits, targets, row_scale, ignore_index, label_smoothing, z_loss, False, logits, traced=traced)
     tanh = logits.div_(softcap).tanh_()
     capped = tanh * softcap
-    losses, grad = _fused(capped, targets, row_scale, ignore_index, label_smoothing, z_loss, False, capped,
-                          traced=traced)  # fmt: skip
+    losses, grad = _fused(
+        capped, targets, row_scale, ignore_index, label_smoothing, z_loss, False, capped, traced=traced
+    )
     # grad *= 1 - tanh^2 in place, computed in fp32 exactly as PyTorch's backward of tanh
     torch.ops.aten.tanh_backward.grad_input(grad, tanh, grad_input=grad)
     return losses, grad
@@ -181,8 +183,7 @@ def _chunked_losses(hidden, weight, bias, targets, options: LossOptions, chunk_r
     return losses
 
 
-def _chunked_gradients(hidden, weight, bias, targets, row_scale, needs, options: LossOptions, chunk_rows,
-                       traced=False):  # fmt: skip
+def _chunked_gradients(hidden, weight, bias, targets, row_scale, needs, options: LossOptions, chunk_rows, traced=False):
     """(losses (N,) fp32, grad_hidden, grad_weight, grad_bias), losses and gradients scaled per row
     by ``row_scale`` (N,) (None: 1). ``needs`` = which of (hidden, weight, bias) want a gradient;
     the others come back as None. grad_hidden is in hidden's (the compute) dtype, grad_weight and
@@ -203,8 +204,9 @@ def _chunked_gradients(hidden, weight, bias, targets, row_scale, needs, options:
         for start in range(0, rows_total, chunk):
             rows = slice(start, start + chunk)
             scale = None if row_scale is None else row_scale[rows]
-            losses[rows], dlogits = _chunk_dlogits(hidden[rows], compute_weight, compute_bias, targets[rows], scale,
-                                                   options, traced)  # fmt: skip
+            losses[rows], dlogits = _chunk_dlogits(
+                hidden[rows], compute_weight, compute_bias, targets[rows], scale, options, traced
+            )
             if need_hidden:
                 torch.mm(dlogits, compute_weight, out=grad_hidden[rows])
             if need_weight:
@@ -285,8 +287,9 @@ def _gradients_op(
     empty where not needed."""
     options = LossOptions(ignore_index, label_smoothing, z_loss, softcap)
     needs = (need_hidden, need_weight, need_bias)
-    losses, *grads = _chunked_gradients(hidden, weight, bias, targets, row_scale, needs, options, chunk_rows,
-                                        traced=True)  # fmt: skip
+    losses, *grads = _chunked_gradients(
+        hidden, weight, bias, targets, row_scale, needs, options, chunk_rows, traced=True
+    )
     return losses.sum(), *(hidden.new_empty(0) if grad is None else grad for grad in grads)
 
 
@@ -395,20 +398,23 @@ def check_inputs(hidden, weight, targets, bias) -> None:
         raise ValueError(f"hidden must be 2-D (tokens, d), got shape {tuple(hidden.shape)}")
     rows, width = hidden.shape
     if weight.dim() != 2 or weight.shape[1] != width:
-        raise ValueError(f"weight must have shape (vocab, {width}) to match hidden {tuple(hidden.shape)}, "
-                         f"got {tuple(weight.shape)}")  # fmt: skip
+        raise ValueError(
+            f"weight must have shape (vocab, {width}) to match hidden {tuple(hidden.shape)}, got {tuple(weight.shape)}"
+        )
     vocab = weight.shape[0]
     if vocab == 0:
         raise ValueError("weight must have at least one row (the vocabulary is empty)")
     if bias is not None and bias.shape != (vocab,):
-        raise ValueError(f"bias must have shape ({vocab},) to match weight {tuple(weight.shape)}, "
-                         f"got {tuple(bias.shape)}")  # fmt: skip
+        raise ValueError(
+            f"bias must have shape ({vocab},) to match weight {tuple(weight.shape)}, got {tuple(bias.shape)}"
+        )
     if targets.shape != (rows,):
-        raise ValueError(f"targets must have shape ({rows},) to match hidden {tuple(hidden.shape)}, "
-                         f"got {tuple(targets.shape)}")  # fmt: skip
+        raise ValueError(
+            f"targets must have shape ({rows},) to match hidden {tuple(hidden.shape)}, got {tuple(targets.shape)}"
+        )
     for name in ("hidden", "weight", "bias"):
         if name in tensors:
-            check_dtype(name, tensors[name], LOGIT_DTYPES)
+            check_dtype(name, tensors[name], DTYPES)
     check_target_dtype(targets)
     check_same_device(**tensors)
 
@@ -417,8 +423,9 @@ def check_options(reduction, ignore_index, label_smoothing, z_loss, softcap, chu
     """The loss options as `cross_entropy` checks them, plus softcap and chunk_rows: returns
     (ignore_index, label_smoothing, z_loss, softcap, chunk_rows) as int, float, float, float or
     None, int or None."""
-    ignore_index, label_smoothing, z_loss = check_xent_options(ignore_index, reduction, label_smoothing, z_loss,
-                                                               True, False)  # fmt: skip
+    ignore_index, label_smoothing, z_loss = check_xent_options(
+        ignore_index, reduction, label_smoothing, z_loss, True, False
+    )
     softcap = None if softcap is None else check_number("softcap", softcap, positive=True)
     chunk_rows = None if chunk_rows is None else check_integer("chunk_rows", chunk_rows, minimum=1)
     return ignore_index, label_smoothing, z_loss, softcap, chunk_rows
@@ -511,5 +518,6 @@ def linear_cross_entropy_ref(
     logits = F.linear(hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
-    return cross_entropy_ref(logits, targets, ignore_index=ignore_index, reduction=reduction,
-                             label_smoothing=label_smoothing, z_loss=z_loss)  # fmt: skip
+    return cross_entropy_ref(
+        logits, targets, ignore_index=ignore_index, reduction=reduction, label_smoothing=label_smoothing, z_loss=z_loss
+    )

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from fastlm.ops.common import (
+    DTYPES,
     RowTiles,
     as_rows,
     cdiv,
@@ -48,11 +48,8 @@ from fastlm.ops.common import (
     row_tiles,
     runs_triton,
 )
-from fastlm.ops.launch import eager_kernel
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-LOG2E = tl.constexpr(1.4426950408889634)
-
+from fastlm.ops.constants import LOG2E
+from fastlm.ops.launch import launcher
 
 # ----------------------------------------------------------------------------------------------
 # Kernels
@@ -60,8 +57,22 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _scores(X, MASK, x_offsets, mask_offsets, cols, q, row_mask, Sq, Sk, scale, stride_xk, stride_mk,
-            HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr):  # fmt: skip
+def _scores(
+    X,
+    MASK,
+    x_offsets,
+    mask_offsets,
+    cols,
+    q,
+    row_mask,
+    Sq,
+    Sk,
+    scale,
+    stride_xk,
+    stride_mk,
+    HAS_MASK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     """scale * x + mask for a (rows, cols) tile, -inf where masked or out of bounds."""
     visible = row_mask[:, None] & (cols < Sk)[None, :]
     if CAUSAL:
@@ -99,8 +110,9 @@ def _softmax_forward_kernel(
     y_rows = Y + rows[:, None] * Sk
     cols = tl.arange(0, BLOCK_K)
     if SINGLE_PASS:
-        s = _scores(X, MASK, x_offsets, mask_offsets, cols, q, row_mask, Sq, Sk, scale, stride_xk, stride_mk,
-                    HAS_MASK, CAUSAL)  # fmt: skip
+        s = _scores(
+            X, MASK, x_offsets, mask_offsets, cols, q, row_mask, Sq, Sk, scale, stride_xk, stride_mk, HAS_MASK, CAUSAL
+        )
         row_max = tl.max(s, axis=1)
         row_max = tl.where(row_max == float("-inf"), 0.0, row_max)  # a fully masked row: e = 0 below
         e = tl.exp2((s - row_max[:, None]) * LOG2E)
@@ -113,8 +125,22 @@ def _softmax_forward_kernel(
         lane_max = tl.full((BLOCK_M, BLOCK_K), float("-inf"), tl.float32)
         lane_sum = tl.zeros((BLOCK_M, BLOCK_K), tl.float32)
         for start in range(0, Sk, BLOCK_K):
-            s = _scores(X, MASK, x_offsets, mask_offsets, start + cols, q, row_mask, Sq, Sk, scale, stride_xk,
-                        stride_mk, HAS_MASK, CAUSAL)  # fmt: skip
+            s = _scores(
+                X,
+                MASK,
+                x_offsets,
+                mask_offsets,
+                start + cols,
+                q,
+                row_mask,
+                Sq,
+                Sk,
+                scale,
+                stride_xk,
+                stride_mk,
+                HAS_MASK,
+                CAUSAL,
+            )
             new_max = tl.maximum(lane_max, s)
             safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
             lane_sum = lane_sum * tl.exp2((lane_max - safe_max) * LOG2E) + tl.exp2((s - safe_max) * LOG2E)
@@ -124,8 +150,22 @@ def _softmax_forward_kernel(
         total = tl.sum(lane_sum * tl.exp2((lane_max - row_max[:, None]) * LOG2E), axis=1)
         inverse = 1.0 / tl.where(total == 0.0, 1.0, total)  # a fully masked row: e = 0, y = 0; NaN stays NaN
         for start in range(0, Sk, BLOCK_K):  # pass 2: the output
-            s = _scores(X, MASK, x_offsets, mask_offsets, start + cols, q, row_mask, Sq, Sk, scale, stride_xk,
-                        stride_mk, HAS_MASK, CAUSAL)  # fmt: skip
+            s = _scores(
+                X,
+                MASK,
+                x_offsets,
+                mask_offsets,
+                start + cols,
+                q,
+                row_mask,
+                Sq,
+                Sk,
+                scale,
+                stride_xk,
+                stride_mk,
+                HAS_MASK,
+                CAUSAL,
+            )
             y = tl.exp2((s - row_max[:, None]) * LOG2E) * inverse[:, None]
             in_bounds = row_mask[:, None] & (start + cols < Sk)[None, :]
             tl.store(y_rows + start + cols[None, :], y.to(Y.dtype.element_ty), mask=in_bounds)
@@ -209,6 +249,9 @@ def masked_softmax_config(arch: int, dtype: torch.dtype) -> SoftmaxConfig:
 # Launchers: one per direction, shared by the eager autograd.Function and the triton_ops
 # ----------------------------------------------------------------------------------------------
 
+_launch_softmax_forward = launcher(_softmax_forward_kernel)
+_launch_softmax_backward = launcher(_softmax_backward_kernel)
+
 
 def as_4d(t: torch.Tensor) -> torch.Tensor:
     """(..., Sq, Sk) -> (B, H, Sq, Sk): missing leading dims are 1, extra ones fold into B."""
@@ -229,12 +272,24 @@ def _forward(x, mask, scale: float, causal: bool, config: SoftmaxConfig | None =
     mask4 = as_4d(mask.expand(x.shape)) if mask is not None else x4  # stride 0 on broadcast dims, no copy
     tiles = (config or masked_softmax_config(device_arch(x.device), x.dtype)).tiles(sk)
     rows = b * h * sq
-    kernel = wrap_triton(_softmax_forward_kernel) if traced else eager_kernel(_softmax_forward_kernel)
-    kernel[(cdiv(rows, tiles.block_m),)](
-        x4, mask4, y, h, sq, sk, rows, *x4.stride(), *mask4.stride(), scale,
-        HAS_MASK=mask is not None, CAUSAL=causal, BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_d,
-        SINGLE_PASS=tiles.single_pass, num_warps=tiles.num_warps,
-    )  # fmt: skip
+    _launch_softmax_forward(traced)[(cdiv(rows, tiles.block_m),)](
+        x4,
+        mask4,
+        y,
+        h,
+        sq,
+        sk,
+        rows,
+        *x4.stride(),
+        *mask4.stride(),
+        scale,
+        HAS_MASK=mask is not None,
+        CAUSAL=causal,
+        BLOCK_M=tiles.block_m,
+        BLOCK_K=tiles.block_d,
+        SINGLE_PASS=tiles.single_pass,
+        num_warps=tiles.num_warps,
+    )
     return y
 
 
@@ -251,11 +306,19 @@ def _backward(dy, y, scale: float, config: SoftmaxConfig | None = None, traced: 
     dy_rows = as_rows(dy)  # a view unless dy's last dim is strided
     rows = dy_rows.shape[0]
     tiles = (config or masked_softmax_config(device_arch(y.device), y.dtype)).tiles(sk)
-    kernel = wrap_triton(_softmax_backward_kernel) if traced else eager_kernel(_softmax_backward_kernel)
-    kernel[(cdiv(rows, tiles.block_m),)](
-        y, dy_rows, dx, rows, sk, dy_rows.stride(0), scale,
-        BLOCK_M=tiles.block_m, BLOCK_K=tiles.block_d, SINGLE_PASS=tiles.single_pass, num_warps=tiles.num_warps,
-    )  # fmt: skip
+    _launch_softmax_backward(traced)[(cdiv(rows, tiles.block_m),)](
+        y,
+        dy_rows,
+        dx,
+        rows,
+        sk,
+        dy_rows.stride(0),
+        scale,
+        BLOCK_M=tiles.block_m,
+        BLOCK_K=tiles.block_d,
+        SINGLE_PASS=tiles.single_pass,
+        num_warps=tiles.num_warps,
+    )
     return dx
 
 
@@ -348,8 +411,7 @@ def check_inputs(x: torch.Tensor, mask: torch.Tensor | None, scale, causal) -> t
     check_optional_tensor("mask", mask)
     scale, causal = check_number("scale", scale), check_flag("causal", causal)
     if x.dim() < (2 if causal else 1):
-        raise ValueError(f"x must have shape (..., Sq, Sk){' for causal=True' if causal else ''}, "
-                         f"got {tuple(x.shape)}")  # fmt: skip
+        raise ValueError(f"x must have shape (..., Sq, Sk){' for causal=True' if causal else ''}, got {tuple(x.shape)}")
     check_dtype("x", x, DTYPES)
     if mask is None:
         return scale, causal

@@ -25,13 +25,17 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
-from fastlm.ops.common import check_dtype, check_same_device, check_tensor, device_arch, next_power_of_2, runs_triton
-from fastlm.ops.launch import eager_kernel
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
+from fastlm.ops.common import (
+    DTYPES,
+    check_dtype,
+    check_same_device,
+    check_tensor,
+    device_arch,
+    next_power_of_2,
+    runs_triton,
+)
+from fastlm.ops.launch import launcher
 
 # ----------------------------------------------------------------------------------------------
 # Kernels
@@ -83,10 +87,34 @@ def _rotary_kernel(
     sin = tl.load(SIN + n * stride_sin + cols, mask=cols < HALF, other=0.0)
     if BACKWARD:
         sin = -sin
-    _rotate_heads(Q + b * stride_qb + n * stride_qn, QO + b * stride_qob + n * stride_qon,
-                  stride_qh, stride_qd, stride_qoh, stride_qod, cos, sin, H, HALF, BLOCK_H, BLOCK_HALF)  # fmt: skip
-    _rotate_heads(K + b * stride_kb + n * stride_kn, KO + b * stride_kob + n * stride_kon,
-                  stride_kh, stride_kd, stride_koh, stride_kod, cos, sin, HKV, HALF, BLOCK_H, BLOCK_HALF)  # fmt: skip
+    _rotate_heads(
+        Q + b * stride_qb + n * stride_qn,
+        QO + b * stride_qob + n * stride_qon,
+        stride_qh,
+        stride_qd,
+        stride_qoh,
+        stride_qod,
+        cos,
+        sin,
+        H,
+        HALF,
+        BLOCK_H,
+        BLOCK_HALF,
+    )
+    _rotate_heads(
+        K + b * stride_kb + n * stride_kn,
+        KO + b * stride_kob + n * stride_kon,
+        stride_kh,
+        stride_kd,
+        stride_koh,
+        stride_kod,
+        cos,
+        sin,
+        HKV,
+        HALF,
+        BLOCK_H,
+        BLOCK_HALF,
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,6 +149,8 @@ def rotary_config(arch: int) -> RotaryConfig:
 # Launchers: rotated (q, k) into given outputs, for both directions
 # ----------------------------------------------------------------------------------------------
 
+_launch_rotary = launcher(_rotary_kernel)
+
 
 def _rotate(q, k, cos, sin, qo, ko, backward: bool, config: RotaryConfig | None = None, traced: bool = False):
     """Writes q and k rotated (by -angle for ``backward``) into qo and ko (any strides) and returns them."""
@@ -133,12 +163,28 @@ def _rotate(q, k, cos, sin, qo, ko, backward: bool, config: RotaryConfig | None 
     config = config or rotary_config(device_arch(q.device))
     half = d // 2
     block_half = next_power_of_2(half)
-    kernel = wrap_triton(_rotary_kernel) if traced else eager_kernel(_rotary_kernel)
-    kernel[(b * n,)](
-        q, k, qo, ko, cos, sin, *q.stride(), *k.stride(), *qo.stride(), *ko.stride(), cos.stride(0), sin.stride(0),
-        n, h, k.shape[1], half, BACKWARD=backward, BLOCK_H=config.block_h(max(h, k.shape[1]), block_half),
-        BLOCK_HALF=block_half, num_warps=config.num_warps,
-    )  # fmt: skip
+    _launch_rotary(traced)[(b * n,)](
+        q,
+        k,
+        qo,
+        ko,
+        cos,
+        sin,
+        *q.stride(),
+        *k.stride(),
+        *qo.stride(),
+        *ko.stride(),
+        cos.stride(0),
+        sin.stride(0),
+        n,
+        h,
+        k.shape[1],
+        half,
+        BACKWARD=backward,
+        BLOCK_H=config.block_h(max(h, k.shape[1]), block_half),
+        BLOCK_HALF=block_half,
+        num_warps=config.num_warps,
+    )
     return qo, ko
 
 
@@ -231,15 +277,17 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch
     if d % 2:
         raise ValueError(f"head dim must be even (two halves rotate as pairs), got {d}")
     if cos.shape != sin.shape or cos.dim() != 2 or cos.shape[1] != d // 2 or cos.shape[0] < n:
-        raise ValueError(f"cos and sin must be (L, D/2) = (L >= {n}, {d // 2}), got {tuple(cos.shape)} and "
-                         f"{tuple(sin.shape)}")  # fmt: skip
+        raise ValueError(
+            f"cos and sin must be (L, D/2) = (L >= {n}, {d // 2}), got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
     check_dtype("q", q, DTYPES)
     if k.dtype != q.dtype:
         raise TypeError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
     for name, table in (("cos", cos), ("sin", sin)):
         if table.dtype != torch.float32 or table.stride(-1) != 1:
-            raise TypeError(f"{name} must be an fp32 table with unit column stride, got {table.dtype}, strides "
-                            f"{table.stride()}")  # fmt: skip
+            raise TypeError(
+                f"{name} must be an fp32 table with unit column stride, got {table.dtype}, strides {table.stride()}"
+            )
         if table.requires_grad:
             raise ValueError(f"{name} must not require grad: the tables are constants and get no gradient")
     check_same_device(q=q, k=k, cos=cos, sin=sin)

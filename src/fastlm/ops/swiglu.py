@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from fastlm.ops.common import (
+    DTYPES,
     as_rows,
     cdiv,
     check_dtype,
@@ -44,10 +44,7 @@ from fastlm.ops.common import (
     next_power_of_2,
     runs_triton,
 )
-from fastlm.ops.launch import eager_kernel
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
+from fastlm.ops.launch import launcher
 
 # ----------------------------------------------------------------------------------------------
 # Kernels
@@ -149,6 +146,9 @@ def swiglu_config(arch: int, dtype: torch.dtype) -> SwigluConfig:
 # Launchers: one per direction, shared by the eager autograd.Function and the triton_ops
 # ----------------------------------------------------------------------------------------------
 
+_launch_swiglu_forward = launcher(_swiglu_forward_kernel)
+_launch_swiglu_backward = launcher(_swiglu_backward_kernel)
+
 
 def _forward(gate: torch.Tensor, up: torch.Tensor, config: SwigluConfig | None = None, traced: bool = False):
     """y (contiguous, gate's shape and dtype); ``config`` None picks it; ``traced`` inside the
@@ -163,11 +163,18 @@ def _forward(gate: torch.Tensor, up: torch.Tensor, config: SwigluConfig | None =
     r, d = gate_rows.shape
     config = config or swiglu_config(device_arch(gate.device), gate.dtype)
     block_r, block_d = config.blocks(d)
-    kernel = wrap_triton(_swiglu_forward_kernel) if traced else eager_kernel(_swiglu_forward_kernel)
-    kernel[(cdiv(r, block_r), cdiv(d, block_d))](
-        gate_rows, up_rows, out, r, d, gate_rows.stride(0), up_rows.stride(0),
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=config.num_warps,
-    )  # fmt: skip
+    _launch_swiglu_forward(traced)[(cdiv(r, block_r), cdiv(d, block_d))](
+        gate_rows,
+        up_rows,
+        out,
+        r,
+        d,
+        gate_rows.stride(0),
+        up_rows.stride(0),
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
+        num_warps=config.num_warps,
+    )
     return out
 
 
@@ -190,11 +197,21 @@ def _backward(dy, gate, up, config: SwigluConfig | None = None, traced: bool = F
     r, d = gate_rows.shape
     config = config or swiglu_config(device_arch(gate.device), gate.dtype)
     block_r, block_d = config.blocks(d)
-    kernel = wrap_triton(_swiglu_backward_kernel) if traced else eager_kernel(_swiglu_backward_kernel)
-    kernel[(cdiv(r, block_r), cdiv(d, block_d))](
-        dy_rows, gate_rows, up_rows, dgate, dup, r, d, dy_rows.stride(0), gate_rows.stride(0), up_rows.stride(0),
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=config.num_warps,
-    )  # fmt: skip
+    _launch_swiglu_backward(traced)[(cdiv(r, block_r), cdiv(d, block_d))](
+        dy_rows,
+        gate_rows,
+        up_rows,
+        dgate,
+        dup,
+        r,
+        d,
+        dy_rows.stride(0),
+        gate_rows.stride(0),
+        up_rows.stride(0),
+        BLOCK_R=block_r,
+        BLOCK_D=block_d,
+        num_warps=config.num_warps,
+    )
     return dgate, dup
 
 

@@ -13,10 +13,10 @@ parts, in this order:
      overwrite module globals;
   3. launchers, one per direction: plain Python that allocates outputs, picks grids and launches,
      or falls back to the PyTorch reference where Triton cannot run (CPU without
-     TRITON_INTERPRET=1, or while torch.compile traces a CPU call). Eager calls launch through
-     `eager_kernel(_the_kernel)` (the compiled binary reused, little Python per call); inside the
-     triton_op they launch through `wrap_triton(_the_kernel)`, spelled out with the kernel's global
-     name so that torch finds the kernel and keys its compile caches on the kernel's source;
+     TRITON_INTERPRET=1, or while torch.compile traces a CPU call). Each kernel launches through
+     its `launcher(_the_kernel)`, made once at import: eager calls launch the compiled binary
+     directly (little Python per call), inside the triton_op it hands the kernel to Inductor
+     (`wrap_triton`), which launches it from its generated code;
   4. a `torch.library.triton_op` per direction: torch.compile traces through it, so the graph has
      no break and Inductor launches the kernels from the code it generates (no Python per launch);
   5. autograd: `register_autograd` for the ops, and an `autograd.Function` for eager calls (cheaper
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
 
 from fastlm.ops.common import (
+    DTYPES,
     cdiv,
     check_dtype,
     check_same_device,
@@ -48,10 +48,7 @@ from fastlm.ops.common import (
     next_power_of_2,
     runs_triton,
 )
-from fastlm.ops.launch import eager_kernel
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
+from fastlm.ops.launch import launcher
 
 # ----------------------------------------------------------------------------------------------
 # 1. Kernels
@@ -76,8 +73,11 @@ def _weighted_sum_forward_kernel(
         cols = start + tl.arange(0, BLOCK_D)
         col_mask = cols < D
         # masked lanes load 0, so the partial last block adds nothing
-        x = tl.load(X + rows[:, None] * stride_xr + cols[None, :] * stride_xd,
-                    mask=row_mask[:, None] & col_mask[None, :], other=0.0)  # fmt: skip
+        x = tl.load(
+            X + rows[:, None] * stride_xr + cols[None, :] * stride_xd,
+            mask=row_mask[:, None] & col_mask[None, :],
+            other=0.0,
+        )
         w = tl.load(W + cols * stride_w, mask=col_mask, other=0.0)
         total += tl.sum(x.to(tl.float32) * w.to(tl.float32)[None, :], axis=1)
     tl.store(Y + rows, total.to(Y.dtype.element_ty), mask=row_mask)
@@ -150,6 +150,9 @@ def weighted_sum_config(arch: int, dtype: torch.dtype) -> WeightedSumConfig:
 # 3. Launchers: one per direction, shared by the eager autograd.Function and the triton_op
 # ----------------------------------------------------------------------------------------------
 
+_launch_weighted_sum_forward = launcher(_weighted_sum_forward_kernel)
+_launch_weighted_sum_backward = launcher(_weighted_sum_backward_kernel)
+
 
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
     """(..., D) -> (R, D), a view when the layout allows; any strides (the kernels take them)."""
@@ -168,9 +171,10 @@ def _forward(x: torch.Tensor, w: torch.Tensor, config: WeightedSumConfig | None 
     config = config or weighted_sum_config(device_arch(x.device), x.dtype)
     grid = (cdiv(r, config.block_rows),)
     block_d = config.block_d(d)
-    kernel = wrap_triton(_weighted_sum_forward_kernel) if traced else eager_kernel(_weighted_sum_forward_kernel)
-    # runtime arguments positionally, constexprs and options by keyword: eager_kernel's fast path needs that
-    kernel[grid](rows, w, y, r, d, *rows.stride(), w.stride(0), BLOCK_R=config.block_rows, BLOCK_D=block_d)
+    # runtime arguments positionally, constexprs and options by keyword: the direct launch needs that
+    _launch_weighted_sum_forward(traced)[grid](
+        rows, w, y, r, d, *rows.stride(), w.stride(0), BLOCK_R=config.block_rows, BLOCK_D=block_d
+    )
     return y
 
 
@@ -191,11 +195,21 @@ def _backward(dy, x, w, weight_grad: bool, config: WeightedSumConfig | None = No
     block_d = config.block_d(d)
     # every program writes its whole row of partials, so empty suffices
     partial = torch.empty((programs, d), dtype=torch.float32, device=x.device) if weight_grad else dx
-    kernel = wrap_triton(_weighted_sum_backward_kernel) if traced else eager_kernel(_weighted_sum_backward_kernel)
-    kernel[(programs,)](
-        rows, w, dy_rows, dx, partial, r, d, *rows.stride(), w.stride(0), dy_rows.stride(0),
-        WEIGHT_GRAD=weight_grad, BLOCK_R=config.block_rows, BLOCK_D=block_d,
-    )  # fmt: skip
+    _launch_weighted_sum_backward(traced)[(programs,)](
+        rows,
+        w,
+        dy_rows,
+        dx,
+        partial,
+        r,
+        d,
+        *rows.stride(),
+        w.stride(0),
+        dy_rows.stride(0),
+        WEIGHT_GRAD=weight_grad,
+        BLOCK_R=config.block_rows,
+        BLOCK_D=block_d,
+    )
     return dx, (partial.sum(dim=0).to(w.dtype) if weight_grad else None)
 
 

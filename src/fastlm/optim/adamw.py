@@ -122,11 +122,43 @@ def _adamw_kernel(
     LOW = tl.multiple_of(tl.load(row + 5).to(tl.pointer_type(grad_dtype)), 16)
     offsets = start + tl.arange(0, BLOCK)
     if start + BLOCK <= numel:
-        _adamw_update(P, G, M, V, LOW, offsets, numel, decay, avg_weight, beta2, sq_weight, step_size,
-                      bias_correction2_sqrt, eps, MASKED=False, LOW_DTYPE=LOW_DTYPE)  # fmt: skip
+        _adamw_update(
+            P,
+            G,
+            M,
+            V,
+            LOW,
+            offsets,
+            numel,
+            decay,
+            avg_weight,
+            beta2,
+            sq_weight,
+            step_size,
+            bias_correction2_sqrt,
+            eps,
+            MASKED=False,
+            LOW_DTYPE=LOW_DTYPE,
+        )
     else:
-        _adamw_update(P, G, M, V, LOW, offsets, numel, decay, avg_weight, beta2, sq_weight, step_size,
-                      bias_correction2_sqrt, eps, MASKED=True, LOW_DTYPE=LOW_DTYPE)  # fmt: skip
+        _adamw_update(
+            P,
+            G,
+            M,
+            V,
+            LOW,
+            offsets,
+            numel,
+            decay,
+            avg_weight,
+            beta2,
+            sq_weight,
+            step_size,
+            bias_correction2_sqrt,
+            eps,
+            MASKED=True,
+            LOW_DTYPE=LOW_DTYPE,
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -192,9 +224,20 @@ class _Tables(NamedTuple):
 
 def _build_tables(entries: list[_Entry], block: int, device: torch.device) -> _Tables:
     """The kernel's tables for ``entries``, in one host-to-device copy."""
-    rows = torch.tensor([[_updated(p, s).data_ptr(), g.data_ptr(), s["exp_avg"].data_ptr(), s["exp_avg_sq"].data_ptr(),
-                          p.numel(), p.data_ptr() if "master" in s else 0] for p, g, s in entries],
-                        dtype=torch.int64)  # fmt: skip
+    rows = torch.tensor(
+        [
+            [
+                _updated(p, s).data_ptr(),
+                g.data_ptr(),
+                s["exp_avg"].data_ptr(),
+                s["exp_avg_sq"].data_ptr(),
+                p.numel(),
+                p.data_ptr() if "master" in s else 0,
+            ]
+            for p, g, s in entries
+        ],
+        dtype=torch.int64,
+    )
     counts = cdiv(rows[:, 4], block)  # blocks per tensor; 0 for an empty one
     tensor_of_block = torch.repeat_interleave(torch.arange(len(entries)), counts)
     first_block = torch.cumsum(counts, 0) - counts
@@ -209,8 +252,9 @@ def _build_tables(entries: list[_Entry], block: int, device: torch.device) -> _T
     return _Tables(table[: rows.numel()].view(-1, 6), table[rows.numel() :].view(-1, 2))
 
 
-def _launch(tables: _Tables, config: AdamWConfig, step: float, hyper: _Hyperparameters,
-            low_dtype: torch.dtype | None) -> None:  # fmt: skip
+def _launch(
+    tables: _Tables, config: AdamWConfig, step: float, hyper: _Hyperparameters, low_dtype: torch.dtype | None
+) -> None:
     """One launch over every tensor of ``tables``, all at step count ``step``, stored in
     ``low_dtype`` with fp32 masters (None: fp32 parameters)."""
     programs = tables.blocks.shape[0]
@@ -222,11 +266,19 @@ def _launch(tables: _Tables, config: AdamWConfig, step: float, hyper: _Hyperpara
     # dispatcher's extra host cost per launch (benchmarks/results/launch.jsonl) is paid once per
     # group and step.
     _adamw_kernel[(programs,)](
-        tables.tensors, tables.blocks,
-        1.0 - lr * weight_decay, 1.0 - beta1, beta2, 1.0 - beta2,
-        lr / (1.0 - beta1**step), math.sqrt(1.0 - beta2**step), eps,
-        BLOCK=config.block, LOW_DTYPE=LOW_PRECISION.get(low_dtype), num_warps=config.num_warps,
-    )  # fmt: skip
+        tables.tensors,
+        tables.blocks,
+        1.0 - lr * weight_decay,
+        1.0 - beta1,
+        beta2,
+        1.0 - beta2,
+        lr / (1.0 - beta1**step),
+        math.sqrt(1.0 - beta2**step),
+        eps,
+        BLOCK=config.block,
+        LOW_DTYPE=LOW_PRECISION.get(low_dtype),
+        num_warps=config.num_warps,
+    )
 
 
 def _torch_update(entries: list[_Entry], hyper: _Hyperparameters) -> None:
@@ -236,10 +288,22 @@ def _torch_update(entries: list[_Entry], hyper: _Hyperparameters) -> None:
     params, grads, states = (list(column) for column in zip(*entries, strict=True))
     updated = [_updated(p, s) for p, s in zip(params, states, strict=True)]
     grads = [g.float() if "master" in s else g for g, s in zip(grads, states, strict=True)]
-    torch_adamw(updated, grads, [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [],
-                [s["step"] for s in states], has_complex=any(torch.is_complex(p) for p in params),
-                amsgrad=False, beta1=hyper.beta1, beta2=hyper.beta2, lr=hyper.lr, weight_decay=hyper.weight_decay,
-                eps=hyper.eps, maximize=False)  # fmt: skip
+    torch_adamw(
+        updated,
+        grads,
+        [s["exp_avg"] for s in states],
+        [s["exp_avg_sq"] for s in states],
+        [],
+        [s["step"] for s in states],
+        has_complex=any(torch.is_complex(p) for p in params),
+        amsgrad=False,
+        beta1=hyper.beta1,
+        beta2=hyper.beta2,
+        lr=hyper.lr,
+        weight_decay=hyper.weight_decay,
+        eps=hyper.eps,
+        maximize=False,
+    )
     for param, state in zip(params, states, strict=True):
         if "master" in state:
             param.copy_(state["master"])
@@ -268,9 +332,15 @@ def _layout_key(entries: list[_Entry]) -> tuple:
     return tuple(
         x
         for p, g, s in entries
-        for x in (p.data_ptr(), g.data_ptr(), _updated(p, s).data_ptr(), s["exp_avg"].data_ptr(),
-                  s["exp_avg_sq"].data_ptr(), p.numel())
-    )  # fmt: skip
+        for x in (
+            p.data_ptr(),
+            g.data_ptr(),
+            _updated(p, s).data_ptr(),
+            s["exp_avg"].data_ptr(),
+            s["exp_avg_sq"].data_ptr(),
+            p.numel(),
+        )
+    )
 
 
 @dataclass
@@ -300,8 +370,10 @@ def _host_float(name: str, value: float | torch.Tensor) -> float:
     tensor would synchronize with the GPU on every step)."""
     if isinstance(value, torch.Tensor):
         if value.device.type != "cpu" or value.numel() != 1:
-            raise ValueError(f"{name} must be a float or a one-element CPU tensor, got a tensor of shape "
-                             f"{tuple(value.shape)} on {value.device}")  # fmt: skip
+            raise ValueError(
+                f"{name} must be a float or a one-element CPU tensor, got a tensor of shape "
+                f"{tuple(value.shape)} on {value.device}"
+            )
         return value.item()
     return float(value)
 
@@ -313,8 +385,10 @@ def _check_group(group: dict) -> None:
     if group.get("maximize", False):
         raise ValueError("maximize=True is not supported by fastlm.optim.AdamW; use torch.optim.AdamW")
     if not group.get("decoupled_weight_decay", True):
-        raise ValueError("a state with decoupled_weight_decay=False (torch.optim.Adam's weight decay) "
-                         "cannot be loaded into fastlm.optim.AdamW")  # fmt: skip
+        raise ValueError(
+            "a state with decoupled_weight_decay=False (torch.optim.Adam's weight decay) "
+            "cannot be loaded into fastlm.optim.AdamW"
+        )
     lr = _host_float("lr", group["lr"])
     if not lr >= 0.0:
         raise ValueError(f"lr must be >= 0, got {lr}")
@@ -367,8 +441,15 @@ class AdamW(torch.optim.Optimizer):
     ) -> None:
         self.config = config
         self._plans: dict[tuple, _Plan] = {}  # by the layout of a group's entries (_layout_key)
-        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad,
-                    "maximize": maximize, "param_dtype": None}  # fmt: skip
+        defaults = {
+            "lr": lr,
+            "betas": betas,
+            "eps": eps,
+            "weight_decay": weight_decay,
+            "amsgrad": amsgrad,
+            "maximize": maximize,
+            "param_dtype": None,
+        }
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:
@@ -383,8 +464,10 @@ class AdamW(torch.optim.Optimizer):
                 self.state[param]["master"] = param.data
                 param.data = param.data.to(low_dtype)
             else:
-                raise ValueError(f"param_dtype {low_dtype} needs fp32 parameters (or parameters already in it) "
-                                 f"to keep masters of, got one of {param.dtype}")  # fmt: skip
+                raise ValueError(
+                    f"param_dtype {low_dtype} needs fp32 parameters (or parameters already in it) "
+                    f"to keep masters of, got one of {param.dtype}"
+                )
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's loading, which casts every floating state tensor to its parameter's dtype, then
@@ -453,8 +536,15 @@ class AdamW(torch.optim.Optimizer):
             entries.append((param, grad, state))
         return entries
 
-    def _kernel_update(self, plan: _Plan, entries: list[_Entry], members: list[int], device: torch.device,
-                       low_dtype: torch.dtype | None, hyper: _Hyperparameters) -> None:  # fmt: skip
+    def _kernel_update(
+        self,
+        plan: _Plan,
+        entries: list[_Entry],
+        members: list[int],
+        device: torch.device,
+        low_dtype: torch.dtype | None,
+        hyper: _Hyperparameters,
+    ) -> None:
         """Count a step for ``members`` (indices into ``entries``, all on ``device``, all stored in
         ``low_dtype`` or all fp32) and launch the kernel once per step count: all share it unless some
         lacked gradients on earlier steps."""
@@ -467,6 +557,7 @@ class AdamW(torch.optim.Optimizer):
         for step, launched in by_step.items():
             tables = plan.tables.get(tuple(launched))
             if tables is None:
-                tables = plan.tables[tuple(launched)] = _build_tables([entries[i] for i in launched], config.block,
-                                                                      device)  # fmt: skip
+                tables = plan.tables[tuple(launched)] = _build_tables(
+                    [entries[i] for i in launched], config.block, device
+                )
             _launch(tables, config, step, hyper, low_dtype)

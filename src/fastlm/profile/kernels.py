@@ -18,8 +18,19 @@ from torch.autograd import DeviceType
 OUTSIDE = "(no range)"
 # Substrings that mark matrix-multiply kernels: cuBLAS (gemm, xmma, nvjet), CUTLASS, Inductor's
 # mm templates (triton_tem_), and the aten matmul operators on CPU.
-MATMUL_MARKERS = ("gemm", "xmma", "nvjet", "cutlass", "triton_tem_", "aten::mm", "aten::addmm", "aten::bmm",
-                  "aten::linear", "aten::matmul", "aten::baddbmm")  # fmt: skip
+MATMUL_MARKERS = (
+    "gemm",
+    "xmma",
+    "nvjet",
+    "cutlass",
+    "triton_tem_",
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::linear",
+    "aten::matmul",
+    "aten::baddbmm",
+)
 # Fused attention kernels (matmuls and softmax in one): fastlm's, SDPA's flash / cuDNN / efficient.
 ATTENTION_MARKERS = ("flash", "fmha", "attention", "cudnn_generated", "_efficient_")
 

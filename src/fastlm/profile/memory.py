@@ -84,8 +84,7 @@ def timeline_from_snapshot(snapshot: dict, device_index: int) -> Timeline:
             peak, at_peak = active, dict(live)
     before = peak - sum(size for size, _ in at_peak.values())
     largest = sorted(at_peak.values(), reverse=True)[:LARGEST_AT_PEAK]
-    return Timeline(times, values, [(before, "allocated before the step (parameters, optimizer state, ...)"),
-                                    *largest])  # fmt: skip
+    return Timeline(times, values, [(before, "allocated before the step (parameters, optimizer state, ...)"), *largest])
 
 
 def timeline_from_profiler(profiler: torch.profiler.profile) -> Timeline:
@@ -101,8 +100,9 @@ def record_step(step: Callable[[], None], device: torch.device, snapshot_path: P
     """One step recorded after a warm-up step: its timeline and its peak bytes."""
     step()
     if device.type != "cuda":
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
-                                    record_shapes=True, with_stack=True) as profiler:  # fmt: skip
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+        ) as profiler:
             step()
         timeline = timeline_from_profiler(profiler)
         return timeline, timeline.peak_bytes
@@ -155,14 +155,28 @@ def run(
                 model.zero_grad(set_to_none=True)
                 timelines[(mode, precision, context)] = timeline
                 if keep:
-                    write_html(out / "reports" / f"{name}.html", timeline, f"{preset} · {mode} · {precision} · "
-                               f"context {context} · batch {batch}")  # fmt: skip
-                records.append(with_environment({
-                    "op": "profile_memory", "preset": preset, **dataclasses.asdict(config), "batch": batch,
-                    "context": context, "mode": mode, "precision": precision, "peak_gib": peak / 2**30,
-                    "snapshot": None if snapshot is None else snapshot.name, "step_ms": before_ms,
-                    "after_recording_overhead_percent": 100 * (after_ms / before_ms - 1),
-                }))  # fmt: skip
+                    write_html(
+                        out / "reports" / f"{name}.html",
+                        timeline,
+                        f"{preset} · {mode} · {precision} · context {context} · batch {batch}",
+                    )
+                records.append(
+                    with_environment(
+                        {
+                            "op": "profile_memory",
+                            "preset": preset,
+                            **dataclasses.asdict(config),
+                            "batch": batch,
+                            "context": context,
+                            "mode": mode,
+                            "precision": precision,
+                            "peak_gib": peak / 2**30,
+                            "snapshot": None if snapshot is None else snapshot.name,
+                            "step_ms": before_ms,
+                            "after_recording_overhead_percent": 100 * (after_ms / before_ms - 1),
+                        }
+                    )
+                )
                 progress(f"{mode} {precision} context {context}")
             del optimizer
     append_records(out / "results" / RESULTS_FILE, records)
@@ -216,11 +230,19 @@ def write_html(path: Path, timeline: Timeline, title: str) -> Path:
         f"<tr><td style='text-align:right'>{size / 2**20:,.1f}</td><td>{html.escape(where)}</td></tr>"
         for size, where in timeline.largest_at_peak
     )
-    table = (f"<h2>Alive at the peak ({timeline.peak_bytes / 2**30:.2f} GiB)</h2><table border=1 cellpadding=4>"
-             f"<tr><th>MiB</th><th>allocated by</th></tr>{rows}</table>") if rows else ""  # fmt: skip
+    table = (
+        (
+            f"<h2>Alive at the peak ({timeline.peak_bytes / 2**30:.2f} GiB)</h2><table border=1 cellpadding=4>"
+            f"<tr><th>MiB</th><th>allocated by</th></tr>{rows}</table>"
+        )
+        if rows
+        else ""
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                    f"<h1>{html.escape(title)}</h1>{svg.getvalue()[svg.getvalue().find('<svg'):]}{table}")  # fmt: skip
+    path.write_text(
+        f"<!doctype html><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<h1>{html.escape(title)}</h1>{svg.getvalue()[svg.getvalue().find('<svg') :]}{table}"
+    )
     return path
 
 
@@ -243,7 +265,7 @@ def render(records: list[dict], plot: Path) -> str:
         "",
         markdown_table(table, [("context", "context"), ("mode", "mode"), ("precision", "precision"),
                                ("peak", "peak GiB"), ("step", "step ms"),
-                               ("after", "step after recording, % slower")]),  # fmt: skip
+                               ("after", "step after recording, % slower")]),
         "",
         f"![active memory over one step]({plot.name})",
     ])  # fmt: skip

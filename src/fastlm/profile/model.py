@@ -123,12 +123,14 @@ def attention_stages(profile: PhaseProfile, config: ModelConfig, batch: int) -> 
     for stage in ATTENTION_STAGES:
         ms = profile.range_ms_per_step(f"attention/{stage}")
         stage_flops = config.num_layers * flops[stage]
-        rows.append({
-            "stage": stage,
-            "ms_per_step": ms,
-            "gflop_per_step": stage_flops / 1e9,
-            "tflops": stage_flops / (ms * 1e9) if ms > 0 else None,
-        })  # fmt: skip
+        rows.append(
+            {
+                "stage": stage,
+                "ms_per_step": ms,
+                "gflop_per_step": stage_flops / 1e9,
+                "tflops": stage_flops / (ms * 1e9) if ms > 0 else None,
+            }
+        )
     total = sum(r["ms_per_step"] for r in rows) or 1.0
     for r in rows:
         r["share_percent"] = 100 * r["ms_per_step"] / total
@@ -141,23 +143,25 @@ def _overhead_percent(profile: PhaseProfile, field: str) -> float:
 
 def record(profile: PhaseProfile, config: ModelConfig, preset: str, batch: int, precision: str) -> dict:
     whole = profile.top_level()
-    return with_environment({
-        "op": "profile_model",
-        "preset": preset,
-        **dataclasses.asdict(config),
-        "batch": batch,
-        "precision": precision,
-        "phase": profile.phase,
-        "steps": profile.steps,
-        "gpu_kernels": profile.on_gpu,
-        "range_ms_per_step": {name: profile.range_ms_per_step(name) for name in (*RANGES, OUTSIDE)},
-        "step_kernel_ms": sum(s.total_us for s in whole.values()) / 1e3 / profile.steps,
-        "category_shares": category_shares(whole),
-        "attention_stages": attention_stages(profile, config, batch) if config.attention == "naive" else None,
-        "plain_ms": profile.plain_ms,
-        "annotated_overhead_percent": _overhead_percent(profile, "annotated_ms"),
-        "after_profiler_overhead_percent": _overhead_percent(profile, "after_ms"),
-    })  # fmt: skip
+    return with_environment(
+        {
+            "op": "profile_model",
+            "preset": preset,
+            **dataclasses.asdict(config),
+            "batch": batch,
+            "precision": precision,
+            "phase": profile.phase,
+            "steps": profile.steps,
+            "gpu_kernels": profile.on_gpu,
+            "range_ms_per_step": {name: profile.range_ms_per_step(name) for name in (*RANGES, OUTSIDE)},
+            "step_kernel_ms": sum(s.total_us for s in whole.values()) / 1e3 / profile.steps,
+            "category_shares": category_shares(whole),
+            "attention_stages": attention_stages(profile, config, batch) if config.attention == "naive" else None,
+            "plain_ms": profile.plain_ms,
+            "annotated_overhead_percent": _overhead_percent(profile, "annotated_ms"),
+            "after_profiler_overhead_percent": _overhead_percent(profile, "after_ms"),
+        }
+    )
 
 
 def run(
@@ -192,8 +196,9 @@ def run(
     for phase, step in step_of.items():
         after_ms = _median_ms(step, OVERHEAD_ROUNDS * timing_steps, device)
         progress(f"{phase}: steps timed after the profiler")
-        profiles.append(PhaseProfile(phase, steps, traced[phase][1], traced[phase][0], traced[phase][2],
-                                     *timings[phase], after_ms))  # fmt: skip
+        profiles.append(
+            PhaseProfile(phase, steps, traced[phase][1], traced[phase][0], traced[phase][2], *timings[phase], after_ms)
+        )
     records = [record(p, config, preset, batch, precision) for p in profiles]
     append_records(out / "results" / RESULTS_FILE, records)
     return profiles, records
@@ -226,7 +231,7 @@ def render(profiles: list[PhaseProfile], records: list[dict]) -> str:
                     **{k: 100 * v for k, v in r["category_shares"].items()},
                 }
                 for r in records
-            ],  # fmt: skip
+            ],
             [
                 ("phase", "phase"),
                 ("ms", "kernel ms / step"),
@@ -237,30 +242,78 @@ def render(profiles: list[PhaseProfile], records: list[dict]) -> str:
         ),
     ]
     for profile, rec in zip(profiles, records, strict=True):
-        lines += ["", f"## {profile.phase}: time per named range", "",
-                  "Each kernel counts once, in its innermost range: forward excludes the attention/* ranges "
-                  "nested in it.", ""]  # fmt: skip
+        lines += [
+            "",
+            f"## {profile.phase}: time per named range",
+            "",
+            "Each kernel counts once, in its innermost range: forward excludes the attention/* ranges nested in it.",
+            "",
+        ]
         ranges = [{"range": name, "ms": ms} for name, ms in rec["range_ms_per_step"].items() if ms > 0]
         lines.append(markdown_table(ranges, [("range", "range"), ("ms", "ms / step")]))
         for name, kernels in profile.summary.items():
             total = sum(s.total_us for s in kernels.values()) or 1.0
             top = sorted(kernels.values(), key=lambda s: -s.total_us)[:TOP_KERNELS]
-            rows = [{"name": _short(s.name), "calls": s.calls, "total_ms": s.total_us / 1e3,
-                     "avg_us": s.average_us, "share": 100 * s.total_us / total} for s in top]  # fmt: skip
-            lines += ["", f"### {profile.phase} · {name} · top {len(rows)} of {len(kernels)}", "",
-                      markdown_table(rows, [("name", "kernel"), ("calls", "calls"), ("total_ms", "total ms"),
-                                            ("avg_us", "avg µs"), ("share", "% of range")])]  # fmt: skip
+            rows = [
+                {
+                    "name": _short(s.name),
+                    "calls": s.calls,
+                    "total_ms": s.total_us / 1e3,
+                    "avg_us": s.average_us,
+                    "share": 100 * s.total_us / total,
+                }
+                for s in top
+            ]
+            lines += [
+                "",
+                f"### {profile.phase} · {name} · top {len(rows)} of {len(kernels)}",
+                "",
+                markdown_table(
+                    rows,
+                    [
+                        ("name", "kernel"),
+                        ("calls", "calls"),
+                        ("total_ms", "total ms"),
+                        ("avg_us", "avg µs"),
+                        ("share", "% of range"),
+                    ],
+                ),
+            ]
         if rec["attention_stages"]:
-            lines += ["", f"### {profile.phase} · attention stages (forward, all layers)", "",
-                      markdown_table(rec["attention_stages"], [("stage", "stage"), ("ms_per_step", "ms / step"),
-                                     ("gflop_per_step", "GFLOP / step"), ("tflops", "TFLOP/s"),
-                                     ("share_percent", "% of attention")])]  # fmt: skip
+            lines += [
+                "",
+                f"### {profile.phase} · attention stages (forward, all layers)",
+                "",
+                markdown_table(
+                    rec["attention_stages"],
+                    [
+                        ("stage", "stage"),
+                        ("ms_per_step", "ms / step"),
+                        ("gflop_per_step", "GFLOP / step"),
+                        ("tflops", "TFLOP/s"),
+                        ("share_percent", "% of attention"),
+                    ],
+                ),
+            ]
     lines += ["", "## Cost of the tool outside its window", ""]
-    lines.append(markdown_table(
-        [{"phase": r["phase"], "plain": r["plain_ms"], "annotated": r["annotated_overhead_percent"],
-          "after": r["after_profiler_overhead_percent"]} for r in records],
-        [("phase", "phase"), ("plain", "plain step ms (median)"), ("annotated", "ranges on, % slower"),
-         ("after", "after the profiler, % slower")],
-    ))  # fmt: skip
+    lines.append(
+        markdown_table(
+            [
+                {
+                    "phase": r["phase"],
+                    "plain": r["plain_ms"],
+                    "annotated": r["annotated_overhead_percent"],
+                    "after": r["after_profiler_overhead_percent"],
+                }
+                for r in records
+            ],
+            [
+                ("phase", "phase"),
+                ("plain", "plain step ms (median)"),
+                ("annotated", "ranges on, % slower"),
+                ("after", "after the profiler, % slower"),
+            ],
+        )
+    )
     lines += ["", "Chrome traces: " + ", ".join(f"`{p.trace}`" for p in profiles)]
     return "\n".join(lines)

@@ -34,9 +34,14 @@ class TrainSettings:
 
 
 def model_config(task: RecallConfig, layers: int, settings: TrainSettings) -> ModelConfig:
-    return ModelConfig(d_model=settings.d_model, d_ff=4 * settings.d_model, num_layers=layers,
-                       num_heads=settings.num_heads, vocab_size=task.vocab_size,
-                       context_length=task.input_length)  # fmt: skip
+    return ModelConfig(
+        d_model=settings.d_model,
+        d_ff=4 * settings.d_model,
+        num_layers=layers,
+        num_heads=settings.num_heads,
+        vocab_size=task.vocab_size,
+        context_length=task.input_length,
+    )
 
 
 def train_depth(
@@ -65,8 +70,12 @@ def train_depth(
             optimizer.step()
             losses.append(loss.item())
         model.eval()
-        row = {"layers": layers, "epoch": epoch, "train_loss": sum(losses) / len(losses),
-               "test_accuracy": accuracy(model, test)}  # fmt: skip
+        row = {
+            "layers": layers,
+            "epoch": epoch,
+            "train_loss": sum(losses) / len(losses),
+            "test_accuracy": accuracy(model, test),
+        }
         rows.append(row)
         on_epoch(row)
     return rows

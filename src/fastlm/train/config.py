@@ -1,7 +1,8 @@
 """`TrainConfig`: every setting of a training run as one typed dataclass. The command line of
 `fastlm train` (and `python -m fastlm.train`) is generated from its fields (`add_arguments`), the
 loop reads it, and a checkpoint records the part a resumed run must share (`run_record`), which
-`--resume` compares. Without torch: `fastlm --help` builds the parser before any command runs.
+`--resume` compares; `RewardConfig` does the same for `fastlm train reward`. Without torch:
+`fastlm --help` builds the parser before any command runs.
 """
 
 from __future__ import annotations
@@ -152,6 +153,36 @@ class TrainConfig(ModelOptions):
                 "lr": self.lr, "min_lr_ratio": self.min_lr_ratio, "warmup": self.warmup, "steps": self.steps,
                 "weight_decay": self.weight_decay, "grad_clip": self.grad_clip, "parallel": self.parallel,
                 "world_size": world}  # fmt: skip
+
+
+@dataclass
+class RewardConfig(ModelOptions):
+    """A reward-model run; the model fields (preset, dimensions, context) come from `ModelOptions`."""
+
+    data: Path | None = option(None, "JSONL of {prompt, chosen, rejected} or {prompt, responses: [best, ..., "
+                               "worst]} lines (required)", required=True, metavar="FILE")  # fmt: skip
+    out: Path = option(Path("runs/reward"), "folder of the run: log.jsonl and reward_model.pt", metavar="DIR")
+    batch: int = option(16, "prompts per optimizer step", limit="positive")
+    steps: int = option(300, "optimizer steps of the run; the cosine ends there", limit="positive")
+    lr: float = option(1e-3, "peak AdamW learning rate", limit="positive")
+    min_lr_ratio: float = option(0.1, "the cosine decays to this fraction of --lr", limit="fraction")
+    warmup: int = option(20, "steps of linear warmup", limit="non_negative")
+    weight_decay: float = option(0.0, "AdamW weight decay of matrices and embeddings", limit="non_negative")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this; 0: no clipping", limit="non_negative")
+    held_out: float = option(0.1, "fraction of the prompts held out for the pairwise accuracy (at least one)",
+                             limit="fraction")  # fmt: skip
+    log_every: int = option(10, "steps per log line and record", limit="positive")
+    eval_every: int = option(100, "steps between accuracy evaluations, also done after the last step; 0: only "
+                             "then", limit="non_negative")  # fmt: skip
+    precision: str | None = option(None, "fp32, or bf16 autocast over fp32 weights (default: bf16 on a GPU, fp32 "
+                                   "without one)", choices=("fp32", "bf16"))  # fmt: skip
+    seed: int = option(0, "seeds the initial weights, the held-out split and the batches", limit="seed")
+    overwrite: bool = option(False, "start a new run in an OUT that holds one: the old run's log.jsonl and "
+                             "reward_model.pt are moved to OUT/previous-* first")  # fmt: skip
+
+    def model_config(self, preset: str, vocab_size: int) -> ModelConfig:
+        """``preset`` with any dimension given; the vocabulary rounded up as in `fastlm train`."""
+        return super().model_config(preset, -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE)
 
 
 def add_arguments(parser, exclude=(), overrides: dict | None = None) -> None:

@@ -12,6 +12,7 @@ A record of log.jsonl, one per log interval and one per evaluation that falls be
     peak_memory_gib  rank 0's peak allocated CUDA memory so far; null on CPU
     elapsed_s        since this process started training
     eval_loss        mean loss on the held-out windows, when evaluated at this step
+    eval_accuracy    `fastlm train reward`: pairwise accuracy on the held-out rankings, when evaluated
 
 The files of a run in OUT (RUN_FILES) belong to one run: a new run starts only in an OUT without
 them, or with --overwrite, which moves them to OUT/previous-<time>-<suffix>/ (`set_aside`) and
@@ -39,15 +40,15 @@ RUN_FILES = ("log.jsonl", "run.json", "loss.png", "checkpoints")
 SET_ASIDE_PREFIX = "previous-"
 
 
-def run_files(out: Path) -> list[str]:
-    """The RUN_FILES that exist in ``out``."""
-    return [name for name in RUN_FILES if (Path(out) / name).exists()]
+def run_files(out: Path, names: tuple[str, ...] = RUN_FILES) -> list[str]:
+    """The ``names`` (a run's files) that exist in ``out``."""
+    return [name for name in names if (Path(out) / name).exists()]
 
 
-def set_aside(out: Path) -> Path | None:
-    """Move the run files of ``out`` into a new OUT/previous-* folder; returns it (None when there
-    were none to move)."""
-    names = run_files(out)
+def set_aside(out: Path, names: tuple[str, ...] = RUN_FILES) -> Path | None:
+    """Move the run files (``names``) of ``out`` into a new OUT/previous-* folder; returns it (None
+    when there were none to move)."""
+    names = run_files(out, names)
     if not names:
         return None
     aside = Path(tempfile.mkdtemp(prefix=f"{SET_ASIDE_PREFIX}{time.strftime('%Y%m%dT%H%M%S')}-", dir=out))
@@ -81,9 +82,9 @@ def run_id(out: Path) -> str | None:
 def format_record(record: dict, steps: int) -> str:
     """The log line of a record: 'step 10/300 | loss 3.1416 | lr 6.00e-04 | ...'."""
     fields = [f"step {record['step']}/{steps}"]
-    formats = (("loss", "loss {:.4f}"), ("eval_loss", "eval loss {:.4f}"), ("lr", "lr {:.2e}"),
-               ("grad_norm", "grad norm {:.3f}"), ("tokens_per_s", "{:,.0f} tokens/s"), ("mfu", "MFU {:.1%}"),
-               ("peak_memory_gib", "peak memory {:.2f} GiB"))  # fmt: skip
+    formats = (("loss", "loss {:.4f}"), ("eval_loss", "eval loss {:.4f}"), ("eval_accuracy", "eval accuracy {:.1%}"),
+               ("lr", "lr {:.2e}"), ("grad_norm", "grad norm {:.3f}"), ("tokens_per_s", "{:,.0f} tokens/s"),
+               ("mfu", "MFU {:.1%}"), ("peak_memory_gib", "peak memory {:.2f} GiB"))  # fmt: skip
     fields += [text.format(record[key]) for key, text in formats if record.get(key) is not None]
     return " | ".join(fields)
 

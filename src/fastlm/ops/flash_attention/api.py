@@ -11,6 +11,7 @@ import math
 import torch
 
 from fastlm.ops.common import (
+    DTYPES,
     check_dtype,
     check_flag,
     check_number,
@@ -23,8 +24,6 @@ from fastlm.ops.flash_attention.config import MAX_HEAD_DIM, AttentionConfig, att
 from fastlm.ops.flash_attention.launchers import _launch_backward, _launch_forward
 from fastlm.ops.flash_attention.masks import check_window, visible, window_bounds
 from fastlm.ops.flash_attention.tiled import TORCH_TILE, _tiled_backward, _tiled_forward, as_4d, expand_kv
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _kernel_config(q: torch.Tensor, k: torch.Tensor, packed: bool, max_seqlen_k: int) -> AttentionConfig:
@@ -79,8 +78,9 @@ def _backward_op(
     packing = dict(window=(window_left, window_right), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     if runs_triton(q):  # O and L as the op's caller passes them: the kernels index them as contiguous
         config = _kernel_config(q, k, cu_seqlens_q is not None, max_seqlen_k)
-        return _launch_backward(grad_out, q, k, v, o.contiguous(), lse.contiguous(), causal, scale, config,
-                                traced=True, **packing)  # fmt: skip
+        return _launch_backward(
+            grad_out, q, k, v, o.contiguous(), lse.contiguous(), causal, scale, config, traced=True, **packing
+        )
     return _tiled_backward(grad_out, q, k, v, o, lse, causal, scale, TORCH_TILE, **packing)
 
 
@@ -104,8 +104,9 @@ def _autograd_forward(ctx, forward, q, k, v, causal: bool, scale: float, config,
     """Shared forward of the autograd.Functions (``config``: the kernels' AttentionConfig or the
     twin's tile edge): saves exactly (L, Q, K, V, O), the cumulative lengths of packed inputs, and
     what the backward needs besides, so that it recomputes nothing."""
-    o, lse = forward(q, k, v, causal, scale, config, window=window, cu_seqlens_q=cu_seqlens_q,
-                     cu_seqlens_k=cu_seqlens_k)  # fmt: skip
+    o, lse = forward(
+        q, k, v, causal, scale, config, window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k
+    )
     ctx.save_for_backward(lse, q, k, v, o, *(() if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k)))
     ctx.options = (causal, scale, window, config)
     return o
@@ -115,8 +116,20 @@ def _autograd_backward(ctx, backward, grad_out):
     lse, q, k, v, o, *packing = ctx.saved_tensors
     causal, scale, window, config = ctx.options
     cu_seqlens_q, cu_seqlens_k = packing or (None, None)
-    dq, dk, dv = backward(grad_out, q, k, v, o, lse, causal, scale, config, window=window, cu_seqlens_q=cu_seqlens_q,
-                          cu_seqlens_k=cu_seqlens_k)  # fmt: skip
+    dq, dk, dv = backward(
+        grad_out,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        causal,
+        scale,
+        config,
+        window=window,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+    )
     return dq, dk, dv, *[None] * 7
 
 
@@ -130,8 +143,9 @@ class _FlashAttentionKernels(torch.autograd.Function):
     def forward(ctx, q, k, v, causal, scale, config, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_k):
         if config is None:  # picked here, not in the launcher: the backward reuses it
             config = _kernel_config(q, k, cu_seqlens_q is not None, max_seqlen_k)
-        return _autograd_forward(ctx, _launch_forward, q, k, v, causal, scale, config, window, cu_seqlens_q,
-                                 cu_seqlens_k)  # fmt: skip
+        return _autograd_forward(
+            ctx, _launch_forward, q, k, v, causal, scale, config, window, cu_seqlens_q, cu_seqlens_k
+        )
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -144,8 +158,7 @@ class _FlashAttentionTiled(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, tile, window, cu_seqlens_q, cu_seqlens_k):
-        return _autograd_forward(ctx, _tiled_forward, q, k, v, causal, scale, tile, window, cu_seqlens_q,
-                                 cu_seqlens_k)  # fmt: skip
+        return _autograd_forward(ctx, _tiled_forward, q, k, v, causal, scale, tile, window, cu_seqlens_q, cu_seqlens_k)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -164,8 +177,9 @@ class FlashAttentionTorch(_FlashAttentionTiled):
     def forward(ctx, q, k, v, is_causal=False, scale=None, window=None):
         check_inputs(q, k, v)
         scale = default_scale(q.shape[-1], scale)
-        return _FlashAttentionTiled.forward(ctx, q, k, v, check_flag("is_causal", is_causal), scale, TORCH_TILE,
-                                            check_window(window), None, None)  # fmt: skip
+        return _FlashAttentionTiled.forward(
+            ctx, q, k, v, check_flag("is_causal", is_causal), scale, TORCH_TILE, check_window(window), None, None
+        )
 
 
 class FlashAttentionTriton(_FlashAttentionKernels):
@@ -183,8 +197,9 @@ class FlashAttentionTriton(_FlashAttentionKernels):
             raise ValueError(f"FlashAttentionTriton needs CUDA tensors (or TRITON_INTERPRET=1 for CPU), got {q.device}")
         check_inputs(q, k, v)
         scale = default_scale(q.shape[-1], scale)
-        return _FlashAttentionKernels.forward(ctx, q, k, v, check_flag("is_causal", is_causal), scale, config,
-                                              check_window(window), None, None, 0)  # fmt: skip
+        return _FlashAttentionKernels.forward(
+            ctx, q, k, v, check_flag("is_causal", is_causal), scale, config, check_window(window), None, None, 0
+        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,8 +226,9 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tupl
     check_head_device_dtype(q, k, v, rank == 4, dtypes)
 
 
-def check_head_device_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: bool,
-                            dtypes: tuple[torch.dtype, ...]) -> None:  # fmt: skip
+def check_head_device_dtype(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: bool, dtypes: tuple[torch.dtype, ...]
+) -> None:
     """The checks dense and packed inputs share: one head dim in [1, MAX_HEAD_DIM], query heads a
     multiple of key/value heads (dim 1, where ``heads``), one device, one dtype among ``dtypes``."""
     q_shape, k_shape = q.shape, k.shape
@@ -242,15 +258,25 @@ def default_scale(head_dim: int, scale: float | None) -> float:
     return check_number("scale", scale, positive=True)
 
 
-def attend(q, k, v, causal: bool, scale: float, window: tuple[int, int], cu_seqlens_q=None, cu_seqlens_k=None,
-           max_seqlen_k: int = 0) -> torch.Tensor:  # fmt: skip
+def attend(
+    q,
+    k,
+    v,
+    causal: bool,
+    scale: float,
+    window: tuple[int, int],
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    max_seqlen_k: int = 0,
+) -> torch.Tensor:
     """The output for checked arguments (dense: no cumulative lengths): while torch.compile traces,
     the op; eagerly, the kernels' or the twin's autograd.Function."""
     if torch.compiler.is_compiling():
         return _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, causal, scale, *window)[0]
     if runs_triton(q):
-        return _FlashAttentionKernels.apply(q, k, v, causal, scale, None, window, cu_seqlens_q, cu_seqlens_k,
-                                            max_seqlen_k)  # fmt: skip
+        return _FlashAttentionKernels.apply(
+            q, k, v, causal, scale, None, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_k
+        )
     return _FlashAttentionTiled.apply(q, k, v, causal, scale, TORCH_TILE, window, cu_seqlens_q, cu_seqlens_k)
 
 

@@ -44,8 +44,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
+from fastlm.ops.constants import LN2, LOG2E
+
 # Start value of the running max (log2 units): finite, so exp2(m_old - m_new) is 0, not NaN, while
 # every score seen so far is masked.
 RUNNING_MAX_START = tl.constexpr(-3.0e38)
@@ -181,10 +181,12 @@ def _forward_tiles(
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N, MASKED,
-                       HEAD_DIM, BLOCK_D)  # fmt: skip
-        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, MASKED,
-                       HEAD_DIM, BLOCK_D)  # fmt: skip
+        k = _load_tile(
+            k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N, MASKED, HEAD_DIM, BLOCK_D
+        )
+        v = _load_tile(
+            v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, MASKED, HEAD_DIM, BLOCK_D
+        )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32, unscaled
         if MASKED:
             visible = offs_n[None, :] < N
@@ -230,8 +232,9 @@ def _flash_forward_kernel(
     starting the longest programs first keeps the GPU busy to the end of the grid.
     """
     qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E  # scores in log2 units; fp64 under torch.compile
-    z, q0, k0, M, N, start_m = _locate(tl.num_programs(0) - 1 - tl.program_id(0), CU_SEQLENS_Q, CU_SEQLENS_K,
-                                       num_docs, M, N, BLOCK_M, VARLEN)  # fmt: skip
+    z, q0, k0, M, N, start_m = _locate(
+        tl.num_programs(0) - 1 - tl.program_id(0), CU_SEQLENS_Q, CU_SEQLENS_K, num_docs, M, N, BLOCK_M, VARLEN
+    )
     if VARLEN:
         if start_m >= M:  # a spare slot
             return
@@ -243,17 +246,26 @@ def _flash_forward_kernel(
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, M, True,
-                   HEAD_DIM, BLOCK_D)  # fmt: skip
+    q = _load_tile(
+        q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, M, True, HEAD_DIM, BLOCK_D
+    )
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), RUNNING_MAX_START, dtype=tl.float32)
     diag = N - M
     lowest, highest = diag - window_left, diag + window_right
-    start, full_start, full_end, end = _visible_range(start_m, tl.minimum(start_m + BLOCK_M, M) - 1, diag, N,
-                                                      window_left, window_right, BOUNDED_LEFT, BOUNDED_RIGHT,
-                                                      BLOCK_N)  # fmt: skip
+    start, full_start, full_end, end = _visible_range(
+        start_m,
+        tl.minimum(start_m + BLOCK_M, M) - 1,
+        diag,
+        N,
+        window_left,
+        window_right,
+        BOUNDED_LEFT,
+        BOUNDED_RIGHT,
+        BLOCK_N,
+    )
     acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                                    offs_m, start, full_start, N, lowest, highest, qk_scale,
                                    True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N,
@@ -272,8 +284,14 @@ def _flash_forward_kernel(
     acc = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     o_base = Out + z * stride_oz + h * stride_oh + q0 * stride_om
-    _store_tile(o_base + offs_m[:, None] * stride_om + offs_d[None, :], acc.to(Out.dtype.element_ty), offs_m, M,
-                HEAD_DIM, BLOCK_D)  # fmt: skip
+    _store_tile(
+        o_base + offs_m[:, None] * stride_om + offs_d[None, :],
+        acc.to(Out.dtype.element_ty),
+        offs_m,
+        M,
+        HEAD_DIM,
+        BLOCK_D,
+    )
     tl.store(LSE + z * stride_lz + h * stride_lh + q0 + offs_m, lse, mask=offs_m < M)
 
 
@@ -294,10 +312,12 @@ def _dkdv_tiles(
     offs_d = tl.arange(0, BLOCK_D)
     for start_m in range(start, stop, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, M, MASKED,
-                       HEAD_DIM, BLOCK_D)  # fmt: skip
-        do = _load_tile(do_base + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, M, MASKED,
-                        HEAD_DIM, BLOCK_D)  # fmt: skip
+        q = _load_tile(
+            q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, M, MASKED, HEAD_DIM, BLOCK_D
+        )
+        do = _load_tile(
+            do_base + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, M, MASKED, HEAD_DIM, BLOCK_D
+        )
         if MASKED:
             lse = tl.load(lse_base + offs_m, mask=offs_m < M, other=0.0)
             delta = tl.load(delta_base + offs_m, mask=offs_m < M, other=0.0)
@@ -351,8 +371,7 @@ def _flash_backward_dkdv_kernel(
     """
     sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     qk_scale = sm_scale * LOG2E
-    z, k0, q0, N, M, start_n = _locate(tl.program_id(0), CU_SEQLENS_K, CU_SEQLENS_Q, num_docs, N, M, BLOCK_N,
-                                       VARLEN)  # fmt: skip
+    z, k0, q0, N, M, start_n = _locate(tl.program_id(0), CU_SEQLENS_K, CU_SEQLENS_Q, num_docs, N, M, BLOCK_N, VARLEN)
     if VARLEN:
         if start_n >= N:  # a spare slot
             return
@@ -361,18 +380,28 @@ def _flash_backward_dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     k_base = K + z * stride_kz + hkv * stride_kh + k0 * stride_kn
     v_base = V + z * stride_vz + hkv * stride_vh + k0 * stride_vn
-    k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N, True,
-                   HEAD_DIM, BLOCK_D)  # fmt: skip
-    v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, True,
-                   HEAD_DIM, BLOCK_D)  # fmt: skip
+    k = _load_tile(
+        k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N, True, HEAD_DIM, BLOCK_D
+    )
+    v = _load_tile(
+        v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, True, HEAD_DIM, BLOCK_D
+    )
     dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
 
     diag = N - M
     lowest, highest = diag - window_left, diag + window_right
-    start, full_start, full_end, end = _visible_range(start_n, tl.minimum(start_n + BLOCK_N, N) - 1, -diag, M,
-                                                      window_right, window_left, BOUNDED_RIGHT, BOUNDED_LEFT,
-                                                      BLOCK_M)  # fmt: skip
+    start, full_start, full_end, end = _visible_range(
+        start_n,
+        tl.minimum(start_n + BLOCK_N, N) - 1,
+        -diag,
+        M,
+        window_right,
+        window_left,
+        BOUNDED_RIGHT,
+        BOUNDED_LEFT,
+        BLOCK_M,
+    )
     for g in range(0, GROUP):
         h = hkv * GROUP + g
         q_base = Q + z * stride_qz + h * stride_qh + q0 * stride_qm
@@ -408,10 +437,12 @@ def _dq_tiles(
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N, MASKED,
-                       HEAD_DIM, BLOCK_D)  # fmt: skip
-        v = _load_tile(v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, MASKED,
-                       HEAD_DIM, BLOCK_D)  # fmt: skip
+        k = _load_tile(
+            k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N, MASKED, HEAD_DIM, BLOCK_D
+        )
+        v = _load_tile(
+            v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, MASKED, HEAD_DIM, BLOCK_D
+        )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
@@ -458,8 +489,9 @@ def _flash_backward_dq_kernel(
     """
     sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     qk_scale = sm_scale * LOG2E
-    z, q0, k0, M, N, start_m = _locate(tl.num_programs(0) - 1 - tl.program_id(0), CU_SEQLENS_Q, CU_SEQLENS_K,
-                                       num_docs, M, N, BLOCK_M, VARLEN)  # fmt: skip
+    z, q0, k0, M, N, start_m = _locate(
+        tl.num_programs(0) - 1 - tl.program_id(0), CU_SEQLENS_Q, CU_SEQLENS_K, num_docs, M, N, BLOCK_M, VARLEN
+    )
     if VARLEN:
         if start_m >= M:  # a spare slot
             return
@@ -469,10 +501,12 @@ def _flash_backward_dq_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     q_base = Q + z * stride_qz + h * stride_qh + q0 * stride_qm
     do_base = DO + z * stride_dz + h * stride_dh + q0 * stride_dm
-    q = _load_tile(q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, M, True,
-                   HEAD_DIM, BLOCK_D)  # fmt: skip
-    do = _load_tile(do_base + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, M, True,
-                    HEAD_DIM, BLOCK_D)  # fmt: skip
+    q = _load_tile(
+        q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, M, True, HEAD_DIM, BLOCK_D
+    )
+    do = _load_tile(
+        do_base + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd, offs_m, M, True, HEAD_DIM, BLOCK_D
+    )
     out = z * stride_oz + h * stride_oh + q0 * stride_om + offs_m[:, None] * stride_om + offs_d[None, :]
     o = _load_tile(Out + out, offs_m, M, True, HEAD_DIM, BLOCK_D)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # rows past M: 0
@@ -485,9 +519,17 @@ def _flash_backward_dq_kernel(
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     diag = N - M
     lowest, highest = diag - window_left, diag + window_right
-    start, full_start, full_end, end = _visible_range(start_m, tl.minimum(start_m + BLOCK_M, M) - 1, diag, N,
-                                                      window_left, window_right, BOUNDED_LEFT, BOUNDED_RIGHT,
-                                                      BLOCK_N)  # fmt: skip
+    start, full_start, full_end, end = _visible_range(
+        start_m,
+        tl.minimum(start_m + BLOCK_M, M) - 1,
+        diag,
+        N,
+        window_left,
+        window_right,
+        BOUNDED_LEFT,
+        BOUNDED_RIGHT,
+        BLOCK_N,
+    )
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                    offs_m, start, full_start, N, lowest, highest, qk_scale,
                    True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip

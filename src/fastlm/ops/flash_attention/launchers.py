@@ -3,15 +3,14 @@ a launch can have.
 
 Dense inputs: q (Z, H, M, D) and k, v (Z, Hkv, N, D), or 3-D (Z, M, D), (Z, N, D) read as one head
 (head stride 0). Packed (``cu_seqlens_q`` and ``cu_seqlens_k`` given): q (total_q, H, D) and k, v
-(total_k, Hkv, D), Z documents delimited by int32 cumulative lengths (Z + 1,). Any strides. Eager
-calls launch through eager_kernel; inside the triton_ops (``traced``) Inductor launches the kernels
-named in wrap_triton from its own code.
+(total_k, Hkv, D), Z documents delimited by int32 cumulative lengths (Z + 1,). Any strides. Each
+kernel launches through its `fastlm.ops.launch.launcher`: directly in eager calls, from Inductor's
+generated code inside the triton_ops (``traced``).
 """
 
 from __future__ import annotations
 
 import torch
-from torch.library import wrap_triton
 
 from fastlm.ops.common import cdiv
 from fastlm.ops.flash_attention.config import AttentionConfig, padded_head_dim
@@ -21,7 +20,11 @@ from fastlm.ops.flash_attention.kernels import (
     _flash_forward_kernel,
 )
 from fastlm.ops.flash_attention.masks import UNBOUNDED, window_bounds
-from fastlm.ops.launch import eager_kernel
+from fastlm.ops.launch import launcher
+
+_launch_flash_forward = launcher(_flash_forward_kernel)
+_launch_flash_backward_dq = launcher(_flash_backward_dq_kernel)
+_launch_flash_backward_dkdv = launcher(_flash_backward_dkdv_kernel)
 
 
 def _dims(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -86,8 +89,19 @@ def _precision(dtype: torch.dtype) -> str:
     return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
 
 
-def _launch_forward(q, k, v, causal: bool, scale: float, config: AttentionConfig, *, window=UNBOUNDED,
-                    cu_seqlens_q=None, cu_seqlens_k=None, traced: bool = False):  # fmt: skip
+def _launch_forward(
+    q,
+    k,
+    v,
+    causal: bool,
+    scale: float,
+    config: AttentionConfig,
+    *,
+    window=UNBOUNDED,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    traced: bool = False,
+):
     """-> O (q's shape and dtype, contiguous), L (fp32, contiguous: q.shape[:-1], packed (H, total_q))."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
     packed = cu_seqlens_q is not None
@@ -99,20 +113,54 @@ def _launch_forward(q, k, v, causal: bool, scale: float, config: AttentionConfig
         return o.zero_(), lse.fill_(float("-inf"))
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
     tiles = config.forward
-    kernel = wrap_triton(_flash_forward_kernel) if traced else eager_kernel(_flash_forward_kernel)
-    kernel[_grid(M, tiles.block_m, H, Z, packed)](
-        q, k, v, o, lse, *_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k),
-        *strides(q), *strides(k), *strides(v), *strides(o)[:3], *((0, M) if packed else (H * M, M)),
-        H, H // Hkv, *((0, 0, Z) if packed else (M, N, 0)), scale, left, right,
-        BOUNDED_LEFT=bounded_left, BOUNDED_RIGHT=bounded_right, VARLEN=packed, HEAD_DIM=D,
-        BLOCK_D=padded_head_dim(D), BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PRECISION=_precision(q.dtype),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )  # fmt: skip
+    _launch_flash_forward(traced)[_grid(M, tiles.block_m, H, Z, packed)](
+        q,
+        k,
+        v,
+        o,
+        lse,
+        *_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k),
+        *strides(q),
+        *strides(k),
+        *strides(v),
+        *strides(o)[:3],
+        *((0, M) if packed else (H * M, M)),
+        H,
+        H // Hkv,
+        *((0, 0, Z) if packed else (M, N, 0)),
+        scale,
+        left,
+        right,
+        BOUNDED_LEFT=bounded_left,
+        BOUNDED_RIGHT=bounded_right,
+        VARLEN=packed,
+        HEAD_DIM=D,
+        BLOCK_D=padded_head_dim(D),
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        PRECISION=_precision(q.dtype),
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
     return o, lse
 
 
-def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, config: AttentionConfig, *,
-                     window=UNBOUNDED, cu_seqlens_q=None, cu_seqlens_k=None, traced: bool = False):  # fmt: skip
+def _launch_backward(
+    grad_out,
+    q,
+    k,
+    v,
+    o,
+    lse,
+    causal: bool,
+    scale: float,
+    config: AttentionConfig,
+    *,
+    window=UNBOUNDED,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    traced: bool = False,
+):
     """Gradients (dq, dk, dv), contiguous, in the inputs' dtype, from the forward's O and L (both
     contiguous, as the forward makes them). Two launches: dQ (which stores Dlt), then dK/dV."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
@@ -123,24 +171,59 @@ def _launch_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, conf
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
     delta = lse.new_empty(lse.shape)
     # the arguments both kernels take, in their order
-    inputs = (*_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k),
-              *strides(q), *strides(k), *strides(v), *strides(grad_out))  # fmt: skip
+    inputs = (*_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k), *strides(q), *strides(k), *strides(v), *strides(grad_out))
     rows = (0, M) if packed else (H * M, M)  # L's and Dlt's strides
     sizes = (*((0, 0, Z) if packed else (M, N, 0)), scale, left, right)
-    common = dict(BOUNDED_LEFT=bounded_left, BOUNDED_RIGHT=bounded_right, VARLEN=packed, HEAD_DIM=D,
-                  BLOCK_D=padded_head_dim(D), PRECISION=_precision(q.dtype))  # fmt: skip
+    common = dict(
+        BOUNDED_LEFT=bounded_left,
+        BOUNDED_RIGHT=bounded_right,
+        VARLEN=packed,
+        HEAD_DIM=D,
+        BLOCK_D=padded_head_dim(D),
+        PRECISION=_precision(q.dtype),
+    )
     tiles = config.dq
-    kernel = wrap_triton(_flash_backward_dq_kernel) if traced else eager_kernel(_flash_backward_dq_kernel)
-    kernel[_grid(M, tiles.block_m, H, Z, packed)](
-        q, k, v, o, grad_out, lse, delta, dq, *inputs, *strides(o)[:3], *rows, H, H // Hkv, *sizes,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    _launch_flash_backward_dq(traced)[_grid(M, tiles.block_m, H, Z, packed)](
+        q,
+        k,
+        v,
+        o,
+        grad_out,
+        lse,
+        delta,
+        dq,
+        *inputs,
+        *strides(o)[:3],
+        *rows,
+        H,
+        H // Hkv,
+        *sizes,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
         **common,
-    )  # fmt: skip
+    )
     tiles = config.dkdv
-    kernel = wrap_triton(_flash_backward_dkdv_kernel) if traced else eager_kernel(_flash_backward_dkdv_kernel)
-    kernel[_grid(N, tiles.block_n, Hkv, Z, packed)](
-        q, k, v, grad_out, lse, delta, dk, dv, *inputs, *strides(dk)[:3], *rows, Hkv, H // Hkv, *sizes,
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    _launch_flash_backward_dkdv(traced)[_grid(N, tiles.block_n, Hkv, Z, packed)](
+        q,
+        k,
+        v,
+        grad_out,
+        lse,
+        delta,
+        dk,
+        dv,
+        *inputs,
+        *strides(dk)[:3],
+        *rows,
+        Hkv,
+        H // Hkv,
+        *sizes,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
         **common,
-    )  # fmt: skip
+    )
     return dq, dk, dv

@@ -45,8 +45,16 @@ class _Mask:
     """Which keys each query row sees, on one sequence of M queries and N keys per batch entry
     (packed: every document end to end)."""
 
-    def __init__(self, M: int, N: int, causal: bool, window: tuple[int, int], device: torch.device,
-                 cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None):  # fmt: skip
+    def __init__(
+        self,
+        M: int,
+        N: int,
+        causal: bool,
+        window: tuple[int, int],
+        device: torch.device,
+        cu_seqlens_q: torch.Tensor | None,
+        cu_seqlens_k: torch.Tensor | None,
+    ):
         self.left, self.right = window_bounds(causal, window)
         rows = torch.arange(M, device=device)
         if cu_seqlens_q is None:
@@ -155,8 +163,9 @@ def _backward_tiles(grad_out, q, k, v, o, lse, mask: _Mask, scale: float, tile: 
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-def _tiled_forward(q, k, v, causal: bool, scale: float, tile: int, *, window=UNBOUNDED, cu_seqlens_q=None,
-                   cu_seqlens_k=None):  # fmt: skip
+def _tiled_forward(
+    q, k, v, causal: bool, scale: float, tile: int, *, window=UNBOUNDED, cu_seqlens_q=None, cu_seqlens_k=None
+):
     """(O, L) as `launchers._launch_forward` returns them."""
     packed = cu_seqlens_q is not None
     q4, k4, v4 = (_batched(t, packed) for t in (q, k, v))
@@ -165,8 +174,21 @@ def _tiled_forward(q, k, v, causal: bool, scale: float, tile: int, *, window=UNB
     return _unbatched(o, q, packed), lse[0] if packed else lse.squeeze(1) if q.dim() == 3 else lse
 
 
-def _tiled_backward(grad_out, q, k, v, o, lse, causal: bool, scale: float, tile: int, *, window=UNBOUNDED,
-                    cu_seqlens_q=None, cu_seqlens_k=None):  # fmt: skip
+def _tiled_backward(
+    grad_out,
+    q,
+    k,
+    v,
+    o,
+    lse,
+    causal: bool,
+    scale: float,
+    tile: int,
+    *,
+    window=UNBOUNDED,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+):
     """(dq, dk, dv) as `launchers._launch_backward` returns them."""
     packed = cu_seqlens_q is not None
     q4, k4, v4, do4, o4 = (_batched(t, packed) for t in (q, k, v, grad_out, o))

@@ -13,14 +13,21 @@ from itertools import pairwise
 
 import torch
 
-from fastlm.ops.common import check_flag, check_integer, check_tensor
-from fastlm.ops.flash_attention.api import DTYPES, attend, check_head_device_dtype, default_scale, flash_attention_ref
+from fastlm.ops.common import DTYPES, check_flag, check_integer, check_tensor
+from fastlm.ops.flash_attention.api import attend, check_head_device_dtype, default_scale, flash_attention_ref
 from fastlm.ops.flash_attention.masks import check_window
 
 
-def check_varlen_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
-                        dtypes: tuple[torch.dtype, ...] = DTYPES) -> tuple[int, int]:  # fmt: skip
+def check_varlen_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dtypes: tuple[torch.dtype, ...] = DTYPES,
+) -> tuple[int, int]:
     """One clear error for each way packed inputs can be wrong; returns (max_seqlen_q, max_seqlen_k)
     as ints. The values of the cumulative lengths are not read (that would wait for the GPU)."""
     for name, tensor in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
@@ -28,8 +35,9 @@ def check_varlen_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_se
     if q.dim() != 3:
         raise ValueError(f"q must be packed as (total_q, H, D), got shape {tuple(q.shape)}")
     if k.dim() != 3 or k.shape != v.shape:
-        raise ValueError(f"k and v must be packed as (total_k, Hkv, D) of one shape, got {tuple(k.shape)} "
-                         f"and {tuple(v.shape)}")  # fmt: skip
+        raise ValueError(
+            f"k and v must be packed as (total_k, Hkv, D) of one shape, got {tuple(k.shape)} and {tuple(v.shape)}"
+        )
     check_head_device_dtype(q, k, v, True, dtypes)
     for name, cu_seqlens in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if cu_seqlens.dtype != torch.int32:
@@ -37,13 +45,17 @@ def check_varlen_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_se
                 f"{name} must be int32 cumulative lengths, got {str(cu_seqlens.dtype).removeprefix('torch.')}"
             )
         if cu_seqlens.dim() != 1 or len(cu_seqlens) == 0 or not cu_seqlens.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous 1-D tensor of documents + 1 cumulative lengths, got "
-                             f"shape {tuple(cu_seqlens.shape)} and strides {cu_seqlens.stride()}")  # fmt: skip
+            raise ValueError(
+                f"{name} must be a contiguous 1-D tensor of documents + 1 cumulative lengths, got "
+                f"shape {tuple(cu_seqlens.shape)} and strides {cu_seqlens.stride()}"
+            )
         if cu_seqlens.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {cu_seqlens.device}")
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
-        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must list the same documents, got "
-                         f"{len(cu_seqlens_q)} and {len(cu_seqlens_k)} entries")  # fmt: skip
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k must list the same documents, got "
+            f"{len(cu_seqlens_q)} and {len(cu_seqlens_k)} entries"
+        )
     return check_integer("max_seqlen_q", max_seqlen_q, minimum=0), check_integer(
         "max_seqlen_k", max_seqlen_k, minimum=0
     )
@@ -80,8 +92,17 @@ def flash_attention_varlen(
     mask that hides every key) return 0.
     """
     _, max_seqlen_k = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    return attend(q, k, v, check_flag("causal", causal), default_scale(q.shape[-1], scale), check_window(window),
-                  cu_seqlens_q, cu_seqlens_k, max_seqlen_k)  # fmt: skip
+    return attend(
+        q,
+        k,
+        v,
+        check_flag("causal", causal),
+        default_scale(q.shape[-1], scale),
+        check_window(window),
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_k,
+    )
 
 
 def _boundaries(name: str, cu_seqlens: torch.Tensor, total: int, max_seqlen: int) -> list[int]:
@@ -111,8 +132,9 @@ def flash_attention_varlen_ref(
 ) -> torch.Tensor:
     """``flash_attention_varlen``'s semantics by ``flash_attention_ref`` on each document in turn, in
     fp32 (fp64 stays fp64); checks the cumulative lengths too. Returns q's dtype promoted to at least fp32."""
-    max_seqlen_q, max_seqlen_k = check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                     dtypes=(*DTYPES, torch.float64))  # fmt: skip
+    max_seqlen_q, max_seqlen_k = check_varlen_inputs(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dtypes=(*DTYPES, torch.float64)
+    )
     bounds_q = _boundaries("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q)
     bounds_k = _boundaries("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k)
 
@@ -120,8 +142,9 @@ def flash_attention_varlen_ref(
         return t[start:end].transpose(0, 1).unsqueeze(0)  # (1, heads, length, D)
 
     outputs = [
-        flash_attention_ref(document(q, q0, q1), document(k, k0, k1), document(v, k0, k1), causal=causal,
-                            scale=scale, window=window)[0].transpose(0, 1)
+        flash_attention_ref(
+            document(q, q0, q1), document(k, k0, k1), document(v, k0, k1), causal=causal, scale=scale, window=window
+        )[0].transpose(0, 1)
         for (q0, q1), (k0, k1) in zip(pairwise(bounds_q), pairwise(bounds_k), strict=True)
-    ]  # fmt: skip
+    ]
     return torch.cat(outputs) if outputs else q.to(torch.promote_types(q.dtype, torch.float32))
