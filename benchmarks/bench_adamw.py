@@ -101,8 +101,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round (default 20)")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps per round (default 5)")
     parser.add_argument("--configs", default="", help="fastlm launch configurations BLOCKxWARPS, comma-separated")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/adamw.jsonl"),
-                        help="JSONL file to append the records to (default %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("benchmarks/results/adamw.jsonl"),
+        help="JSONL file to append the records to (default %(default)s)",
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_adamw.py needs a CUDA GPU")
@@ -134,26 +138,49 @@ def main() -> None:
 
     copy = summary(gpu_ms.pop("copy"), host_ms.pop("copy"))
     copy_gbps = 8 * numel / copy["step_ms"] / 1e6
-    base = {"bench": "adamw", "model": "xl", "num_layers": args.layers, "parameters": numel, "tensors": len(params),
-            "bytes_per_step": BYTES_PER_PARAMETER * numel, "copy_ms": copy["step_ms"], "copy_gbps": copy_gbps,
-            "rounds": args.rounds, "steps_per_round": args.steps, "warmup": args.warmup}  # fmt: skip
+    base = {
+        "bench": "adamw",
+        "model": "xl",
+        "num_layers": args.layers,
+        "parameters": numel,
+        "tensors": len(params),
+        "bytes_per_step": BYTES_PER_PARAMETER * numel,
+        "copy_ms": copy["step_ms"],
+        "copy_gbps": copy_gbps,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "warmup": args.warmup,
+    }
     records = []
     print(f"copy: {copy['step_ms']:.2f} ms, {copy_gbps:.0f} GB/s")
-    print(f"{'implementation':<20}{'step ms':>9}{'p20-p80':>16}{'round medians':>24}{'GB/s':>7}{'of copy':>9}"
-          f"{'host ms':>9}")  # fmt: skip
+    print(
+        f"{'implementation':<20}{'step ms':>9}{'p20-p80':>16}{'round medians':>24}{'GB/s':>7}{'of copy':>9}"
+        f"{'host ms':>9}"
+    )
     for name in gpu_ms:
         result = summary(gpu_ms[name], host_ms[name])
         gbps = BYTES_PER_PARAMETER * numel / result["step_ms"] / 1e6
         config = next((c for c in configs if name == f"fastlm {c.block}x{c.num_warps}"), None)
-        records.append(with_environment({
-            **base, "implementation": name, **result, "gbps": gbps, "fraction_of_copy": gbps / copy_gbps,
-            "block": config and config.block, "num_warps": config and config.num_warps,
-            "picked_config": config == picked,
-        }))  # fmt: skip
+        records.append(
+            with_environment(
+                {
+                    **base,
+                    "implementation": name,
+                    **result,
+                    "gbps": gbps,
+                    "fraction_of_copy": gbps / copy_gbps,
+                    "block": config and config.block,
+                    "num_warps": config and config.num_warps,
+                    "picked_config": config == picked,
+                }
+            )
+        )
         rounds = "/".join(f"{t:.2f}" for t in result["round_median_ms"])
         spread = f"{result['p20_ms']:.2f}-{result['p80_ms']:.2f}"
-        print(f"{name:<20}{result['step_ms']:>9.2f}{spread:>16}{rounds:>24}{gbps:>7.0f}{gbps / copy_gbps:>9.2f}"
-              f"{result['host_ms']:>9.2f}")  # fmt: skip
+        print(
+            f"{name:<20}{result['step_ms']:>9.2f}{spread:>16}{rounds:>24}{gbps:>7.0f}{gbps / copy_gbps:>9.2f}"
+            f"{result['host_ms']:>9.2f}"
+        )
     append_records(args.out, records)
     print(f"appended {len(records)} records to {args.out}")
 

@@ -50,11 +50,23 @@ def train(model: torch.nn.Module, data: ByteWindows, args: argparse.Namespace, o
 
     on_gpu = torch.cuda.is_available()
     training = TrainingArguments(
-        output_dir=str(out), max_steps=args.steps, per_device_train_batch_size=args.batch, learning_rate=args.lr,
-        warmup_steps=args.steps // 10, lr_scheduler_type="cosine", weight_decay=0.1, logging_steps=1,
-        bf16=on_gpu and args.precision == "bf16", save_strategy="no", report_to=[], seed=0, data_seed=0,
-        dataloader_drop_last=True, disable_tqdm=True, use_cpu=not on_gpu,
-    )  # fmt: skip
+        output_dir=str(out),
+        max_steps=args.steps,
+        per_device_train_batch_size=args.batch,
+        learning_rate=args.lr,
+        warmup_steps=args.steps // 10,
+        lr_scheduler_type="cosine",
+        weight_decay=0.1,
+        logging_steps=1,
+        bf16=on_gpu and args.precision == "bf16",
+        save_strategy="no",
+        report_to=[],
+        seed=0,
+        data_seed=0,
+        dataloader_drop_last=True,
+        disable_tqdm=True,
+        use_cpu=not on_gpu,
+    )
     trainer = Trainer(model=model, args=training, train_dataset=data)
     trainer.train()
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -72,8 +84,9 @@ def main() -> None:
     args = parser.parse_args()
     text = b"\n".join(p.read_bytes() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
     data = ByteWindows(text, args.context)
-    shape = HFShape.of(args.family, "tiny", args.context, d_model=256, d_ff=704, num_layers=4, head_dim=64,
-                       vocab_size=256)  # fmt: skip
+    shape = HFShape.of(
+        args.family, "tiny", args.context, d_model=256, d_ff=704, num_layers=4, head_dim=64, vocab_size=256
+    )
     torch.manual_seed(0)
     unpatched = build_model(shape)
     patched = apply_fastlm(copy.deepcopy(unpatched))
@@ -86,11 +99,22 @@ def main() -> None:
     for name, model in runs:
         losses = train(model.cuda() if torch.cuda.is_available() else model, data, args, args.out / name)
         curves[name] = losses
-        records.append(with_environment({
-            "op": "hf_loss", "implementation": name, "family": args.family, "steps": args.steps,
-            "batch": args.batch, "context": args.context, "lr": args.lr, "precision": args.precision, "losses": losses,
-            "last10_mean": statistics.mean(losses[-10:]),
-        }))  # fmt: skip
+        records.append(
+            with_environment(
+                {
+                    "op": "hf_loss",
+                    "implementation": name,
+                    "family": args.family,
+                    "steps": args.steps,
+                    "batch": args.batch,
+                    "context": args.context,
+                    "lr": args.lr,
+                    "precision": args.precision,
+                    "losses": losses,
+                    "last10_mean": statistics.mean(losses[-10:]),
+                }
+            )
+        )
     append_records(ROOT / "benchmarks" / "results" / "hf_loss.jsonl", records)
     base = records[0]["last10_mean"]
     for record in records[1:]:
@@ -99,9 +123,13 @@ def main() -> None:
             f"{base:.4f}: {100 * (record['last10_mean'] / base - 1):+.3f}%"
         )
     panel = {name: list(enumerate(losses, start=1)) for name, losses in curves.items()}
-    line_plot(ROOT / "benchmarks" / "reports" / f"hf_loss_{args.precision}.png",
-              [(f"{args.family}, {shape.num_parameters() / 1e6:.1f}M parameters, via Trainer", panel)],
-              xlabel="step", ylabel="training loss", title=f"Unpatched vs patched, {args.precision}")  # fmt: skip
+    line_plot(
+        ROOT / "benchmarks" / "reports" / f"hf_loss_{args.precision}.png",
+        [(f"{args.family}, {shape.num_parameters() / 1e6:.1f}M parameters, via Trainer", panel)],
+        xlabel="step",
+        ylabel="training loss",
+        title=f"Unpatched vs patched, {args.precision}",
+    )
 
 
 if __name__ == "__main__":

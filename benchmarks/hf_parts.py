@@ -74,16 +74,30 @@ def main() -> None:
                 (out.float().sum() if out.dim() else out).backward()
 
             times[implementation] = measure(step, device, grad_to_none=leaves)
-            records.append(with_environment({
-                "op": "hf_part", "part": name, "implementation": implementation, "family": args.family,
-                "size": args.size, "batch": args.batch, "seq": args.seq, "precision": "bf16", "mode": "fwd+bwd",
-                "median_ms": times[implementation].median_ms, "p20_ms": times[implementation].p20_ms,
-                "p80_ms": times[implementation].p80_ms,
-            }))  # fmt: skip
+            records.append(
+                with_environment(
+                    {
+                        "op": "hf_part",
+                        "part": name,
+                        "implementation": implementation,
+                        "family": args.family,
+                        "size": args.size,
+                        "batch": args.batch,
+                        "seq": args.seq,
+                        "precision": "bf16",
+                        "mode": "fwd+bwd",
+                        "median_ms": times[implementation].median_ms,
+                        "p20_ms": times[implementation].p20_ms,
+                        "p80_ms": times[implementation].p80_ms,
+                    }
+                )
+            )
         ours, theirs = times["hf+fastlm"], times["hf"]
-        print(f"{name:>18}: hf {theirs.median_ms:7.3f} ms ({theirs.p20_ms:.3f}-{theirs.p80_ms:.3f}), fastlm "
-              f"{ours.median_ms:7.3f} ms ({ours.p20_ms:.3f}-{ours.p80_ms:.3f}): "
-              f"{theirs.median_ms / ours.median_ms:.2f}x")  # fmt: skip
+        print(
+            f"{name:>18}: hf {theirs.median_ms:7.3f} ms ({theirs.p20_ms:.3f}-{theirs.p80_ms:.3f}), fastlm "
+            f"{ours.median_ms:7.3f} ms ({ours.p20_ms:.3f}-{ours.p80_ms:.3f}): "
+            f"{theirs.median_ms / ours.median_ms:.2f}x"
+        )
     append_records(ROOT / "benchmarks" / "results" / "hf_parts.jsonl", records)
 
 

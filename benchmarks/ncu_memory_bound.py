@@ -30,8 +30,10 @@ def _randn(*shape, dtype=torch.bfloat16):
 def _norm(m, d):
     x, w, b = _randn(m, d), _randn(d), _randn(d)
     _, mean, rstd = norm_module._forward(x, w, b, 1e-5, False, x.dtype)
-    return lambda: (norm_module._forward(x, w, b, 1e-5, False, x.dtype),
-                    norm_module._backward(torch.ones_like(x), x, w, mean, rstd, False, True, True))  # fmt: skip
+    return lambda: (
+        norm_module._forward(x, w, b, 1e-5, False, x.dtype),
+        norm_module._backward(torch.ones_like(x), x, w, mean, rstd, False, True, True),
+    )
 
 
 def _softmax(shape):
@@ -42,8 +44,10 @@ def _softmax(shape):
 
 def _conv(shape, k, dtype):
     u, w, b = _randn(*shape, dtype=dtype), _randn(shape[-1], k, dtype=dtype), _randn(shape[-1], dtype=dtype)
-    return lambda: (conv_module._forward(u, w, b, True),
-                    conv_module._backward(torch.ones_like(u), u, w, b, True, True, True))  # fmt: skip
+    return lambda: (
+        conv_module._forward(u, w, b, True),
+        conv_module._backward(torch.ones_like(u), u, w, b, True, True, True),
+    )
 
 
 CASES = {

@@ -74,8 +74,10 @@ def main():
         for t in (q, k, v):
             t.grad = None
         gpu = [graph_us(call, (q, k, v)) for call in (forward, forward_backward)]
-        print(f"{name}: host {host[0]:.1f} us forward, {host[1]:.1f} us fwd+bwd per call; "
-              f"GPU {gpu[0]:.1f} us forward, {gpu[1]:.1f} us fwd+bwd")  # fmt: skip
+        print(
+            f"{name}: host {host[0]:.1f} us forward, {host[1]:.1f} us fwd+bwd per call; "
+            f"GPU {gpu[0]:.1f} us forward, {gpu[1]:.1f} us fwd+bwd"
+        )
 
 
 if __name__ == "__main__":

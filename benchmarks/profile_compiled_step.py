@@ -116,13 +116,22 @@ def measure(kernels: str, compile_mode: str, optimizer: str, args: argparse.Name
         args.trace.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(args.trace / f"{name.replace(' ', '_')}.json.gz"))
     return {
-        "op": "profile_compiled_step", "preset": args.preset, "kernels": kernels, "compile": compile_mode,
-        "optimizer": optimizer, "num_layers": config.num_layers,
-        "d_model": config.d_model, "batch": tokens.shape[0], "context_length": tokens.shape[1],
-        "first_step_ms": times[0], "step_ms": statistics.median(times[5:]),
-        "gpu_ms": sum(gpu_ms.values()), "gpu_idle_ms": gpu_idle_ms(prof, profiled_steps),
-        "gpu_ms_by_category": gpu_ms, "kernels_per_step": kernels_per_step,
-    }  # fmt: skip
+        "op": "profile_compiled_step",
+        "preset": args.preset,
+        "kernels": kernels,
+        "compile": compile_mode,
+        "optimizer": optimizer,
+        "num_layers": config.num_layers,
+        "d_model": config.d_model,
+        "batch": tokens.shape[0],
+        "context_length": tokens.shape[1],
+        "first_step_ms": times[0],
+        "step_ms": statistics.median(times[5:]),
+        "gpu_ms": sum(gpu_ms.values()),
+        "gpu_idle_ms": gpu_idle_ms(prof, profiled_steps),
+        "gpu_ms_by_category": gpu_ms,
+        "kernels_per_step": kernels_per_step,
+    }
 
 
 def render(records: list[dict]) -> str:
@@ -164,8 +173,11 @@ def main() -> None:
         for kernels in args.kernels.split(","):
             for optimizer in args.optimizer.split(","):
                 record = with_environment(measure(kernels, compile_mode, optimizer, args, tokens))
-                print(f"{args.preset} {kernels} {compile_mode} {optimizer} AdamW: step {record['step_ms']:.1f} ms,"
-                      f" GPU {record['gpu_ms']:.1f} ms, idle {record['gpu_idle_ms']:.1f} ms", flush=True)  # fmt: skip
+                print(
+                    f"{args.preset} {kernels} {compile_mode} {optimizer} AdamW: step {record['step_ms']:.1f} ms,"
+                    f" GPU {record['gpu_ms']:.1f} ms, idle {record['gpu_idle_ms']:.1f} ms",
+                    flush=True,
+                )
                 records.append(record)
                 torch._dynamo.reset()
                 torch.cuda.empty_cache()

@@ -34,8 +34,23 @@ from fastlm.utils.records import append_records, environment
 
 
 @triton.jit
-def _probe_kernel(X, W, B, Y, MEAN, RSTD, stride_x, stride_y, M, D, eps,
-                  RMS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+def _probe_kernel(
+    X,
+    W,
+    B,
+    Y,
+    MEAN,
+    RSTD,
+    stride_x,
+    stride_y,
+    M,
+    D,
+    eps,
+    RMS: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < M)[:, None] & (cols < D)[None, :]
@@ -91,9 +106,19 @@ def main() -> None:
         values = per_call_us(launch, args.n, args.rounds)
         median = statistics.median(values)
         print(f"{name:<26} {median:>20.2f} ({min(values):.2f}-{max(values):.2f})")
-        records.append({"bench": "launch", "path": name, "us_median": median, "us_min": min(values),
-                        "us_max": max(values), "rounds": args.rounds, "n": args.n,
-                        "direct_launch": direct.direct, **environment()})  # fmt: skip
+        records.append(
+            {
+                "bench": "launch",
+                "path": name,
+                "us_median": median,
+                "us_min": min(values),
+                "us_max": max(values),
+                "rounds": args.rounds,
+                "n": args.n,
+                "direct_launch": direct.direct,
+                **environment(),
+            }
+        )
     if args.out is not None:
         append_records(args.out / "launch.jsonl", records)
     backward_threads(x, w.to(x.dtype).requires_grad_(), rounds=args.rounds)

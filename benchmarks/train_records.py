@@ -40,8 +40,10 @@ def main() -> None:
     args = parser.parse_args()
     runs = {out: _load(out) for out in args.runs}
     reference = runs[args.runs[0]]["result"]["losses"]
-    print("| run | processes | parallel | kernels | steps | tokens/s | MFU | peak GiB | last-10 train loss | "
-          "eval loss | max rel diff | last-10 rel diff |")  # fmt: skip
+    print(
+        "| run | processes | parallel | kernels | steps | tokens/s | MFU | peak GiB | last-10 train loss | "
+        "eval loss | max rel diff | last-10 rel diff |"
+    )
     print("|" + " --- |" * 12)
     for out, run in runs.items():
         result, config = run["result"], run["config"]
@@ -51,9 +53,11 @@ def main() -> None:
         tail_diff = abs(_tail_mean(losses[:common]) - _tail_mean(reference[:common])) / _tail_mean(reference[:common])
         mfu = f"{result['mfu']:.1%}" if result["mfu"] is not None else "-"
         memory = f"{result['peak_memory_gib']:.2f}" if result["peak_memory_gib"] is not None else "-"
-        print(f"| {out.name} | {run['world_size']} | {config['parallel']} | {config['kernels']} | {result['step']} | "
-              f"{result['tokens_per_s']:,.0f} | {mfu} | {memory} | {_tail_mean(losses):.4f} | "
-              f"{result['eval'][-1][1]:.4f} | {max_diff:.3%} | {tail_diff:.3%} |")  # fmt: skip
+        print(
+            f"| {out.name} | {run['world_size']} | {config['parallel']} | {config['kernels']} | {result['step']} | "
+            f"{result['tokens_per_s']:,.0f} | {mfu} | {memory} | {_tail_mean(losses):.4f} | "
+            f"{result['eval'][-1][1]:.4f} | {max_diff:.3%} | {tail_diff:.3%} |"
+        )
     if args.plot:
         title = f"{len(runs)} runs · {runs[args.runs[0]]['gpu']}"
         loss_plot(args.plot, {out.name: read_log(out / "log.jsonl") for out in runs}, title)

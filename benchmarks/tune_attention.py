@@ -44,8 +44,21 @@ def bench(fn):
 def emit(kernel, shape, dim, dtype, ms, flops, **settings):
     result = {"ms": ms, "tflops": flops / ms / 1e9} if isinstance(ms, float) else {"error": ms}
     batch, heads, seq = shape
-    print(json.dumps({"kernel": kernel, "batch": batch, "heads": heads, "seq": seq, "head_dim": dim,
-                      "dtype": str(dtype).removeprefix("torch."), **settings, **result}), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "kernel": kernel,
+                "batch": batch,
+                "heads": heads,
+                "seq": seq,
+                "head_dim": dim,
+                "dtype": str(dtype).removeprefix("torch."),
+                **settings,
+                **result,
+            }
+        ),
+        flush=True,
+    )
 
 
 def sweep(kernel, default, candidates, run, shape, dim, dtype, flops) -> fa.AttentionTiles:
@@ -111,8 +124,11 @@ def main():
             "dkdv": sweep("dkdv", default, BACKWARD[size], backward, shape, dim, dtype, 2.5 * fwd_flops),
             "dq": sweep("dq", default, BACKWARD[size], backward, shape, dim, dtype, 2.5 * fwd_flops),
         }
-        print(f"sm{arch} {str(dtype).removeprefix('torch.')} head dim {dim}, {batch}x{heads}x{seq}: "
-              f"{fa.AttentionConfig(**best)!r}", file=sys.stderr)  # fmt: skip
+        print(
+            f"sm{arch} {str(dtype).removeprefix('torch.')} head dim {dim}, {batch}x{heads}x{seq}: "
+            f"{fa.AttentionConfig(**best)!r}",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

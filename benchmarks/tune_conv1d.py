@@ -32,8 +32,13 @@ def main():
         dout = torch.randn_like(u)
         nbytes = conv1d_bytes(shape, k, u.element_size(), "bwd")
         for block_l, block_d, warps, chunk in itertools.product((16, 32, 64), (32, 64, 128), (2, 4, 8), (512,)):
-            config = dataclasses.replace(default, backward_block_l=block_l, backward_block_d=block_d,
-                                         backward_warps=warps, backward_chunk_l=chunk)  # fmt: skip
+            config = dataclasses.replace(
+                default,
+                backward_block_l=block_l,
+                backward_block_d=block_d,
+                backward_warps=warps,
+                backward_chunk_l=chunk,
+            )
             backward = functools.partial(conv._backward, dout, u, weight, bias, True, True, True, config)
             try:
                 ms = triton.testing.do_bench(backward, warmup=25, rep=100, return_mode="median")

@@ -82,10 +82,18 @@ def sweeps(base: ln.NormConfig, looped: bool, dtype: torch.dtype, chosen: set[st
     # the dw / db kernel of the looped backward: tile, warps, row groups
     for (block_m, block_d), warps, groups in PARAM_CONFIGS if "param" in chosen and looped else ():
         settings = {"param_block_m": block_m, "param_block_d": block_d, "param_warps": warps, "param_groups": groups}
-        yield "param", "bwd", settings, dataclasses.replace(
-            base, param_grad_block_m=block_m, param_grad_block_d=block_d, param_grad_warps=warps,
-            param_grad_groups=groups,
-        )  # fmt: skip
+        yield (
+            "param",
+            "bwd",
+            settings,
+            dataclasses.replace(
+                base,
+                param_grad_block_m=block_m,
+                param_grad_block_d=block_d,
+                param_grad_warps=warps,
+                param_grad_groups=groups,
+            ),
+        )
     # the dw / db sums of single-pass rows, inside the backward's launch at every width (partial rows
     # per group, columns per step) or in the separate kernel (partial rows, columns per step): which
     # is faster at each width sets fused_sum_max_d
@@ -124,8 +132,9 @@ def main():
         default="fwd,bwd,param,sum",
         help="comma-separated: fwd, bwd, param (dw / db of wide rows), sum (dw / db sums in the backward)",
     )
-    parser.add_argument("--shapes", nargs="+", default=None,
-                        help="rows,width pairs to time (default: the shapes of fastlm bench norms)")  # fmt: skip
+    parser.add_argument(
+        "--shapes", nargs="+", default=None, help="rows,width pairs to time (default: the shapes of fastlm bench norms)"
+    )
     parser.add_argument("--dtypes", default="bf16,fp32", help="comma list of bf16, fp32 (default: %(default)s)")
     parser.add_argument("--graph", action="store_true", help="time CUDA-graph replays (see report)")
     parser.add_argument("widths", nargs="*", type=int, help="only the benchmark shapes of these row widths")

@@ -42,11 +42,23 @@ BAD_VALUES = {  # argparse type -> values it must refuse
 # Options generated from a typed config (`fastlm.utils.options`: training's, and the model options of
 # the benchmarks and profilers) and those of data prepare take plain int / float / Path values and
 # check them after parsing (`python -m fastlm.train` and `python -m fastlm.data` share the checks).
-BAD_VALUES |= {int: ("-1", "two"), float: ("-1", "nan", "two"), Path: (MISSING,),
-               train_config.checkpoint_step: ("0", "-1", "two"),
-               tokenizer.tokenizer_spec: ("bogus", "bpe:", "bpe:257", "bpe:two", MISSING)}  # fmt: skip
-CHECKED_AFTER_PARSING = {("train",), ("train", "reward"), ("data", "prepare"), ("bench", "train"), ("bench", "model"),
-                         ("profile", "model"), ("profile", "memory"), ("analyze", "memory")}  # fmt: skip
+BAD_VALUES |= {
+    int: ("-1", "two"),
+    float: ("-1", "nan", "two"),
+    Path: (MISSING,),
+    train_config.checkpoint_step: ("0", "-1", "two"),
+    tokenizer.tokenizer_spec: ("bogus", "bpe:", "bpe:257", "bpe:two", MISSING),
+}
+CHECKED_AFTER_PARSING = {
+    ("train",),
+    ("train", "reward"),
+    ("data", "prepare"),
+    ("bench", "train"),
+    ("bench", "model"),
+    ("profile", "model"),
+    ("profile", "memory"),
+    ("analyze", "memory"),
+}
 CHOICE_LIST = ("", "bogus", "a,,b")  # any comma-separated subset of choices (`choice_list`)
 VALID = {"--data": str(CORPUS), "--input": str(CORPUS), "--out": "{empty_dir}"}  # the required options
 
@@ -87,12 +99,15 @@ def _base_argv(command, parser):
 
 
 CASES = [
-    pytest.param([*_base_argv(command, parser), action.option_strings[0], value], action.option_strings[0],
-                 id=f"{' '.join(command)} {action.option_strings[0]}={value!r}")
+    pytest.param(
+        [*_base_argv(command, parser), action.option_strings[0], value],
+        action.option_strings[0],
+        id=f"{' '.join(command)} {action.option_strings[0]}={value!r}",
+    )
     for command, parser in _subcommands()
     for action in _options(parser)
     for value in _bad_values(action)
-]  # fmt: skip
+]
 
 
 def _run(argv, capsys) -> tuple[int, str]:
@@ -159,8 +174,9 @@ def test_train_without_data_is_one_sentence(capsys):
 
 
 def test_console_script_refuses_data_that_is_not_prepared_without_a_traceback(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "fastlm", "train", "--data", str(tmp_path)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "fastlm", "train", "--data", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(f"fastlm train: error: --data {tmp_path}")
     assert "Traceback" not in done.stdout + done.stderr
@@ -189,15 +205,29 @@ def test_help_shows_defaults_and_the_expected_duration(capsys):
 
 # The commands that take more than a few seconds: each states its wall time with the defaults.
 LONG_COMMANDS = {
-    "bench xent", "bench attention", "bench norms", "bench softmax", "bench conv1d", "bench host", "bench model",
-    "bench allreduce", "bench ddp", "bench swiglu", "bench hf", "profile model", "profile memory", "ar train",
-    "inspect compiled-xent", "report",
-}  # fmt: skip
+    "bench xent",
+    "bench attention",
+    "bench norms",
+    "bench softmax",
+    "bench conv1d",
+    "bench host",
+    "bench model",
+    "bench allreduce",
+    "bench ddp",
+    "bench swiglu",
+    "bench hf",
+    "profile model",
+    "profile memory",
+    "ar train",
+    "inspect compiled-xent",
+    "report",
+}
 
 
 def test_the_long_commands_state_their_duration():
-    durations = {" ".join(command): parser.description.partition(" Expected duration")[2]
-                 for command, parser in _subcommands()}  # fmt: skip
+    durations = {
+        " ".join(command): parser.description.partition(" Expected duration")[2] for command, parser in _subcommands()
+    }
     assert {command for command, duration in durations.items() if duration} == LONG_COMMANDS
     for command in LONG_COMMANDS:
         assert re.fullmatch(r" with the defaults: on a 2-core CPU .+; on a GPU .+\.", durations[command]), command

@@ -78,8 +78,22 @@ def test_training_imports_nothing_of_the_benchmark_framework(corpus_data, tmp_pa
         measuring = sorted(n for n in _imported_modules(path) if n.startswith(MEASURING))
         assert not measuring, f"{path.name} imports {measuring}"
     # and nothing it imports does, also while it trains (imports inside functions run then)
-    argv = ["--data", str(corpus_data), "--out", str(tmp_path), "--preset", "tiny", "--context", "16",
-            "--micro-batch", "2", "--steps", "1", "--eval-sequences", "2"]  # fmt: skip
+    argv = [
+        "--data",
+        str(corpus_data),
+        "--out",
+        str(tmp_path),
+        "--preset",
+        "tiny",
+        "--context",
+        "16",
+        "--micro-batch",
+        "2",
+        "--steps",
+        "1",
+        "--eval-sequences",
+        "2",
+    ]
     done = subprocess.run([sys.executable, "-c", RUN_TRAINING, *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout

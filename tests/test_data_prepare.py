@@ -70,7 +70,7 @@ BAD_INPUTS = {
     "binary": (lambda d: (d / "a.bin").write_bytes(b"PK\x03\x04\x00\x00"), "is not text: it holds NUL bytes"),
     "not UTF-8": (lambda d: (d / "a.txt").write_bytes("Gr\xf6\xdfe".encode("latin-1")), "is not UTF-8 text (byte 2"),
     "empty folder": (lambda d: None, "holds no files"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
@@ -85,11 +85,14 @@ def test_unusable_input_is_a_one_line_error(case, tmp_path, capsys):
     assert not (tmp_path / "out" / MANIFEST).exists()
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--input", "missing.txt"], "--input missing.txt does not exist"),
-    (["--input", str(CORPUS), "--held-out", "0"], "--held-out must be above 0"),
-    (["--input", str(CORPUS), "--held-out", "0.0001"], "leaves 0 held-out tokens"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--input", "missing.txt"], "--input missing.txt does not exist"),
+        (["--input", str(CORPUS), "--held-out", "0"], "--held-out must be above 0"),
+        (["--input", str(CORPUS), "--held-out", "0.0001"], "leaves 0 held-out tokens"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors(argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert _prepare_command([*argv, "--out", "out", "--tokenizer", "bytes"]) == 2
@@ -145,8 +148,9 @@ def test_windows_cover_every_range_and_share_one_token():
     ranges = [np.arange(0, 10), np.arange(100, 103), np.arange(200, 207)]  # 3, 0 and 2 windows of 3 + 1
     windows = Windows(ranges, context=3, vocab_size=207)
     assert windows.count == 5
-    np.testing.assert_array_equal(windows[np.array([0, 2, 3, 4])],
-                                  [[0, 1, 2, 3], [6, 7, 8, 9], [200, 201, 202, 203], [203, 204, 205, 206]])  # fmt: skip
+    np.testing.assert_array_equal(
+        windows[np.array([0, 2, 3, 4])], [[0, 1, 2, 3], [6, 7, 8, 9], [200, 201, 202, 203], [203, 204, 205, 206]]
+    )
     for vocab_size in (206, 200):  # the last id read, then the first one, just outside the vocabulary
         with pytest.raises(DataError, match=f"the data holds token id {vocab_size}, outside its vocabulary"):
             Windows(ranges, context=3, vocab_size=vocab_size)[np.array([3, 4])]
@@ -189,8 +193,9 @@ def test_shards_are_checked_against_the_manifest(tmp_path, capsys, monkeypatch):
     assert "4 shard(s), 380,001 tokens, every sha256 matches the manifest" in capsys.readouterr().out
     between_blocks = SAMPLE_BYTES + 10  # block 0 is bytes [0, 4096), block 1 starts near 13,000
     _damage(shards[1], between_blocks)
-    assert sample_sha256(shards[1]) == json.loads((tmp_path / "data" / MANIFEST).read_text())["shards"][1][
-        "sample_sha256"]  # fmt: skip
+    assert (
+        sample_sha256(shards[1]) == json.loads((tmp_path / "data" / MANIFEST).read_text())["shards"][1]["sample_sha256"]
+    )
     TokenData(tmp_path / "data")  # the sample does not see it
     _damage(shards[2], 0)
     with pytest.raises(DataError, match=f"{shards[2].name} changed after it was prepared"):

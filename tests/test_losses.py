@@ -46,8 +46,9 @@ def bradley_terry_float64(chosen, rejected, margin):
 def test_bradley_terry_matches_float64(batch, margin):
     chosen, rejected = rewards(batch), rewards(batch)
     margins = torch.rand(batch) if margin == "tensor" else margin
-    expected = bradley_terry_float64(chosen.double(), rejected.double(),
-                                     margins.tolist() if margin == "tensor" else [margin] * batch)  # fmt: skip
+    expected = bradley_terry_float64(
+        chosen.double(), rejected.double(), margins.tolist() if margin == "tensor" else [margin] * batch
+    )
     got = fastlm.bradley_terry_loss(chosen, rejected, margins)
     assert got.dtype == torch.float32
     assert_relative(got, expected)
@@ -136,8 +137,10 @@ def logps(batch):
     return -torch.rand(batch) * 200
 
 
-@pytest.mark.parametrize("loss_type,label_smoothing", [("sigmoid", 0.0), ("sigmoid", 0.1), ("robust", 0.0),
-                                                       ("robust", 0.2), ("hinge", 0.0), ("ipo", 0.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    "loss_type,label_smoothing",
+    [("sigmoid", 0.0), ("sigmoid", 0.1), ("robust", 0.0), ("robust", 0.2), ("hinge", 0.0), ("ipo", 0.0)],
+)
 @pytest.mark.parametrize("beta", [0.1, 0.5])
 def test_dpo_matches_trl_formulas_in_float64(loss_type, label_smoothing, beta):
     inputs = [logps(13) for _ in range(4)]
@@ -147,10 +150,12 @@ def test_dpo_matches_trl_formulas_in_float64(loss_type, label_smoothing, beta):
     out = fastlm.dpo_loss(*inputs, beta=beta, label_smoothing=label_smoothing, loss_type=loss_type)
     assert_relative(out.loss, expected)
     # the rewards are beta times differences of logps of ~100: fp32 rounding of the inputs' difference
-    torch.testing.assert_close(out.chosen_rewards.double(), torch.tensor(chosen, dtype=torch.float64),
-                               rtol=1e-6, atol=beta * 200 * 2**-24)  # fmt: skip
-    torch.testing.assert_close(out.rejected_rewards.double(), torch.tensor(rejected, dtype=torch.float64),
-                               rtol=1e-6, atol=beta * 200 * 2**-24)  # fmt: skip
+    torch.testing.assert_close(
+        out.chosen_rewards.double(), torch.tensor(chosen, dtype=torch.float64), rtol=1e-6, atol=beta * 200 * 2**-24
+    )
+    torch.testing.assert_close(
+        out.rejected_rewards.double(), torch.tensor(rejected, dtype=torch.float64), rtol=1e-6, atol=beta * 200 * 2**-24
+    )
 
 
 @pytest.mark.parametrize("loss_type", DPO_LOSS_TYPES)
@@ -220,8 +225,9 @@ def test_sequence_logprobs_and_gradients_match_float64(with_bias):
         assert torch.equal(out.tokens, mask.sum(1))
         return torch.stack([out.sum, out.mean])
 
-    out = check_against_float64(ours, lambda h, w, b: sequence_logprobs_ref(h, w, b, targets, mask), inputs,
-                                FP32_ALLOWANCE)  # fmt: skip
+    out = check_against_float64(
+        ours, lambda h, w, b: sequence_logprobs_ref(h, w, b, targets, mask), inputs, FP32_ALLOWANCE
+    )
     assert (out[:, -1] == 0).all()  # the fully masked sequence: no tokens, sum and mean 0
     assert (out[:, :-1] < 0).all()
 
@@ -244,8 +250,9 @@ def test_linear_dpo_loss_is_dpo_on_the_sequence_logprobs(average_logps):
     which = 1 if average_logps else 0
 
     def ours(h, w, b):
-        out = fastlm.linear_dpo_loss(h, w, targets, mask, ref_chosen, ref_rejected, b, beta=0.2,
-                                     average_logps=average_logps, chunk_rows=8)  # fmt: skip
+        out = fastlm.linear_dpo_loss(
+            h, w, targets, mask, ref_chosen, ref_rejected, b, beta=0.2, average_logps=average_logps, chunk_rows=8
+        )
         return out.loss
 
     def reference(h, w, b):
@@ -265,23 +272,34 @@ R = torch.zeros(3)
 H, W, TG = torch.zeros(2, 3, 4), torch.zeros(5, 4), torch.zeros(2, 3, dtype=torch.long)
 
 
-@pytest.mark.parametrize("call,error,message", [
-    (lambda: fastlm.bradley_terry_loss(R, torch.zeros(4)), ValueError, r"one shape.*chosen \(3,\), rejected \(4,\)"),
-    (lambda: fastlm.bradley_terry_loss(R.long(), R), TypeError, "chosen must have dtype"),
-    (lambda: fastlm.bradley_terry_loss(R, R, float("nan")), ValueError, "margin must be a finite number"),
-    (lambda: fastlm.ranking_loss(R), ValueError, r"rewards must be 2-D, got shape \(3,\)"),
-    (lambda: fastlm.ranking_loss(R.view(1, 3), R.view(1, 3)), TypeError, "mask must have dtype in \\(bool\\)"),
-    (lambda: fastlm.dpo_loss(R, R, R, R, loss_type="kto"), ValueError, "loss_type must be one of sigmoid, ipo"),
-    (lambda: fastlm.dpo_loss(R, R, R, R, beta=0), ValueError, "beta must be a finite number > 0"),
-    (lambda: fastlm.dpo_loss(R, R, R, R, label_smoothing=0.1, loss_type="ipo"), ValueError, "label_smoothing"),
-    (lambda: fastlm.dpo_loss(R, R, R, R, label_smoothing=0.5, loss_type="robust"), ValueError, "below 0.5"),
-    (lambda: fastlm.dpo_loss(R, R, R, R[:2]), ValueError, r"ref_rejected_logps \(2,\)"),
-    (lambda: fastlm.sequence_logprobs(H[0], W, TG), ValueError, "hidden must be 3-D"),
-    (lambda: fastlm.sequence_logprobs(H, W, TG[:, :2]), ValueError, r"targets must have shape \(2, 3\)"),
-    (lambda: fastlm.sequence_logprobs(H, W, TG, TG), TypeError, "mask must have dtype"),
-    (lambda: fastlm.sequence_logprobs(H, W, TG, chunk_rows=0), ValueError, "chunk_rows must be an int >= 1"),
-    (lambda: fastlm.linear_dpo_loss(H[:1], W, TG[:1], TG[:1] > 0, R, R), ValueError, r"hidden must be \(2B, T, d\)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "call,error,message",
+    [
+        (
+            lambda: fastlm.bradley_terry_loss(R, torch.zeros(4)),
+            ValueError,
+            r"one shape.*chosen \(3,\), rejected \(4,\)",
+        ),
+        (lambda: fastlm.bradley_terry_loss(R.long(), R), TypeError, "chosen must have dtype"),
+        (lambda: fastlm.bradley_terry_loss(R, R, float("nan")), ValueError, "margin must be a finite number"),
+        (lambda: fastlm.ranking_loss(R), ValueError, r"rewards must be 2-D, got shape \(3,\)"),
+        (lambda: fastlm.ranking_loss(R.view(1, 3), R.view(1, 3)), TypeError, "mask must have dtype in \\(bool\\)"),
+        (lambda: fastlm.dpo_loss(R, R, R, R, loss_type="kto"), ValueError, "loss_type must be one of sigmoid, ipo"),
+        (lambda: fastlm.dpo_loss(R, R, R, R, beta=0), ValueError, "beta must be a finite number > 0"),
+        (lambda: fastlm.dpo_loss(R, R, R, R, label_smoothing=0.1, loss_type="ipo"), ValueError, "label_smoothing"),
+        (lambda: fastlm.dpo_loss(R, R, R, R, label_smoothing=0.5, loss_type="robust"), ValueError, "below 0.5"),
+        (lambda: fastlm.dpo_loss(R, R, R, R[:2]), ValueError, r"ref_rejected_logps \(2,\)"),
+        (lambda: fastlm.sequence_logprobs(H[0], W, TG), ValueError, "hidden must be 3-D"),
+        (lambda: fastlm.sequence_logprobs(H, W, TG[:, :2]), ValueError, r"targets must have shape \(2, 3\)"),
+        (lambda: fastlm.sequence_logprobs(H, W, TG, TG), TypeError, "mask must have dtype"),
+        (lambda: fastlm.sequence_logprobs(H, W, TG, chunk_rows=0), ValueError, "chunk_rows must be an int >= 1"),
+        (
+            lambda: fastlm.linear_dpo_loss(H[:1], W, TG[:1], TG[:1] > 0, R, R),
+            ValueError,
+            r"hidden must be \(2B, T, d\)",
+        ),
+    ],
+)
 def test_bad_argument_raises_one_clear_error_naming_it(call, error, message):
     with pytest.raises(error, match=message):
         call()
@@ -301,5 +319,9 @@ def test_gpu_bf16_sequence_logprobs_match_float64():
         out = fastlm.sequence_logprobs(h, w, targets, mask, chunk_rows=128)
         return torch.stack([out.sum, out.mean])
 
-    check_against_float64(ours, lambda h, w, b: sequence_logprobs_ref(h, w, b, targets, mask), [hidden, weight, None],
-                          unit_roundoff(torch.bfloat16) / 8)  # fmt: skip
+    check_against_float64(
+        ours,
+        lambda h, w, b: sequence_logprobs_ref(h, w, b, targets, mask),
+        [hidden, weight, None],
+        unit_roundoff(torch.bfloat16) / 8,
+    )

@@ -130,8 +130,9 @@ def save(directory: Path, step: int, config: dict, state: dict, *, keep: int = 2
     return path
 
 
-def load(directory: Path, config: dict | None = None, override: Iterable[str] = (), step: int | None = None
-         ) -> Checkpoint:  # fmt: skip
+def load(
+    directory: Path, config: dict | None = None, override: Iterable[str] = (), step: int | None = None
+) -> Checkpoint:
     """The newest committed checkpoint in ``directory`` (with ``step``, the one of that step),
     verified. With ``config``, raises `ConfigMismatchError` when the checkpoint's configuration
     differs in a field not in ``override``; `DamagedCheckpointError` when its file is damaged."""
@@ -167,8 +168,10 @@ def _read(directory: Path, entry: dict) -> Checkpoint:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        raise CheckpointError(f"{path} is not a fastlm checkpoint: it holds objects other than tensors and plain "
-                              "data, which would run code when loaded") from None  # fmt: skip
+        raise CheckpointError(
+            f"{path} is not a fastlm checkpoint: it holds objects other than tensors and plain "
+            "data, which would run code when loaded"
+        ) from None
     except Exception as error:  # torch raises many types for unreadable archives; the message is what matters
         raise CheckpointError(f"{path} cannot be read as a checkpoint: {_first_line(error)}") from None
     if not (isinstance(payload, dict) and payload.get("format") == FORMAT and payload.get("version") == VERSION):

@@ -133,8 +133,12 @@ def dpo_loss(
     and the loss is their mean over the batch. beta > 0; label_smoothing in [0, 0.5] for sigmoid,
     [0, 0.5) for robust, 0 for hinge and ipo. Gradients flow to the policy log-probabilities; the
     reference ones are treated as constants whether or not they require grad."""
-    logps = {"policy_chosen_logps": policy_chosen_logps, "policy_rejected_logps": policy_rejected_logps,
-             "ref_chosen_logps": ref_chosen_logps, "ref_rejected_logps": ref_rejected_logps}  # fmt: skip
+    logps = {
+        "policy_chosen_logps": policy_chosen_logps,
+        "policy_rejected_logps": policy_rejected_logps,
+        "ref_chosen_logps": ref_chosen_logps,
+        "ref_rejected_logps": ref_rejected_logps,
+    }
     for name, tensor in logps.items():
         _check_rewards(name, tensor, 1)
     _check_same_shape_and_device(**logps)
@@ -201,8 +205,10 @@ def sequence_logprobs(
     if hidden.dim() != 3:
         raise ValueError(f"hidden must be 3-D (batch, length, d), got shape {tuple(hidden.shape)}")
     if targets.shape != hidden.shape[:2]:
-        raise ValueError(f"targets must have shape {tuple(hidden.shape[:2])} to match hidden "
-                         f"{tuple(hidden.shape)}, got {tuple(targets.shape)}")  # fmt: skip
+        raise ValueError(
+            f"targets must have shape {tuple(hidden.shape[:2])} to match hidden "
+            f"{tuple(hidden.shape)}, got {tuple(targets.shape)}"
+        )
     if mask is None:
         mask = torch.ones(targets.shape, dtype=torch.bool, device=targets.device)
     check_tensor("mask", mask)
@@ -211,8 +217,15 @@ def sequence_logprobs(
         raise ValueError(f"mask must have shape {tuple(targets.shape)} to match targets, got {tuple(mask.shape)}")
     check_same_device(targets=targets, mask=mask)
     selected = targets.masked_fill(~mask, _IGNORED)
-    losses = linear_cross_entropy(hidden.flatten(0, 1), weight, selected.flatten(), bias, ignore_index=_IGNORED,
-                                  reduction="none", chunk_rows=chunk_rows)  # fmt: skip
+    losses = linear_cross_entropy(
+        hidden.flatten(0, 1),
+        weight,
+        selected.flatten(),
+        bias,
+        ignore_index=_IGNORED,
+        reduction="none",
+        chunk_rows=chunk_rows,
+    )
     total = -losses.view(targets.shape).sum(1)  # (B,): ignored tokens' losses are 0
     tokens = mask.sum(1)
     return SequenceLogprobs(total, total / tokens.clamp(min=1), tokens)

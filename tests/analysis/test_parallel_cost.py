@@ -146,22 +146,24 @@ def test_blocks_and_tokens_do_not_change_the_compute_bound_batch():
 
 @pytest.mark.parametrize(
     ("make", "message"),
-    [(lambda: ParallelConfig(d_model=0), "d_model must be a positive integer"),
-     (lambda: ParallelConfig(d_ff=-1), "d_ff must be a positive integer"),
-     (lambda: ParallelConfig(blocks=1.5), "blocks must be a positive integer"),
-     (lambda: ParallelConfig(batch=True), "batch must be a positive integer"),
-     (lambda: ParallelConfig(context_length=0), "context_length must be a positive integer"),
-     (lambda: MeshConfig(w_ici=0), "w_ici must be a positive finite number"),
-     (lambda: MeshConfig(flops=math.nan), "flops must be a positive finite number"),
-     (lambda: MeshConfig(flops=math.inf), "flops must be a positive finite number"),
-     (lambda: MeshConfig(m_x=0), "m_x must be a positive integer"),
-     (lambda: MeshConfig(y=2.0), "y must be a positive integer"),
-     (lambda: devices_needed(0, 80), "total_bytes must be a positive integer"),
-     (lambda: devices_needed(10, -80), "device_memory_gb must be a positive finite number"),
-     (lambda: fsdp_memory_per_device(DEFAULT, 0), "n_fsdp must be a positive integer"),
-     (lambda: smallest_fsdp_degree(DEFAULT, 0), "device_memory_gb must be a positive finite number"),
-     (lambda: forward_times(DEFAULT, V5P, -1), "batch_tokens must be a positive finite number")],
-)  # fmt: skip
+    [
+        (lambda: ParallelConfig(d_model=0), "d_model must be a positive integer"),
+        (lambda: ParallelConfig(d_ff=-1), "d_ff must be a positive integer"),
+        (lambda: ParallelConfig(blocks=1.5), "blocks must be a positive integer"),
+        (lambda: ParallelConfig(batch=True), "batch must be a positive integer"),
+        (lambda: ParallelConfig(context_length=0), "context_length must be a positive integer"),
+        (lambda: MeshConfig(w_ici=0), "w_ici must be a positive finite number"),
+        (lambda: MeshConfig(flops=math.nan), "flops must be a positive finite number"),
+        (lambda: MeshConfig(flops=math.inf), "flops must be a positive finite number"),
+        (lambda: MeshConfig(m_x=0), "m_x must be a positive integer"),
+        (lambda: MeshConfig(y=2.0), "y must be a positive integer"),
+        (lambda: devices_needed(0, 80), "total_bytes must be a positive integer"),
+        (lambda: devices_needed(10, -80), "device_memory_gb must be a positive finite number"),
+        (lambda: fsdp_memory_per_device(DEFAULT, 0), "n_fsdp must be a positive integer"),
+        (lambda: smallest_fsdp_degree(DEFAULT, 0), "device_memory_gb must be a positive finite number"),
+        (lambda: forward_times(DEFAULT, V5P, -1), "batch_tokens must be a positive finite number"),
+    ],
+)
 def test_bad_arguments_raise(make, message):
     with pytest.raises(ValueError, match=message):
         make()
@@ -170,28 +172,67 @@ def test_bad_arguments_raise(make, message):
 def test_analyze_parallel_command(capsys):
     assert main(["analyze", "parallel"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    for expected in ("219,848,638,464", "3,517.58 GB", "17,547,264 B", "143.75 GB", "3,661.33 GB",
-                     "80 GB GPUs to hold it: 44 for weights, gradients and AdamW state, 46 with the saved",
-                     "94.88 GB", "95.03 GB", "Smallest N_FSDP with per-device memory under 95 GB: 156",
-                     "25,301.7 tokens", "395.3 tokens", "396 (25,344 in all)", "2,423.4 µs"):  # fmt: skip
+    for expected in (
+        "219,848,638,464",
+        "3,517.58 GB",
+        "17,547,264 B",
+        "143.75 GB",
+        "3,661.33 GB",
+        "80 GB GPUs to hold it: 44 for weights, gradients and AdamW state, 46 with the saved",
+        "94.88 GB",
+        "95.03 GB",
+        "Smallest N_FSDP with per-device memory under 95 GB: 156",
+        "25,301.7 tokens",
+        "395.3 tokens",
+        "396 (25,344 in all)",
+        "2,423.4 µs",
+    ):
         assert expected in out, expected
     # more tokens than 2 x 95 GB of activations: no N fits; 21-way TP on one axis: no batch is compute-bound
     assert main(["analyze", "parallel", "--batch", "2", "--context", "8192", "--y", "21", "--x", "3"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "No N_FSDP fits under 95 GB" in out and "No batch is compute-bound" in out
-    assert main(["analyze", "parallel", "--device-memory-gb", "1e6", "--gpu-memory-gb", "141", "--d-model", "8192",
-                 "--d-ff", "28672", "--blocks", "80", "--w-ici", "9e10", "--flops", "9.89e14", "--mx", "1",
-                 "--my", "2"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "analyze",
+                "parallel",
+                "--device-memory-gb",
+                "1e6",
+                "--gpu-memory-gb",
+                "141",
+                "--d-model",
+                "8192",
+                "--d-ff",
+                "28672",
+                "--blocks",
+                "80",
+                "--w-ici",
+                "9e10",
+                "--flops",
+                "9.89e14",
+                "--mx",
+                "1",
+                "--my",
+                "2",
+            ]
+        )
+        == 0
+    )
     out = " ".join(capsys.readouterr().out.split())
     assert "Smallest N_FSDP with per-device memory under 1e+06 GB: 1 " in out and "141 GB GPUs" in out
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["analyze", "parallel", "--x", "0"], ["analyze", "parallel", "--flops", "nan"],
-     ["analyze", "parallel", "--w-ici", "inf"], ["analyze", "parallel", "--device-memory-gb", "-95"],
-     ["analyze", "parallel", "--d-model", "16k"]],
-)  # fmt: skip
+    [
+        ["analyze", "parallel", "--x", "0"],
+        ["analyze", "parallel", "--flops", "nan"],
+        ["analyze", "parallel", "--w-ici", "inf"],
+        ["analyze", "parallel", "--device-memory-gb", "-95"],
+        ["analyze", "parallel", "--d-model", "16k"],
+    ],
+)
 def test_bad_flags_exit_with_one_clear_error(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(argv)

@@ -15,8 +15,27 @@ def test_bus_bandwidth_is_the_ring_traffic_per_link():
 
 
 def test_command_measures_every_size_and_process_count(tmp_path, capfd):
-    assert main(["bench", "allreduce", "--backend", "gloo", "--procs", "2,3", "--sizes-mb", "0.01,0.1",
-                 "--iters", "2", "--warmup", "1", "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                "allreduce",
+                "--backend",
+                "gloo",
+                "--procs",
+                "2,3",
+                "--sizes-mb",
+                "0.01,0.1",
+                "--iters",
+                "2",
+                "--warmup",
+                "1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     lines = (tmp_path / "results" / "allreduce.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert [(r["world"], r["size_mb"]) for r in records] == [(2, 0.01), (2, 0.1), (3, 0.01), (3, 0.1)]
@@ -41,9 +60,20 @@ def test_nccl_without_gpus_is_a_clear_error(capsys, monkeypatch):
 
 def test_report_shows_the_latest_run_of_each_backend(tmp_path):
     def row(run_id, backend, median_ms):
-        return {"run_id": run_id, "backend": backend, "gpu": "cpu" if backend == "gloo" else "GPU", "torch": "2",
-                "git_sha": run_id, "date": "d", "iters": 5, "world": 2, "size_mb": 1.0, "median_ms": median_ms,
-                "algbw_gbps": 1.0, "busbw_gbps": 1.0}  # fmt: skip
+        return {
+            "run_id": run_id,
+            "backend": backend,
+            "gpu": "cpu" if backend == "gloo" else "GPU",
+            "torch": "2",
+            "git_sha": run_id,
+            "date": "d",
+            "iters": 5,
+            "world": 2,
+            "size_mb": 1.0,
+            "median_ms": median_ms,
+            "algbw_gbps": 1.0,
+            "busbw_gbps": 1.0,
+        }
 
     results = tmp_path / "results"
     results.mkdir()

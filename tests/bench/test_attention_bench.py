@@ -34,12 +34,24 @@ def test_model_sweep_keeps_tokens_per_batch():
 
 def test_model_ratios_divide_tflops():
     records = [
-        {"head_dim": 128, "seq": 4096, "implementation": "fastlm", "status": "ok", "fwd_tflops": 400.0,
-         "fwd_bwd_tflops": 300.0},
-        {"head_dim": 128, "seq": 4096, "implementation": "sdpa-flash", "status": "ok", "fwd_tflops": 200.0,
-         "fwd_bwd_tflops": 250.0},
+        {
+            "head_dim": 128,
+            "seq": 4096,
+            "implementation": "fastlm",
+            "status": "ok",
+            "fwd_tflops": 400.0,
+            "fwd_bwd_tflops": 300.0,
+        },
+        {
+            "head_dim": 128,
+            "seq": 4096,
+            "implementation": "sdpa-flash",
+            "status": "ok",
+            "fwd_tflops": 200.0,
+            "fwd_bwd_tflops": 250.0,
+        },
         {"head_dim": 128, "seq": 4096, "implementation": "sdpa-cudnn", "status": "OOM"},
-    ]  # fmt: skip
+    ]
     (row,) = attention.model_ratios(records)
     assert row["fwd_vs_sdpa-flash"] == 2.0 and row["fwd_bwd_vs_sdpa-flash"] == 1.2
     assert "fwd_vs_sdpa-cudnn" not in row

@@ -28,8 +28,27 @@ def test_cost_model_by_hand():
 
 
 def test_analyze_command(capsys):
-    assert main(["analyze", "conv1d", "--batch", "8", "--length", "4096", "--channels", "2048",
-                 "--kernel-size", "4", "--dtype", "bf16", "--gpu", "h200"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "analyze",
+                "conv1d",
+                "--batch",
+                "8",
+                "--length",
+                "4096",
+                "--channels",
+                "2048",
+                "--kernel-size",
+                "4",
+                "--dtype",
+                "bf16",
+                "--gpu",
+                "h200",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "memory-bound" in out and "padding" in out and "H200" in out
 
@@ -39,6 +58,9 @@ def test_command_runs_on_cpu(tmp_path):
     assert main(["bench", "conv1d", "--out", str(tmp_path)]) == 0
     records = [json.loads(line) for line in (tmp_path / "results" / "conv1d.jsonl").read_text().splitlines()]
     assert {r["implementation"]: r["status"] for r in records} == {
-        "eager": "ok", "compile": "needs a GPU", "fastlm": "ok", "fastlm-cuda": "needs a GPU"
-    }  # fmt: skip
+        "eager": "ok",
+        "compile": "needs a GPU",
+        "fastlm": "ok",
+        "fastlm-cuda": "needs a GPU",
+    }
     assert (tmp_path / "reports" / "conv1d_fwd_bwd_gbps.png").stat().st_size > 0

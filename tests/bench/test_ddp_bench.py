@@ -58,10 +58,32 @@ def test_variant_names_parse_into_wrapper_specs():
 
 
 def test_command_on_gloo(tmp_path, capfd):
-    argv = ["bench", "ddp", "--backend", "gloo", "--procs", "2", "--context", "16", "--vocab", "64",
-            "--variants", "no-sync,flat,bucketed-0.01,torch-ddp", "--optimizers", "adamw,sharded,zero",
-            "--warmup", "1", "--steps", "2", "--rounds", "2", "--profile-steps", "1",
-            "--out", str(tmp_path)]  # fmt: skip
+    argv = [
+        "bench",
+        "ddp",
+        "--backend",
+        "gloo",
+        "--procs",
+        "2",
+        "--context",
+        "16",
+        "--vocab",
+        "64",
+        "--variants",
+        "no-sync,flat,bucketed-0.01,torch-ddp",
+        "--optimizers",
+        "adamw,sharded,zero",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--rounds",
+        "2",
+        "--profile-steps",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(argv) == 0
     records = [json.loads(line) for line in (tmp_path / "results" / "ddp.jsonl").read_text().splitlines()]
     steps = {r["variant"]: r for r in records if r["kind"] == "step"}
@@ -80,23 +102,45 @@ def test_command_on_gloo(tmp_path, capfd):
     assert "optimizer-state sharding" in report and "torch-ddp" in report
     assert GLOO_NOTE in report and "NCCL kernel ms" not in report and "round spread %" in report
     out = capfd.readouterr().out  # rank 0 of the worker processes reports each variant of each round
-    for line in ("data-parallel steps, 2 processes (gloo, tiny): 4 variants x 2 rounds, then 3 memory rows",
-                 "data-parallel steps, 2 processes, round 2/2: torch-ddp ",
-                 "data-parallel steps, 2 processes: memory row of zero, "):  # fmt: skip
+    for line in (
+        "data-parallel steps, 2 processes (gloo, tiny): 4 variants x 2 rounds, then 3 memory rows",
+        "data-parallel steps, 2 processes, round 2/2: torch-ddp ",
+        "data-parallel steps, 2 processes: memory row of zero, ",
+    ):
         assert line in out
 
 
 def test_report_shows_each_rank_counts_latest_run(tmp_path):
     def step(run_id, world, variant, median_ms):
-        return {"run_id": run_id, "kind": "step", "world": world, "variant": variant, "median_ms": median_ms,
-                "gpu": "GPU", "backend": "nccl", "torch": "2", "git_sha": run_id, "date": "d", "preset": "xl",
-                "context": 512, "batch": 4, "precision": "bf16", "rounds": 2, "steps": 20,
-                "profile_steps": 2}  # fmt: skip
+        return {
+            "run_id": run_id,
+            "kind": "step",
+            "world": world,
+            "variant": variant,
+            "median_ms": median_ms,
+            "gpu": "GPU",
+            "backend": "nccl",
+            "torch": "2",
+            "git_sha": run_id,
+            "date": "d",
+            "preset": "xl",
+            "context": 512,
+            "batch": 4,
+            "precision": "bf16",
+            "rounds": 2,
+            "steps": 20,
+            "profile_steps": 2,
+        }
 
     results = tmp_path / "results"
     results.mkdir()
-    records = [step("old", 2, "ddp", 11.0), step("old", 2, "torch-ddp", 12.0), step("mid", 4, "ddp", 99.0),
-               step("new", 4, "ddp", 33.0), step("new", 8, "ddp", 44.0)]  # fmt: skip
+    records = [
+        step("old", 2, "ddp", 11.0),
+        step("old", 2, "torch-ddp", 12.0),
+        step("mid", 4, "ddp", 99.0),
+        step("new", 4, "ddp", 33.0),
+        step("new", 8, "ddp", 44.0),
+    ]
     (results / "ddp.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     report = render(results, tmp_path / "reports")
     assert report.index("## 2 ranks") < report.index("## 4, 8 ranks")

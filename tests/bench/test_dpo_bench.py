@@ -35,11 +35,23 @@ def test_matmul_flops_by_hand():
 
 def test_table_rows_compare_each_case_with_its_eager_row():
     def record(implementation, pairs, ms, peak, status="ok"):
-        return {"implementation": implementation, "length": 8, "pairs": pairs, "status": status, "fwd_bwd_ms": ms,
-                "peak_excluding_grads_gib": peak}  # fmt: skip
+        return {
+            "implementation": implementation,
+            "length": 8,
+            "pairs": pairs,
+            "status": status,
+            "fwd_bwd_ms": ms,
+            "peak_excluding_grads_gib": peak,
+        }
 
-    rows = dpo.table_rows([record("eager", 2, 4.0, 2.0), record("fastlm", 2, 1.0, 0.25),
-                           record("eager", 4, 1.0, 1.0, "OOM"), record("fastlm", 4, 3.0, 0.5)])  # fmt: skip
+    rows = dpo.table_rows(
+        [
+            record("eager", 2, 4.0, 2.0),
+            record("fastlm", 2, 1.0, 0.25),
+            record("eager", 4, 1.0, 1.0, "OOM"),
+            record("fastlm", 4, 3.0, 0.5),
+        ]
+    )
     assert rows[1]["speedup"] == 4.0 and rows[1]["memory_vs_eager"] == 0.125
     assert "speedup" not in rows[3]  # eager ran out of memory there: no ratio
 
@@ -51,7 +63,11 @@ def test_cpu_run_writes_records_table_and_plot(tmp_path):
     append_records(results / "dpo.jsonl", [record for step in steps for record in step.records])
     records = read_records(results / "dpo.jsonl")
     assert {r["implementation"]: r["status"] for r in records} == {
-        "eager": "ok", "compile": "needs a GPU", "fastlm": "ok", "liger": "needs a GPU"}  # fmt: skip
+        "eager": "ok",
+        "compile": "needs a GPU",
+        "fastlm": "ok",
+        "liger": "needs a GPU",
+    }
     fastlm_row = next(r for r in records if r["implementation"] == "fastlm")
     length, pairs, width, vocab = dpo.CPU_CASES[0]
     assert fastlm_row["tokens"] == 2 * pairs * length

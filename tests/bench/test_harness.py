@@ -70,14 +70,39 @@ def test_bandwidth_report_shows_the_graph_replay_column_and_ticks(tmp_path):
         "copy_gbps_measured": 3000.0,
     }
     records = [
-        {**common, "case": "a", "implementation": "fastlm", "status": "ok", "fwd_ms": 0.1, "fwd_bwd_ms": 0.5,
-         "fwd_gbps": 2000.0, "fwd_fraction_of_copy": 0.66, "fwd_bwd_gbps": 600.0, "fwd_bwd_fraction_of_copy": 0.2,
-         "fwd_graph_ms": 0.05, "fwd_graph_gbps": 2700.0, "fwd_graph_fraction_of_copy": 0.9,
-         "fwd_bwd_graph_ms": 0.14, "fwd_bwd_graph_gbps": 2400.0, "fwd_bwd_graph_fraction_of_copy": 0.8},
-        {**common, "case": "a", "implementation": "liger", "status": "ok", "fwd_ms": 0.1, "fwd_bwd_ms": 0.5,
-         "fwd_gbps": 2000.0, "fwd_fraction_of_copy": 0.66, "fwd_bwd_gbps": 600.0, "fwd_bwd_fraction_of_copy": 0.2,
-         "fwd_graph_status": "error: capture failed", "fwd_bwd_graph_status": "error: capture failed"},
-    ]  # fmt: skip
+        {
+            **common,
+            "case": "a",
+            "implementation": "fastlm",
+            "status": "ok",
+            "fwd_ms": 0.1,
+            "fwd_bwd_ms": 0.5,
+            "fwd_gbps": 2000.0,
+            "fwd_fraction_of_copy": 0.66,
+            "fwd_bwd_gbps": 600.0,
+            "fwd_bwd_fraction_of_copy": 0.2,
+            "fwd_graph_ms": 0.05,
+            "fwd_graph_gbps": 2700.0,
+            "fwd_graph_fraction_of_copy": 0.9,
+            "fwd_bwd_graph_ms": 0.14,
+            "fwd_bwd_graph_gbps": 2400.0,
+            "fwd_bwd_graph_fraction_of_copy": 0.8,
+        },
+        {
+            **common,
+            "case": "a",
+            "implementation": "liger",
+            "status": "ok",
+            "fwd_ms": 0.1,
+            "fwd_bwd_ms": 0.5,
+            "fwd_gbps": 2000.0,
+            "fwd_fraction_of_copy": 0.66,
+            "fwd_bwd_gbps": 600.0,
+            "fwd_bwd_fraction_of_copy": 0.2,
+            "fwd_graph_status": "error: capture failed",
+            "fwd_bwd_graph_status": "error: capture failed",
+        },
+    ]
     text = render_bandwidth(records, [("case", "case")], lambda r: r["case"], tmp_path / "plot.png", "t")
     row = next(line for line in text.splitlines() if line.startswith("| a | fastlm"))
     assert row.split(" | ")[-4] == "90"  # fwd % of copy, CUDA graph
@@ -97,9 +122,11 @@ class _Toy(Benchmark):
         return [1, 2]
 
     def implementations(self, case):
-        return (Implementation("square", lambda case: lambda: case * case),
-                Implementation("gpu", lambda case: lambda: 0, needs_gpu=True),
-                Implementation("missing", lambda case: "missing: toy-kernels is not installed"))  # fmt: skip
+        return (
+            Implementation("square", lambda case: lambda: case * case),
+            Implementation("gpu", lambda case: lambda: 0, needs_gpu=True),
+            Implementation("missing", lambda case: "missing: toy-kernels is not installed"),
+        )
 
     def describe(self, case, implementation, run):
         return {"op": "toy", "case": case, "implementation": implementation.name}
@@ -130,10 +157,13 @@ def test_runner_appends_records_writes_the_report_and_prints_a_line_per_step(tmp
     assert capsys.readouterr().out.splitlines() == [f"toy {i}/6: {c} {n}" for i, (c, n) in enumerate(steps, 1)]
 
 
-@pytest.mark.parametrize(("error", "status"), [
-    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"), "OOM"),
-    (RuntimeError("cuDNN rejects this shape\nmore detail"), "error: cuDNN rejects this shape"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB"), "OOM"),
+        (RuntimeError("cuDNN rejects this shape\nmore detail"), "error: cuDNN rejects this shape"),
+    ],
+)
 def test_a_failed_measurement_becomes_the_status(error, status):
     class Failing(_Toy):
         def measure(self, case, fn, run):
@@ -152,8 +182,12 @@ def test_records_round_trip_and_latest_run(tmp_path):
 
 
 def test_latest_runs_by_keeps_each_keys_latest_run_whole():
-    records = [{"run_id": "a", "world": 2, "x": 1}, {"run_id": "a", "world": 4, "x": 2},
-               {"run_id": "b", "world": 8, "x": 3}, {"run_id": "c", "world": 4, "x": 4}]  # fmt: skip
+    records = [
+        {"run_id": "a", "world": 2, "x": 1},
+        {"run_id": "a", "world": 4, "x": 2},
+        {"run_id": "b", "world": 8, "x": 3},
+        {"run_id": "c", "world": 4, "x": 4},
+    ]
     runs = latest_runs_by(records, "world")
     assert [[r["x"] for r in run] for run in runs] == [[1], [3], [4]]
 
@@ -183,15 +217,25 @@ def test_xent_table_explains_fwd_bwd_below_fwd():
     assert status["eager"] == "ok"
 
 
-@pytest.mark.parametrize(("value", "unit", "text"), [(3.518e13, "", "35.2 T"), (1_050_705_920, "B", "1.05 GB"),
-                                                     (32_768, "B", "32.8 kB"), (999.96, "", "1 k"), (0.25, "", "0.25"),
-                                                     (2.0, "B", "2 B")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("value", "unit", "text"),
+    [
+        (3.518e13, "", "35.2 T"),
+        (1_050_705_920, "B", "1.05 GB"),
+        (32_768, "B", "32.8 kB"),
+        (999.96, "", "1 k"),
+        (0.25, "", "0.25"),
+        (2.0, "B", "2 B"),
+    ],
+)
 def test_si_keeps_three_digits(value, unit, text):
     assert si(value, unit) == text
 
 
-@pytest.mark.parametrize(("seconds", "text"), [(0.1369, "137 ms"), (8.4256e-6, "8.43 µs"), (999.96e-6, "1 ms"),
-                                               (2.5, "2.5 s"), (3e-10, "0.3 ns")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.1369, "137 ms"), (8.4256e-6, "8.43 µs"), (999.96e-6, "1 ms"), (2.5, "2.5 s"), (3e-10, "0.3 ns")],
+)
 def test_si_seconds_picks_the_unit(seconds, text):
     assert si_seconds(seconds) == text
 

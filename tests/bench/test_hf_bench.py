@@ -24,8 +24,28 @@ def test_parameter_counts_match_the_built_model(family):
 
 
 def test_bench_hf_command_measures_every_patch_in_one_run(tmp_path):
-    args = ["bench", "hf", "--family", "llama", "--size", "tiny", "--seq", "16", "--batch", "1",
-            "--compile", "eager", "--warmup", "0", "--steps", "2", "--rounds", "2", "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "bench",
+        "hf",
+        "--family",
+        "llama",
+        "--size",
+        "tiny",
+        "--seq",
+        "16",
+        "--batch",
+        "1",
+        "--compile",
+        "eager",
+        "--warmup",
+        "0",
+        "--steps",
+        "2",
+        "--rounds",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     records = [json.loads(line) for line in (tmp_path / "results" / "hf.jsonl").read_text().splitlines()]
     by_name = {r["implementation"]: r for r in records}
@@ -64,8 +84,15 @@ def test_a_patch_that_fails_becomes_its_rows_status(monkeypatch, tmp_path):
 
     monkeypatch.setitem(hf.IMPLEMENTATIONS, "liger", Implementation("hf+liger", broken))
     monkeypatch.setattr(hf, "missing_patch", lambda patch: None)
-    benchmark = hf.HFBenchmark((HFShape.of("llama", "tiny", 16),), ("none", "liger"),
-                               (hf.Row("train", "fp32", "eager"),), batch=1, warmup=0, steps=1, rounds=2)  # fmt: skip
+    benchmark = hf.HFBenchmark(
+        (HFShape.of("llama", "tiny", 16),),
+        ("none", "liger"),
+        (hf.Row("train", "fp32", "eager"),),
+        batch=1,
+        warmup=0,
+        steps=1,
+        rounds=2,
+    )
     from fastlm.harness.runner import run_benchmark
 
     report = run_benchmark(benchmark, tmp_path, torch.device("cpu")).read_text()

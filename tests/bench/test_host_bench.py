@@ -21,8 +21,11 @@ CPU = torch.device("cpu")
 def test_rounds_give_ordered_positive_spreads():
     times = host.measure_interleaved(
         {"a": host.HostCall(lambda _: sum(range(50))), "b": host.HostCall(lambda _: sum(range(500)))},
-        CPU, calls=20, rounds=3, warmup=2,
-    )  # fmt: skip
+        CPU,
+        calls=20,
+        rounds=3,
+        warmup=2,
+    )
     for wall_rounds, cpu_rounds in times.values():
         assert len(wall_rounds) == len(cpu_rounds) == 3
         for spread in (host.summarize(wall_rounds), host.summarize(cpu_rounds)):
@@ -67,13 +70,20 @@ def test_tiny_cpu_run_writes_records_and_report(tmp_path, monkeypatch):
     monkeypatch.setattr(host, "CASES", small)
     benchmark = host.HostBenchmark(tuple(small), ("eager", "compile"), rounds=3, calls=3)
     steps = list(benchmark.measurements(Run(CPU, None)))
-    assert [step.label for step in steps] == ["rms_norm eager", "rms_norm compile", "weighted_sum eager",
-                                              "weighted_sum compile"]  # fmt: skip
+    assert [step.label for step in steps] == [
+        "rms_norm eager",
+        "rms_norm compile",
+        "weighted_sum eager",
+        "weighted_sum compile",
+    ]
     records = [record for step in steps for record in step.records]
     assert {(r["op"], r["compile"], r["implementation"], r["direction"]) for r in records} == {
-        (op, mode, impl, d) for op in ("rms_norm", "weighted_sum") for mode in ("eager", "compile")
-        for impl in ("pytorch", "fastlm") for d in host.DIRECTIONS
-    }  # fmt: skip
+        (op, mode, impl, d)
+        for op in ("rms_norm", "weighted_sum")
+        for mode in ("eager", "compile")
+        for impl in ("pytorch", "fastlm")
+        for d in host.DIRECTIONS
+    }
     expected_launch = "direct" if launch.DIRECT_LAUNCH else "triton"
     for r in records:
         assert r["gpu"] == "cpu" and r["torch"] == torch.__version__ and "git_sha" in r and "date" in r
@@ -97,9 +107,23 @@ def test_tiny_cpu_run_writes_records_and_report(tmp_path, monkeypatch):
 
 
 def _gpu_records(run_id: str, launch_path: str, fastlm_cpu_us: float) -> list[dict]:
-    common = {"run_id": run_id, "launch": launch_path, "gpu": "GPU X", "torch": "2", "triton": "3", "git_sha": "a",
-              "date": run_id, "dtype": "bfloat16", "calls": 200, "rounds": 3, "op": "rms_norm", "shape": [64, 1024],
-              "baseline": "F.rms_norm", "compile": "eager", "status": "ok"}  # fmt: skip
+    common = {
+        "run_id": run_id,
+        "launch": launch_path,
+        "gpu": "GPU X",
+        "torch": "2",
+        "triton": "3",
+        "git_sha": "a",
+        "date": run_id,
+        "dtype": "bfloat16",
+        "calls": 200,
+        "rounds": 3,
+        "op": "rms_norm",
+        "shape": [64, 1024],
+        "baseline": "F.rms_norm",
+        "compile": "eager",
+        "status": "ok",
+    }
     records = []
     for impl, us in (("pytorch", 10.0), ("fastlm", fastlm_cpu_us)):
         for direction in host.DIRECTIONS:
@@ -132,8 +156,11 @@ def test_cli_parses_with_defaults_and_rejects_bad_values(capsys):
     argv = ["bench", "host", "--ops", "rms_norm,cross_entropy", "--compile", "eager,compile", "--rounds", "4"]
     args = build_parser().parse_args(argv)
     assert (args.ops, args.compile, args.rounds) == (("rms_norm", "cross_entropy"), ("eager", "compile"), 4)
-    for bad, flag in ((["--rounds", "2"], "--rounds"), (["--ops", "softmax"], "--ops"),
-                      (["--compile", "cudagraphs"], "--compile")):  # fmt: skip
+    for bad, flag in (
+        (["--rounds", "2"], "--rounds"),
+        (["--ops", "softmax"], "--ops"),
+        (["--compile", "cudagraphs"], "--compile"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             main(["bench", "host", *bad])
         assert exit_info.value.code == 2

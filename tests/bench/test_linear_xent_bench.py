@@ -26,8 +26,15 @@ def test_matmul_flops_by_hand():
 
 def test_table_rows_compare_each_case_with_its_eager_row():
     def record(implementation, tokens, ms, peak, status="ok"):
-        return {"implementation": implementation, "tokens": tokens, "vocab": 100, "status": status,
-                "fwd_bwd_ms": ms, "fraction_of_matmul": 0.5, "peak_excluding_grads_gib": peak}  # fmt: skip
+        return {
+            "implementation": implementation,
+            "tokens": tokens,
+            "vocab": 100,
+            "status": status,
+            "fwd_bwd_ms": ms,
+            "fraction_of_matmul": 0.5,
+            "peak_excluding_grads_gib": peak,
+        }
 
     rows = linear_xent.table_rows(
         [
@@ -35,7 +42,7 @@ def test_table_rows_compare_each_case_with_its_eager_row():
             record("fastlm", 8, 1.0, 0.25),
             record("eager", 16, 1.0, 1.0, "OOM"),
             record("fastlm", 16, 3.0, 0.5),
-        ]  # fmt: skip
+        ]
     )
     assert rows[1]["speedup"] == 4.0 and rows[1]["memory_vs_eager"] == 0.125
     assert rows[1]["percent_of_matmul"] == 50.0
@@ -58,9 +65,13 @@ def test_cpu_run_writes_records_table_and_plot(tmp_path):
     append_records(results / "linear_xent.jsonl", measure_all())
     records = read_records(results / "linear_xent.jsonl")
     assert {r["implementation"]: r["status"] for r in records} == {
-        "eager": "ok", "compile": "needs a GPU", "matmul+fastlm-ce": "ok", "fastlm": "ok", "liger": "needs a GPU",
+        "eager": "ok",
+        "compile": "needs a GPU",
+        "matmul+fastlm-ce": "ok",
+        "fastlm": "ok",
+        "liger": "needs a GPU",
         "cce": "needs a GPU",
-    }  # fmt: skip
+    }
     fastlm_row = next(r for r in records if r["implementation"] == "fastlm")
     tokens, width, vocab = linear_xent.CPU_CASES[0]
     expected_tflops = 6 * tokens * width * vocab / (fastlm_row["fwd_bwd_ms"] * 1e-3) / 1e12

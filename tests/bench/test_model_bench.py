@@ -19,8 +19,9 @@ HF = model_bench.IMPLEMENTATIONS[1]
 
 def measure(subjects, rows, *, batch=1, warmup=1, steps=3, **kwargs) -> list[dict]:
     """The records of every step of `measure_rounds` on the CPU."""
-    steps_taken = model_bench.measure_rounds(subjects, rows, batch=batch, warmup=warmup, steps=steps,
-                                             device=torch.device("cpu"), **kwargs)  # fmt: skip
+    steps_taken = model_bench.measure_rounds(
+        subjects, rows, batch=batch, warmup=warmup, steps=steps, device=torch.device("cpu"), **kwargs
+    )
     return [record for step in steps_taken for record in step.records]
 
 
@@ -31,8 +32,11 @@ def measure_config(config, rows, **kwargs) -> list[dict]:
 def test_rows_put_eager_first_and_train_last():
     rows = model_bench.rows(("train", "fwd"), ("fp32", "bf16"), ("compile", "eager"))
     assert [(r.compile, r.precision, r.mode) for r in rows[:4]] == [
-        ("eager", "fp32", "fwd"), ("eager", "fp32", "train"), ("eager", "bf16", "fwd"), ("eager", "bf16", "train")
-    ]  # fmt: skip
+        ("eager", "fp32", "fwd"),
+        ("eager", "fp32", "train"),
+        ("eager", "bf16", "fwd"),
+        ("eager", "bf16", "train"),
+    ]
     assert len(rows) == 8
 
 
@@ -134,9 +138,30 @@ def test_other_errors_are_not_hidden(monkeypatch):
 
 
 def test_bench_model_command_writes_records_and_report(tmp_path):
-    args = ["bench", "model", "--preset", "tiny", "--context", "16", "--batch", "1", "--mode", "fwd,train",
-            "--precision", "fp32,bf16", "--kernels", "torch,fastlm", "--warmup", "0", "--steps", "2",
-            "--rounds", "1", "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "bench",
+        "model",
+        "--preset",
+        "tiny",
+        "--context",
+        "16",
+        "--batch",
+        "1",
+        "--mode",
+        "fwd,train",
+        "--precision",
+        "fp32,bf16",
+        "--kernels",
+        "torch,fastlm",
+        "--warmup",
+        "0",
+        "--steps",
+        "2",
+        "--rounds",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     records = [json.loads(line) for line in (tmp_path / "results" / "model.jsonl").read_text().splitlines()]
     assert len(records) == 8  # 2 kernel sets x 2 precisions x 2 modes
@@ -147,14 +172,55 @@ def test_bench_model_command_writes_records_and_report(tmp_path):
 
 
 def test_custom_dimensions_and_bad_arguments(tmp_path, capsys):
-    assert main(["bench", "model", "--d-model", "32", "--d-ff", "64", "--layers", "1", "--heads", "2",
-                 "--context", "16", "--steps", "1", "--warmup", "0", "--precision", "fp32",
-                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                "model",
+                "--d-model",
+                "32",
+                "--d-ff",
+                "64",
+                "--layers",
+                "1",
+                "--heads",
+                "2",
+                "--context",
+                "16",
+                "--steps",
+                "1",
+                "--warmup",
+                "0",
+                "--precision",
+                "fp32",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert "| custom |" in (tmp_path / "reports" / "model.md").read_text()
     assert main(["bench", "model", "--heads", "3", "--out", str(tmp_path)]) == 2  # the rest: the preset's
     assert "--d-model (64) must be divisible by --heads (3)" in capsys.readouterr().err
-    assert main(["bench", "model", "--d-model", "30", "--d-ff", "64", "--layers", "1", "--heads", "4",
-                 "--out", str(tmp_path)]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                "model",
+                "--d-model",
+                "30",
+                "--d-ff",
+                "64",
+                "--layers",
+                "1",
+                "--heads",
+                "4",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "--d-model (30) must be divisible by --heads (4)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["bench", "model", "--mode", "sideways"])
@@ -190,9 +256,11 @@ def test_interleaved_rounds_visit_every_configuration_before_the_next_round(monk
     fake_rounds(monkeypatch, [10, 20, 30, 40, 12, 18, 33, 44])
     records = measure(subjects, rows, rounds=2, interleave=True)
     assert [(r["attention"], r["mode"], r["round_median_ms"]) for r in records] == [
-        ("sdpa", "fwd", [10, 12]), ("sdpa", "train", [20, 18]),
-        ("fastlm", "fwd", [30, 33]), ("fastlm", "train", [40, 44]),
-    ]  # fmt: skip
+        ("sdpa", "fwd", [10, 12]),
+        ("sdpa", "train", [20, 18]),
+        ("fastlm", "fwd", [30, 33]),
+        ("fastlm", "train", [40, 44]),
+    ]
     assert all(r["rounds"] == 2 and r["schedule"] == "interleaved" for r in records)
     # back to back: the two rounds of each configuration follow each other
     fake_rounds(monkeypatch, [10, 12, 20, 18, 30, 33, 40, 44])
@@ -203,8 +271,9 @@ def test_interleaved_rounds_visit_every_configuration_before_the_next_round(monk
 
 def test_record_carries_round_medians_their_median_and_spread(monkeypatch):
     fake_rounds(monkeypatch, [104.0, 98.9, 101.8])
-    (record,) = measure([model_bench.Subject("tiny", TORCH_KERNELS)], [model_bench.Row("train", "fp32", "eager")],
-                        rounds=3)  # fmt: skip
+    (record,) = measure(
+        [model_bench.Subject("tiny", TORCH_KERNELS)], [model_bench.Row("train", "fp32", "eager")], rounds=3
+    )
     assert record["round_median_ms"] == [104.0, 98.9, 101.8]
     assert record["median_ms"] == 101.8
     assert (record["median_min_ms"], record["median_max_ms"]) == (98.9, 104.0)
@@ -268,9 +337,15 @@ def test_report_shows_median_spread_and_paired_ratios(monkeypatch, tmp_path):
     monkeypatch.setattr(model_bench, "build_hf_llama", hf_stand_in)
     # each round measures our model with torch kernels, HF Llama (once per shape), ours with fastlm kernels
     fake_rounds(monkeypatch, [100.0, 120.0, 90.0, 110.0, 130.0, 100.0])
-    benchmark = model_bench.ModelBenchmark((("tiny", TORCH_KERNELS), ("tiny", FASTLM_KERNELS)),
-                                           (model_bench.Row("train", "fp32", "eager"),), batch=1, warmup=1, steps=3,
-                                           rounds=2, hf=True)  # fmt: skip
+    benchmark = model_bench.ModelBenchmark(
+        (("tiny", TORCH_KERNELS), ("tiny", FASTLM_KERNELS)),
+        (model_bench.Row("train", "fp32", "eager"),),
+        batch=1,
+        warmup=1,
+        steps=3,
+        rounds=2,
+        hf=True,
+    )
     report = run_benchmark(benchmark, tmp_path, torch.device("cpu")).read_text()
     assert "1 warm-up + 3 timed steps per row and round, 2 rounds interleaved" in report
     lines = report.splitlines()
@@ -294,9 +369,31 @@ def test_unpaired_ratio_spread_takes_the_extremes():
 
 
 def test_bench_model_command_runs_rounds(tmp_path, capsys):
-    args = ["bench", "model", "--preset", "tiny", "--context", "16", "--batch", "1", "--mode", "fwd",
-            "--precision", "fp32", "--compile", "eager", "--warmup", "1", "--steps", "2", "--rounds", "2",
-            "--no-interleave", "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "bench",
+        "model",
+        "--preset",
+        "tiny",
+        "--context",
+        "16",
+        "--batch",
+        "1",
+        "--mode",
+        "fwd",
+        "--precision",
+        "fp32",
+        "--compile",
+        "eager",
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--rounds",
+        "2",
+        "--no-interleave",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     (record,) = [json.loads(line) for line in (tmp_path / "results" / "model.jsonl").read_text().splitlines()]
     assert record["rounds"] == 2 and len(record["round_median_ms"]) == 2

@@ -22,8 +22,14 @@ def test_command_places_every_benchmarked_kernel(tmp_path):
 
 
 def test_header_gives_the_measured_matmul_dtype_and_rate(tmp_path):
-    ceilings = {"gpu": "cpu", "date": "today", "git_sha": "abc", "copy_gbps": 9.87, "matmul_tflops": 0.25,
-                "matmul_dtype": "float32"}  # fmt: skip
+    ceilings = {
+        "gpu": "cpu",
+        "date": "today",
+        "git_sha": "abc",
+        "copy_gbps": 9.87,
+        "matmul_tflops": 0.25,
+        "matmul_dtype": "float32",
+    }
     text = render_roofline(tmp_path / "results", tmp_path / "reports", ceilings)
     assert "copy 9.87 GB/s, float32 matmul 0.25 TFLOP/s" in text  # was 'bf16 matmul 0' on a CPU
     assert "GPU" not in text.replace(CPU_NOTE, "") and CPU_NOTE in text

@@ -22,8 +22,10 @@ def test_command_runs_on_cpu(tmp_path):
     assert main(["bench", "softmax", "--out", str(tmp_path)]) == 0
     records = [json.loads(line) for line in (tmp_path / "results" / "softmax.jsonl").read_text().splitlines()]
     assert {r["implementation"]: r["status"] for r in records} == {
-        "eager": "ok", "compile": "needs a GPU", "fastlm": "ok"
-    }  # fmt: skip
+        "eager": "ok",
+        "compile": "needs a GPU",
+        "fastlm": "ok",
+    }
     assert all(r["fwd_bwd_gbps"] > 0 for r in records if r["status"] == "ok")
     assert "Masked softmax" in (tmp_path / "reports" / "softmax.md").read_text()
     assert (tmp_path / "reports" / "softmax_fwd_bwd_gbps.png").stat().st_size > 0

@@ -23,8 +23,11 @@ def test_command_runs_on_cpu(tmp_path):
     assert main(["bench", "swiglu", "--out", str(tmp_path)]) == 0
     records = [json.loads(line) for line in (tmp_path / "results" / "swiglu.jsonl").read_text().splitlines()]
     assert {r["implementation"]: r["status"] for r in records} == {
-        "eager": "ok", "compile": "needs a GPU", "fastlm": "ok", "liger": "needs a GPU"
-    }  # fmt: skip
+        "eager": "ok",
+        "compile": "needs a GPU",
+        "fastlm": "ok",
+        "liger": "needs a GPU",
+    }
     assert all(r["op"] == "swiglu" and (r["rows"], r["width"]) == (64, 256) for r in records)
     assert all(r["fwd_bwd_gbps"] > 0 for r in records if r["status"] == "ok")
     assert "| 64x256 | float32 | fastlm |" in (tmp_path / "reports" / "swiglu.md").read_text()

@@ -13,9 +13,26 @@ from fastlm.utils.records import read_records
 def test_kernel_sets_train_alike(corpus_data, tmp_path, capsys):
     parser = argparse.ArgumentParser(prog="fastlm bench train")
     add_kernel_comparison_arguments(parser)
-    args = parser.parse_args(["--data", str(corpus_data), "--out", str(tmp_path), "--preset", "tiny", "--context",
-                              "16", "--micro-batch", "2", "--steps", "2", "--eval-sequences", "2",
-                              "--log-every", "1"])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "--data",
+            str(corpus_data),
+            "--out",
+            str(tmp_path),
+            "--preset",
+            "tiny",
+            "--context",
+            "16",
+            "--micro-batch",
+            "2",
+            "--steps",
+            "2",
+            "--eval-sequences",
+            "2",
+            "--log-every",
+            "1",
+        ]
+    )
     assert train_kernels.run(args) == 0  # the fused kernels run under the (slow) Triton interpreter: 2 steps
     torch_run, fastlm_run = read_records(tmp_path / "results" / train_kernels.RESULTS_FILE)
     assert (torch_run["kernels"], fastlm_run["kernels"]) == ("torch", "fastlm")

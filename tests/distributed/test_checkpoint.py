@@ -61,8 +61,9 @@ def test_an_older_step_loads_on_request_and_a_damaged_newest_names_the_intact_on
         checkpoint.load(tmp_path, step=7)
     _flip_a_byte(tmp_path)  # step 3
     (tmp_path / _committed(tmp_path)[1]["file"]).unlink()  # step 2: the newest intact one is step 1
-    with pytest.raises(checkpoint.DamagedCheckpointError, match="is corrupt: .*; the older checkpoint of step 1 is "
-                       "intact$") as raised:  # fmt: skip
+    with pytest.raises(
+        checkpoint.DamagedCheckpointError, match="is corrupt: .*; the older checkpoint of step 1 is intact$"
+    ) as raised:
         checkpoint.load(tmp_path, CONFIG)
     assert raised.value.intact_step == 1
     torch.testing.assert_close(checkpoint.load(tmp_path, step=1).state["model"]["w"], _state(1)["model"]["w"])
@@ -157,14 +158,16 @@ DAMAGE = {
     "a file, not a folder": (lambda d: (shutil.rmtree(d), d.write_text("x")), "is a file"),
     "no manifest": (lambda d: (d / checkpoint.MANIFEST).unlink(), "holds no checkpoint"),
     "manifest not JSON": (lambda d: (d / checkpoint.MANIFEST).write_text("{"), "not a fastlm checkpoint manifest"),
-    "manifest of something else": (lambda d: (d / checkpoint.MANIFEST).write_text('{"checkpoints": []}'),
-                                   "not a fastlm checkpoint manifest"),  # fmt: skip
+    "manifest of something else": (
+        lambda d: (d / checkpoint.MANIFEST).write_text('{"checkpoints": []}'),
+        "not a fastlm checkpoint manifest",
+    ),
     "checkpoint file missing": (lambda d: _newest_file(d).unlink(), "is missing"),
     "truncated": (_truncate, r"is truncated: 1000 of \d+ bytes"),
     "one byte flipped": (_flip_a_byte, "is corrupt: its sha256 differs"),
     "another torch file": (lambda d: _rewrite_newest(d, {"weights": torch.ones(2)}), "is not a fastlm checkpoint"),
     "pickled code": (lambda d: _rewrite_newest(d, {"x": _RunsCode(d / "ran")}), "would run code"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("damage", DAMAGE)

@@ -36,9 +36,28 @@ from fastlm.utils.records import append_records, with_environment
 from .train_processes import TrainRun
 
 STEPS = 12
-ARGV = ["--preset", "tiny", "--context", "16", "--micro-batch", "2", "--lr", "1e-2", "--warmup", "3",
-        "--steps", str(STEPS), "--checkpoint-every", "1", "--log-every", "1", "--eval-sequences", "4",
-        "--eval-every", "0"]  # fmt: skip
+ARGV = [
+    "--preset",
+    "tiny",
+    "--context",
+    "16",
+    "--micro-batch",
+    "2",
+    "--lr",
+    "1e-2",
+    "--warmup",
+    "3",
+    "--steps",
+    str(STEPS),
+    "--checkpoint-every",
+    "1",
+    "--log-every",
+    "1",
+    "--eval-sequences",
+    "4",
+    "--eval-every",
+    "0",
+]
 PAUSE_S = 0.02  # per stage of a save (3 stages): kills at random moments often land inside one
 SERIES = {"single process": (1, []), "2-rank gloo": (2, ["--parallel", "ddp"])}
 DEFAULT_KILLS = len(SERIES)
@@ -95,8 +114,9 @@ def _entries(directory: Path) -> list[dict]:
     return json.loads(manifest.read_text())["checkpoints"] if manifest.exists() else []
 
 
-def _kill_at_random(run: TrainRun, directory: Path, rng: random.Random, committed: int, step_s: float,
-                    in_write: bool) -> bool:  # fmt: skip
+def _kill_at_random(
+    run: TrainRun, directory: Path, rng: random.Random, committed: int, step_s: float, in_write: bool
+) -> bool:
     """Kill the run at a random moment of the training it has left: a random time within one step
     (and its save) after a random step is reported; with ``in_write``, at the first save in flight
     after that moment. False when the run finished first."""
@@ -167,7 +187,16 @@ def test_killed_runs_lose_nothing_and_resume_exactly(tmp_path, corpus_data):
     wall_s = time.perf_counter() - start
     if os.environ.get("FASTLM_FAULT_RECORD"):
         total = sum(outcomes.values(), Counter())
-        record = {"op": "fault_injection", "status": "ok", **total, "torn": 0, "lost": 0,
-                  "runs_bit_identical": total["runs"], "series": {name: dict(o) for name, o in outcomes.items()},
-                  "argv": ARGV, "checkpoint_pause_s": PAUSE_S, "wall_s": round(wall_s, 1)}  # fmt: skip
+        record = {
+            "op": "fault_injection",
+            "status": "ok",
+            **total,
+            "torn": 0,
+            "lost": 0,
+            "runs_bit_identical": total["runs"],
+            "series": {name: dict(o) for name, o in outcomes.items()},
+            "argv": ARGV,
+            "checkpoint_pause_s": PAUSE_S,
+            "wall_s": round(wall_s, 1),
+        }
         append_records(Path(os.environ["FASTLM_FAULT_RECORD"]), [with_environment(record)])

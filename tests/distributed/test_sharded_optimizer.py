@@ -28,8 +28,9 @@ def _matches_unsharded(rank: int, tmp: str) -> None:
     sharded = ShardedOptimizer(iter(first), torch.optim.AdamW, lr=1e-2, weight_decay=0.1)  # a generator of params
     sharded.add_param_group({"params": rest, "lr": 5e-3})  # a second group, with its own lr
     ref_optimizer = torch.optim.AdamW(list(reference[0].parameters()), lr=1e-2, weight_decay=0.1)
-    ref_optimizer.add_param_group({"params": [p for m in (reference[2], reference[4]) for p in m.parameters()],
-                                   "lr": 5e-3})  # fmt: skip
+    ref_optimizer.add_param_group(
+        {"params": [p for m in (reference[2], reference[4]) for p in m.parameters()], "lr": 5e-3}
+    )
     # gradients are identical on both ranks here (same data), as they are after DDP averaging
     _steps(model, sharded, data, range(10))
     _steps(reference, ref_optimizer, data, range(10))
@@ -53,8 +54,9 @@ def _matches_unsharded(rank: int, tmp: str) -> None:
     restored_model = _model()
     restored_model.load_state_dict(model.state_dict())
     restored = ShardedOptimizer(restored_model[0].parameters(), torch.optim.AdamW, lr=1e-2, weight_decay=0.1)
-    restored.add_param_group({"params": [p for m in (restored_model[2], restored_model[4]) for p in m.parameters()],
-                              "lr": 5e-3})  # fmt: skip
+    restored.add_param_group(
+        {"params": [p for m in (restored_model[2], restored_model[4]) for p in m.parameters()], "lr": 5e-3}
+    )
     restored.load_state_dict(torch.load(f"{tmp}/optimizer.pt"))
     _steps(restored_model, restored, data, range(10, 13))
     _steps(reference, ref_optimizer, data, range(10, 13))

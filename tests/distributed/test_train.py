@@ -17,8 +17,26 @@ from fastlm.train.log import read_log
 from .train_processes import TrainRun
 
 # a constant learning rate (no warmup, no decay), so that runs of 2 and 3 steps agree on their first 2
-SETTINGS = ["--preset", "tiny", "--context", "16", "--micro-batch", "2", "--batch-tokens", "64", "--lr", "1e-2",
-            "--warmup", "0", "--min-lr-ratio", "1", "--log-every", "1", "--eval-sequences", "4"]  # fmt: skip
+SETTINGS = [
+    "--preset",
+    "tiny",
+    "--context",
+    "16",
+    "--micro-batch",
+    "2",
+    "--batch-tokens",
+    "64",
+    "--lr",
+    "1e-2",
+    "--warmup",
+    "0",
+    "--min-lr-ratio",
+    "1",
+    "--log-every",
+    "1",
+    "--eval-sequences",
+    "4",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +45,9 @@ def common(corpus_data) -> list[str]:
 
 
 def _rank_main(rank: int, world: int, port: int, argv: list[str]) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
     exit_process(loop.main(argv))  # as `python -m fastlm.train` ends
 
 
@@ -53,9 +72,14 @@ def single_process(common, tmp_path_factory):
 
 
 MODES = [
-    ["naive"], ["flat"], ["ddp"], ["bucketed", "--bucket-mb", "0.01"], ["torch-ddp"],
-    ["ddp", "--shard-optimizer"], ["fsdp"],
-]  # fmt: skip
+    ["naive"],
+    ["flat"],
+    ["ddp"],
+    ["bucketed", "--bucket-mb", "0.01"],
+    ["torch-ddp"],
+    ["ddp", "--shard-optimizer"],
+    ["fsdp"],
+]
 
 
 # Adam divides by sqrt(v): the last-bit differences between one full-batch mean and the average of
@@ -111,10 +135,15 @@ BAD_ARGUMENTS = [
     (["--seed", "-1"], "--seed must be between 0 and"),
     (["--checkpoint-every", "-1"], "--checkpoint-every must be 0 or more"),
     (["--heads", "3"], "--d-model (64) must be divisible by --heads (3)"),
-    (["--batch-tokens", "100"], "--batch-tokens must be a positive multiple of --context x --micro-batch x "
-                                "processes = 512 x 8 x 1 = 4096, got 100"),
-    (["--compile", "cudagraphs", "--batch-tokens", "16384"], "--compile cudagraphs needs --parallel none and no "
-                                                             "gradient accumulation"),
+    (
+        ["--batch-tokens", "100"],
+        "--batch-tokens must be a positive multiple of --context x --micro-batch x "
+        "processes = 512 x 8 x 1 = 4096, got 100",
+    ),
+    (
+        ["--compile", "cudagraphs", "--batch-tokens", "16384"],
+        "--compile cudagraphs needs --parallel none and no gradient accumulation",
+    ),
     (["--resume"], "--resume: runs/train/checkpoints holds no checkpoint to continue"),
     (["--override", "lr"], "--override needs --resume"),
     (["--resume", "--overwrite"], "exclude each other"),
@@ -123,7 +152,7 @@ BAD_ARGUMENTS = [
     (["--precision", "bf16-weights", "--parallel", "fsdp"], "--precision bf16-weights does not combine"),
     (["--precision", "bf16-weights", "--shard-optimizer"], "--precision bf16-weights does not combine"),
     (["--parallel", "ddp"], "--parallel ddp needs torchrun"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("argv, message", BAD_ARGUMENTS, ids=[" ".join(argv) for argv, _ in BAD_ARGUMENTS])
@@ -169,15 +198,16 @@ def test_resume_refuses_another_configuration_unless_overridden(two_steps, capsy
     path, argv = two_steps
     assert loop.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--batch-tokens", "128"]) == 1
     error = capsys.readouterr().err
-    assert "batch_tokens 64 -> 128, lr 0.01 -> 0.1, steps 2 -> 3); pass --override batch_tokens --override lr " \
-           "--override steps" in error  # fmt: skip
+    assert (
+        "batch_tokens 64 -> 128, lr 0.01 -> 0.1, steps 2 -> 3); pass --override batch_tokens --override lr "
+        "--override steps" in error
+    )
     assert len(error.splitlines()) == 1
     assert loop.main([*argv, "--steps", "3", "--resume", "--d-model", "32"]) == 1
     assert "d_model cannot change when resuming" in capsys.readouterr().err
     assert checkpoint.newest(path)["step"] == 2
     # a deliberate change: the new learning rate is the one the optimizer uses from then on
-    assert loop.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--override", "lr", "--override",
-                       "steps"]) == 0  # fmt: skip
+    assert loop.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--override", "lr", "--override", "steps"]) == 0
     resumed = checkpoint.load(path)
     assert resumed.step == 3 and resumed.config["lr"] == 0.1
     assert {group["lr"] for group in resumed.state["optimizer"]["param_groups"]} == {0.1}

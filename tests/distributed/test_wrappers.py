@@ -16,16 +16,27 @@ WORLD = 2
 CPU = torch.device("cpu")
 CONFIG = ModelConfig.preset("tiny", vocab_size=64, context_length=8)
 # every mode that averages gradients; torch-ddp both with PyTorch's bucket size and with one given
-SYNCHRONIZING = [ParallelSpec("naive"), ParallelSpec("flat"), ParallelSpec("ddp"), ParallelSpec("bucketed", 0.01),
-                 ParallelSpec("torch-ddp"), ParallelSpec("torch-ddp", 0.01), ParallelSpec("fsdp")]  # fmt: skip
+SYNCHRONIZING = [
+    ParallelSpec("naive"),
+    ParallelSpec("flat"),
+    ParallelSpec("ddp"),
+    ParallelSpec("bucketed", 0.01),
+    ParallelSpec("torch-ddp"),
+    ParallelSpec("torch-ddp", 0.01),
+    ParallelSpec("fsdp"),
+]
 
 
 @pytest.mark.parametrize(
     ("mode", "bucket_mb", "message"),
-    [("pipeline", None, "unknown parallel mode 'pipeline'"), ("bucketed", None, "needs bucket_mb"),
-     ("ddp", 25.0, "takes no bucket_mb"), ("bucketed", 0.0, "positive finite"),
-     ("torch-ddp", float("inf"), "positive finite")],
-)  # fmt: skip
+    [
+        ("pipeline", None, "unknown parallel mode 'pipeline'"),
+        ("bucketed", None, "needs bucket_mb"),
+        ("ddp", 25.0, "takes no bucket_mb"),
+        ("bucketed", 0.0, "positive finite"),
+        ("torch-ddp", float("inf"), "positive finite"),
+    ],
+)
 def test_a_bad_spec_is_one_sentence(mode, bucket_mb, message):
     with pytest.raises(ValueError, match=message):
         ParallelSpec(mode, bucket_mb)
@@ -52,8 +63,9 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _every_mode_matches_one_process(rank: int) -> None:
-    data = torch.randint(0, CONFIG.vocab_size, (2 * WORLD, CONFIG.context_length + 1),
-                         generator=torch.Generator().manual_seed(1))  # fmt: skip
+    data = torch.randint(
+        0, CONFIG.vocab_size, (2 * WORLD, CONFIG.context_length + 1), generator=torch.Generator().manual_seed(1)
+    )
     tokens, targets = data[:, :-1], data[:, 1:]
     mine = slice(2 * rank, 2 * rank + 2)  # each rank takes its half of the batch
     for spec in SYNCHRONIZING:
@@ -68,8 +80,9 @@ def _every_mode_matches_one_process(rank: int) -> None:
         reference(tokens, targets).backward()  # the mean over the whole batch: the mean of the halves' means
         torch.optim.SGD(reference.parameters(), lr=0.5).step()
         for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-            torch.testing.assert_close(_full(p.detach()), q.detach(), rtol=1e-4, atol=1e-6,
-                                       msg=f"{spec} rank {rank}: {name}")  # fmt: skip
+            torch.testing.assert_close(
+                _full(p.detach()), q.detach(), rtol=1e-4, atol=1e-6, msg=f"{spec} rank {rank}: {name}"
+            )
 
 
 def test_every_mode_trains_like_one_process():

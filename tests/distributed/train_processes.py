@@ -24,8 +24,13 @@ class TrainRun:
         for rank, log in enumerate(self.logs):
             rank_env = {**os.environ, **(env or {})}
             if world > 1:
-                rank_env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                                MASTER_ADDR="127.0.0.1", MASTER_PORT=port)  # fmt: skip
+                rank_env.update(
+                    RANK=str(rank),
+                    LOCAL_RANK=str(rank),
+                    WORLD_SIZE=str(world),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=port,
+                )
             with log.open("w") as out:
                 command = [sys.executable, "-m", "fastlm.train", *argv]
                 self.processes.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=rank_env))

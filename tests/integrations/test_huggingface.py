@@ -26,8 +26,13 @@ CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Co
 VOCAB = 300
 FP32 = {"rtol": 1e-4, "atol": 1e-6}  # the kernels against PyTorch's fp32 ops: summation order only
 # each switch of apply_fastlm and the fastlm op it installs
-OPS = {"attention": "flash_attention", "norm": "rms_norm", "rope": "rotary_embedding", "mlp": "swiglu",
-       "loss": "linear_cross_entropy"}  # fmt: skip
+OPS = {
+    "attention": "flash_attention",
+    "norm": "rms_norm",
+    "rope": "rotary_embedding",
+    "mlp": "swiglu",
+    "loss": "linear_cross_entropy",
+}
 
 
 def tiny_model(family: str, layers: int = 2, hidden: int = 64, heads: int = 4, **overrides):
@@ -35,10 +40,19 @@ def tiny_model(family: str, layers: int = 2, hidden: int = 64, heads: int = 4, *
     heads of 16, 2 layers.
     initializer_range 0.1 (not 0.02) keeps greedy decoding away from ties between random logits."""
     config_class = getattr(transformers, CONFIGS[family])
-    settings = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                    num_attention_heads=heads, num_key_value_heads=heads // 2, head_dim=hidden // heads,
-                    max_position_embeddings=256, initializer_range=0.1, pad_token_id=0,
-                    attn_implementation="sdpa")  # fmt: skip
+    settings = dict(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads // 2,
+        head_dim=hidden // heads,
+        max_position_embeddings=256,
+        initializer_range=0.1,
+        pad_token_id=0,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config_class(**{**settings, **overrides}))
 
@@ -107,8 +121,14 @@ def test_training_step_and_logits_match_unpatched(family, op_calls, recwarn):
     ids = tokens()
     assert_same_step(model, reference, input_ids=ids, labels=ids)
     qk_norms = 2 if family == "qwen3" else 0
-    assert op_calls == {"flash_attention": 2, "rms_norm": 2 * (2 + qk_norms) + 1, "rotary_embedding": 2, "swiglu": 2,
-                        "linear_cross_entropy": 1, "flash_attention_varlen": 0}  # fmt: skip
+    assert op_calls == {
+        "flash_attention": 2,
+        "rms_norm": 2 * (2 + qk_norms) + 1,
+        "rotary_embedding": 2,
+        "swiglu": 2,
+        "linear_cross_entropy": 1,
+        "flash_attention_varlen": 0,
+    }
     assert model(input_ids=ids, labels=ids).logits is None  # the fused loss holds no logits
     model.eval(), reference.eval()
     with torch.no_grad():
@@ -191,8 +211,9 @@ def test_sliding_window_shorter_than_the_sequence_matches_unpatched(op_calls, re
     # packed and windowed at once
     position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]])
     model.zero_grad(), reference.zero_grad()
-    assert_same_step(model, reference, input_ids=tokens(1, 8), position_ids=position_ids, labels=tokens(1, 8),
-                     use_cache=False)  # fmt: skip
+    assert_same_step(
+        model, reference, input_ids=tokens(1, 8), position_ids=position_ids, labels=tokens(1, 8), use_cache=False
+    )
     assert op_calls["flash_attention_varlen"] == 2 and not fallback_warnings(recwarn)
 
 
@@ -362,10 +383,19 @@ def test_trainer_losses_match_unpatched(tmp_path, op_calls):
     data = [{"input_ids": i, "labels": label} for i, label in zip(ids, labels, strict=True)]
 
     def train(model, name):
-        args = transformers.TrainingArguments(output_dir=str(tmp_path / name), per_device_train_batch_size=2,
-                                              gradient_accumulation_steps=2, max_steps=2, learning_rate=1e-2,
-                                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-                                              disable_tqdm=True, seed=0)  # fmt: skip
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / name),
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=2,
+            max_steps=2,
+            learning_rate=1e-2,
+            logging_steps=1,
+            save_strategy="no",
+            report_to=[],
+            use_cpu=True,
+            disable_tqdm=True,
+            seed=0,
+        )
         trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
         trainer.train()
         return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -465,8 +495,9 @@ def test_packed_sequences_match_unpatched_on_gpu(window, no_tf32, op_calls, recw
     apply_fastlm(model)
     ids = tokens(1, 128).cuda()
     position_ids = torch.cat([torch.arange(50), torch.arange(1), torch.arange(77)])[None].cuda()
-    assert_same_step(model.train(), reference.train(), input_ids=ids, labels=ids, position_ids=position_ids,
-                     use_cache=False)  # fmt: skip
+    assert_same_step(
+        model.train(), reference.train(), input_ids=ids, labels=ids, position_ids=position_ids, use_cache=False
+    )
     assert op_calls["flash_attention_varlen"] == 2 and not fallback_warnings(recwarn)
 
 

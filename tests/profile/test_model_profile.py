@@ -11,8 +11,11 @@ from fastlm.profile.kernels import OUTSIDE, category_shares, kernel_category, su
 
 
 def _event(name, start, end, kernels=()):
-    return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end),
-                           kernels=[SimpleNamespace(name=k, duration=d) for k, d in kernels])  # fmt: skip
+    return SimpleNamespace(
+        name=name,
+        time_range=SimpleNamespace(start=start, end=end),
+        kernels=[SimpleNamespace(name=k, duration=d) for k, d in kernels],
+    )
 
 
 def test_kernels_go_to_the_innermost_range_containing_their_launch():
@@ -37,9 +40,14 @@ def test_kernels_go_to_the_innermost_range_containing_their_launch():
 
 @pytest.mark.parametrize(
     ("name", "category"),
-    [("nvjet_sm90_tst_96x128_64x7_2x1_v_bz_TNN", "matmul"), ("sm90_xmma_gemm_bf16bf16", "matmul"),
-     ("_flash_forward_kernel", "attention"), ("triton_poi_fused_add_0", "other"), ("aten::mm", "matmul")],
-)  # fmt: skip
+    [
+        ("nvjet_sm90_tst_96x128_64x7_2x1_v_bz_TNN", "matmul"),
+        ("sm90_xmma_gemm_bf16bf16", "matmul"),
+        ("_flash_forward_kernel", "attention"),
+        ("triton_poi_fused_add_0", "other"),
+        ("aten::mm", "matmul"),
+    ],
+)
 def test_kernel_categories(name, category):
     assert kernel_category(name) == category
 
@@ -47,16 +55,25 @@ def test_kernel_categories(name, category):
 def test_snapshot_timeline_counts_allocations_made_before_recording():
     frames = [{"filename": "/x/fastlm/model/transformer.py", "line": 42, "name": "forward"}]
     snapshot = {
-        "segments": [{"device": 0, "blocks": [{"size": 100, "state": "active_allocated"},
-                                              {"size": 30, "state": "active_allocated"},
-                                              {"size": 50, "state": "inactive"}]}],
-        "device_traces": [[
-            {"action": "alloc", "addr": 1, "size": 30, "time_us": 1000, "frames": frames},
-            {"action": "alloc", "addr": 2, "size": 70, "time_us": 2000, "frames": frames},
-            {"action": "free_requested", "addr": 2, "size": 70, "time_us": 2500},
-            {"action": "free_completed", "addr": 2, "size": 70, "time_us": 3000},
-        ]],
-    }  # fmt: skip
+        "segments": [
+            {
+                "device": 0,
+                "blocks": [
+                    {"size": 100, "state": "active_allocated"},
+                    {"size": 30, "state": "active_allocated"},
+                    {"size": 50, "state": "inactive"},
+                ],
+            }
+        ],
+        "device_traces": [
+            [
+                {"action": "alloc", "addr": 1, "size": 30, "time_us": 1000, "frames": frames},
+                {"action": "alloc", "addr": 2, "size": 70, "time_us": 2000, "frames": frames},
+                {"action": "free_requested", "addr": 2, "size": 70, "time_us": 2500},
+                {"action": "free_completed", "addr": 2, "size": 70, "time_us": 3000},
+            ]
+        ],
+    }
     timeline = memory.timeline_from_snapshot(snapshot, 0)
     assert timeline.active_bytes == [100, 130, 200, 130]  # 100 B were there before the step
     assert timeline.times_ms == [0.0, 0.0, 1.0, 2.0]
@@ -66,8 +83,29 @@ def test_snapshot_timeline_counts_allocations_made_before_recording():
 
 
 def test_profile_model_command(tmp_path, capsys):
-    assert main(["profile", "model", "--context", "32", "--batch", "2", "--warmup", "1", "--steps", "1",
-                 "--precision", "fp32", "--timing-steps", "1", "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "profile",
+                "model",
+                "--context",
+                "32",
+                "--batch",
+                "2",
+                "--warmup",
+                "1",
+                "--steps",
+                "1",
+                "--precision",
+                "fp32",
+                "--timing-steps",
+                "1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("profiling tiny ")]
     assert [line.split(":")[0] for line in progress] == [f"profiling tiny {i}/6" for i in range(1, 7)]
     records = [json.loads(line) for line in (tmp_path / "results" / "profile_model.jsonl").read_text().splitlines()]
@@ -83,8 +121,23 @@ def test_profile_model_command(tmp_path, capsys):
 
 
 def test_profile_memory_and_analyze_memory_commands(tmp_path, capsys):
-    assert main(["profile", "memory", "--contexts", "8,16", "--mode", "fwd,train", "--precision", "fp32",
-                 "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "profile",
+                "memory",
+                "--contexts",
+                "8,16",
+                "--mode",
+                "fwd,train",
+                "--precision",
+                "fp32",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in (tmp_path / "results" / "profile_memory.jsonl").read_text().splitlines()]
     peaks = {(r["mode"], r["context"]): r["peak_gib"] for r in records}
     assert peaks[("fwd", 16)] > peaks[("fwd", 8)] > 0

@@ -74,9 +74,11 @@ def test_a_small_configuration_trains_to_90_percent():
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
-    [({"num_pairs": 0}, "num_pairs must be a positive integer"),
-     ({"num_keys": 1, "num_values": 1, "num_pairs": 2}, "too few")],
-)  # fmt: skip
+    [
+        ({"num_pairs": 0}, "num_pairs must be a positive integer"),
+        ({"num_keys": 1, "num_values": 1, "num_pairs": 2}, "too few"),
+    ],
+)
 def test_bad_configs_raise(overrides, message):
     with pytest.raises(ValueError, match=message):
         RecallConfig(**overrides)
@@ -85,8 +87,29 @@ def test_bad_configs_raise(overrides, message):
 def test_commands(tmp_path, capsys):
     assert main(["ar", "handcrafted", "--train", "200", "--test", "100"]) == 0
     assert "test accuracy 100.0%" in " ".join(capsys.readouterr().out.split())
-    assert main(["ar", "train", "--layers", "1,2", "--epochs", "2", "--train", "300", "--test", "50",
-                 "--d-model", "16", "--heads", "2", "--out", str(tmp_path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "ar",
+                "train",
+                "--layers",
+                "1,2",
+                "--epochs",
+                "2",
+                "--train",
+                "300",
+                "--test",
+                "50",
+                "--d-model",
+                "16",
+                "--heads",
+                "2",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("1 layer", "2 layer"))]
     assert [line.split(":")[0] for line in progress] == [f"{d} layer(s), epoch {e}/2" for d in (1, 2) for e in (1, 2)]
     records = [

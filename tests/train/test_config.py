@@ -9,10 +9,41 @@ from fastlm.train import loop
 from fastlm.train.config import OVERRIDABLE, TrainConfig
 from fastlm.utils.options import from_namespace
 
-ARGV = ["--data", "d", "--preset", "tiny", "--d-model", "32", "--steps", "7", "--lr", "0.01", "--precision", "bf16",
-        "--shard-optimizer", "--override", "lr", "--override", "steps", "--resume", "3", "--out", "o"]  # fmt: skip
-EXPECTED = TrainConfig(data=Path("d"), preset="tiny", d_model=32, steps=7, lr=0.01, precision="bf16",
-                       shard_optimizer=True, override=["lr", "steps"], resume=3, out=Path("o"))  # fmt: skip
+ARGV = [
+    "--data",
+    "d",
+    "--preset",
+    "tiny",
+    "--d-model",
+    "32",
+    "--steps",
+    "7",
+    "--lr",
+    "0.01",
+    "--precision",
+    "bf16",
+    "--shard-optimizer",
+    "--override",
+    "lr",
+    "--override",
+    "steps",
+    "--resume",
+    "3",
+    "--out",
+    "o",
+]
+EXPECTED = TrainConfig(
+    data=Path("d"),
+    preset="tiny",
+    d_model=32,
+    steps=7,
+    lr=0.01,
+    precision="bf16",
+    shard_optimizer=True,
+    override=["lr", "steps"],
+    resume=3,
+    out=Path("o"),
+)
 
 
 def test_both_commands_parse_into_the_config():

@@ -25,8 +25,26 @@ def _run(corpus_data, out, *argv) -> list[dict]:
 
 
 def test_training_learns_and_writes_its_log(corpus_data, tmp_path, capsys):
-    records = _run(corpus_data, tmp_path, "--context", "32", "--micro-batch", "8", "--steps", "40", "--warmup", "4",
-                   "--lr", "3e-3", "--log-every", "10", "--eval-every", "20", "--eval-sequences", "16")  # fmt: skip
+    records = _run(
+        corpus_data,
+        tmp_path,
+        "--context",
+        "32",
+        "--micro-batch",
+        "8",
+        "--steps",
+        "40",
+        "--warmup",
+        "4",
+        "--lr",
+        "3e-3",
+        "--log-every",
+        "10",
+        "--eval-every",
+        "20",
+        "--eval-sequences",
+        "16",
+    )
     assert [r["step"] for r in records] == [0, 10, 20, 30, 40]
     assert [("eval_loss" in r) for r in records] == [True, False, True, False, True]
     assert records[-1]["eval_loss"] < 0.6 * records[0]["eval_loss"]  # from ln(320) = 5.8 (the padded vocabulary)
@@ -60,8 +78,22 @@ def test_accumulation_matches_one_large_batch(corpus_data, tmp_path):
 
 
 def test_learning_rate_follows_the_schedule(corpus_data, tmp_path):
-    records = _run(corpus_data, tmp_path, "--micro-batch", "2", "--steps", "6", "--warmup", "2", "--lr", "1e-3",
-                   "--min-lr-ratio", "0.2", "--checkpoint-every", "0")  # fmt: skip
+    records = _run(
+        corpus_data,
+        tmp_path,
+        "--micro-batch",
+        "2",
+        "--steps",
+        "6",
+        "--warmup",
+        "2",
+        "--lr",
+        "1e-3",
+        "--min-lr-ratio",
+        "0.2",
+        "--checkpoint-every",
+        "0",
+    )
     expected = [warmup_cosine_lr(step, lr=1e-3, min_lr=2e-4, warmup=2, steps=6) for step in range(6)]
     assert [r["lr"] for r in records[1:]] == pytest.approx(expected)
 
@@ -75,8 +107,9 @@ def _norm(tensors) -> float:
 def test_gradient_clipping(corpus_data, tmp_path, clip, precision):
     # after one AdamW step the first moment is (1 - beta1) x the gradient it was given: the clipped
     # one (bf16 gradients: clipped by their norm taken in fp32; a norm in bf16 would be 0.1% off)
-    records = _run(corpus_data, tmp_path, "--micro-batch", "2", "--steps", "1", "--grad-clip", str(clip),
-                   "--precision", precision)  # fmt: skip
+    records = _run(
+        corpus_data, tmp_path, "--micro-batch", "2", "--steps", "1", "--grad-clip", str(clip), "--precision", precision
+    )
     state = checkpoint.load(tmp_path / "checkpoints").state["optimizer"]["state"]
     first_moment = _norm([s["exp_avg"] for s in state.values()])
     norm = records[1]["grad_norm"]  # before clipping
@@ -119,8 +152,22 @@ def test_precision_cannot_change_to_or_from_bf16_weights_on_resume(corpus_data, 
     _run(corpus_data, tmp_path, *argv, "--precision", "bf16")
     for overrides in ([], ["--override", "steps", "--override", "precision"]):  # the same answer either way
         resume = ["--steps", "2", "--resume", *overrides]
-        assert loop.main(["--data", str(corpus_data), *SMALL, "--out", str(tmp_path), *argv, *resume,
-                           "--precision", "bf16-weights"]) == 1  # fmt: skip
+        assert (
+            loop.main(
+                [
+                    "--data",
+                    str(corpus_data),
+                    *SMALL,
+                    "--out",
+                    str(tmp_path),
+                    *argv,
+                    *resume,
+                    "--precision",
+                    "bf16-weights",
+                ]
+            )
+            == 1
+        )
         assert "cannot change to or from bf16-weights" in capsys.readouterr().err
 
 
@@ -128,8 +175,20 @@ def test_a_run_resumes_with_the_other_kernel_set(corpus_data, tmp_path):
     # every kernel switch (rope too) follows --kernels, which --override kernels lets change
     argv = ["--micro-batch", "2", "--steps", "1"]
     _run(corpus_data, tmp_path, *argv, "--kernels", "torch")
-    records = _run(corpus_data, tmp_path, *argv, "--steps", "2", "--resume", "--override", "steps", "--override",
-                   "kernels", "--kernels", "fastlm")  # fmt: skip
+    records = _run(
+        corpus_data,
+        tmp_path,
+        *argv,
+        "--steps",
+        "2",
+        "--resume",
+        "--override",
+        "steps",
+        "--override",
+        "kernels",
+        "--kernels",
+        "fastlm",
+    )
     assert records[-1]["step"] == 2
 
 

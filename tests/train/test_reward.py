@@ -34,8 +34,11 @@ def synthetic_rankings(count: int, seed: int = 0) -> list[dict]:
         k = 2 if index % 2 else 3
         stars = sorted(rng.sample(range(5), k), reverse=True)  # distinct counts, best first
         responses = [response(s, rng) for s in stars]
-        lines.append({"prompt": prompt, "responses": responses} if k == 3 else
-                     {"prompt": prompt, "chosen": responses[0], "rejected": responses[1]})  # fmt: skip
+        lines.append(
+            {"prompt": prompt, "responses": responses}
+            if k == 3
+            else {"prompt": prompt, "chosen": responses[0], "rejected": responses[1]}
+        )
     return lines
 
 
@@ -47,8 +50,28 @@ def test_reward_model_learns_the_rule_on_held_out_prompts(tmp_path):
     data = tmp_path / "prefs.jsonl"
     write_jsonl(data, synthetic_rankings(1000))
     out = tmp_path / "run"
-    argv = ["train", "reward", "--data", str(data), "--out", str(out), "--preset", "tiny", "--context", "32",
-            "--steps", "200", "--batch", "16", "--lr", "3e-3", "--held-out", "0.2", "--eval-every", "100"]  # fmt: skip
+    argv = [
+        "train",
+        "reward",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--preset",
+        "tiny",
+        "--context",
+        "32",
+        "--steps",
+        "200",
+        "--batch",
+        "16",
+        "--lr",
+        "3e-3",
+        "--held-out",
+        "0.2",
+        "--eval-every",
+        "100",
+    ]
     assert main(argv) == 0
     records = read_log(out / "log.jsonl")
     accuracies = [r["eval_accuracy"] for r in records if "eval_accuracy" in r]
@@ -66,8 +89,22 @@ def test_a_second_run_never_replaces_the_first_without_overwrite(tmp_path, capsy
     data = tmp_path / "prefs.jsonl"
     write_jsonl(data, synthetic_rankings(40))
     out = tmp_path / "run"
-    argv = ["train", "reward", "--data", str(data), "--out", str(out), "--preset", "tiny", "--context", "32",
-            "--steps", "2", "--batch", "4"]  # fmt: skip
+    argv = [
+        "train",
+        "reward",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--preset",
+        "tiny",
+        "--context",
+        "32",
+        "--steps",
+        "2",
+        "--batch",
+        "4",
+    ]
     assert main(argv) == 0
     first_log = (out / "log.jsonl").read_text()
     assert main(argv) == 2
@@ -79,8 +116,10 @@ def test_a_second_run_never_replaces_the_first_without_overwrite(tmp_path, capsy
 
 
 def test_collate_pads_short_rankings_and_masks_them():
-    rankings = [[torch.tensor([1, 2, 3]).numpy(), torch.tensor([4]).numpy()],
-                [torch.tensor([5, 6]).numpy(), torch.tensor([7, 8]).numpy(), torch.tensor([9]).numpy()]]  # fmt: skip
+    rankings = [
+        [torch.tensor([1, 2, 3]).numpy(), torch.tensor([4]).numpy()],
+        [torch.tensor([5, 6]).numpy(), torch.tensor([7, 8]).numpy(), torch.tensor([9]).numpy()],
+    ]
     tokens, lengths, mask = reward.collate(rankings, torch.device("cpu"))
     assert tokens.tolist() == [[1, 2, 3], [4, 0, 0], [1, 0, 0], [5, 6, 0], [7, 8, 0], [9, 0, 0]]
     assert lengths.tolist() == [3, 1, 1, 2, 2, 1]
@@ -105,11 +144,14 @@ def test_reward_is_read_at_the_last_real_token():
     assert model(tokens, torch.tensor([5, 10]))[0] != model(tokens, lengths)[0]
 
 
-@pytest.mark.parametrize("line,what", [
-    ("not json", "line 2: expected a JSON object"),
-    ('{"prompt": "p", "chosen": "a"}', "line 2: expected a JSON object"),
-    ('{"prompt": "p", "responses": ["only one"]}', "list of at least 2 strings"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "line,what",
+    [
+        ("not json", "line 2: expected a JSON object"),
+        ('{"prompt": "p", "chosen": "a"}', "line 2: expected a JSON object"),
+        ('{"prompt": "p", "responses": ["only one"]}', "list of at least 2 strings"),
+    ],
+)
 def test_bad_line_is_one_sentence_naming_it(line, what, tmp_path, capsys):
     data = tmp_path / "prefs.jsonl"
     data.write_text(json.dumps(synthetic_rankings(1)[0]) + "\n" + line + "\n")

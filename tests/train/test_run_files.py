@@ -66,8 +66,9 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(corpus_d
     for path in aside.iterdir():  # as the message says: its files moved back, it continues
         (tmp_path / path.name).unlink(missing_ok=True)
         path.rename(tmp_path / path.name)
-    assert _main(corpus_data, tmp_path, "--steps", "6", "--checkpoint-every", "2", "--resume", "--override",
-                 "steps") == 0  # fmt: skip
+    assert (
+        _main(corpus_data, tmp_path, "--steps", "6", "--checkpoint-every", "2", "--resume", "--override", "steps") == 0
+    )
     old_log = [json.loads(line) for line in old["log.jsonl"].decode().splitlines()]
     log = read_log(tmp_path / "log.jsonl")
     assert [r["step"] for r in log] == list(range(7)) and log[:5] == old_log
@@ -100,8 +101,10 @@ def test_a_damaged_newest_checkpoint_names_the_intact_one_and_resume_takes_it(co
     assert "holds no checkpoint of step 9 (it holds steps 2, 3)" in _error(capsys)
     assert _main(corpus_data, out, *argv, "--resume", "2") == 0
     untimed = [{k: r[k] for k in ("step", "loss", "eval_loss") if k in r} for r in read_log(out / "log.jsonl")]
-    straight = [{k: r[k] for k in ("step", "loss", "eval_loss") if k in r} for r in read_log(tmp_path / "straight" /
-                                                                                          "log.jsonl")]  # fmt: skip
+    straight = [
+        {k: r[k] for k in ("step", "loss", "eval_loss") if k in r}
+        for r in read_log(tmp_path / "straight" / "log.jsonl")
+    ]
     assert untimed == straight  # steps 0-2 kept, step 3 trained again on the same tokens
 
 

@@ -55,15 +55,18 @@ def test_overrides_and_exclusions():
     assert parser.parse_args([]).name == "z"
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("steps", 0, "--steps must be at least 1, got 0"),
-    ("lr", float("nan"), "--lr must be a positive number, got nan"),
-    ("lr", float("inf"), "--lr must be a positive number, got inf"),
-    ("decay", -0.5, "--decay must be 0 or a positive number, got -0.5"),
-    ("warmup", -1, "--warmup must be 0 or more, got -1"),
-    ("ratio", 1.5, "--ratio must be between 0 and 1, got 1.5"),
-    ("seed", SEED_LIMIT, f"--seed must be between 0 and 2**63 - 1, got {SEED_LIMIT}"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("steps", 0, "--steps must be at least 1, got 0"),
+        ("lr", float("nan"), "--lr must be a positive number, got nan"),
+        ("lr", float("inf"), "--lr must be a positive number, got inf"),
+        ("decay", -0.5, "--decay must be 0 or a positive number, got -0.5"),
+        ("warmup", -1, "--warmup must be 0 or more, got -1"),
+        ("ratio", 1.5, "--ratio must be between 0 and 1, got 1.5"),
+        ("seed", SEED_LIMIT, f"--seed must be between 0 and 2**63 - 1, got {SEED_LIMIT}"),
+    ],
+)
 def test_limits_are_one_sentence_naming_the_option(field, value, message):
     check_limits(Settings(steps=1, lr=1.0, decay=0.0, warmup=0, ratio=1.0, seed=SEED_LIMIT - 1))  # edges hold
     with pytest.raises(UserError, match=f"^{message.replace('*', '[*]')}$"):

@@ -217,10 +217,13 @@ def _varlen_fastlm(case: Case):
     def setup(device):
         cu_seqlens = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
         longest = max(lengths)
-        attend = lambda q, k, v: fastlm.flash_attention_varlen(q, k, v, cu_seqlens, cu_seqlens, longest, longest,
-                                                               causal=True)  # fmt: skip
-        inputs = [torch.randn(sum(lengths), docs.heads, docs.head_dim, device=device, dtype=docs.dtype,
-                              requires_grad=True) for _ in range(3)]  # fmt: skip
+        attend = lambda q, k, v: fastlm.flash_attention_varlen(
+            q, k, v, cu_seqlens, cu_seqlens, longest, longest, causal=True
+        )
+        inputs = [
+            torch.randn(sum(lengths), docs.heads, docs.head_dim, device=device, dtype=docs.dtype, requires_grad=True)
+            for _ in range(3)
+        ]
         return inputs, attend, docs.masked_flops
 
     return setup
@@ -286,33 +289,47 @@ def _window_chunks(case: Case):
     keys approaches (each query sees about w keys in both)."""
     shape = case.shape
     chunk = min(2 * shape.window, shape.seq)
-    return _dense_setup(Shape(shape.batch * shape.seq // chunk, shape.heads, chunk, shape.head_dim, shape.dtype),
-                        _fastlm(case))  # fmt: skip
+    return _dense_setup(
+        Shape(shape.batch * shape.seq // chunk, shape.heads, chunk, shape.head_dim, shape.dtype), _fastlm(case)
+    )
 
 
 IMPLEMENTATIONS = {
     "naive": Implementation("naive", _naive, "PyTorch eager, materialized scores"),
     "compile": Implementation("compile", _compiled, "torch.compile of the naive attention"),
     "fastlm": Implementation("fastlm", _fastlm, "fastlm.flash_attention (Triton)"),
-    "sdpa-flash": Implementation("sdpa-flash", _sdpa("FLASH_ATTENTION"), "SDPA, FlashAttention-2 backend",
-                                 needs_gpu=True),
+    "sdpa-flash": Implementation(
+        "sdpa-flash", _sdpa("FLASH_ATTENTION"), "SDPA, FlashAttention-2 backend", needs_gpu=True
+    ),
     "sdpa-cudnn": Implementation("sdpa-cudnn", _sdpa("CUDNN_ATTENTION"), "SDPA, cuDNN backend", needs_gpu=True),
     "fastlm-varlen": Implementation("fastlm-varlen", _varlen_fastlm, "fastlm.flash_attention_varlen"),
-    "fastlm-one-sequence": Implementation("fastlm-one-sequence", _varlen_one_sequence,
-                                          "fastlm.flash_attention, each row one causal sequence"),
-    "sdpa-flash-padded": Implementation("sdpa-flash-padded", _varlen_sdpa_padded("FLASH_ATTENTION"),
-                                        "SDPA flash, documents padded to a batch", needs_gpu=True),
-    "sdpa-cudnn-padded": Implementation("sdpa-cudnn-padded", _varlen_sdpa_padded("CUDNN_ATTENTION"),
-                                        "SDPA cuDNN, documents padded to a batch", needs_gpu=True),
-    "flex-documents": Implementation("flex-documents", _flex(_document_mask), "FlexAttention, document mask",
-                                     needs_gpu=True),
+    "fastlm-one-sequence": Implementation(
+        "fastlm-one-sequence", _varlen_one_sequence, "fastlm.flash_attention, each row one causal sequence"
+    ),
+    "sdpa-flash-padded": Implementation(
+        "sdpa-flash-padded",
+        _varlen_sdpa_padded("FLASH_ATTENTION"),
+        "SDPA flash, documents padded to a batch",
+        needs_gpu=True,
+    ),
+    "sdpa-cudnn-padded": Implementation(
+        "sdpa-cudnn-padded",
+        _varlen_sdpa_padded("CUDNN_ATTENTION"),
+        "SDPA cuDNN, documents padded to a batch",
+        needs_gpu=True,
+    ),
+    "flex-documents": Implementation(
+        "flex-documents", _flex(_document_mask), "FlexAttention, document mask", needs_gpu=True
+    ),
     "fastlm-window": Implementation("fastlm-window", _window_fastlm, "fastlm.flash_attention, causal window"),
     "fastlm-chunks": Implementation("fastlm-chunks", _window_chunks, "fastlm, independent 2w-token sequences"),
-    "fastlm-causal": Implementation("fastlm-causal", lambda case: _dense_setup(case.shape, _fastlm(case)),
-                                    "fastlm, full causal attention"),
-    "flex-window": Implementation("flex-window", _flex(_window_mask), "FlexAttention, sliding-window mask",
-                                  needs_gpu=True),
-}  # fmt: skip
+    "fastlm-causal": Implementation(
+        "fastlm-causal", lambda case: _dense_setup(case.shape, _fastlm(case)), "fastlm, full causal attention"
+    ),
+    "flex-window": Implementation(
+        "flex-window", _flex(_window_mask), "FlexAttention, sliding-window mask", needs_gpu=True
+    ),
+}
 SWEEP_IMPLEMENTATIONS = {
     "naive": ("naive",),
     "compile": ("compile",),
@@ -525,8 +542,10 @@ class AttentionBenchmark(Benchmark):
         tensors = case.shape.make_inputs(device)
         if case.sweep in ("naive", "compile"):
             on_gpu = device.type == "cuda"
-            return {"status": "ok", **_loop_timings(fn, *tensors, device, steps=100 if on_gpu else 3,
-                                                    warmup=3 if on_gpu else 1)}  # fmt: skip
+            return {
+                "status": "ok",
+                **_loop_timings(fn, *tensors, device, steps=100 if on_gpu else 3, warmup=3 if on_gpu else 1),
+            }
         return {"status": "ok", **_bench_timings(fn, *tensors, device, case.shape.forward_flops)}
 
     def render(self, results_dir: Path, reports_dir: Path) -> str:
@@ -536,8 +555,12 @@ class AttentionBenchmark(Benchmark):
         model = latest_sweep(records, "model")
         if model:
             first = model[0]
-            plot = _tflops_plot(model, reports_dir, "attention_model_tflops.png",
-                                f"Causal attention, 32k tokens/batch, 16 heads, bf16 ({first['gpu']})")  # fmt: skip
+            plot = _tflops_plot(
+                model,
+                reports_dir,
+                "attention_model_tflops.png",
+                f"Causal attention, 32k tokens/batch, 16 heads, bf16 ({first['gpu']})",
+            )
             ratios = model_ratios(model)
             sections += [
                 "## Model shapes (`--sweep model`)",
@@ -547,33 +570,45 @@ class AttentionBenchmark(Benchmark):
             ]
             measured_ratios = present_columns(ratios, RATIO_COLUMNS[2:])  # after D and N, which every row has
             if measured_ratios:
-                sections += ["fastlm's TFLOP/s relative to each SDPA backend:",
-                             markdown_table(ratios, [*RATIO_COLUMNS[:2], *measured_ratios])]  # fmt: skip
+                sections += [
+                    "fastlm's TFLOP/s relative to each SDPA backend:",
+                    markdown_table(ratios, [*RATIO_COLUMNS[:2], *measured_ratios]),
+                ]
             else:
                 sections.append("No SDPA backend was measured in this run, so there are no fastlm-vs-SDPA ratios.")
             if plot is not None:
                 sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
         flash = latest_sweep(records, "flash")
         if flash:
-            plot = _tflops_plot([r for r in flash if r["dtype"] == "bfloat16"], reports_dir,
-                                "attention_flash_tflops.png",
-                                f"Causal attention, batch 1, one head, bf16 ({flash[0]['gpu']})")  # fmt: skip
-            sections += ["## Lengths and head dims (`--sweep flash`)", device_line(flash[0]),
-                         markdown_table(flash, present_columns(flash, BENCH_COLUMNS))]  # fmt: skip
+            plot = _tflops_plot(
+                [r for r in flash if r["dtype"] == "bfloat16"],
+                reports_dir,
+                "attention_flash_tflops.png",
+                f"Causal attention, batch 1, one head, bf16 ({flash[0]['gpu']})",
+            )
+            sections += [
+                "## Lengths and head dims (`--sweep flash`)",
+                device_line(flash[0]),
+                markdown_table(flash, present_columns(flash, BENCH_COLUMNS)),
+            ]
             if plot is not None:
                 sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
         varlen = latest_sweep(records, "varlen")
         if varlen:
             first = varlen[0]
-            sections += ["## Packed documents (`--sweep varlen`)",
-                         device_line(first) + f" · {first['batch']} x {first['seq']}-token rows, {first['heads']} "
-                         "heads, causal within each document, bf16 · TFLOP/s of the real (per-document) work",
-                         markdown_table(varlen, present_columns(varlen, VARLEN_COLUMNS))]  # fmt: skip
+            sections += [
+                "## Packed documents (`--sweep varlen`)",
+                device_line(first) + f" · {first['batch']} x {first['seq']}-token rows, {first['heads']} "
+                "heads, causal within each document, bf16 · TFLOP/s of the real (per-document) work",
+                markdown_table(varlen, present_columns(varlen, VARLEN_COLUMNS)),
+            ]
         window = latest_sweep(records, "window")
         if window:
-            sections += ["## Sliding window (`--sweep window`)",
-                         device_line(window[0]) + " · causal, bf16 · TFLOP/s of the work each mask shows",
-                         markdown_table(window, present_columns(window, WINDOW_COLUMNS))]  # fmt: skip
+            sections += [
+                "## Sliding window (`--sweep window`)",
+                device_line(window[0]) + " · causal, bf16 · TFLOP/s of the work each mask shows",
+                markdown_table(window, present_columns(window, WINDOW_COLUMNS)),
+            ]
         naive, compiled = latest_sweep(records, "naive"), latest_sweep(records, "compile")
         if naive or compiled:
             first = (naive or compiled)[0]

@@ -78,13 +78,19 @@ def _stage_fields(stage: str, timing: Timing, nbytes: int, copy_gbps: float) -> 
     return {f"{stage}_ms": timing.median_ms, f"{stage}_gbps": gbps, f"{stage}_fraction_of_copy": gbps / copy_gbps}
 
 
-BANDWIDTH_COLUMNS = [("implementation", "implementation"), ("fwd_ms", "fwd ms"), ("fwd_bwd_ms", "fwd+bwd ms"),
-                     ("fwd_gbps", "fwd GB/s"), ("fwd_percent_of_copy", "fwd % of copy"),
-                     ("fwd_bwd_gbps", "fwd+bwd GB/s"), ("fwd_bwd_percent_of_copy", "fwd+bwd % of copy"),
-                     ("fwd_graph_percent_of_copy", "fwd % of copy, CUDA graph"),
-                     ("fwd_bwd_graph_ms", "fwd+bwd ms, CUDA graph"),
-                     ("fwd_bwd_graph_percent_of_copy", "fwd+bwd % of copy, CUDA graph"),
-                     ("status", "status")]  # fmt: skip
+BANDWIDTH_COLUMNS = [
+    ("implementation", "implementation"),
+    ("fwd_ms", "fwd ms"),
+    ("fwd_bwd_ms", "fwd+bwd ms"),
+    ("fwd_gbps", "fwd GB/s"),
+    ("fwd_percent_of_copy", "fwd % of copy"),
+    ("fwd_bwd_gbps", "fwd+bwd GB/s"),
+    ("fwd_bwd_percent_of_copy", "fwd+bwd % of copy"),
+    ("fwd_graph_percent_of_copy", "fwd % of copy, CUDA graph"),
+    ("fwd_bwd_graph_ms", "fwd+bwd ms, CUDA graph"),
+    ("fwd_bwd_graph_percent_of_copy", "fwd+bwd % of copy, CUDA graph"),
+    ("status", "status"),
+]
 
 
 def render_bandwidth(
@@ -103,8 +109,11 @@ def render_bandwidth(
         for stage in ("fwd", "fwd_bwd", "fwd_graph", "fwd_bwd_graph"):
             if f"{stage}_fraction_of_copy" in r:
                 row[f"{stage}_percent_of_copy"] = 100 * r[f"{stage}_fraction_of_copy"]
-        failed = [f"{stage.replace('_graph', '').replace('_', '+')} CUDA graph {r[f'{stage}_status']}"
-                  for stage in ("fwd_graph", "fwd_bwd_graph") if f"{stage}_status" in r]  # fmt: skip
+        failed = [
+            f"{stage.replace('_graph', '').replace('_', '+')} CUDA graph {r[f'{stage}_status']}"
+            for stage in ("fwd_graph", "fwd_bwd_graph")
+            if f"{stage}_status" in r
+        ]
         if failed:
             row["status"] = "; ".join([r["status"], *failed])
         rows.append(row)
@@ -112,23 +121,34 @@ def render_bandwidth(
     implementations = list(dict.fromkeys(r["implementation"] for r in rows))
 
     def per_case(key):
-        return {impl: [next((r.get(key) for r in rows if case_label(r) == g and r["implementation"] == impl), None)
-                       for g in groups]
-                for impl in implementations}  # fmt: skip
+        return {
+            impl: [
+                next((r.get(key) for r in rows if case_label(r) == g and r["implementation"] == impl), None)
+                for g in groups
+            ]
+            for impl in implementations
+        }
 
     graphed = per_case("fwd_bwd_graph_gbps")
     has_graphed = any(v is not None for values in graphed.values() for v in values)
     first = records[0]
-    plot = grouped_bar_plot(plot_path, groups, per_case("fwd_bwd_gbps"), ylabel="fwd+bwd GB/s (minimum bytes)",
-                            title=f"{title} ({first['gpu']})",
-                            reference_line=(first["copy_gbps_measured"], "measured copy"),
-                            markers=(graphed, "replayed as a CUDA graph") if has_graphed else None)  # fmt: skip
-    return "\n\n".join([
-        f"{device_line(first)} · measured copy bandwidth {first['copy_gbps_measured']:.3g} GB/s",
-        *([CPU_NOTE] if first["gpu"] == "cpu" else []),
-        markdown_table(rows, present_columns(rows, [*case_columns, *BANDWIDTH_COLUMNS])),
-        f"![fwd+bwd bandwidth]({plot.name})",
-    ])  # fmt: skip
+    plot = grouped_bar_plot(
+        plot_path,
+        groups,
+        per_case("fwd_bwd_gbps"),
+        ylabel="fwd+bwd GB/s (minimum bytes)",
+        title=f"{title} ({first['gpu']})",
+        reference_line=(first["copy_gbps_measured"], "measured copy"),
+        markers=(graphed, "replayed as a CUDA graph") if has_graphed else None,
+    )
+    return "\n\n".join(
+        [
+            f"{device_line(first)} · measured copy bandwidth {first['copy_gbps_measured']:.3g} GB/s",
+            *([CPU_NOTE] if first["gpu"] == "cpu" else []),
+            markdown_table(rows, present_columns(rows, [*case_columns, *BANDWIDTH_COLUMNS])),
+            f"![fwd+bwd bandwidth]({plot.name})",
+        ]
+    )
 
 
 class BandwidthBenchmark(Benchmark):
@@ -154,8 +174,11 @@ class BandwidthBenchmark(Benchmark):
         return record
 
     def describe(self, case, implementation: Implementation, run: Run) -> dict:
-        return {**self.case_fields(case), "implementation": implementation.name,
-                "copy_gbps_measured": run.ceilings["copy_gbps"]}  # fmt: skip
+        return {
+            **self.case_fields(case),
+            "implementation": implementation.name,
+            "copy_gbps_measured": run.ceilings["copy_gbps"],
+        }
 
     def label(self, case, implementation: Implementation) -> str:
         return f"{self.case_label(self.case_fields(case))} {implementation.name}"
@@ -164,5 +187,6 @@ class BandwidthBenchmark(Benchmark):
         records = [self.shown(r) for r in self.latest_records(results_dir)]
         if not records:
             return self.empty_report
-        return render_bandwidth(records, self.case_columns, self.case_label,
-                                reports_dir / f"{self.name}_fwd_bwd_gbps.png", self.plot_title)  # fmt: skip
+        return render_bandwidth(
+            records, self.case_columns, self.case_label, reports_dir / f"{self.name}_fwd_bwd_gbps.png", self.plot_title
+        )

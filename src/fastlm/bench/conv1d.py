@@ -89,8 +89,12 @@ class Conv1dBenchmark(BandwidthBenchmark):
         return IMPLEMENTATIONS
 
     def case_fields(self, case: Case) -> dict:
-        return {"op": "causal_conv1d", "shape": "x".join(map(str, case.shape)), "kernel_size": case.kernel_size,
-                "dtype": str(case.dtype).removeprefix("torch.")}  # fmt: skip
+        return {
+            "op": "causal_conv1d",
+            "shape": "x".join(map(str, case.shape)),
+            "kernel_size": case.kernel_size,
+            "dtype": str(case.dtype).removeprefix("torch."),
+        }
 
     def case_label(self, record: dict) -> str:
         return f"{record['shape']} K={record['kernel_size']} {record['dtype']}"

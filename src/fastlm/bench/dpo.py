@@ -162,10 +162,19 @@ class DPOBenchmark(Benchmark):
         return IMPLEMENTATIONS
 
     def describe(self, case: Case, implementation: Implementation, run: Run) -> dict:
-        return {"op": "dpo", "length": case.length, "pairs": case.pairs, "tokens": case.tokens, "width": case.width,
-                "vocab": case.vocab, "dtype": str(DTYPE).removeprefix("torch."), "loss_type": "sigmoid",
-                "beta": BETA, "implementation": implementation.name,
-                "description": implementation.description}  # fmt: skip
+        return {
+            "op": "dpo",
+            "length": case.length,
+            "pairs": case.pairs,
+            "tokens": case.tokens,
+            "width": case.width,
+            "vocab": case.vocab,
+            "dtype": str(DTYPE).removeprefix("torch."),
+            "loss_type": "sigmoid",
+            "beta": BETA,
+            "implementation": implementation.name,
+            "description": implementation.description,
+        }
 
     def label(self, case: Case, implementation: Implementation) -> str:
         return f"T={case.length} B={case.pairs} {implementation.name}"
@@ -177,8 +186,9 @@ class DPOBenchmark(Benchmark):
         targets = torch.randint(0, case.vocab, (rows, case.length), device=device)
         targets[:, : case.length // PROMPT_FRACTION] = IGNORE
         budget = dict(warmup_ms=GPU_WARMUP_MS, rep_ms=GPU_REP_MS) if device.type == "cuda" else {}
-        timing = measure(lambda: loss_fn(hidden, weight, targets).backward(), device,
-                         grad_to_none=[hidden, weight], **budget)  # fmt: skip
+        timing = measure(
+            lambda: loss_fn(hidden, weight, targets).backward(), device, grad_to_none=[hidden, weight], **budget
+        )
         result = {
             "status": "ok",
             "fwd_bwd_ms": timing.median_ms,
@@ -203,8 +213,13 @@ class DPOBenchmark(Benchmark):
             return bar_series(records, groups, _group, names, key)
 
         title = f"DPO loss from hidden states, d={first['width']}, V={first['vocab']}, bf16 ({first['gpu']})"
-        time_png = grouped_bar_plot(reports_dir / "dpo_fwd_bwd_ms.png", groups, series("fwd_bwd_ms"),
-                                    ylabel="fwd+bwd median ms (lower is better)", title=title)  # fmt: skip
+        time_png = grouped_bar_plot(
+            reports_dir / "dpo_fwd_bwd_ms.png",
+            groups,
+            series("fwd_bwd_ms"),
+            ylabel="fwd+bwd median ms (lower is better)",
+            title=title,
+        )
         parts = [
             f"{device_line(first)} · T tokens per response, B pairs (2 B T rows), d={first['width']}, "
             f"V={first['vocab']}, bf16 hidden and weight, sigmoid loss, beta {first['beta']} · TFLOP/s count "
@@ -215,8 +230,12 @@ class DPOBenchmark(Benchmark):
         ]
         memory = series("peak_excluding_grads_gib")
         if any(v is not None for values in memory.values() for v in values):  # measured on CUDA only
-            memory_png = grouped_bar_plot(reports_dir / "dpo_peak_memory.png", groups, memory,
-                                          ylabel="peak GiB above the inputs, without the gradients",
-                                          title=title)  # fmt: skip
+            memory_png = grouped_bar_plot(
+                reports_dir / "dpo_peak_memory.png",
+                groups,
+                memory,
+                ylabel="peak GiB above the inputs, without the gradients",
+                title=title,
+            )
             parts.append(f"![peak memory]({memory_png.name})")
         return "\n\n".join(parts)

@@ -75,8 +75,9 @@ class HFShape:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"the query heads ({self.num_heads}) must be a multiple of the key/value heads "
-                             f"({self.num_kv_heads})")  # fmt: skip
+            raise ValueError(
+                f"the query heads ({self.num_heads}) must be a multiple of the key/value heads ({self.num_kv_heads})"
+            )
         if self.head_dim % 2:
             raise ValueError(f"the head dimension must be even for RoPE, got {self.head_dim}")
 
@@ -86,10 +87,21 @@ class HFShape:
         try:
             dims = SIZES[family, size]
         except KeyError:
-            raise ValueError(f"unknown family / size {family!r} / {size!r}; families: {', '.join(HF_FAMILIES)}, "
-                             f"sizes: {', '.join(HF_SIZES)}") from None  # fmt: skip
-        names = ("d_model", "d_ff", "num_layers", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
-                 "tie_word_embeddings", "rope_theta")  # fmt: skip
+            raise ValueError(
+                f"unknown family / size {family!r} / {size!r}; families: {', '.join(HF_FAMILIES)}, "
+                f"sizes: {', '.join(HF_SIZES)}"
+            ) from None
+        names = (
+            "d_model",
+            "d_ff",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "vocab_size",
+            "tie_word_embeddings",
+            "rope_theta",
+        )
         fields = dict(zip(names, dims, strict=True)) | {k: v for k, v in overrides.items() if v is not None}
         return cls(family=family, size=size, context_length=context_length, **fields)
 
@@ -174,12 +186,18 @@ class HFBenchmark(Benchmark):
     name = "hf"
     title = "Hugging Face models: unpatched, fastlm, Liger"
     progress_name = "hf"
-    cpu_note = ("No GPU: the models step on the CPU with fastlm's reference paths; MFU and peak memory need a GPU, "
-                "and these step times say nothing about GPU step times.")  # fmt: skip
+    cpu_note = (
+        "No GPU: the models step on the CPU with fastlm's reference paths; MFU and peak memory need a GPU, "
+        "and these step times say nothing about GPU step times."
+    )
 
     def _subjects(self) -> list[Subject]:
-        return [Subject(s.size, s, IMPLEMENTATIONS[p]) for s in self.shapes for p in self.patches
-                if missing_patch(p) is None]  # fmt: skip
+        return [
+            Subject(s.size, s, IMPLEMENTATIONS[p])
+            for s in self.shapes
+            for p in self.patches
+            if missing_patch(p) is None
+        ]
 
     def count(self, device: torch.device) -> int:
         return len(self._subjects()) * len(self.rows) * self.rounds
@@ -187,13 +205,33 @@ class HFBenchmark(Benchmark):
     def measurements(self, run: Run) -> Iterator[Measured]:
         missing = [(s, p) for s in self.shapes for p in self.patches if missing_patch(p) is not None]
         if missing:
-            yield Measured("baselines not installed", [
-                with_environment({"op": "hf", "implementation": IMPLEMENTATIONS[p].name, **dataclasses.asdict(s),
-                                  "batch": self.batch, **dataclasses.asdict(row), "status": missing_patch(p)})
-                for s, p in missing for row in self.rows])  # fmt: skip
-        for measured in measure_rounds(self._subjects(), self.rows, batch=self.batch, warmup=self.warmup,
-                                       steps=self.steps, rounds=self.rounds, device=run.device,
-                                       errors_as_status=True):  # fmt: skip
+            yield Measured(
+                "baselines not installed",
+                [
+                    with_environment(
+                        {
+                            "op": "hf",
+                            "implementation": IMPLEMENTATIONS[p].name,
+                            **dataclasses.asdict(s),
+                            "batch": self.batch,
+                            **dataclasses.asdict(row),
+                            "status": missing_patch(p),
+                        }
+                    )
+                    for s, p in missing
+                    for row in self.rows
+                ],
+            )
+        for measured in measure_rounds(
+            self._subjects(),
+            self.rows,
+            batch=self.batch,
+            warmup=self.warmup,
+            steps=self.steps,
+            rounds=self.rounds,
+            device=run.device,
+            errors_as_status=True,
+        ):
             yield Measured(measured.label, [{**r, "op": "hf"} for r in measured.records])
 
     def render(self, results_dir: Path, reports_dir: Path) -> str:
@@ -242,8 +280,9 @@ def render(records: list[dict], reports_dir: Path) -> str:
     first = next((r for r in records if r.get("status") == "ok"), records[0])
     groups: dict[tuple, list[dict]] = {}
     for r in records:
-        groups.setdefault((r["family"], r["size"], r["num_layers"], r["mode"], r["precision"], r["compile"]),
-                          []).append(r)  # fmt: skip
+        groups.setdefault(
+            (r["family"], r["size"], r["num_layers"], r["mode"], r["precision"], r["compile"]), []
+        ).append(r)
     displayed = [_display(r, group) for group in groups.values() for r in group]
     lines = [
         f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · {first['date']} · batch "
@@ -256,11 +295,20 @@ def render(records: list[dict], reports_dir: Path) -> str:
     ]
     labels = [f"{f} {s} L{n} {m} {c}" for f, s, n, m, _, c in groups]
     names = list(dict.fromkeys(r["implementation"] for r in records))
-    series = {name: [next((r["tokens_per_s"] for r in group if r["implementation"] == name
-                           and r.get("status") == "ok"), None) for group in groups.values()]
-              for name in names}  # fmt: skip
+    series = {
+        name: [
+            next((r["tokens_per_s"] for r in group if r["implementation"] == name and r.get("status") == "ok"), None)
+            for group in groups.values()
+        ]
+        for name in names
+    }
     if any(v is not None for values in series.values() for v in values):
-        plot = grouped_bar_plot(reports_dir / "hf.png", labels, series, ylabel="tokens/s",
-                                title=f"HF models' training step, {first['gpu'].removeprefix('NVIDIA ')}")  # fmt: skip
+        plot = grouped_bar_plot(
+            reports_dir / "hf.png",
+            labels,
+            series,
+            ylabel="tokens/s",
+            title=f"HF models' training step, {first['gpu'].removeprefix('NVIDIA ')}",
+        )
         lines.append(f"![tokens/s]({plot.name})")
     return "\n".join(lines)

@@ -204,8 +204,9 @@ def _time_fields(wall_rounds: list[float], cpu_rounds: list[float]) -> dict:
     fields = {}
     for name, values in (("wall_us", wall_rounds), ("cpu_us", cpu_rounds)):
         spread = summarize(values)
-        fields.update({name: spread.median, f"{name}_min": spread.low, f"{name}_max": spread.high,
-                       f"{name}_rounds": values})  # fmt: skip
+        fields.update(
+            {name: spread.median, f"{name}_min": spread.low, f"{name}_max": spread.high, f"{name}_rounds": values}
+        )
     return fields
 
 
@@ -233,11 +234,17 @@ def _times(spread: Spread | None) -> str | None:
     return None if spread is None else f"{spread.median:.2f}x ({spread.low:.2f}–{spread.high:.2f})"
 
 
-TABLE_COLUMNS = [("op", "op"), ("direction", "direction"),
-                 ("pytorch_wall", "pytorch wall us"), ("fastlm_wall", "fastlm wall us"),
-                 ("wall_ratio", "fastlm / pytorch, wall"),
-                 ("pytorch_cpu", "pytorch CPU us"), ("fastlm_cpu", "fastlm CPU us"),
-                 ("cpu_ratio", "fastlm / pytorch, CPU"), ("status", "status")]  # fmt: skip
+TABLE_COLUMNS = [
+    ("op", "op"),
+    ("direction", "direction"),
+    ("pytorch_wall", "pytorch wall us"),
+    ("fastlm_wall", "fastlm wall us"),
+    ("wall_ratio", "fastlm / pytorch, wall"),
+    ("pytorch_cpu", "pytorch CPU us"),
+    ("fastlm_cpu", "fastlm CPU us"),
+    ("cpu_ratio", "fastlm / pytorch, CPU"),
+    ("status", "status"),
+]
 
 
 def table_rows(records: list[dict]) -> list[dict]:
@@ -247,13 +254,24 @@ def table_rows(records: list[dict]) -> list[dict]:
     for op in dict.fromkeys(r["op"] for r in records):
         for direction in DIRECTIONS:
             pytorch, mine = by_key.get((op, direction, "pytorch"), {}), by_key.get((op, direction, "fastlm"), {})
-            failed = [f"{impl}: {r.get('status', 'missing')}" for impl, r in (("pytorch", pytorch), ("fastlm", mine))
-                      if r.get("status") != "ok"]  # fmt: skip
-            rows.append({"op": op, "direction": direction, "pytorch_wall": _us(pytorch, "wall_us"),
-                         "fastlm_wall": _us(mine, "wall_us"), "wall_ratio": _times(ratio(mine, pytorch, "wall_us")),
-                         "pytorch_cpu": _us(pytorch, "cpu_us"), "fastlm_cpu": _us(mine, "cpu_us"),
-                         "cpu_ratio": _times(ratio(mine, pytorch, "cpu_us")),
-                         "status": "; ".join(failed) or "ok"})  # fmt: skip
+            failed = [
+                f"{impl}: {r.get('status', 'missing')}"
+                for impl, r in (("pytorch", pytorch), ("fastlm", mine))
+                if r.get("status") != "ok"
+            ]
+            rows.append(
+                {
+                    "op": op,
+                    "direction": direction,
+                    "pytorch_wall": _us(pytorch, "wall_us"),
+                    "fastlm_wall": _us(mine, "wall_us"),
+                    "wall_ratio": _times(ratio(mine, pytorch, "wall_us")),
+                    "pytorch_cpu": _us(pytorch, "cpu_us"),
+                    "fastlm_cpu": _us(mine, "cpu_us"),
+                    "cpu_ratio": _times(ratio(mine, pytorch, "cpu_us")),
+                    "status": "; ".join(failed) or "ok",
+                }
+            )
     return rows
 
 
@@ -269,16 +287,24 @@ def _verdict(ratios: dict[str, Spread | None], mode: str) -> str:
         return f"No fwd+bwd pair measured in {mode} mode."
     within = [op for op, r in measured.items() if r <= TARGET_RATIO]
     worst = max(measured, key=measured.get)
-    return (f"{mode}: fwd+bwd wall-clock host cost within {TARGET_RATIO}x of PyTorch's for {len(within)} of "
-            f"{len(measured)} ops; highest {worst} at {measured[worst]:.2f}x.")  # fmt: skip
+    return (
+        f"{mode}: fwd+bwd wall-clock host cost within {TARGET_RATIO}x of PyTorch's for {len(within)} of "
+        f"{len(measured)} ops; highest {worst} at {measured[worst]:.2f}x."
+    )
 
 
 def _launch_comparison(all_records: list[dict], latest: list[dict]) -> str | None:
     """fastlm's eager cost in the latest run next to the latest run on this GPU with the other
     launch path, when there is one (on a GPU only: CPU paths launch nothing)."""
     first = latest[0]
-    others = [r for r in all_records if r["gpu"] == first["gpu"] and r.get("launch", first["launch"]) !=
-              first["launch"] and r["implementation"] == "fastlm" and r["compile"] == "eager"]  # fmt: skip
+    others = [
+        r
+        for r in all_records
+        if r["gpu"] == first["gpu"]
+        and r.get("launch", first["launch"]) != first["launch"]
+        and r["implementation"] == "fastlm"
+        and r["compile"] == "eager"
+    ]
     if first["gpu"] == "cpu" or not others:
         return None
     other = {(r["op"], r["direction"]): r for r in latest_run(others)}
@@ -286,18 +312,31 @@ def _launch_comparison(all_records: list[dict], latest: list[dict]) -> str | Non
     for r in latest:
         o = other.get((r["op"], r["direction"]))
         if r["implementation"] == "fastlm" and r["compile"] == "eager" and o is not None:
-            rows.append({"op": r["op"], "direction": r["direction"], "this_wall": _us(r, "wall_us"),
-                         "other_wall": _us(o, "wall_us"), "this_cpu": _us(r, "cpu_us"),
-                         "other_cpu": _us(o, "cpu_us")})  # fmt: skip
+            rows.append(
+                {
+                    "op": r["op"],
+                    "direction": r["direction"],
+                    "this_wall": _us(r, "wall_us"),
+                    "other_wall": _us(o, "wall_us"),
+                    "this_cpu": _us(r, "cpu_us"),
+                    "other_cpu": _us(o, "cpu_us"),
+                }
+            )
     if not rows:
         return None
     this, that = first["launch"], other[next(iter(other))]["launch"]
-    columns = [("op", "op"), ("direction", "direction"), ("this_wall", f"wall us, {this}"),
-               ("other_wall", f"wall us, {that}"), ("this_cpu", f"CPU us, {this}"),
-               ("other_cpu", f"CPU us, {that}")]  # fmt: skip
+    columns = [
+        ("op", "op"),
+        ("direction", "direction"),
+        ("this_wall", f"wall us, {this}"),
+        ("other_wall", f"wall us, {that}"),
+        ("this_cpu", f"CPU us, {this}"),
+        ("other_cpu", f"CPU us, {that}"),
+    ]
     when = next(iter(other.values()))["date"]
-    return "\n\n".join([f"## fastlm eager, launch path {this} vs {that} (the {that} run of {when})",
-                        markdown_table(rows, columns)])  # fmt: skip
+    return "\n\n".join(
+        [f"## fastlm eager, launch path {this} vs {that} (the {that} run of {when})", markdown_table(rows, columns)]
+    )
 
 
 @dataclass(frozen=True)
@@ -339,10 +378,19 @@ class HostBenchmark(Benchmark):
                 records = []
                 for impl in IMPLEMENTATIONS:
                     for direction in DIRECTIONS:
-                        record = {"op": case.op, "shape": list(case.shape), "dtype": str(dtype).removeprefix("torch."),
-                                  "implementation": impl.name, "direction": direction, "compile": mode,
-                                  "baseline": case.baseline, "calls": calls, "rounds": rounds, "launch": LAUNCH,
-                                  "status": results[impl.name]["status"]}  # fmt: skip
+                        record = {
+                            "op": case.op,
+                            "shape": list(case.shape),
+                            "dtype": str(dtype).removeprefix("torch."),
+                            "implementation": impl.name,
+                            "direction": direction,
+                            "compile": mode,
+                            "baseline": case.baseline,
+                            "calls": calls,
+                            "rounds": rounds,
+                            "launch": LAUNCH,
+                            "status": results[impl.name]["status"],
+                        }
                         if direction in results[impl.name]:
                             record.update(_time_fields(*results[impl.name][direction]))
                         records.append(with_environment(record))
@@ -365,10 +413,14 @@ class HostBenchmark(Benchmark):
             "synchronizing (median over a round's calls). bwd is the backward alone, after an untimed forward. "
             f"Ratio: fastlm / pytorch per round (below 1: fastlm costs the host less); target fwd+bwd <= "
             f"{TARGET_RATIO}x.",
-            markdown_table([{"op": op, "shape": "x".join(map(str, r["shape"])), "baseline": f"`{r['baseline']}`"}
-                            for op, r in {r["op"]: r for r in records}.items()],
-                           [("op", "op"), ("shape", "shape"), ("baseline", "pytorch: the code fastlm replaces")]),
-        ]  # fmt: skip
+            markdown_table(
+                [
+                    {"op": op, "shape": "x".join(map(str, r["shape"])), "baseline": f"`{r['baseline']}`"}
+                    for op, r in {r["op"]: r for r in records}.items()
+                ],
+                [("op", "op"), ("shape", "shape"), ("baseline", "pytorch: the code fastlm replaces")],
+            ),
+        ]
         for mode in HOST_COMPILE_MODES:
             mine = [r for r in records if r["compile"] == mode]
             title = "eager" if mode == "eager" else "torch.compile(fullgraph=True), both implementations"
@@ -382,14 +434,20 @@ class HostBenchmark(Benchmark):
             plot = grouped_bar_plot(
                 reports_dir / f"host_fwd_bwd_ratio_{mode}.png",
                 list(ratios["wall_us"]),
-                {name: [None if s is None else s.median for s in ratios[metric].values()]
-                 for name, metric in (("wall-clock per call", "wall_us"), ("CPU time of the call", "cpu_us"))},
+                {
+                    name: [None if s is None else s.median for s in ratios[metric].values()]
+                    for name, metric in (("wall-clock per call", "wall_us"), ("CPU time of the call", "cpu_us"))
+                },
                 ylabel="fwd+bwd host cost, fastlm / pytorch",
                 title=f"Host cost per fwd+bwd call, {mode} ({label})",
                 reference_lines=[(TARGET_RATIO, f"target {TARGET_RATIO}x"), (1.0, "parity")],
-            )  # fmt: skip
-            parts += [f"## {title}", markdown_table(table_rows(mine), TABLE_COLUMNS), _verdict(ratios["wall_us"], mode),
-                      f"![fwd+bwd host cost ratio, {mode}]({plot.name})"]  # fmt: skip
+            )
+            parts += [
+                f"## {title}",
+                markdown_table(table_rows(mine), TABLE_COLUMNS),
+                _verdict(ratios["wall_us"], mode),
+                f"![fwd+bwd host cost ratio, {mode}]({plot.name})",
+            ]
         comparison = _launch_comparison(all_records, records)
         if comparison is not None:
             parts.append(comparison)

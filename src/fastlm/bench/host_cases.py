@@ -140,20 +140,55 @@ def _fastlm_weighted_sum(x, weight):
 CASES = {
     case.op: case
     for case in (
-        HostCase("cross_entropy", (8, 32000), "F.cross_entropy(logits, targets)", _logits_targets,
-                 _pytorch_cross_entropy, _fastlm_cross_entropy),
-        HostCase("flash_attention", (1, 8, 128, 64), "F.scaled_dot_product_attention(q, k, v, is_causal=True)",
-                 _qkv, _pytorch_attention, _fastlm_attention),
+        HostCase(
+            "cross_entropy",
+            (8, 32000),
+            "F.cross_entropy(logits, targets)",
+            _logits_targets,
+            _pytorch_cross_entropy,
+            _fastlm_cross_entropy,
+        ),
+        HostCase(
+            "flash_attention",
+            (1, 8, 128, 64),
+            "F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+            _qkv,
+            _pytorch_attention,
+            _fastlm_attention,
+        ),
         HostCase("rms_norm", (64, 1024), "F.rms_norm(x, (D,), w)", _x_weight, _pytorch_rms_norm, _fastlm_rms_norm),
-        HostCase("layer_norm", (64, 1024), "F.layer_norm(x, (D,), w, b)", _x_weight_bias, _pytorch_layer_norm,
-                 _fastlm_layer_norm),
-        HostCase("masked_softmax", (1, 8, 128, 128), f"torch.softmax(x * {SOFTMAX_SCALE} + causal_mask, -1)",
-                 _scores_causal_mask, _pytorch_masked_softmax, _fastlm_masked_softmax),
-        HostCase("causal_conv1d", (1, 128, 256), f"silu(F.conv1d(u^T, w, b, padding={CONV_TAPS - 1}, groups=D)"
-                 "[..., :L])^T", _conv_inputs, _pytorch_causal_conv1d, _fastlm_causal_conv1d),
-        HostCase("weighted_sum", (64, 1024), "(x * w).sum(-1)", _x_weight, _pytorch_weighted_sum,
-                 _fastlm_weighted_sum),
-        HostCase("rotary_embedding", (1, 8, 128, 64), "rotate-half RoPE of q and k in PyTorch ops, summed",
-                 _rotary_inputs, _pytorch_rotary, _fastlm_rotary),
+        HostCase(
+            "layer_norm",
+            (64, 1024),
+            "F.layer_norm(x, (D,), w, b)",
+            _x_weight_bias,
+            _pytorch_layer_norm,
+            _fastlm_layer_norm,
+        ),
+        HostCase(
+            "masked_softmax",
+            (1, 8, 128, 128),
+            f"torch.softmax(x * {SOFTMAX_SCALE} + causal_mask, -1)",
+            _scores_causal_mask,
+            _pytorch_masked_softmax,
+            _fastlm_masked_softmax,
+        ),
+        HostCase(
+            "causal_conv1d",
+            (1, 128, 256),
+            f"silu(F.conv1d(u^T, w, b, padding={CONV_TAPS - 1}, groups=D)[..., :L])^T",
+            _conv_inputs,
+            _pytorch_causal_conv1d,
+            _fastlm_causal_conv1d,
+        ),
+        HostCase("weighted_sum", (64, 1024), "(x * w).sum(-1)", _x_weight, _pytorch_weighted_sum, _fastlm_weighted_sum),
+        HostCase(
+            "rotary_embedding",
+            (1, 8, 128, 64),
+            "rotate-half RoPE of q and k in PyTorch ops, summed",
+            _rotary_inputs,
+            _pytorch_rotary,
+            _fastlm_rotary,
+        ),
     )
-}  # fmt: skip
+}

@@ -152,10 +152,17 @@ class LinearCrossEntropyBenchmark(Benchmark):
         return IMPLEMENTATIONS
 
     def describe(self, case: Case, implementation: Implementation, run: Run) -> dict:
-        record = {"op": "linear_xent", "tokens": case.tokens, "width": case.width, "vocab": case.vocab,
-                  "dtype": str(DTYPE).removeprefix("torch."), "reduction": "mean",
-                  "implementation": implementation.name, "description": implementation.description,
-                  "matmul_tflops_measured": run.ceilings["matmul_tflops"]}  # fmt: skip
+        record = {
+            "op": "linear_xent",
+            "tokens": case.tokens,
+            "width": case.width,
+            "vocab": case.vocab,
+            "dtype": str(DTYPE).removeprefix("torch."),
+            "reduction": "mean",
+            "implementation": implementation.name,
+            "description": implementation.description,
+            "matmul_tflops_measured": run.ceilings["matmul_tflops"],
+        }
         if implementation.name == "fastlm":  # the chunk it picked: (chunk_rows, V) logits at a time
             record["chunk_rows"] = linear_cross_entropy_config(device_arch(run.device), DTYPE, case.vocab).chunk_rows
         return record
@@ -169,8 +176,9 @@ class LinearCrossEntropyBenchmark(Benchmark):
         weight = (torch.randn(vocab, width, device=device) / width**0.5).to(DTYPE).requires_grad_(True)
         targets = torch.randint(0, vocab, (tokens,), device=device)
         budget = dict(warmup_ms=GPU_WARMUP_MS, rep_ms=GPU_REP_MS) if device.type == "cuda" else {}
-        timing = measure(lambda: loss_fn(hidden, weight, targets).backward(), device,
-                         grad_to_none=[hidden, weight], **budget)  # fmt: skip
+        timing = measure(
+            lambda: loss_fn(hidden, weight, targets).backward(), device, grad_to_none=[hidden, weight], **budget
+        )
         tflops = matmul_flops(tokens, width, vocab) / (timing.median_ms * 1e-3) / 1e12
         result = {
             "status": "ok",
@@ -197,8 +205,13 @@ class LinearCrossEntropyBenchmark(Benchmark):
             return bar_series(records, groups, lambda r: f"N={r['tokens']} V={r['vocab']}", names, key)
 
         title = f"Fused linear + cross-entropy, d={first['width']}, bf16 ({first['gpu']})"
-        time_png = grouped_bar_plot(reports_dir / "linear_xent_fwd_bwd_ms.png", groups, series("fwd_bwd_ms"),
-                                    ylabel="fwd+bwd median ms (lower is better)", title=title)  # fmt: skip
+        time_png = grouped_bar_plot(
+            reports_dir / "linear_xent_fwd_bwd_ms.png",
+            groups,
+            series("fwd_bwd_ms"),
+            ylabel="fwd+bwd median ms (lower is better)",
+            title=title,
+        )
         parts = [
             f"{device_line(first)} · d={first['width']}, bf16 hidden and weight, reduction='mean' · measured "
             f"matmul rate {first['matmul_tflops_measured']:.3g} TFLOP/s · TFLOP/s count 6 N V d · peak memory: "
@@ -209,8 +222,12 @@ class LinearCrossEntropyBenchmark(Benchmark):
         ]
         memory = series("peak_excluding_grads_gib")
         if any(v is not None for values in memory.values() for v in values):  # measured on CUDA only
-            memory_png = grouped_bar_plot(reports_dir / "linear_xent_peak_memory.png", groups, memory,
-                                          ylabel="peak GiB above the inputs, without the gradients",
-                                          title=title)  # fmt: skip
+            memory_png = grouped_bar_plot(
+                reports_dir / "linear_xent_peak_memory.png",
+                groups,
+                memory,
+                ylabel="peak GiB above the inputs, without the gradients",
+                title=title,
+            )
             parts.append(f"![peak memory]({memory_png.name})")
         return "\n\n".join(parts)

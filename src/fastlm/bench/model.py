@@ -187,8 +187,9 @@ class BuiltModel:
                 torch.cuda.reset_peak_memory_stats()
             try:
                 optimizer = make_optimizer(self.model, row.precision) if row.mode == "train" else None
-                step = make_step(self._loss_fn(self._module(row.compile)), self.model, row, self.tokens,
-                                 self.targets, optimizer)  # fmt: skip
+                step = make_step(
+                    self._loss_fn(self._module(row.compile)), self.model, row, self.tokens, self.targets, optimizer
+                )
                 times = time_steps(step, warmup, steps, self.device)
                 peak = torch.cuda.max_memory_allocated() - others_bytes if on_cuda else None
             finally:
@@ -227,8 +228,10 @@ def interleaved_memory_estimate(subject_list: Sequence[Subject], row_list: Seque
     largest_row = max(row_memory_estimate(s.config, row, batch) for s in subject_list for row in row_list)
     graph_pool = 0
     if any(row.compile == "cudagraphs" for row in row_list):
-        graph_pool = max(row_memory_estimate(s.config, Row("fwd+bwd", "bf16", "cudagraphs"), batch)
-                         - 2 * s.config.num_parameters() for s in subject_list)  # fmt: skip
+        graph_pool = max(
+            row_memory_estimate(s.config, Row("fwd+bwd", "bf16", "cudagraphs"), batch) - 2 * s.config.num_parameters()
+            for s in subject_list
+        )
     return kept + largest_row + graph_pool
 
 
@@ -324,17 +327,27 @@ def measure_rounds(
             built[s].release()
             if schedule == "back to back":
                 torch._dynamo.reset()  # its compiled code and CUDA graphs go with it
-            base = {"op": "model", "implementation": subject.implementation.name, "preset": subject.preset,
-                    **dataclasses.asdict(subject.config), "batch": batch, "warmup": warmup, "steps": steps,
-                    "rounds": rounds, "schedule": schedule, "schedule_reason": why}  # fmt: skip
+            base = {
+                "op": "model",
+                "implementation": subject.implementation.name,
+                "preset": subject.preset,
+                **dataclasses.asdict(subject.config),
+                "batch": batch,
+                "warmup": warmup,
+                "steps": steps,
+                "rounds": rounds,
+                "schedule": schedule,
+                "schedule_reason": why,
+            }
             model_records = []
             for row in row_list:
                 record = {**base, **dataclasses.asdict(row)}
                 if (s, row) in failed or not times[s, row]:
                     record["status"] = failed.get((s, row), "out of memory")
                 else:
-                    record.update(status="ok", **summarize_rounds(times[s, row], warmup,
-                                                                  batch * subject.config.context_length))  # fmt: skip
+                    record.update(
+                        status="ok", **summarize_rounds(times[s, row], warmup, batch * subject.config.context_length)
+                    )
                     if spec is not None:
                         record["mfu"] = mfu(subject.config, row.mode, record["tokens_per_s"], spec)
                     if peaks[s, row]:
@@ -371,9 +384,16 @@ class ModelBenchmark(Benchmark):
         return len(self.cases(device)) * len(self.rows) * self.rounds
 
     def measurements(self, run: Run) -> Iterator[Measured]:
-        return measure_rounds(self.cases(run.device), self.rows, batch=self.batch, warmup=self.warmup,
-                              steps=self.steps, rounds=self.rounds, device=run.device,
-                              interleave=self.interleave)  # fmt: skip
+        return measure_rounds(
+            self.cases(run.device),
+            self.rows,
+            batch=self.batch,
+            warmup=self.warmup,
+            steps=self.steps,
+            rounds=self.rounds,
+            device=run.device,
+            interleave=self.interleave,
+        )
 
     def render(self, results_dir: Path, reports_dir: Path) -> str:
         return render(read_records(results_dir / self.results_file), reports_dir)

@@ -73,8 +73,9 @@ def _display(record: dict) -> dict:
     if record.get("p20_ms") is not None:
         row["p20_p80_ms"] = f"{_number(record['p20_ms'])}-{_number(record['p80_ms'])}"
     # tokens/s and MFU scale with 1 / step time: the slowest round gives the low end
-    row["tokens_per_s"] = with_spread(record["tokens_per_s"], record["tokens_per_s"] * median / high,
-                                      record["tokens_per_s"] * median / low)  # fmt: skip
+    row["tokens_per_s"] = with_spread(
+        record["tokens_per_s"], record["tokens_per_s"] * median / high, record["tokens_per_s"] * median / low
+    )
     if record.get("mfu") is not None:
         mfu_percent = 100 * record["mfu"]
         row["mfu_percent"] = with_spread(mfu_percent, mfu_percent * median / high, mfu_percent * median / low)
@@ -95,8 +96,13 @@ def speed_ratio(record: dict, baseline: dict) -> tuple[float, float, float]:
 
 
 def _is_torch_kernels(record: dict) -> bool:
-    return (record["implementation"] == "fastlm" and record["attention"] == "sdpa" and record["norm"] == "torch"
-            and record.get("rope", "torch") == "torch" and record["loss"] == "torch")  # fmt: skip
+    return (
+        record["implementation"] == "fastlm"
+        and record["attention"] == "sdpa"
+        and record["norm"] == "torch"
+        and record.get("rope", "torch") == "torch"
+        and record["loss"] == "torch"
+    )
 
 
 def ratio_rows(records: list[dict]) -> list[dict]:
@@ -143,8 +149,13 @@ def _mfu_plot(records: list[dict], reports_dir: Path) -> Path | None:
     for r in train:
         values = series.setdefault(series_name(r), [None] * len(presets))
         values[presets.index(r["preset"])] = 100 * r["mfu"]
-    return grouped_bar_plot(reports_dir / "model_mfu.png", presets, series, ylabel="MFU % (bf16 dense peak)",
-                            title="Training step MFU by preset (batch x context tokens per step)")  # fmt: skip
+    return grouped_bar_plot(
+        reports_dir / "model_mfu.png",
+        presets,
+        series,
+        ylabel="MFU % (bf16 dense peak)",
+        title="Training step MFU by preset (batch x context tokens per step)",
+    )
 
 
 def _runs(records: list[dict], count: int) -> list[list[dict]]:

@@ -95,8 +95,13 @@ class NormsBenchmark(BandwidthBenchmark):
         return IMPLEMENTATIONS
 
     def case_fields(self, case: Case) -> dict:
-        return {"op": "norms", "kind": case.kind, "rows": case.rows, "width": case.width,
-                "dtype": str(case.dtype).removeprefix("torch.")}  # fmt: skip
+        return {
+            "op": "norms",
+            "kind": case.kind,
+            "rows": case.rows,
+            "width": case.width,
+            "dtype": str(case.dtype).removeprefix("torch."),
+        }
 
     def case_label(self, record: dict) -> str:
         return f"{record['kind']} {record['rows']}x{record['width']} {record['dtype']}"

@@ -8,8 +8,16 @@ from __future__ import annotations
 
 # `fastlm bench host` (fastlm.bench.host)
 # the keys of fastlm.bench.host_cases.CASES, in its order (tests/bench/test_host_bench.py holds them equal)
-HOST_OPS = ("cross_entropy", "flash_attention", "rms_norm", "layer_norm", "masked_softmax", "causal_conv1d",
-            "weighted_sum", "rotary_embedding")  # fmt: skip
+HOST_OPS = (
+    "cross_entropy",
+    "flash_attention",
+    "rms_norm",
+    "layer_norm",
+    "masked_softmax",
+    "causal_conv1d",
+    "weighted_sum",
+    "rotary_embedding",
+)
 HOST_COMPILE_MODES = ("eager", "compile")
 # Calls per round, rounds and warm-up calls: full on a GPU; a few on CPU, where the numbers are
 # reference paths and `fastlm report` must stay quick.

@@ -67,23 +67,34 @@ def _norm_points(records):
     for r in records:
         elements = r["rows"] * r["width"]
         flops = NORM_FLOPS_PER_ELEMENT[r["kind"]] * elements
-        yield Point(f"{r['kind']} norm", f"{r['rows']}x{r['width']} {r['dtype']}", flops, _bytes_moved(r),
-                    _kernel_seconds(r))  # fmt: skip
+        yield Point(
+            f"{r['kind']} norm", f"{r['rows']}x{r['width']} {r['dtype']}", flops, _bytes_moved(r), _kernel_seconds(r)
+        )
 
 
 def _softmax_points(records):
     for r in records:
         elements = math.prod(int(n) for n in r["shape"].split("x"))
-        yield Point("masked softmax", f"{r['shape']} {r['dtype']}", SOFTMAX_FLOPS_PER_ELEMENT * elements,
-                    _bytes_moved(r), _kernel_seconds(r))  # fmt: skip
+        yield Point(
+            "masked softmax",
+            f"{r['shape']} {r['dtype']}",
+            SOFTMAX_FLOPS_PER_ELEMENT * elements,
+            _bytes_moved(r),
+            _kernel_seconds(r),
+        )
 
 
 def _conv1d_points(records):
     for r in records:
         shape = tuple(int(n) for n in r["shape"].split("x"))
         cost = Conv1dCost(*shape, r["kernel_size"], 2 if r["dtype"] != "float32" else 4, bias=True, silu=True)
-        yield Point("causal conv1d", f"{r['shape']} K={r['kernel_size']} {r['dtype']}", cost.fwd_flops,
-                    cost.fwd_bytes, _kernel_seconds(r))  # fmt: skip
+        yield Point(
+            "causal conv1d",
+            f"{r['shape']} K={r['kernel_size']} {r['dtype']}",
+            cost.fwd_flops,
+            cost.fwd_bytes,
+            _kernel_seconds(r),
+        )
 
 
 def _xent_points(records):
@@ -103,11 +114,16 @@ def _attention_points(records):
             flops,
             4 * b * h * s * d * element_size,
             r["fwd_ms"] * 1e-3,
-        )  # q, k, v read, o written; fmt: skip
+        )  # q, k, v read, o written
 
 
-SOURCES = {"norms.jsonl": _norm_points, "softmax.jsonl": _softmax_points, "conv1d.jsonl": _conv1d_points,
-           "xent.jsonl": _xent_points, "attention.jsonl": _attention_points}  # fmt: skip
+SOURCES = {
+    "norms.jsonl": _norm_points,
+    "softmax.jsonl": _softmax_points,
+    "conv1d.jsonl": _conv1d_points,
+    "xent.jsonl": _xent_points,
+    "attention.jsonl": _attention_points,
+}
 
 
 def kernel_points(results_dir: Path, gpu: str) -> list[Point]:
@@ -133,8 +149,13 @@ def plot_roofline(path: Path, ceilings: dict, vector_tflops: float | None, point
     measured = f"measured: copy {ceilings['copy_gbps']:.3g} GB/s, {_matmul(ceilings)}"
     ax.plot(intensities, [min(i * bandwidth, matmul) / 1e12 for i in intensities], color="black", label=measured)
     if vector_tflops:
-        ax.plot(intensities, [min(i * bandwidth / 1e12, vector_tflops) for i in intensities], color="gray",
-                linestyle="--", label=f"CUDA-core fp32 roof (datasheet {vector_tflops:.0f} TF/s)")  # fmt: skip
+        ax.plot(
+            intensities,
+            [min(i * bandwidth / 1e12, vector_tflops) for i in intensities],
+            color="gray",
+            linestyle="--",
+            label=f"CUDA-core fp32 roof (datasheet {vector_tflops:.0f} TF/s)",
+        )
     markers = dict(zip(sorted({p.kernel for p in points}), "osD^vP*X", strict=False))
     for kernel, marker in markers.items():
         mine = [p for p in points if p.kernel == kernel]
@@ -160,20 +181,39 @@ def render_roofline(results_dir: Path, reports_dir: Path, ceilings: dict) -> str
     spec = spec_for_device_name(ceilings["gpu"])
     plot = plot_roofline(reports_dir / "roofline.png", ceilings, spec.vector_fp32_tflops if spec else None, points)
     bandwidth, matmul = ceilings["copy_gbps"] * 1e9, ceilings["matmul_tflops"] * 1e12
-    rows = [{"kernel": p.kernel, "case": p.case, "intensity": p.intensity, "tflops": p.tflops,
-             "roof": min(p.intensity * bandwidth, matmul) / 1e12,
-             "percent": 100 * p.tflops * 1e12 / min(p.intensity * bandwidth, matmul),
-             "bound": "memory" if p.intensity * bandwidth < matmul else "compute"} for p in points]  # fmt: skip
-    columns = [("kernel", "kernel"), ("case", "case"), ("intensity", "FLOP/B"), ("tflops", "TFLOP/s"),
-               ("roof", "roof TFLOP/s"), ("percent", "% of roof"), ("bound", "under the")]  # fmt: skip
-    return "\n\n".join([
-        f"Device: {ceilings['gpu']} · ceilings measured {ceilings['date']} (git {ceilings['git_sha']}): copy "
-        f"{ceilings['copy_gbps']:.3g} GB/s, {_matmul(ceilings)} · kernels: the latest fastlm forward records "
-        "of this device",
-        *([CPU_NOTE] if ceilings["gpu"] == "cpu" else []),
-        markdown_table(rows, columns) if rows else "No kernel records of this device yet: run the `fastlm bench` ops.",
-        f"![roofline]({plot.name})",
-    ])  # fmt: skip
+    rows = [
+        {
+            "kernel": p.kernel,
+            "case": p.case,
+            "intensity": p.intensity,
+            "tflops": p.tflops,
+            "roof": min(p.intensity * bandwidth, matmul) / 1e12,
+            "percent": 100 * p.tflops * 1e12 / min(p.intensity * bandwidth, matmul),
+            "bound": "memory" if p.intensity * bandwidth < matmul else "compute",
+        }
+        for p in points
+    ]
+    columns = [
+        ("kernel", "kernel"),
+        ("case", "case"),
+        ("intensity", "FLOP/B"),
+        ("tflops", "TFLOP/s"),
+        ("roof", "roof TFLOP/s"),
+        ("percent", "% of roof"),
+        ("bound", "under the"),
+    ]
+    return "\n\n".join(
+        [
+            f"Device: {ceilings['gpu']} · ceilings measured {ceilings['date']} (git {ceilings['git_sha']}): copy "
+            f"{ceilings['copy_gbps']:.3g} GB/s, {_matmul(ceilings)} · kernels: the latest fastlm forward records "
+            "of this device",
+            *([CPU_NOTE] if ceilings["gpu"] == "cpu" else []),
+            markdown_table(rows, columns)
+            if rows
+            else "No kernel records of this device yet: run the `fastlm bench` ops.",
+            f"![roofline]({plot.name})",
+        ]
+    )
 
 
 class RooflineBenchmark(Benchmark):

@@ -81,8 +81,11 @@ class SoftmaxBenchmark(BandwidthBenchmark):
         return IMPLEMENTATIONS
 
     def case_fields(self, case: Case) -> dict:
-        return {"op": "masked_softmax", "shape": "x".join(map(str, case.shape)),
-                "dtype": str(case.dtype).removeprefix("torch.")}  # fmt: skip
+        return {
+            "op": "masked_softmax",
+            "shape": "x".join(map(str, case.shape)),
+            "dtype": str(case.dtype).removeprefix("torch."),
+        }
 
     def case_label(self, record: dict) -> str:
         return f"{record['shape']} {record['dtype']}"

@@ -88,8 +88,7 @@ class SwigluBenchmark(BandwidthBenchmark):
         return IMPLEMENTATIONS
 
     def case_fields(self, case: Case) -> dict:
-        return {"op": "swiglu", "rows": case.rows, "width": case.width,
-                "dtype": str(case.dtype).removeprefix("torch.")}  # fmt: skip
+        return {"op": "swiglu", "rows": case.rows, "width": case.width, "dtype": str(case.dtype).removeprefix("torch.")}
 
     def case_label(self, record: dict) -> str:
         return f"{record['rows']}x{record['width']} {record['dtype']}"
@@ -103,5 +102,6 @@ class SwigluBenchmark(BandwidthBenchmark):
 
         gate, up = leaf(), leaf()
         stage_bytes = {stage: swiglu_bytes(case.rows, case.width, gate.element_size(), stage) for stage in STAGES}
-        return measure_stages(fn, (gate, up), torch.randn_like(gate), stage_bytes, run.ceilings["copy_gbps"],
-                              run.device)  # fmt: skip
+        return measure_stages(
+            fn, (gate, up), torch.randn_like(gate), stage_bytes, run.ceilings["copy_gbps"], run.device
+        )

@@ -33,8 +33,9 @@ def compare_kernels(config: TrainConfig, kernel_sets: Sequence[str]) -> list[dic
     per run: kernels, wall_s, tokens_per_s, mfu, the last training and held-out losses, and the
     configuration. Raises UserError like `fastlm.train.loop.train`."""
     if config.parallel != "none" or config.resume:
-        raise UserError("the kernel benchmark trains fresh runs in one process: it takes neither --parallel nor "
-                        "--resume")  # fmt: skip
+        raise UserError(
+            "the kernel benchmark trains fresh runs in one process: it takes neither --parallel nor --resume"
+        )
     config = config.resolved(gpu=torch.cuda.is_available())
     config.check(world=1)  # as given, before each run's own values below hide some (--checkpoint-every)
     runs, records = {}, []
@@ -45,12 +46,22 @@ def compare_kernels(config: TrainConfig, kernel_sets: Sequence[str]) -> list[dic
         result = loop.train(run)
         wall_s = timeit.default_timer() - start
         runs[kernels] = read_log(run.out / "log.jsonl")
-        records.append(with_environment({
-            "op": "train_kernels", "kernels": kernels, "wall_s": wall_s, "steps": result["step"],
-            "tokens_per_s": result["tokens_per_s"], "mfu": result["mfu"], "peak_memory_gib": result["peak_memory_gib"],
-            "final_loss": result["losses"][-1], "eval_loss": result["eval"][-1][1],
-            "config": {k: str(v) if k in ("data", "out") else v for k, v in dataclasses.asdict(run).items()},
-        }))  # fmt: skip
+        records.append(
+            with_environment(
+                {
+                    "op": "train_kernels",
+                    "kernels": kernels,
+                    "wall_s": wall_s,
+                    "steps": result["step"],
+                    "tokens_per_s": result["tokens_per_s"],
+                    "mfu": result["mfu"],
+                    "peak_memory_gib": result["peak_memory_gib"],
+                    "final_loss": result["losses"][-1],
+                    "eval_loss": result["eval"][-1][1],
+                    "config": {k: str(v) if k in ("data", "out") else v for k, v in dataclasses.asdict(run).items()},
+                }
+            )
+        )
     append_records(config.out / "results" / RESULTS_FILE, records)
     first = records[0]
     title = f"{first['config']['preset']} on {config.data.name}, each kernel set from the same start · {first['gpu']}"
@@ -67,8 +78,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for r in records:
         mfu = f", MFU {r['mfu']:.1%}" if r["mfu"] is not None else ""
-        print(f"{r['kernels']} kernels: {r['wall_s']:.1f} s for {r['steps']} steps, {r['tokens_per_s']:,.0f} tokens/s"
-              f"{mfu}; final training loss {r['final_loss']:.4f}, held-out loss {r['eval_loss']:.4f}",
-              flush=True)  # fmt: skip
+        print(
+            f"{r['kernels']} kernels: {r['wall_s']:.1f} s for {r['steps']} steps, {r['tokens_per_s']:,.0f} tokens/s"
+            f"{mfu}; final training loss {r['final_loss']:.4f}, held-out loss {r['eval_loss']:.4f}",
+            flush=True,
+        )
     print(f"wrote {args.out / 'kernels.png'} and {args.out / 'results' / RESULTS_FILE}", flush=True)
     return 0

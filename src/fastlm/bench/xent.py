@@ -173,9 +173,16 @@ class CrossEntropyBenchmark(Benchmark):
         return IMPLEMENTATIONS
 
     def describe(self, case: Case, implementation: Implementation, run: Run) -> dict:
-        return {"op": "xent", "batch": case.batch, "vocab": case.vocab, "dtype": "bfloat16", "reduction": "none",
-                "implementation": implementation.name, "description": implementation.description,
-                "copy_gbps_measured": run.ceilings["copy_gbps"]}  # fmt: skip
+        return {
+            "op": "xent",
+            "batch": case.batch,
+            "vocab": case.vocab,
+            "dtype": "bfloat16",
+            "reduction": "none",
+            "implementation": implementation.name,
+            "description": implementation.description,
+            "copy_gbps_measured": run.ceilings["copy_gbps"],
+        }
 
     def label(self, case: Case, implementation: Implementation) -> str:
         return f"V={case.vocab} {implementation.name}"
@@ -189,9 +196,15 @@ class CrossEntropyBenchmark(Benchmark):
         result: dict = {"status": "ok"}
         for stage, timing in _time_stages(loss_fn, logits, targets).items():
             gbps = stage_bytes[stage] / (timing.median_ms * 1e-3) / 1e9
-            result.update({f"{stage}_ms": timing.median_ms, f"{stage}_p20_ms": timing.p20_ms,
-                           f"{stage}_p80_ms": timing.p80_ms, f"{stage}_gbps": gbps,
-                           f"{stage}_fraction_of_copy": gbps / copy_gbps})  # fmt: skip
+            result.update(
+                {
+                    f"{stage}_ms": timing.median_ms,
+                    f"{stage}_p20_ms": timing.p20_ms,
+                    f"{stage}_p80_ms": timing.p80_ms,
+                    f"{stage}_gbps": gbps,
+                    f"{stage}_fraction_of_copy": gbps / copy_gbps,
+                }
+            )
         return result
 
     def render(self, results_dir: Path, reports_dir: Path) -> str:

@@ -24,8 +24,15 @@ def cmd_analyze_xent(args) -> None:
 def cmd_analyze_conv1d(args) -> None:
     from fastlm.analysis.conv1d import Conv1dCost, cost_tables
 
-    cost = Conv1dCost(args.batch, args.length, args.channels, args.kernel_size, DTYPE_BYTES[args.dtype],
-                      bias=not args.no_bias, silu=args.activation == "silu")  # fmt: skip
+    cost = Conv1dCost(
+        args.batch,
+        args.length,
+        args.channels,
+        args.kernel_size,
+        DTYPE_BYTES[args.dtype],
+        bias=not args.no_bias,
+        silu=args.activation == "silu",
+    )
     output.print_each(cost_tables(cost, args.dtype, device_spec(args.gpu)))
 
 
@@ -41,8 +48,9 @@ def cmd_analyze_parallel(args) -> None:
     from fastlm.analysis import parallel
 
     try:
-        config = parallel.ParallelConfig(d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, batch=args.batch,
-                                         context_length=args.context)  # fmt: skip
+        config = parallel.ParallelConfig(
+            d_model=args.d_model, d_ff=args.d_ff, blocks=args.blocks, batch=args.batch, context_length=args.context
+        )
         mesh = parallel.MeshConfig(w_ici=args.w_ici, flops=args.flops, m_x=args.mx, m_y=args.my, x=args.x, y=args.y)
     except ValueError as error:
         raise UserError(str(error)) from None
@@ -62,8 +70,9 @@ def cmd_analyze_layer(args) -> None:
 def add_commands(groups: argparse._SubParsersAction) -> None:
     commands = add_group(groups, "analyze", "napkin math: bytes, FLOPs, bound")
     datasheet = "datasheet to compare against"
-    p = add_command(commands, "conv1d", "cost model of the depthwise causal conv1d (bytes, FLOPs, bound)",
-                    cmd_analyze_conv1d)  # fmt: skip
+    p = add_command(
+        commands, "conv1d", "cost model of the depthwise causal conv1d (bytes, FLOPs, bound)", cmd_analyze_conv1d
+    )
     p.add_argument("--batch", type=positive_int, default=1, help="sequences B")
     p.add_argument("--length", type=positive_int, default=8192, help="sequence length L")
     p.add_argument("--channels", type=positive_int, default=8192, help="channels D")
@@ -76,31 +85,46 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=positive_int, default=4096, help="rows B (tokens)")
     p.add_argument("--vocab", type=positive_int, default=128256, help="vocabulary size V")
     p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help=datasheet)
-    p = add_command(commands, "memory", "parameters, gradients, AdamW state and activation sizes of a model",
-                    cmd_analyze_memory)  # fmt: skip
+    p = add_command(
+        commands, "memory", "parameters, gradients, AdamW state and activation sizes of a model", cmd_analyze_memory
+    )
     add_model_arguments(p)
     p.add_argument("--contexts", type=int_list, default=(128, 256, 512), help="comma list of context lengths")
     p.set_defaults(preset=("2.7b",))
-    p = add_command(commands, "parallel", "memory, GPUs, FSDP degree and compute-bound batch of a large MLP stack",
-                    cmd_analyze_parallel)  # fmt: skip
+    p = add_command(
+        commands,
+        "parallel",
+        "memory, GPUs, FSDP degree and compute-bound batch of a large MLP stack",
+        cmd_analyze_parallel,
+    )
     p.add_argument("--d-model", type=positive_int, default=16384, help="D")
     p.add_argument("--d-ff", type=positive_int, default=53248, help="F")
     p.add_argument("--blocks", type=positive_int, default=126, help="blocks of two linear layers")
     p.add_argument("--batch", type=positive_int, default=1, help="sequences whose activations are saved")
     p.add_argument("--context", type=positive_int, default=8192, help="tokens per sequence")
     p.add_argument("--gpu-memory-gb", type=positive_float, default=80.0, help="GPU size for the count")
-    p.add_argument("--device-memory-gb", type=positive_float, default=95.0,
-                   help="per-device limit for the FSDP degree (default: 95, TPU v5p)")  # fmt: skip
-    p.add_argument("--w-ici", type=positive_float, default=2 * 9e10,
-                   help="W_ici, bidirectional ICI bytes/s per axis (default: 1.8e11, TPU v5p)")  # fmt: skip
+    p.add_argument(
+        "--device-memory-gb",
+        type=positive_float,
+        default=95.0,
+        help="per-device limit for the FSDP degree (default: 95, TPU v5p)",
+    )
+    p.add_argument(
+        "--w-ici",
+        type=positive_float,
+        default=2 * 9e10,
+        help="W_ici, bidirectional ICI bytes/s per axis (default: 1.8e11, TPU v5p)",
+    )
     p.add_argument("--flops", type=positive_float, default=4.6e14, help="C, FLOP/s per chip")
     p.add_argument("--mx", type=positive_int, default=2, help="M_X, mesh axes of the FSDP dimension")
     p.add_argument("--my", type=positive_int, default=1, help="M_Y, mesh axes of the TP dimension")
     p.add_argument("--x", type=positive_int, default=16, help="X, FSDP degree")
     p.add_argument("--y", type=positive_int, default=4, help="Y, TP degree")
-    for name, description in (("attention", "scaled-dot-product attention, stage by stage"),
-                              ("mha", "multi-head attention: projections, attention, output"),
-                              ("mlp", "two-layer MLP D -> 4D -> D")):  # fmt: skip
+    for name, description in (
+        ("attention", "scaled-dot-product attention, stage by stage"),
+        ("mha", "multi-head attention: projections, attention, output"),
+        ("mlp", "two-layer MLP D -> 4D -> D"),
+    ):
         p = add_command(commands, name, f"cost model of {description}", cmd_analyze_layer)
         p.add_argument("--batch", type=positive_int, default=16, help="sequences B")
         p.add_argument("--seq", type=positive_int, default=16384, help="sequence length N")

@@ -21,8 +21,13 @@ from fastlm.utils.errors import UserError
 from fastlm.utils.progress import progress_steps
 
 # RecallConfig's fields -> the options that set them
-RECALL_OPTIONS = {"num_keys": "--keys", "num_values": "--values", "num_pairs": "--pairs", "num_train": "--train",
-                  "num_test": "--test"}  # fmt: skip
+RECALL_OPTIONS = {
+    "num_keys": "--keys",
+    "num_values": "--values",
+    "num_pairs": "--pairs",
+    "num_train": "--train",
+    "num_test": "--test",
+}
 
 
 def add_recall_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,8 +45,14 @@ def recall_config(args: argparse.Namespace):
     from fastlm.tasks.associative_recall import RecallConfig
 
     try:
-        return RecallConfig(num_keys=args.keys, num_values=args.values, num_pairs=args.pairs,
-                            num_train=args.train, num_test=args.test, seed=args.seed)  # fmt: skip
+        return RecallConfig(
+            num_keys=args.keys,
+            num_values=args.values,
+            num_pairs=args.pairs,
+            num_train=args.train,
+            num_test=args.test,
+            seed=args.seed,
+        )
     except ValueError as error:  # the config names its fields; say which options they are
         message = str(error)
         for field, option in RECALL_OPTIONS.items():
@@ -56,9 +67,11 @@ def cmd_ar_handcrafted(args) -> None:
     train, test = make_splits(task)
     model = handcrafted_model(task)
     test_accuracy, train_accuracy = accuracy(model, test), accuracy(model, train)
-    output.console.print(f"Hand-built two-layer attention model (no training): test accuracy "
-                         f"{100 * test_accuracy:.1f}% on {len(test)} sequences, "
-                         f"train {100 * train_accuracy:.1f}%")  # fmt: skip
+    output.console.print(
+        f"Hand-built two-layer attention model (no training): test accuracy "
+        f"{100 * test_accuracy:.1f}% on {len(test)} sequences, "
+        f"train {100 * train_accuracy:.1f}%"
+    )
 
 
 def cmd_ar_train(args) -> None:
@@ -67,21 +80,33 @@ def cmd_ar_train(args) -> None:
     from fastlm.utils.records import append_records, with_environment
 
     task = recall_config(args)
-    settings = TrainSettings(d_model=args.d_model, num_heads=args.heads, epochs=args.epochs, batch=args.batch,
-                             lr=args.lr, seed=args.seed)  # fmt: skip
+    settings = TrainSettings(
+        d_model=args.d_model, num_heads=args.heads, epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed
+    )
     check_heads(settings.d_model, settings.num_heads, rope=True)
     splits = make_splits(task)
     rows = []
     for layers in args.layers:
         with progress_steps(f"{layers} layer(s), epoch", settings.epochs) as step:
-            rows += train_depth(task, splits, layers, settings, on_epoch=lambda row: step(
-                f"test accuracy {100 * row['test_accuracy']:.1f}%, loss {row['train_loss']:.3f}"))  # fmt: skip
-    records = [with_environment({"task": "associative_recall", **task.__dict__, **settings.__dict__, **row})
-               for row in rows]  # fmt: skip
+            rows += train_depth(
+                task,
+                splits,
+                layers,
+                settings,
+                on_epoch=lambda row: step(
+                    f"test accuracy {100 * row['test_accuracy']:.1f}%, loss {row['train_loss']:.3f}"
+                ),
+            )
+    records = [
+        with_environment({"task": "associative_recall", **task.__dict__, **settings.__dict__, **row}) for row in rows
+    ]
     append_records(args.out / "results" / "associative_recall.jsonl", records)
-    plot = accuracy_plot(args.out / "reports" / "associative_recall.png", rows,
-                         f"Associative recall: {task.num_pairs} pairs, {task.num_keys} keys, {task.num_values} values, "
-                         f"{task.num_train} training sequences")  # fmt: skip
+    plot = accuracy_plot(
+        args.out / "reports" / "associative_recall.png",
+        rows,
+        f"Associative recall: {task.num_pairs} pairs, {task.num_keys} keys, {task.num_values} values, "
+        f"{task.num_train} training sequences",
+    )
     table = Table(title="Test accuracy by depth")
     for column in ("layers", "best", "epoch of best", "first epoch >= 90%", "final"):
         table.add_column(column)
@@ -89,8 +114,13 @@ def cmd_ar_train(args) -> None:
         mine = [r for r in rows if r["layers"] == layers]
         best = max(mine, key=lambda r: r["test_accuracy"])
         first = next((r["epoch"] for r in mine if r["test_accuracy"] >= TARGET_ACCURACY), None)
-        table.add_row(str(layers), f"{100 * best['test_accuracy']:.1f}%", str(best["epoch"]),
-                      "—" if first is None else str(first), f"{100 * mine[-1]['test_accuracy']:.1f}%")  # fmt: skip
+        table.add_row(
+            str(layers),
+            f"{100 * best['test_accuracy']:.1f}%",
+            str(best["epoch"]),
+            "—" if first is None else str(first),
+            f"{100 * mine[-1]['test_accuracy']:.1f}%",
+        )
     output.console.print(table)
     fewest = minimum_layers(rows)
     answer = "none of these depths" if fewest is None else f"{fewest} layer(s)"
@@ -101,12 +131,19 @@ def cmd_ar_train(args) -> None:
 
 def add_commands(groups: argparse._SubParsersAction) -> None:
     commands = add_group(groups, "ar", "associative recall: a hand-built model, and training on the task")
-    add_recall_arguments(add_command(commands, "handcrafted", "score the hand-built two-layer attention model",
-                                     cmd_ar_handcrafted))  # fmt: skip
-    p = add_command(commands, "train", "train the model on the task: test accuracy per epoch, sweep over depth",
-                    cmd_ar_train,
-                    duration=("about 2 minutes for the default depth (2 layers), about 10 minutes for --layers "
-                              "1,2,3,4", "the same: it trains on the CPU"))  # fmt: skip
+    add_recall_arguments(
+        add_command(commands, "handcrafted", "score the hand-built two-layer attention model", cmd_ar_handcrafted)
+    )
+    p = add_command(
+        commands,
+        "train",
+        "train the model on the task: test accuracy per epoch, sweep over depth",
+        cmd_ar_train,
+        duration=(
+            "about 2 minutes for the default depth (2 layers), about 10 minutes for --layers 1,2,3,4",
+            "the same: it trains on the CPU",
+        ),
+    )
     add_recall_arguments(p)
     p.add_argument("--layers", type=int_list, default=(2,), help="comma list of depths, e.g. 1,2,3,4")
     p.add_argument("--epochs", type=positive_int, default=50, help="passes over the training sequences per depth")

@@ -46,8 +46,9 @@ _sweep_list = choice_list(ATTENTION_SWEEPS, "sweep")
 def _rounds(text: str) -> int:
     value = positive_int(text)
     if value < HOST_MIN_ROUNDS:
-        raise argparse.ArgumentTypeError(f"expected at least {HOST_MIN_ROUNDS} rounds (a median and a spread), "
-                                         f"got {value}")  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"expected at least {HOST_MIN_ROUNDS} rounds (a median and a spread), got {value}"
+        )
     return value
 
 
@@ -64,8 +65,9 @@ def cmd_bench_ceilings(args) -> None:
             f"{100 * record['copy_fraction_of_datasheet']:.0f}% / {100 * record['matmul_fraction_of_datasheet']:.0f}%"
         )
     shape = "x".join(map(str, record["matmul_shape"]))
-    table.add_row(f"{record['copy_gbps']:.3g}", f"{record['matmul_tflops']:.3g}", f"{shape} {record['matmul_dtype']}",
-                  datasheet)  # fmt: skip
+    table.add_row(
+        f"{record['copy_gbps']:.3g}", f"{record['matmul_tflops']:.3g}", f"{shape} {record['matmul_dtype']}", datasheet
+    )
     output.console.print(table)
 
 
@@ -128,8 +130,19 @@ def cmd_bench_model(args) -> None:
     configs = model_configs(args)
     if args.hf:
         _check_hf_installed()
-    _run(ModelBenchmark(tuple(configs), tuple(row_list), batch=args.batch, warmup=args.warmup, steps=args.steps,
-                       rounds=args.rounds, interleave=args.interleave, hf=args.hf), args.out)  # fmt: skip
+    _run(
+        ModelBenchmark(
+            tuple(configs),
+            tuple(row_list),
+            batch=args.batch,
+            warmup=args.warmup,
+            steps=args.steps,
+            rounds=args.rounds,
+            interleave=args.interleave,
+            hf=args.hf,
+        ),
+        args.out,
+    )
 
 
 def cmd_bench_train(args) -> int:
@@ -140,52 +153,114 @@ def cmd_bench_train(args) -> int:
 
 def add_commands(groups: argparse._SubParsersAction) -> None:
     commands = add_group(groups, "bench", "measure ops against their baselines")
-    p = add_command(commands, "ceilings", "measured copy GB/s and matmul TFLOP/s (bf16 on a GPU, fp32 on a CPU) of "
-                    "this device", cmd_bench_ceilings)  # fmt: skip
+    p = add_command(
+        commands,
+        "ceilings",
+        "measured copy GB/s and matmul TFLOP/s (bf16 on a GPU, fp32 on a CPU) of this device",
+        cmd_bench_ceilings,
+    )
     add_out(p)
-    p = add_command(commands, "xent", "cross-entropy fwd/bwd vs eager, compile, Liger", cmd_bench_xent,
-                    duration=("about a minute", "under 10 minutes"))  # fmt: skip
+    p = add_command(
+        commands,
+        "xent",
+        "cross-entropy fwd/bwd vs eager, compile, Liger",
+        cmd_bench_xent,
+        duration=("about a minute", "under 10 minutes"),
+    )
     p.add_argument("--batch", type=positive_int, default=None, help="rows (default 4096 on a GPU, 128 on a CPU)")
-    p.add_argument("--vocab", type=int_list, default=None,
-                   help="comma list of vocabulary sizes (default 32000,50264,128256)")  # fmt: skip
+    p.add_argument(
+        "--vocab", type=int_list, default=None, help="comma list of vocabulary sizes (default 32000,50264,128256)"
+    )
     add_out(p)
-    p = add_command(commands, "attention", "attention: naive vs torch.compile vs fastlm vs SDPA flash/cuDNN",
-                    cmd_bench_attention, duration=("about 10 seconds", "under 10 minutes"))  # fmt: skip
-    p.add_argument("--sweep", type=_sweep_list, default=("model",),
-                   help=f"comma list of sweeps among {', '.join(ATTENTION_SWEEPS)}")  # fmt: skip
+    p = add_command(
+        commands,
+        "attention",
+        "attention: naive vs torch.compile vs fastlm vs SDPA flash/cuDNN",
+        cmd_bench_attention,
+        duration=("about 10 seconds", "under 10 minutes"),
+    )
+    p.add_argument(
+        "--sweep",
+        type=_sweep_list,
+        default=("model",),
+        help=f"comma list of sweeps among {', '.join(ATTENTION_SWEEPS)}",
+    )
     add_out(p)
     ten_seconds = ("about 10 seconds", "under 10 minutes")
     # the benchmarks whose only option is --out
     for name, summary, handler, duration in (
-        ("norms", "LayerNorm / RMSNorm fwd, bwd, fwd+bwd vs eager, compile, Liger",
-         _fixed("fastlm.bench.norms", "NormsBenchmark"), ten_seconds),
-        ("softmax", "masked softmax fwd, bwd, fwd+bwd vs eager, compile",
-         _fixed("fastlm.bench.softmax", "SoftmaxBenchmark"), ten_seconds),
-        ("swiglu", "SwiGLU silu(gate) * up fwd, bwd, fwd+bwd vs eager, compile, Liger",
-         _fixed("fastlm.bench.swiglu", "SwigluBenchmark"), ten_seconds),
-        ("conv1d", "causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward",
-         _fixed("fastlm.bench.conv1d", "Conv1dBenchmark"), ten_seconds),
-        ("linear-xent", "fused linear + cross-entropy fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, "
-         "matmul + fastlm CE, Liger, CCE", _fixed("fastlm.bench.linear_xent", "LinearCrossEntropyBenchmark"), None),
-        ("dpo", "DPO loss from hidden states fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, Liger",
-         _fixed("fastlm.bench.dpo", "DPOBenchmark"), None),
-        ("roofline", "this device's measured roofline with every benchmarked fastlm kernel on it",
-         _fixed("fastlm.bench.roofline", "RooflineBenchmark"), None),
-    ):  # fmt: skip
+        (
+            "norms",
+            "LayerNorm / RMSNorm fwd, bwd, fwd+bwd vs eager, compile, Liger",
+            _fixed("fastlm.bench.norms", "NormsBenchmark"),
+            ten_seconds,
+        ),
+        (
+            "softmax",
+            "masked softmax fwd, bwd, fwd+bwd vs eager, compile",
+            _fixed("fastlm.bench.softmax", "SoftmaxBenchmark"),
+            ten_seconds,
+        ),
+        (
+            "swiglu",
+            "SwiGLU silu(gate) * up fwd, bwd, fwd+bwd vs eager, compile, Liger",
+            _fixed("fastlm.bench.swiglu", "SwigluBenchmark"),
+            ten_seconds,
+        ),
+        (
+            "conv1d",
+            "causal conv1d fwd, bwd, fwd+bwd vs eager, compile, CUDA C++ forward",
+            _fixed("fastlm.bench.conv1d", "Conv1dBenchmark"),
+            ten_seconds,
+        ),
+        (
+            "linear-xent",
+            "fused linear + cross-entropy fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, "
+            "matmul + fastlm CE, Liger, CCE",
+            _fixed("fastlm.bench.linear_xent", "LinearCrossEntropyBenchmark"),
+            None,
+        ),
+        (
+            "dpo",
+            "DPO loss from hidden states fwd+bwd: ms, TFLOP/s, peak memory vs eager, compile, Liger",
+            _fixed("fastlm.bench.dpo", "DPOBenchmark"),
+            None,
+        ),
+        (
+            "roofline",
+            "this device's measured roofline with every benchmarked fastlm kernel on it",
+            _fixed("fastlm.bench.roofline", "RooflineBenchmark"),
+            None,
+        ),
+    ):
         add_out(add_command(commands, name, summary, handler, duration=duration))
-    p = add_command(commands, "host", "host (CPU) time per call of each op vs the PyTorch op it replaces, at small "
-                    "shapes where the host dominates", cmd_bench_host,
-                    duration=("about 20 seconds", "under 10 minutes"))  # fmt: skip
+    p = add_command(
+        commands,
+        "host",
+        "host (CPU) time per call of each op vs the PyTorch op it replaces, at small shapes where the host dominates",
+        cmd_bench_host,
+        duration=("about 20 seconds", "under 10 minutes"),
+    )
     p.add_argument("--ops", type=_host_ops, default=None, help=f"comma list among {','.join(HOST_OPS)} (default all)")
-    p.add_argument("--compile", type=choice_list(HOST_COMPILE_MODES, "compile mode"), default=("eager",),
-                   help="comma list of eager, compile (torch.compile(fullgraph=True) of each implementation, "
-                   "fwd and bwd)")  # fmt: skip
-    p.add_argument("--rounds", type=_rounds, default=None,
-                   help=f"rounds, each timing every implementation and direction (default {HOST_GPU_ROUNDS} on a "
-                   f"GPU, {HOST_CPU_ROUNDS} without one; at least {HOST_MIN_ROUNDS})")  # fmt: skip
-    p.add_argument("--calls", type=positive_int, default=None,
-                   help=f"calls per round and timing (default {HOST_GPU_CALLS} on a GPU, {HOST_CPU_CALLS} without "
-                   "one)")  # fmt: skip
+    p.add_argument(
+        "--compile",
+        type=choice_list(HOST_COMPILE_MODES, "compile mode"),
+        default=("eager",),
+        help="comma list of eager, compile (torch.compile(fullgraph=True) of each implementation, fwd and bwd)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=_rounds,
+        default=None,
+        help=f"rounds, each timing every implementation and direction (default {HOST_GPU_ROUNDS} on a "
+        f"GPU, {HOST_CPU_ROUNDS} without one; at least {HOST_MIN_ROUNDS})",
+    )
+    p.add_argument(
+        "--calls",
+        type=positive_int,
+        default=None,
+        help=f"calls per round and timing (default {HOST_GPU_CALLS} on a GPU, {HOST_CPU_CALLS} without one)",
+    )
     add_out(p)
     _add_model_command(commands)
     bench_hf.add_commands(commands)
@@ -193,30 +268,62 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
 
 
 def _add_model_command(commands: argparse._SubParsersAction) -> None:
-    p = add_command(commands, "model", "LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)",
-                    cmd_bench_model, duration=("about 15 seconds", "under 10 minutes, plus 2-4 minutes of "
-                                               "compilation per large model and compile mode"))  # fmt: skip
+    p = add_command(
+        commands,
+        "model",
+        "LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)",
+        cmd_bench_model,
+        duration=(
+            "about 15 seconds",
+            "under 10 minutes, plus 2-4 minutes of compilation per large model and compile mode",
+        ),
+    )
     add_model_arguments(p)
-    p.add_argument("--mode", type=choice_list(("fwd", "fwd+bwd", "train"), "mode"), default=None,
-                   help="comma list of fwd, fwd+bwd, train (default train)")  # fmt: skip
-    p.add_argument("--precision", type=choice_list(PRECISIONS, "precision"), default=None,
-                   help="comma list of fp32, bf16 (autocast), bf16-weights (autocast, matmul weights stored in "
-                   "bf16 with fp32 masters in fastlm's AdamW) (default bf16)")  # fmt: skip
-    p.add_argument("--compile", type=choice_list(COMPILE_MODES, "compile mode"), default=None,
-                   help="comma list of eager, compile (torch.compile), cudagraphs (torch.compile with "
-                   "mode='reduce-overhead') (default eager; the sweep: eager, compile)")  # fmt: skip
+    p.add_argument(
+        "--mode",
+        type=choice_list(("fwd", "fwd+bwd", "train"), "mode"),
+        default=None,
+        help="comma list of fwd, fwd+bwd, train (default train)",
+    )
+    p.add_argument(
+        "--precision",
+        type=choice_list(PRECISIONS, "precision"),
+        default=None,
+        help="comma list of fp32, bf16 (autocast), bf16-weights (autocast, matmul weights stored in "
+        "bf16 with fp32 masters in fastlm's AdamW) (default bf16)",
+    )
+    p.add_argument(
+        "--compile",
+        type=choice_list(COMPILE_MODES, "compile mode"),
+        default=None,
+        help="comma list of eager, compile (torch.compile), cudagraphs (torch.compile with "
+        "mode='reduce-overhead') (default eager; the sweep: eager, compile)",
+    )
     p.add_argument("--warmup", type=non_negative_int, default=5, help="untimed steps first, every round")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per round")
-    p.add_argument("--rounds", type=positive_int, default=3,
-                   help="rounds of warm-up + timed steps per row; the median over rounds is reported, with "
-                   "the lowest and highest round's")  # fmt: skip
-    p.add_argument("--interleave", action=argparse.BooleanOptionalAction, default=None,
-                   help="round 1 of every row, then round 2, ..., every model kept (default: when the "
-                   "models fit in memory together; else each row's rounds back to back)")  # fmt: skip
-    p.add_argument("--sweep", action="store_true",
-                   help="every preset but tiny x fwd, fwd+bwd, train x fp32, bf16 x eager, compile")  # fmt: skip
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=3,
+        help="rounds of warm-up + timed steps per row; the median over rounds is reported, with "
+        "the lowest and highest round's",
+    )
+    p.add_argument(
+        "--interleave",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="round 1 of every row, then round 2, ..., every model kept (default: when the "
+        "models fit in memory together; else each row's rounds back to back)",
+    )
+    p.add_argument(
+        "--sweep", action="store_true", help="every preset but tiny x fwd, fwd+bwd, train x fp32, bf16 x eager, compile"
+    )
     p.add_argument("--hf", action="store_true", help="also measure transformers' LlamaForCausalLM of the same dims")
     add_out(p)
-    p = add_command(commands, "train", "the training loop of fastlm train once per kernel set, from the same start: "
-                    "time, tokens/s, MFU, loss curves", cmd_bench_train)  # fmt: skip
+    p = add_command(
+        commands,
+        "train",
+        "the training loop of fastlm train once per kernel set, from the same start: time, tokens/s, MFU, loss curves",
+        cmd_bench_train,
+    )
     add_kernel_comparison_arguments(p)

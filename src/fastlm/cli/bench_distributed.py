@@ -81,11 +81,18 @@ def cmd_bench_ddp(args) -> None:
     worlds = _world_sizes(args.procs, backend)
     preset = args.preset or ("xl" if backend == "nccl" else "tiny")
     settings = Settings(
-        preset=preset, context=args.context, batch=args.batch, vocab=args.vocab, precision=args.precision,
-        warmup=args.warmup, steps=args.steps, rounds=args.rounds, profile_steps=args.profile_steps,
+        preset=preset,
+        context=args.context,
+        batch=args.batch,
+        vocab=args.vocab,
+        precision=args.precision,
+        warmup=args.warmup,
+        steps=args.steps,
+        rounds=args.rounds,
+        profile_steps=args.profile_steps,
         bucket_mb=args.bucket_mb,
         trace_dir=str(args.out / "traces"),
-    )  # fmt: skip
+    )
     benchmark = DataParallelBenchmark(backend, tuple(worlds), settings, args.variants, args.optimizers)
     output.show_report(run_benchmark(benchmark, args.out, current_device()))
 
@@ -97,24 +104,45 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def _add_allreduce_command(commands: argparse._SubParsersAction) -> None:
-    p = add_command(commands, "allreduce", "all-reduce time, algbw and busbw vs size and number of processes",
-                    cmd_bench_allreduce, duration=("about 2 minutes", "under 10 minutes"))  # fmt: skip
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                   help="auto: NCCL with one GPU per process when there are GPUs, else gloo on CPU")  # fmt: skip
+    p = add_command(
+        commands,
+        "allreduce",
+        "all-reduce time, algbw and busbw vs size and number of processes",
+        cmd_bench_allreduce,
+        duration=("about 2 minutes", "under 10 minutes"),
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="auto: NCCL with one GPU per process when there are GPUs, else gloo on CPU",
+    )
     p.add_argument("--procs", type=int_list, default=(2, 4, 6), help="comma list of process counts")
-    p.add_argument("--sizes-mb", type=float_list, default=(1, 10, 100, 1000),
-                   help="comma list of float32 tensor sizes in MB")  # fmt: skip
+    p.add_argument(
+        "--sizes-mb", type=float_list, default=(1, 10, 100, 1000), help="comma list of float32 tensor sizes in MB"
+    )
     p.add_argument("--warmup", type=non_negative_int, default=5, help="untimed all-reduces per size")
     p.add_argument("--iters", type=positive_int, default=10, help="timed all-reduces per size")
     add_out(p)
 
 
 def _add_ddp_command(commands: argparse._SubParsersAction) -> None:
-    p = add_command(commands, "ddp", "data-parallel step time, communication overlap, optimizer-state sharding",
-                    cmd_bench_ddp, duration=("5 to 10 minutes for --procs 2, and longer for 4 processes than for 2 "
-                                             "on 2 cores", "about 5 minutes for --procs 8 --rounds 2"))  # fmt: skip
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                   help="auto: NCCL with a GPU per process when there are 2+ GPUs, else gloo on CPU")  # fmt: skip
+    p = add_command(
+        commands,
+        "ddp",
+        "data-parallel step time, communication overlap, optimizer-state sharding",
+        cmd_bench_ddp,
+        duration=(
+            "5 to 10 minutes for --procs 2, and longer for 4 processes than for 2 on 2 cores",
+            "about 5 minutes for --procs 8 --rounds 2",
+        ),
+    )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="auto: NCCL with a GPU per process when there are 2+ GPUs, else gloo on CPU",
+    )
     p.add_argument("--procs", type=int_list, default=(2, 4), help="comma list of process counts")
     p.add_argument(
         "--preset", choices=PRESETS, default=None, help="model preset (default xl with NCCL, tiny with gloo)"
@@ -123,15 +151,23 @@ def _add_ddp_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--context", type=positive_int, default=512, help="sequence length")
     p.add_argument("--batch", type=positive_int, default=4, help="sequences per rank")
     p.add_argument("--precision", choices=FP32_WEIGHT_PRECISIONS, default="bf16", help=FP32_WEIGHTS_HELP)
-    p.add_argument("--variants", type=_variant_list, default=",".join(DDP_VARIANTS),
-                   help="comma list of gradient synchronizations; bucketed-X for any X MB")  # fmt: skip
-    p.add_argument("--optimizers", type=_optimizer_list, default=DDP_OPTIMIZERS,
-                   help="memory rows: comma list of adamw, sharded (ShardedOptimizer), zero "
-                   "(ZeroRedundancyOptimizer), or none")  # fmt: skip
+    p.add_argument(
+        "--variants",
+        type=_variant_list,
+        default=",".join(DDP_VARIANTS),
+        help="comma list of gradient synchronizations; bucketed-X for any X MB",
+    )
+    p.add_argument(
+        "--optimizers",
+        type=_optimizer_list,
+        default=DDP_OPTIMIZERS,
+        help="memory rows: comma list of adamw, sharded (ShardedOptimizer), zero (ZeroRedundancyOptimizer), or none",
+    )
     p.add_argument("--bucket-mb", type=positive_float, default=25.0, help="BucketedDDP bucket size of the memory rows")
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed steps per variant and round")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per variant and round")
-    p.add_argument("--rounds", type=positive_int, default=2,
-                   help="passes over the variants, fresh models each; timings are pooled")  # fmt: skip
+    p.add_argument(
+        "--rounds", type=positive_int, default=2, help="passes over the variants, fresh models each; timings are pooled"
+    )
     p.add_argument("--profile-steps", type=positive_int, default=2, help="profiled steps per variant")
     add_out(p)

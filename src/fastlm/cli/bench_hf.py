@@ -24,33 +24,62 @@ def cmd_bench_hf(args) -> None:
     on_gpu = current_device().type == "cuda"
     size = args.size or ("1b" if on_gpu else "tiny")
     context = args.seq or (2048 if on_gpu else 64)
-    overrides = {"num_layers": args.layers, "d_model": args.d_model, "d_ff": args.d_ff, "num_heads": args.heads,
-                 "num_kv_heads": args.kv_heads, "head_dim": args.head_dim, "vocab_size": args.vocab}  # fmt: skip
+    overrides = {
+        "num_layers": args.layers,
+        "d_model": args.d_model,
+        "d_ff": args.d_ff,
+        "num_heads": args.heads,
+        "num_kv_heads": args.kv_heads,
+        "head_dim": args.head_dim,
+        "vocab_size": args.vocab,
+    }
     try:
         shape = HFShape.of(args.family, size, context, **overrides)
     except ValueError as error:
         raise UserError(str(error)) from None
     compile_modes = args.compile or (("eager", "compile") if on_gpu else ("eager",))
-    benchmark = HFBenchmark((shape,), args.patches, tuple(rows(args.mode, args.precision, compile_modes)),
-                            batch=args.batch or (4 if on_gpu else 1), warmup=args.warmup, steps=args.steps,
-                            rounds=args.rounds)  # fmt: skip
+    benchmark = HFBenchmark(
+        (shape,),
+        args.patches,
+        tuple(rows(args.mode, args.precision, compile_modes)),
+        batch=args.batch or (4 if on_gpu else 1),
+        warmup=args.warmup,
+        steps=args.steps,
+        rounds=args.rounds,
+    )
     output.show_report(run_benchmark(benchmark, args.out, current_device()))
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
-    p = add_command(commands, "hf", "a Hugging Face model's training step: unpatched, fastlm.apply_fastlm, Liger "
-                    "(tokens/s, MFU, peak memory)", cmd_bench_hf,
-                    duration=("about 15 seconds", "3-6 minutes at 1b, plus 1-3 minutes of compilation per "
-                                                       "model"))  # fmt: skip
+    p = add_command(
+        commands,
+        "hf",
+        "a Hugging Face model's training step: unpatched, fastlm.apply_fastlm, Liger (tokens/s, MFU, peak memory)",
+        cmd_bench_hf,
+        duration=("about 15 seconds", "3-6 minutes at 1b, plus 1-3 minutes of compilation per model"),
+    )
     p.add_argument("--family", choices=HF_FAMILIES, default="llama", help="model family (default llama)")
-    p.add_argument("--size", choices=HF_SIZES, default=None,
-                   help="the family's published dimensions: 1b, 3b, 8b (Llama 3.2 1B/3B, 3.1 8B; Qwen3 1.7B/4B/8B; "
-                   "Mistral 7B as 8b) or tiny (default 1b on a GPU, tiny on a CPU)")  # fmt: skip
-    p.add_argument("--layers", type=positive_int, default=None,
-                   help="number of layers (default: the size's; fewer make a quick run)")  # fmt: skip
-    for flag, what in (("--d-model", "hidden size"), ("--d-ff", "MLP width"), ("--heads", "query heads"),
-                       ("--kv-heads", "key/value heads"), ("--head-dim", "head dimension"),
-                       ("--vocab", "vocabulary size")):  # fmt: skip
+    p.add_argument(
+        "--size",
+        choices=HF_SIZES,
+        default=None,
+        help="the family's published dimensions: 1b, 3b, 8b (Llama 3.2 1B/3B, 3.1 8B; Qwen3 1.7B/4B/8B; "
+        "Mistral 7B as 8b) or tiny (default 1b on a GPU, tiny on a CPU)",
+    )
+    p.add_argument(
+        "--layers",
+        type=positive_int,
+        default=None,
+        help="number of layers (default: the size's; fewer make a quick run)",
+    )
+    for flag, what in (
+        ("--d-model", "hidden size"),
+        ("--d-ff", "MLP width"),
+        ("--heads", "query heads"),
+        ("--kv-heads", "key/value heads"),
+        ("--head-dim", "head dimension"),
+        ("--vocab", "vocabulary size"),
+    ):
         p.add_argument(flag, type=positive_int, default=None, help=f"{what} (default: the size's)")
     p.add_argument(
         "--batch", type=positive_int, default=None, help="sequences per step (default 4 on a GPU, 1 on a CPU)"
@@ -58,20 +87,37 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seq", type=positive_int, default=None, help="tokens per sequence (default 2048 on a GPU, 64 on a CPU)"
     )
-    p.add_argument("--patches", type=choice_list(HF_PATCHES, "patch"), default=HF_PATCHES,
-                   help="comma list of none (the model as it is), fastlm, liger (default all; liger is reported "
-                   "missing when not installed)")  # fmt: skip
-    p.add_argument("--mode", type=choice_list(MODES, "mode"), default=("train",),
-                   help="comma list of fwd, fwd+bwd, train (default train: forward, backward, fused "
-                   "AdamW)")  # fmt: skip
-    p.add_argument("--precision", type=choice_list(PRECISIONS[:2], "precision"), default=("bf16",),
-                   help="comma list of fp32, bf16 (autocast over fp32 weights) (default bf16)")  # fmt: skip
-    p.add_argument("--compile", type=choice_list(COMPILE_MODES[:2], "compile mode"), default=None,
-                   help="comma list of eager, compile (torch.compile of the model) (default both on a GPU, eager "
-                   "on a CPU)")  # fmt: skip
+    p.add_argument(
+        "--patches",
+        type=choice_list(HF_PATCHES, "patch"),
+        default=HF_PATCHES,
+        help="comma list of none (the model as it is), fastlm, liger (default all; liger is reported "
+        "missing when not installed)",
+    )
+    p.add_argument(
+        "--mode",
+        type=choice_list(MODES, "mode"),
+        default=("train",),
+        help="comma list of fwd, fwd+bwd, train (default train: forward, backward, fused AdamW)",
+    )
+    p.add_argument(
+        "--precision",
+        type=choice_list(PRECISIONS[:2], "precision"),
+        default=("bf16",),
+        help="comma list of fp32, bf16 (autocast over fp32 weights) (default bf16)",
+    )
+    p.add_argument(
+        "--compile",
+        type=choice_list(COMPILE_MODES[:2], "compile mode"),
+        default=None,
+        help="comma list of eager, compile (torch.compile of the model) (default both on a GPU, eager on a CPU)",
+    )
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed steps first, every round (default 3)")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per round (default 10)")
-    p.add_argument("--rounds", type=positive_int, default=3,
-                   help="interleaved rounds; the median over rounds is reported with its spread "
-                   "(default 3)")  # fmt: skip
+    p.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=3,
+        help="interleaved rounds; the median over rounds is reported with its spread (default 3)",
+    )
     add_out(p)

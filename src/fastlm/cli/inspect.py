@@ -30,9 +30,18 @@ def cmd_inspect_autocast(args) -> None:
 
 def add_commands(groups: argparse._SubParsersAction) -> None:
     commands = add_group(groups, "inspect", "look at generated code")
-    p = add_command(commands, "compiled-xent", "write the code torch.compile generates for cross-entropy",
-                    cmd_inspect_compiled_xent, duration=("about 10 seconds", "under 10 minutes"))  # fmt: skip
+    p = add_command(
+        commands,
+        "compiled-xent",
+        "write the code torch.compile generates for cross-entropy",
+        cmd_inspect_compiled_xent,
+        duration=("about 10 seconds", "under 10 minutes"),
+    )
     p.add_argument("--output", type=output_file, default=Path("compiled_cross_entropy.py"), help="file to write")
-    p = add_command(commands, "autocast", "dtypes of a small model under fp16/bf16 autocast; fp16 vs fp32 sums",
-                    cmd_inspect_autocast)  # fmt: skip
+    p = add_command(
+        commands,
+        "autocast",
+        "dtypes of a small model under fp16/bf16 autocast; fp16 vs fp32 sums",
+        cmd_inspect_autocast,
+    )
     p.add_argument("--terms", type=positive_int, default=1000, help="terms of 0.01 in the accumulation demo")

@@ -36,15 +36,24 @@ def add_model_arguments(p: argparse.ArgumentParser, gpu_preset: str = "small") -
     add_options(p, ModelOptions, overrides={"preset": presets})
     p.add_argument("--vocab", type=positive_int, default=10000, help="vocabulary size")
     p.add_argument("--batch", type=positive_int, default=4, help="sequences per step")
-    p.add_argument("--kernels", type=choice_list(KERNEL_SETS, "kernel set"), default=("torch",),
-                   help="comma list: torch (SDPA, PyTorch norm and loss) and/or fastlm (fused kernels)")  # fmt: skip
+    p.add_argument(
+        "--kernels",
+        type=choice_list(KERNEL_SETS, "kernel set"),
+        default=("torch",),
+        help="comma list: torch (SDPA, PyTorch norm and loss) and/or fastlm (fused kernels)",
+    )
     kernel_default = "(default: the kernel set's)"
-    p.add_argument("--attention", choices=ATTENTION_KERNELS, default=None,
-                   help=f"override the attention kernel {kernel_default}")  # fmt: skip
+    p.add_argument(
+        "--attention", choices=ATTENTION_KERNELS, default=None, help=f"override the attention kernel {kernel_default}"
+    )
     p.add_argument("--norm", choices=NORM_KERNELS, default=None, help=f"override the norm kernel {kernel_default}")
     p.add_argument("--rope", choices=ROPE_KERNELS, default=None, help=f"override the RoPE kernel {kernel_default}")
-    p.add_argument("--softmax", choices=SOFTMAX_KERNELS, default=None,
-                   help=f"override the softmax kernel of --attention naive {kernel_default}")  # fmt: skip
+    p.add_argument(
+        "--softmax",
+        choices=SOFTMAX_KERNELS,
+        default=None,
+        help=f"override the softmax kernel of --attention naive {kernel_default}",
+    )
     p.add_argument("--loss", choices=LOSS_KERNELS, default=None, help=f"override the loss kernel {kernel_default}")
 
 
@@ -54,8 +63,10 @@ def check_heads(d_model: int, heads: int, rope: bool = False) -> None:
     if d_model % heads:
         raise UserError(f"--d-model ({d_model}) must be divisible by --heads ({heads})")
     if rope and (d_model // heads) % 2:
-        raise UserError(f"--d-model / --heads ({d_model} / {heads} = {d_model // heads}) must be even: RoPE rotates "
-                        "pairs of dimensions")  # fmt: skip
+        raise UserError(
+            f"--d-model / --heads ({d_model} / {heads} = {d_model // heads}) must be even: RoPE rotates "
+            "pairs of dimensions"
+        )
 
 
 def model_configs(args: argparse.Namespace) -> list[tuple[str, ModelConfig]]:
@@ -71,8 +82,12 @@ def model_configs(args: argparse.Namespace) -> list[tuple[str, ModelConfig]]:
         base = options.model_config(preset, args.vocab)
         for kernels in args.kernels:
             try:
-                configs.append(("custom" if options.custom else preset,
-                                dataclasses.replace(base.with_kernels(kernels), **overrides)))  # fmt: skip
+                configs.append(
+                    (
+                        "custom" if options.custom else preset,
+                        dataclasses.replace(base.with_kernels(kernels), **overrides),
+                    )
+                )
             except ValueError as error:
                 raise UserError(str(error)) from None
     return configs
@@ -82,6 +97,8 @@ def single_model_config(args: argparse.Namespace) -> tuple[str, ModelConfig]:
     """The one (name, config) of `model_configs`, for commands that take a single model."""
     configs = model_configs(args)
     if len(configs) != 1:
-        raise UserError(f"--preset and --kernels name {len(configs)} models (presets x kernel sets); "
-                        f"{args.group} {args.command} takes one")  # fmt: skip
+        raise UserError(
+            f"--preset and --kernels name {len(configs)} models (presets x kernel sets); "
+            f"{args.group} {args.command} takes one"
+        )
     return configs[0]

@@ -21,9 +21,18 @@ def run_model_profile(
     from fastlm.profile import model as model_profile
 
     with progress_steps(f"profiling {preset}", model_profile.PROGRESS_STEPS) as step:
-        profiles, records = model_profile.run(config, preset, batch=batch, precision=precision, warmup=warmup,
-                                              steps=steps, device=current_device(), out=out, timing_steps=timing_steps,
-                                              progress=step)  # fmt: skip
+        profiles, records = model_profile.run(
+            config,
+            preset,
+            batch=batch,
+            precision=precision,
+            warmup=warmup,
+            steps=steps,
+            device=current_device(),
+            out=out,
+            timing_steps=timing_steps,
+            progress=step,
+        )
     return write_report(out / "reports" / "profile_model.md", "Model profile", model_profile.render(profiles, records))
 
 
@@ -31,8 +40,16 @@ def cmd_profile_model(args) -> None:
     if args.attention is None:
         args.attention = "naive"  # the path with per-stage ranges inside attention
     preset, config = single_model_config(args)
-    report = run_model_profile(args.out, preset, config, batch=args.batch, precision=args.precision,
-                               warmup=args.warmup, steps=args.steps, timing_steps=args.timing_steps)  # fmt: skip
+    report = run_model_profile(
+        args.out,
+        preset,
+        config,
+        batch=args.batch,
+        precision=args.precision,
+        warmup=args.warmup,
+        steps=args.steps,
+        timing_steps=args.timing_steps,
+    )
     output.show_report(report)
 
 
@@ -43,12 +60,21 @@ def cmd_profile_memory(args) -> None:
     preset, config = single_model_config(args)
     device = current_device()
     with progress_steps("memory", len(args.mode) * len(args.precision) * len(args.contexts)) as step:
-        records, timelines = memory.run(config, preset, contexts=args.contexts, modes=args.mode,
-                                        precisions=args.precision, batch=args.batch, device=device, out=args.out,
-                                        progress=step)  # fmt: skip
+        records, timelines = memory.run(
+            config,
+            preset,
+            contexts=args.contexts,
+            modes=args.mode,
+            precisions=args.precision,
+            batch=args.batch,
+            device=device,
+            out=args.out,
+            progress=step,
+        )
     reports = args.out / "reports"
-    plot = memory.timeline_plot(reports / f"memory_{preset}.png", timelines,
-                                f"Active memory over one step · {preset} · batch {args.batch}")  # fmt: skip
+    plot = memory.timeline_plot(
+        reports / f"memory_{preset}.png", timelines, f"Active memory over one step · {preset} · batch {args.batch}"
+    )
     report = write_report(reports / f"memory_{preset}.md", f"Memory of {preset}", memory.render(records, plot))
     output.console.print(report.read_text(), markup=False, highlight=False, soft_wrap=True)
     where = (
@@ -61,22 +87,44 @@ def cmd_profile_memory(args) -> None:
 
 def add_commands(groups: argparse._SubParsersAction) -> None:
     commands = add_group(groups, "profile", "where time and memory go")
-    p = add_command(commands, "model", "kernel summary per range (forward, backward, optimizer, attention stages)",
-                    cmd_profile_model, duration=("about 30 seconds", "under 10 minutes"))  # fmt: skip
+    p = add_command(
+        commands,
+        "model",
+        "kernel summary per range (forward, backward, optimizer, attention stages)",
+        cmd_profile_model,
+        duration=("about 30 seconds", "under 10 minutes"),
+    )
     add_model_arguments(p)
     p.add_argument("--precision", choices=FP32_WEIGHT_PRECISIONS, default="bf16", help=FP32_WEIGHTS_HELP)
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untraced steps first")
     p.add_argument("--steps", type=positive_int, default=3, help="profiled steps per phase")
-    p.add_argument("--timing-steps", type=positive_int, default=10,
-                   help="steps per round (3 rounds) when timing the tool's own cost")  # fmt: skip
+    p.add_argument(
+        "--timing-steps",
+        type=positive_int,
+        default=10,
+        help="steps per round (3 rounds) when timing the tool's own cost",
+    )
     add_out(p)
     p.set_defaults(attention=None)
-    p = add_command(commands, "memory", "allocator history, timelines and peak memory per context length",
-                    cmd_profile_memory, duration=("about 20 seconds", "under 10 minutes"))  # fmt: skip
+    p = add_command(
+        commands,
+        "memory",
+        "allocator history, timelines and peak memory per context length",
+        cmd_profile_memory,
+        duration=("about 20 seconds", "under 10 minutes"),
+    )
     add_model_arguments(p, gpu_preset="2.7b")
     p.add_argument("--contexts", type=int_list, default=(128, 256, 512), help="comma list of context lengths")
-    p.add_argument("--mode", type=choice_list(("fwd", "train"), "mode"), default=("fwd", "train"),
-                   help="comma list of fwd (forward pass), train (full step with AdamW)")  # fmt: skip
-    p.add_argument("--precision", type=choice_list(FP32_WEIGHT_PRECISIONS, "precision"), default=FP32_WEIGHT_PRECISIONS,
-                   help=f"comma list: {FP32_WEIGHTS_HELP}")  # fmt: skip
+    p.add_argument(
+        "--mode",
+        type=choice_list(("fwd", "train"), "mode"),
+        default=("fwd", "train"),
+        help="comma list of fwd (forward pass), train (full step with AdamW)",
+    )
+    p.add_argument(
+        "--precision",
+        type=choice_list(FP32_WEIGHT_PRECISIONS, "precision"),
+        default=FP32_WEIGHT_PRECISIONS,
+        help=f"comma list: {FP32_WEIGHTS_HELP}",
+    )
     add_out(p)

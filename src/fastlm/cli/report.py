@@ -35,8 +35,13 @@ def report_sections(on_gpu: bool) -> tuple:
 
     preset = "small" if on_gpu else "tiny"
     compile_modes = ("eager", "compile") if on_gpu else ("eager",)
-    model = ModelBenchmark(((preset, ModelConfig.preset(preset)),), tuple(rows(("fwd", "fwd+bwd", "train"),
-                           ("bf16",), compile_modes)), batch=4, warmup=5, steps=10)  # fmt: skip
+    model = ModelBenchmark(
+        ((preset, ModelConfig.preset(preset)),),
+        tuple(rows(("fwd", "fwd+bwd", "train"), ("bf16",), compile_modes)),
+        batch=4,
+        warmup=5,
+        steps=10,
+    )
     sections = [
         (CrossEntropyBenchmark(), "Cross-entropy", False),
         (AttentionBenchmark(("model",)), "Attention", True),
@@ -55,8 +60,14 @@ def report_sections(on_gpu: bool) -> tuple:
 
         # Llama-3.2-1B's layers, 4 of its 16 on a GPU to keep the report short
         shape = HFShape.of("llama", "1b", 2048, num_layers=4) if on_gpu else HFShape.of("llama", "tiny", 64)
-        hf = HFBenchmark((shape,), HF_PATCHES, tuple(rows(("train",), ("bf16",), compile_modes)),
-                         batch=4 if on_gpu else 1, warmup=3 if on_gpu else 1, steps=10 if on_gpu else 2)  # fmt: skip
+        hf = HFBenchmark(
+            (shape,),
+            HF_PATCHES,
+            tuple(rows(("train",), ("bf16",), compile_modes)),
+            batch=4 if on_gpu else 1,
+            warmup=3 if on_gpu else 1,
+            steps=10 if on_gpu else 2,
+        )
         sections.insert(3, (hf, f"Hugging Face Llama ({shape.size}, {shape.num_layers} layers): apply_fastlm", False))
     return tuple(sections)
 
@@ -81,7 +92,11 @@ def cmd_report(args) -> None:
 
 
 def add_commands(groups: argparse._SubParsersAction) -> None:
-    p = add_command(groups, "report", "the main job: ceilings + every benchmark, written as a markdown report",
-                    cmd_report, duration=("about 3 minutes", "the sum of its benchmarks' times, each given in their "
-                                          "--help"))  # fmt: skip
+    p = add_command(
+        groups,
+        "report",
+        "the main job: ceilings + every benchmark, written as a markdown report",
+        cmd_report,
+        duration=("about 3 minutes", "the sum of its benchmarks' times, each given in their --help"),
+    )
     add_out(p)

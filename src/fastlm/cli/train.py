@@ -26,19 +26,35 @@ def cmd_train_reward(args) -> int:
 
 def add_kernel_comparison_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `fastlm train`, with --kernels a comma list of kernel sets to compare."""
-    add_arguments(p, overrides={"kernels": {"type": choice_list(KERNEL_SETS, "kernel set"), "choices": None,
-                                            "default": KERNEL_SETS, "help": "comma list of kernel sets, each "
-                                            "trained from the same start"}})  # fmt: skip
+    add_arguments(
+        p,
+        overrides={
+            "kernels": {
+                "type": choice_list(KERNEL_SETS, "kernel set"),
+                "choices": None,
+                "default": KERNEL_SETS,
+                "help": "comma list of kernel sets, each trained from the same start",
+            }
+        },
+    )
     p.set_defaults(prog=p.prog)
 
 
 def add_commands(groups: argparse._SubParsersAction) -> None:
-    p = add_command(groups, "train", "train the LM on prepared token data (fastlm data prepare), one process or "
-                    "under torchrun one per GPU", cmd_train)  # fmt: skip
+    p = add_command(
+        groups,
+        "train",
+        "train the LM on prepared token data (fastlm data prepare), one process or under torchrun one per GPU",
+        cmd_train,
+    )
     # --data is checked after parsing (TrainConfig.check): argparse would also demand it of `train reward`
     add_arguments(p, overrides={"data": {"required": False}})
     p.set_defaults(prog=p.prog)
     tasks = p.add_subparsers(dest="command", title="other tasks", metavar="{reward}")
-    reward = add_command(tasks, "reward", "train a reward model on ranked responses in a JSONL file "
-                         "(fastlm.train.reward)", cmd_train_reward)  # fmt: skip
+    reward = add_command(
+        tasks,
+        "reward",
+        "train a reward model on ranked responses in a JSONL file (fastlm.train.reward)",
+        cmd_train_reward,
+    )
     add_options(reward, RewardConfig)

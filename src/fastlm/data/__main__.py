@@ -4,8 +4,10 @@ import argparse
 
 from fastlm.data import prepare, verify
 
-COMMANDS = {"prepare": (prepare, "tokenize text files into token shards"),
-            "verify": (verify, "check every shard's sha256 against the manifest")}  # fmt: skip
+COMMANDS = {
+    "prepare": (prepare, "tokenize text files into token shards"),
+    "verify": (verify, "check every shard's sha256 against the manifest"),
+}
 
 parser = argparse.ArgumentParser(prog="python -m fastlm.data", description=__doc__.splitlines()[0])
 commands = parser.add_subparsers(dest="command", required=True)

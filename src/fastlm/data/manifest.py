@@ -48,8 +48,10 @@ def read_manifest(directory: Path, any_version: bool = False) -> dict | None:
     if not (isinstance(manifest, dict) and manifest.get("format") == FORMAT):
         raise DataError(f"{path} is not a manifest of fastlm token data (format {FORMAT})")
     if not any_version and manifest.get("version") != VERSION:
-        raise DataError(f"{path} was written by another version of fastlm data prepare (version "
-                        f"{manifest.get('version')}, this one reads {VERSION}): prepare the data again")  # fmt: skip
+        raise DataError(
+            f"{path} was written by another version of fastlm data prepare (version "
+            f"{manifest.get('version')}, this one reads {VERSION}): prepare the data again"
+        )
     return manifest
 
 
@@ -90,8 +92,10 @@ def check_shard(directory: Path, manifest: dict, shard: dict) -> None:
         state = "missing" if size is None else f"{size:,} bytes, {expected:,} expected"
         raise DataError(f"{path} is {state}: prepare the data again")
     if sample_sha256(path) != shard["sample_sha256"]:
-        raise DataError(f"{path} changed after it was prepared (a sampled block differs from the manifest's): "
-                        "prepare the data again")  # fmt: skip
+        raise DataError(
+            f"{path} changed after it was prepared (a sampled block differs from the manifest's): "
+            "prepare the data again"
+        )
 
 
 def verify(directory: Path, manifest: dict, advance: Callable[[int], None] = lambda _: None) -> list[str]:

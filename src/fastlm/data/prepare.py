@@ -194,8 +194,11 @@ def prepare(inputs: list[Path], out: Path, tokenizer: str, held_out: float, shar
     settings = {"tokenizer": tokenizer_name(tokenizer), "held_out": held_out, "shard_tokens": shard_tokens}
     existing = read_manifest(out, any_version=True) if out.is_dir() else None
     if _ready(out, existing, sources, settings):
-        print(f"{out} is ready: {existing['tokens']:,} tokens, {existing['documents']} document(s) "
-              f"(prepared before from the same inputs and settings)", flush=True)  # fmt: skip
+        print(
+            f"{out} is ready: {existing['tokens']:,} tokens, {existing['documents']} document(s) "
+            f"(prepared before from the same inputs and settings)",
+            flush=True,
+        )
         return existing
     if tokenizer.startswith(BPE_PREFIX):
         print(f"training the {tokenizer} tokenizer on {len(files)} file(s)", flush=True)
@@ -217,16 +220,29 @@ def prepare(inputs: list[Path], out: Path, tokenizer: str, held_out: float, shar
         raise DataError(f"--input holds no text: {len(files)} file(s), all empty")
     held = int(total * held_out)
     if held < 2:
-        raise DataError(f"--held-out {held_out} of {total:,} tokens leaves {held} held-out tokens; use more text "
-                        "or a larger --held-out")  # fmt: skip
+        raise DataError(
+            f"--held-out {held_out} of {total:,} tokens leaves {held} held-out tokens; use more text "
+            "or a larger --held-out"
+        )
     manifest = {
-        "format": FORMAT, "version": VERSION, "tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size,
-        "eot": tokenizer.eot, "tokenizer_file": tokenizer_file, "dtype": writer.dtype.str, "tokens": total,
-        "documents": documents, "sha256": writer.sha256.hexdigest(), "settings": settings, "inputs": sources,
+        "format": FORMAT,
+        "version": VERSION,
+        "tokenizer": tokenizer.name,
+        "vocab_size": tokenizer.vocab_size,
+        "eot": tokenizer.eot,
+        "tokenizer_file": tokenizer_file,
+        "dtype": writer.dtype.str,
+        "tokens": total,
+        "documents": documents,
+        "sha256": writer.sha256.hexdigest(),
+        "settings": settings,
+        "inputs": sources,
         "shards": writer.shards,
-        "splits": {"train": _split_ranges(writer.shards, 0, total - held),
-                   "val": _split_ranges(writer.shards, total - held, total)},
-    }  # fmt: skip
+        "splits": {
+            "train": _split_ranges(writer.shards, 0, total - held),
+            "val": _split_ranges(writer.shards, total - held, total),
+        },
+    }
     temporary = out / f"{MANIFEST}.tmp"
     temporary.write_text(json.dumps(manifest, indent=1))
     os.replace(temporary, out / MANIFEST)  # the commit
@@ -234,8 +250,11 @@ def prepare(inputs: list[Path], out: Path, tokenizer: str, held_out: float, shar
     for path in out.iterdir():
         if _DATA_FILE.fullmatch(path.name) and path.name not in named:
             path.unlink()
-    print(f"wrote {out}: {total:,} tokens ({total - held:,} train, {held:,} held out), {documents} document(s), "
-          f"{tokenizer.name} tokenizer (vocabulary {tokenizer.vocab_size:,})", flush=True)  # fmt: skip
+    print(
+        f"wrote {out}: {total:,} tokens ({total - held:,} train, {held:,} held out), {documents} document(s), "
+        f"{tokenizer.name} tokenizer (vocabulary {tokenizer.vocab_size:,})",
+        flush=True,
+    )
     return manifest
 
 
@@ -259,14 +278,25 @@ def _tokenize(files: list[Path], tokenizer: Tokenizer, writer: _ShardWriter) -> 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `fastlm data prepare`; `run` carries them out."""
-    p.add_argument("--input", type=Path, nargs="+", required=True, metavar="PATH",
-                   help="text files, and folders whose files are all taken (required)")  # fmt: skip
+    p.add_argument(
+        "--input",
+        type=Path,
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help="text files, and folders whose files are all taken (required)",
+    )
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for the shards (required)")
-    p.add_argument("--tokenizer", type=tokenizer_spec, default=None, metavar="SPEC",
-                   help="bytes (vocabulary 257), gpt2 (tiktoken's BPE, vocabulary 50257; its tables are downloaded "
-                   "on first use), PATH to a Hugging Face tokenizer.json, or bpe:VOCAB (a byte-level BPE of VOCAB "
-                   "ids trained on the input, offline) (default: gpt2 where tiktoken is installed, else "
-                   "bytes)")  # fmt: skip
+    p.add_argument(
+        "--tokenizer",
+        type=tokenizer_spec,
+        default=None,
+        metavar="SPEC",
+        help="bytes (vocabulary 257), gpt2 (tiktoken's BPE, vocabulary 50257; its tables are downloaded "
+        "on first use), PATH to a Hugging Face tokenizer.json, or bpe:VOCAB (a byte-level BPE of VOCAB "
+        "ids trained on the input, offline) (default: gpt2 where tiktoken is installed, else "
+        "bytes)",
+    )
     p.add_argument(
         "--held-out",
         type=float,
@@ -274,8 +304,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FRACTION",
         help="fraction of the tokens, taken from the end, held out for evaluation (default: %(default)s)",
     )
-    p.add_argument("--shard-tokens", type=int, default=100_000_000, metavar="N",
-                   help="token ids per shard file (default: %(default)s)")  # fmt: skip
+    p.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=100_000_000,
+        metavar="N",
+        help="token ids per shard file (default: %(default)s)",
+    )
     p.set_defaults(prog=p.prog)
 
 

@@ -52,12 +52,15 @@ def tokenizer_spec(text: str) -> str:
     if text.startswith(BPE_PREFIX):
         vocab = text.removeprefix(BPE_PREFIX)
         if not (vocab.isdigit() and int(vocab) >= MIN_BPE_VOCAB):
-            raise argparse.ArgumentTypeError(f"expected bpe:VOCAB with VOCAB an integer of at least {MIN_BPE_VOCAB} "
-                                             f"(256 bytes, <|endoftext|> and one merge), got {text!r}")  # fmt: skip
+            raise argparse.ArgumentTypeError(
+                f"expected bpe:VOCAB with VOCAB an integer of at least {MIN_BPE_VOCAB} "
+                f"(256 bytes, <|endoftext|> and one merge), got {text!r}"
+            )
         return text
     if not Path(text).is_file():
-        raise argparse.ArgumentTypeError(f"expected {', '.join(TOKENIZERS)}, bpe:VOCAB or a tokenizer.json file, got "
-                                         f"{text!r}")  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"expected {', '.join(TOKENIZERS)}, bpe:VOCAB or a tokenizer.json file, got {text!r}"
+        )
     return text
 
 
@@ -103,14 +106,17 @@ def _gpt2() -> Tokenizer:
     try:
         import tiktoken
     except ImportError:
-        raise ValueError("gpt2 needs tiktoken (pip install tiktoken); or use bytes, bpe:VOCAB or a tokenizer.json"
-                         ) from None  # fmt: skip
+        raise ValueError(
+            "gpt2 needs tiktoken (pip install tiktoken); or use bytes, bpe:VOCAB or a tokenizer.json"
+        ) from None
     try:
         encoding = tiktoken.get_encoding("gpt2")
     except Exception as error:  # tiktoken downloads its tables on first use; any failure ends the same way
-        raise ValueError(f"tiktoken cannot load GPT-2's tables (they are downloaded on first use: offline?): "
-                         f"{str(error).splitlines()[0]}; use bytes, bpe:VOCAB or a tokenizer.json "
-                         "instead") from None  # fmt: skip
+        raise ValueError(
+            f"tiktoken cannot load GPT-2's tables (they are downloaded on first use: offline?): "
+            f"{str(error).splitlines()[0]}; use bytes, bpe:VOCAB or a tokenizer.json "
+            "instead"
+        ) from None
 
     def encode(text: str) -> np.ndarray:
         return np.asarray(encoding.encode_ordinary(text), dtype=np.uint32)
@@ -129,8 +135,12 @@ def _train_bpe(vocab_size: int, documents: Callable[[], Iterator[str]]):
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's: no space added to pieces
     hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT[0]], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT[0]],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     hf.train_from_iterator(documents(), trainer)
     return hf
 
@@ -138,8 +148,10 @@ def _train_bpe(vocab_size: int, documents: Callable[[], Iterator[str]]):
 def _from_tokenizers(hf, name: str, source: str, whole_documents: bool = False) -> Tokenizer:
     eot = next((hf.token_to_id(t) for t in END_OF_TEXT if hf.token_to_id(t) is not None), None)
     if eot is None:
-        raise ValueError(f"{source} holds none of the end-of-text tokens {', '.join(END_OF_TEXT)}, one of which "
-                         "marks where each document starts")  # fmt: skip
+        raise ValueError(
+            f"{source} holds none of the end-of-text tokens {', '.join(END_OF_TEXT)}, one of which "
+            "marks where each document starts"
+        )
     json = hf.to_str()
     hf.encode_special_tokens = True  # text that spells a special token is encoded as text
 

@@ -66,8 +66,10 @@ class Windows:
             rows[row] = self.ranges[index][start : start + self.context + 1]
         if len(rows) and not (rows.min() >= 0 and rows.max() < self.vocab_size):
             bad = int(rows[(rows < 0) | (rows >= self.vocab_size)][0])
-            raise DataError(f"the data holds token id {bad}, outside its vocabulary of {self.vocab_size:,} ids: a "
-                            "damaged shard (fastlm data verify finds it)")  # fmt: skip
+            raise DataError(
+                f"the data holds token id {bad}, outside its vocabulary of {self.vocab_size:,} ids: a "
+                "damaged shard (fastlm data verify finds it)"
+            )
         return rows
 
 

@@ -40,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
     if problems:
         print(f"{len(problems)} of {len(manifest['shards'])} shard(s) damaged: prepare the data again", flush=True)
         return 1
-    print(f"{args.data}: {len(manifest['shards'])} shard(s), {manifest['tokens']:,} tokens, every sha256 matches "
-          "the manifest", flush=True)  # fmt: skip
+    print(
+        f"{args.data}: {len(manifest['shards'])} shard(s), {manifest['tokens']:,} tokens, every sha256 matches "
+        "the manifest",
+        flush=True,
+    )
     return 0

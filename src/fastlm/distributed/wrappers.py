@@ -94,9 +94,14 @@ def _fsdp(model, spec: ParallelSpec, device) -> Wrapped:
 
 
 CONSTRUCTORS: dict[str, Callable[[Any, ParallelSpec, Any], Wrapped]] = {
-    "none": _none, "naive": _after_backward, "flat": _after_backward, "ddp": _ddp, "bucketed": _bucketed,
-    "torch-ddp": _torch_ddp, "fsdp": _fsdp,
-}  # fmt: skip
+    "none": _none,
+    "naive": _after_backward,
+    "flat": _after_backward,
+    "ddp": _ddp,
+    "bucketed": _bucketed,
+    "torch-ddp": _torch_ddp,
+    "fsdp": _fsdp,
+}
 
 
 def wrap(model: torch.nn.Module, spec: ParallelSpec, device: torch.device) -> Wrapped:

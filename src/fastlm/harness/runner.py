@@ -34,8 +34,9 @@ def run_benchmark(benchmark: Benchmark, out: Path, device: torch.device) -> Path
         for measured in benchmark.measurements(run):
             append_records(results_dir / benchmark.results_file, measured.records)
             step(measured.label)
-    return write_report(reports_dir / f"{benchmark.name}.md", benchmark.title,
-                        benchmark.render(results_dir, reports_dir))  # fmt: skip
+    return write_report(
+        reports_dir / f"{benchmark.name}.md", benchmark.title, benchmark.render(results_dir, reports_dir)
+    )
 
 
 def write_report(path: Path, title: str, body: str) -> Path:

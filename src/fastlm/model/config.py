@@ -26,8 +26,10 @@ TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}  # 
 COMPILE_HELP = "eager, compile (torch.compile) or cudagraphs (torch.compile(mode='reduce-overhead'): CUDA graphs)"
 # How a step's numbers are stored (fastlm.model.precision says what each means for a step)
 PRECISIONS = ("fp32", "bf16", "bf16-weights")
-PRECISION_HELP = ("fp32, bf16 (torch.autocast over fp32 weights) or bf16-weights (that autocast with the matmul "
-                  "weights stored in bf16 and their fp32 masters in fastlm's AdamW)")  # fmt: skip
+PRECISION_HELP = (
+    "fp32, bf16 (torch.autocast over fp32 weights) or bf16-weights (that autocast with the matmul "
+    "weights stored in bf16 and their fp32 masters in fastlm's AdamW)"
+)
 
 
 def autocasts(precision: str) -> bool:
@@ -82,8 +84,13 @@ class ModelConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim = d_model / num_heads must be even for RoPE, got {self.head_dim}")
-        switches = (("attention", ATTENTION_KERNELS), ("norm", NORM_KERNELS), ("rope", ROPE_KERNELS),
-                    ("loss", LOSS_KERNELS), ("softmax", SOFTMAX_KERNELS))  # fmt: skip
+        switches = (
+            ("attention", ATTENTION_KERNELS),
+            ("norm", NORM_KERNELS),
+            ("rope", ROPE_KERNELS),
+            ("loss", LOSS_KERNELS),
+            ("softmax", SOFTMAX_KERNELS),
+        )
         for name, choices in switches:
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
@@ -103,11 +110,13 @@ class ModelConfig:
         kernels; the norms and RoPE "auto": under torch.compile Inductor fuses PyTorch's ops into their
         neighbours, which costs less than any separate kernel)."""
         if kernels == "torch":
-            return dataclasses.replace(self, attention="sdpa", norm="torch", rope="torch", loss="torch",
-                                       softmax="torch")  # fmt: skip
+            return dataclasses.replace(
+                self, attention="sdpa", norm="torch", rope="torch", loss="torch", softmax="torch"
+            )
         if kernels == "fastlm":
-            return dataclasses.replace(self, attention="fastlm", norm="auto", rope="auto", loss="fastlm",
-                                       softmax="fastlm")  # fmt: skip
+            return dataclasses.replace(
+                self, attention="fastlm", norm="auto", rope="auto", loss="fastlm", softmax="fastlm"
+            )
         raise ValueError(f"kernels must be 'torch' or 'fastlm', got {kernels!r}")
 
     @property

@@ -11,8 +11,14 @@ from fastlm.utils.errors import UserError
 from fastlm.utils.options import check_limits, flag, option
 
 # ModelConfig's field -> the option that sets it, for its error messages
-FIELD_OPTIONS = {"d_model": "d_model", "d_ff": "d_ff", "num_layers": "layers", "num_heads": "heads",
-                 "context_length": "context", "vocab_size": "vocab"}  # fmt: skip
+FIELD_OPTIONS = {
+    "d_model": "d_model",
+    "d_ff": "d_ff",
+    "num_layers": "layers",
+    "num_heads": "heads",
+    "context_length": "context",
+    "vocab_size": "vocab",
+}
 
 
 @dataclass
@@ -30,8 +36,12 @@ class ModelOptions:
         check_limits(self, ModelOptions)
         dims = {"d_model": self.d_model, "d_ff": self.d_ff, "num_layers": self.layers, "num_heads": self.heads}
         try:
-            return ModelConfig.preset(preset, vocab_size=vocab_size, context_length=self.context,
-                                      **{k: v for k, v in dims.items() if v is not None})  # fmt: skip
+            return ModelConfig.preset(
+                preset,
+                vocab_size=vocab_size,
+                context_length=self.context,
+                **{k: v for k, v in dims.items() if v is not None},
+            )
         except ValueError as error:
             message = str(error)
             for field, name in FIELD_OPTIONS.items():

@@ -30,7 +30,9 @@ def param_groups(model: torch.nn.Module, precision: str, weight_decay: float) ->
     params = list(model.parameters())
     low = linear_weights(model) if stores_bf16_weights(precision) else []
     low_ids = {id(p) for p in low}
-    groups = [{"params": low, "weight_decay": weight_decay, "param_dtype": torch.bfloat16},
-              {"params": [p for p in params if p.dim() >= 2 and id(p) not in low_ids], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]  # fmt: skip
+    groups = [
+        {"params": low, "weight_decay": weight_decay, "param_dtype": torch.bfloat16},
+        {"params": [p for p in params if p.dim() >= 2 and id(p) not in low_ids], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     return [g for g in groups if g["params"]]

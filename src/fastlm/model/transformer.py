@@ -269,8 +269,10 @@ class RewardModel(TransformerLM):
     def forward(self, tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """tokens (B, N) int, lengths (B,) int in [1, N] -> rewards (B,) in fp32."""
         if lengths.shape != tokens.shape[:1]:
-            raise ValueError(f"lengths must have shape ({tokens.shape[0]},) to match tokens {tuple(tokens.shape)}, "
-                             f"got {tuple(lengths.shape)}")  # fmt: skip
+            raise ValueError(
+                f"lengths must have shape ({tokens.shape[0]},) to match tokens {tuple(tokens.shape)}, "
+                f"got {tuple(lengths.shape)}"
+            )
         if lengths.device.type != "cuda" and not torch.compiler.is_compiling() and lengths.numel():
             if lengths.min().item() < 1 or lengths.max().item() > tokens.shape[1]:
                 raise ValueError(f"lengths must be in [1, {tokens.shape[1]}] (the padded length)")

@@ -259,13 +259,23 @@ def render(records: list[dict], plot: Path) -> str:
         }
         for r in records
     ]
-    return "\n".join([
-        f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · preset {first['preset']} · "
-        f"batch {first['batch']} · peak of one step after a warm-up step",
-        "",
-        markdown_table(table, [("context", "context"), ("mode", "mode"), ("precision", "precision"),
-                               ("peak", "peak GiB"), ("step", "step ms"),
-                               ("after", "step after recording, % slower")]),
-        "",
-        f"![active memory over one step]({plot.name})",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"Device: {first['gpu']} · torch {first['torch']} · git {first['git_sha']} · preset {first['preset']} · "
+            f"batch {first['batch']} · peak of one step after a warm-up step",
+            "",
+            markdown_table(
+                table,
+                [
+                    ("context", "context"),
+                    ("mode", "mode"),
+                    ("precision", "precision"),
+                    ("peak", "peak GiB"),
+                    ("step", "step ms"),
+                    ("after", "step after recording, % slower"),
+                ],
+            ),
+            "",
+            f"![active memory over one step]({plot.name})",
+        ]
+    )

@@ -238,7 +238,7 @@ def render(profiles: list[PhaseProfile], records: list[dict]) -> str:
                 ("matmul", "matmul %"),
                 ("attention", "fused attention %"),
                 ("other", "other %"),
-            ],  # fmt: skip
+            ],
         ),
     ]
     for profile, rec in zip(profiles, records, strict=True):

@@ -38,10 +38,13 @@ def check_out(config: TrainConfig) -> None:
     held = run_files(config.out)
     if held and not (config.resume or config.overwrite):
         if existing is not None:
-            raise UserError(f"{config.out} holds a run with a checkpoint (step {existing['step']}): pass --resume to "
-                            "continue it or --overwrite to replace it")  # fmt: skip
-        raise UserError(f"{config.out} holds another run's {', '.join(held)}: pass --overwrite to replace it, or "
-                        "another --out")  # fmt: skip
+            raise UserError(
+                f"{config.out} holds a run with a checkpoint (step {existing['step']}): pass --resume to "
+                "continue it or --overwrite to replace it"
+            )
+        raise UserError(
+            f"{config.out} holds another run's {', '.join(held)}: pass --overwrite to replace it, or another --out"
+        )
     if config.resume and existing is None:
         aside = set_aside_runs(config.out)
         hint = f" (the run --overwrite replaced is in {aside[-1]}: move its files back to continue it)" if aside else ""
@@ -66,15 +69,17 @@ def restore(state: dict, model, optimizer, config: TrainConfig) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
         options = StateDictOptions(full_state_dict=True)
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"], options=options)  # fmt: skip
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options
+        )
     else:
         getattr(model, "module", model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
 
 
-def save_checkpoint(config: TrainConfig, step: int, position: int, run: str, record: dict, model, optimizer,
-                    rank: int, log: TrainLog) -> None:  # fmt: skip
+def save_checkpoint(
+    config: TrainConfig, step: int, position: int, run: str, record: dict, model, optimizer, rank: int, log: TrainLog
+) -> None:
     """Every rank takes part (sharded states are gathered); rank 0 writes; if that fails, every rank
     raises its error rather than waiting for rank 0. ``record``: the run's `TrainConfig.run_record`."""
     state = {**training_state(model, optimizer, config), "data": {"position": position}, "run_id": run}
@@ -98,12 +103,15 @@ def load_for_resume(config: TrainConfig, record: dict) -> checkpoint.Checkpoint:
     newest = checkpoint.newest(checkpoint_dir(config))  # checked first: no --override makes this change possible
     saved = newest["config"].get("precision") if newest else None
     if saved not in (None, config.precision) and stores_bf16_weights(saved) != stores_bf16_weights(config.precision):
-        raise CheckpointError(f"{checkpoint_dir(config)} holds a checkpoint of precision {saved}; a run cannot change "
-                              f"to or from bf16-weights (the optimizer state then holds fp32 masters and one more "
-                              f"param group)")  # fmt: skip
+        raise CheckpointError(
+            f"{checkpoint_dir(config)} holds a checkpoint of precision {saved}; a run cannot change "
+            f"to or from bf16-weights (the optimizer state then holds fp32 masters and one more "
+            f"param group)"
+        )
     try:
-        resumed = checkpoint.load(checkpoint_dir(config), record, config.override,
-                                  step=None if config.resume == NEWEST else config.resume)  # fmt: skip
+        resumed = checkpoint.load(
+            checkpoint_dir(config), record, config.override, step=None if config.resume == NEWEST else config.resume
+        )
     except DamagedCheckpointError as error:
         hint = f"; pass --resume {error.intact_step} to continue from it" if error.intact_step is not None else ""
         raise CheckpointError(f"{error}{hint}") from None
@@ -117,6 +125,8 @@ def load_for_resume(config: TrainConfig, record: dict) -> checkpoint.Checkpoint:
         raise CheckpointError(f"{checkpoint_dir(config)} is at step {resumed.step}, past --steps {config.steps}")
     logged, saved = run_id(config.out), resumed.state.get("run_id")  # older versions' checkpoints hold none
     if None not in (logged, saved) and logged != saved:
-        raise UserError(f"{config.out / 'run.json'} and log.jsonl belong to another run than the checkpoints in "
-                        f"{checkpoint_dir(config)}: move them away to resume")  # fmt: skip
+        raise UserError(
+            f"{config.out / 'run.json'} and log.jsonl belong to another run than the checkpoints in "
+            f"{checkpoint_dir(config)}: move them away to resume"
+        )
     return resumed

@@ -28,8 +28,23 @@ from fastlm.utils.options import add_options, check_limits, option
 
 VOCAB_MULTIPLE = 64  # the model's vocabulary is the data's rounded up to it (tensor-core-friendly shapes)
 # fields of `run_record` a resumed run may change on purpose; the others define the model and its data
-OVERRIDABLE = ("lr", "min_lr_ratio", "warmup", "steps", "weight_decay", "grad_clip", "batch_tokens", "micro_batch",
-               "precision", "kernels", "compile", "seed", "parallel", "world_size", "data")  # fmt: skip
+OVERRIDABLE = (
+    "lr",
+    "min_lr_ratio",
+    "warmup",
+    "steps",
+    "weight_decay",
+    "grad_clip",
+    "batch_tokens",
+    "micro_batch",
+    "precision",
+    "kernels",
+    "compile",
+    "seed",
+    "parallel",
+    "world_size",
+    "data",
+)
 NEWEST = "newest"  # --resume's value for the newest checkpoint
 
 
@@ -39,8 +54,9 @@ def checkpoint_step(text: str) -> int | str:
         return text
     step = int(text) if text.isdigit() else 0
     if step < 1:
-        raise argparse.ArgumentTypeError(f"expected newest or the step of a checkpoint (a positive integer), got "
-                                         f"{text!r}")  # fmt: skip
+        raise argparse.ArgumentTypeError(
+            f"expected newest or the step of a checkpoint (a positive integer), got {text!r}"
+        )
     return step
 
 
@@ -51,54 +67,85 @@ class TrainConfig(ModelOptions):
     data: Path | None = option(
         None, "prepared token data (fastlm data prepare --out) (required)", required=True, metavar="DIR"
     )
-    out: Path = option(Path("runs/train"), "folder of the run: log.jsonl, loss.png, run.json and checkpoints/",
-                       metavar="DIR")  # fmt: skip
+    out: Path = option(
+        Path("runs/train"), "folder of the run: log.jsonl, loss.png, run.json and checkpoints/", metavar="DIR"
+    )
     kernels: str = option("torch", "torch (SDPA, PyTorch norm and loss) or fastlm (fused kernels)", choices=KERNEL_SETS)
     micro_batch: int = option(8, "sequences per process per forward and backward", limit="positive")
     batch_tokens: int | None = option(
-        None, "global batch in tokens, a multiple of --context x --micro-batch x processes, reached by gradient "
-        "accumulation (default: --context x --micro-batch x processes, no accumulation)", limit="positive")  # fmt: skip
+        None,
+        "global batch in tokens, a multiple of --context x --micro-batch x processes, reached by gradient "
+        "accumulation (default: --context x --micro-batch x processes, no accumulation)",
+        limit="positive",
+    )
     steps: int = option(1000, "optimizer steps of the run; the cosine ends there", limit="positive")
     lr: float = option(6e-4, "peak AdamW learning rate", limit="positive")
     min_lr_ratio: float = option(0.1, "the cosine decays to this fraction of --lr", limit="fraction")
     warmup: int = option(100, "steps of linear warmup", limit="non_negative")
     weight_decay: float = option(0.1, "AdamW weight decay of matrices and embeddings", limit="non_negative")
     grad_clip: float = option(1.0, "clip the global gradient norm to this; 0: no clipping", limit="non_negative")
-    compile: str | None = option(None, f"{COMPILE_HELP} (default: compile on a GPU, eager without one)",
-                                 choices=COMPILE_MODES)  # fmt: skip
-    precision: str | None = option(None, f"{PRECISION_HELP}; bf16-weights not with --parallel fsdp or "
-                                   "--shard-optimizer (default: bf16 on a GPU, fp32 without one)",
-                                   choices=PRECISIONS)  # fmt: skip
-    parallel: str = option("none", "how gradients are synchronized across processes; anything but none needs "
-                           "torchrun", choices=MODES)  # fmt: skip
+    compile: str | None = option(
+        None, f"{COMPILE_HELP} (default: compile on a GPU, eager without one)", choices=COMPILE_MODES
+    )
+    precision: str | None = option(
+        None,
+        f"{PRECISION_HELP}; bf16-weights not with --parallel fsdp or "
+        "--shard-optimizer (default: bf16 on a GPU, fp32 without one)",
+        choices=PRECISIONS,
+    )
+    parallel: str = option(
+        "none", "how gradients are synchronized across processes; anything but none needs torchrun", choices=MODES
+    )
     bucket_mb: float = option(25.0, "bucket size of --parallel bucketed and torch-ddp", limit="positive")
-    shard_optimizer: bool = option(False, "shard AdamW's state across processes (ShardedOptimizer); not with "
-                                   "--parallel fsdp")  # fmt: skip
+    shard_optimizer: bool = option(
+        False, "shard AdamW's state across processes (ShardedOptimizer); not with --parallel fsdp"
+    )
     log_every: int = option(10, "steps per log line and record", limit="positive")
-    eval_every: int = option(200, "steps between evaluations on the held-out split, also done before the first "
-                             "step and after the last; 0: only those", limit="non_negative")  # fmt: skip
+    eval_every: int = option(
+        200,
+        "steps between evaluations on the held-out split, also done before the first "
+        "step and after the last; 0: only those",
+        limit="non_negative",
+    )
     eval_sequences: int = option(64, "held-out windows per evaluation, the first ones of the split", limit="positive")
-    checkpoint_every: int = option(1000, "steps between checkpoints, also saved after the last step; 0: no "
-                                   "checkpoints", limit="non_negative")  # fmt: skip
+    checkpoint_every: int = option(
+        1000, "steps between checkpoints, also saved after the last step; 0: no checkpoints", limit="non_negative"
+    )
     keep_checkpoints: int = option(2, "how many of the newest checkpoints to keep", limit="positive")
     resume: int | str | None = option(
-        None, "continue the run of OUT from its newest checkpoint, or from the kept checkpoint of step STEP "
-        "(default: start a new run; --resume alone: newest)", type=checkpoint_step, nargs="?", const=NEWEST,
-        metavar="STEP")  # fmt: skip
-    overwrite: bool = option(False, "start a new run in an OUT that holds one: the old run's files are moved to "
-                             "OUT/previous-* and deleted once the new run has saved its first checkpoint (or "
-                             "ended, without checkpoints)")  # fmt: skip
-    override: list[str] = option([], "with --resume, accept a change of FIELD from the checkpoint's run "
-                                 f"(repeatable; one of {', '.join(OVERRIDABLE)}) (default: none)",
-                                 choices=OVERRIDABLE, metavar="FIELD")  # fmt: skip
+        None,
+        "continue the run of OUT from its newest checkpoint, or from the kept checkpoint of step STEP "
+        "(default: start a new run; --resume alone: newest)",
+        type=checkpoint_step,
+        nargs="?",
+        const=NEWEST,
+        metavar="STEP",
+    )
+    overwrite: bool = option(
+        False,
+        "start a new run in an OUT that holds one: the old run's files are moved to "
+        "OUT/previous-* and deleted once the new run has saved its first checkpoint (or "
+        "ended, without checkpoints)",
+    )
+    override: list[str] = option(
+        [],
+        "with --resume, accept a change of FIELD from the checkpoint's run "
+        f"(repeatable; one of {', '.join(OVERRIDABLE)}) (default: none)",
+        choices=OVERRIDABLE,
+        metavar="FIELD",
+    )
     seed: int = option(0, "seeds the initial weights and the order of the windows", limit="seed")
-    timeout_s: float = option(600.0, "a collective that waits longer (a process died or hangs) fails instead of "
-                              "hanging", limit="positive")  # fmt: skip
+    timeout_s: float = option(
+        600.0, "a collective that waits longer (a process died or hangs) fails instead of hanging", limit="positive"
+    )
 
     def resolved(self, gpu: bool) -> TrainConfig:
         """A copy with the device-dependent defaults filled in (preset, precision, compile)."""
-        defaults = {"preset": "small" if gpu else "tiny", "precision": "bf16" if gpu else "fp32",
-                    "compile": "compile" if gpu else "eager"}  # fmt: skip
+        defaults = {
+            "preset": "small" if gpu else "tiny",
+            "precision": "bf16" if gpu else "fp32",
+            "compile": "compile" if gpu else "eager",
+        }
         return dataclasses.replace(self, **{k: getattr(self, k) or v for k, v in defaults.items()})
 
     def check(self, world: int) -> None:
@@ -110,19 +157,26 @@ class TrainConfig(ModelOptions):
         self.model_config(vocab_size=1)
         per_micro_step = self.context * self.micro_batch * world
         if self.batch_tokens is not None and self.batch_tokens % per_micro_step:
-            raise UserError(f"--batch-tokens must be a positive multiple of --context x --micro-batch x processes = "
-                            f"{self.context} x {self.micro_batch} x {world} = {per_micro_step}, "
-                            f"got {self.batch_tokens}")  # fmt: skip
+            raise UserError(
+                f"--batch-tokens must be a positive multiple of --context x --micro-batch x processes = "
+                f"{self.context} x {self.micro_batch} x {world} = {per_micro_step}, "
+                f"got {self.batch_tokens}"
+            )
         if self.compile == "cudagraphs" and (self.parallel != "none" or self.accumulation(world) > 1):
-            raise UserError("--compile cudagraphs needs --parallel none and no gradient accumulation (--batch-tokens "
-                            "= --context x --micro-batch): a graph's gradients are overwritten by its next "
-                            "replay")  # fmt: skip
+            raise UserError(
+                "--compile cudagraphs needs --parallel none and no gradient accumulation (--batch-tokens "
+                "= --context x --micro-batch): a graph's gradients are overwritten by its next "
+                "replay"
+            )
         if stores_bf16_weights(self.precision) and (self.parallel == "fsdp" or self.shard_optimizer):
-            raise UserError("--precision bf16-weights does not combine with --parallel fsdp or --shard-optimizer "
-                            "(they shard the optimizer state, which would have to hold the fp32 masters)")  # fmt: skip
+            raise UserError(
+                "--precision bf16-weights does not combine with --parallel fsdp or --shard-optimizer "
+                "(they shard the optimizer state, which would have to hold the fp32 masters)"
+            )
         if self.parallel == "fsdp" and self.shard_optimizer:
-            raise UserError("--shard-optimizer does not combine with --parallel fsdp (FSDP already shards the "
-                            "optimizer state)")  # fmt: skip
+            raise UserError(
+                "--shard-optimizer does not combine with --parallel fsdp (FSDP already shards the optimizer state)"
+            )
         if self.override and not self.resume:
             raise UserError("--override needs --resume")
         if self.resume and self.overwrite:
@@ -147,20 +201,38 @@ class TrainConfig(ModelOptions):
         dims = dataclasses.asdict(self.model_config(vocab_size))
         for switch in ("attention", "norm", "rope", "loss", "softmax"):  # the kernels field says which
             del dims[switch]
-        return {"data": data_sha256[:16], "tokenizer": tokenizer, "preset": self.preset, **dims,
-                "batch_tokens": self.batch_tokens_of(world), "micro_batch": self.micro_batch,
-                "precision": self.precision, "kernels": self.kernels, "compile": self.compile, "seed": self.seed,
-                "lr": self.lr, "min_lr_ratio": self.min_lr_ratio, "warmup": self.warmup, "steps": self.steps,
-                "weight_decay": self.weight_decay, "grad_clip": self.grad_clip, "parallel": self.parallel,
-                "world_size": world}  # fmt: skip
+        return {
+            "data": data_sha256[:16],
+            "tokenizer": tokenizer,
+            "preset": self.preset,
+            **dims,
+            "batch_tokens": self.batch_tokens_of(world),
+            "micro_batch": self.micro_batch,
+            "precision": self.precision,
+            "kernels": self.kernels,
+            "compile": self.compile,
+            "seed": self.seed,
+            "lr": self.lr,
+            "min_lr_ratio": self.min_lr_ratio,
+            "warmup": self.warmup,
+            "steps": self.steps,
+            "weight_decay": self.weight_decay,
+            "grad_clip": self.grad_clip,
+            "parallel": self.parallel,
+            "world_size": world,
+        }
 
 
 @dataclass
 class RewardConfig(ModelOptions):
     """A reward-model run; the model fields (preset, dimensions, context) come from `ModelOptions`."""
 
-    data: Path | None = option(None, "JSONL of {prompt, chosen, rejected} or {prompt, responses: [best, ..., "
-                               "worst]} lines (required)", required=True, metavar="FILE")  # fmt: skip
+    data: Path | None = option(
+        None,
+        "JSONL of {prompt, chosen, rejected} or {prompt, responses: [best, ..., worst]} lines (required)",
+        required=True,
+        metavar="FILE",
+    )
     out: Path = option(Path("runs/reward"), "folder of the run: log.jsonl and reward_model.pt", metavar="DIR")
     batch: int = option(16, "prompts per optimizer step", limit="positive")
     steps: int = option(300, "optimizer steps of the run; the cosine ends there", limit="positive")
@@ -169,16 +241,24 @@ class RewardConfig(ModelOptions):
     warmup: int = option(20, "steps of linear warmup", limit="non_negative")
     weight_decay: float = option(0.0, "AdamW weight decay of matrices and embeddings", limit="non_negative")
     grad_clip: float = option(1.0, "clip the global gradient norm to this; 0: no clipping", limit="non_negative")
-    held_out: float = option(0.1, "fraction of the prompts held out for the pairwise accuracy (at least one)",
-                             limit="fraction")  # fmt: skip
+    held_out: float = option(
+        0.1, "fraction of the prompts held out for the pairwise accuracy (at least one)", limit="fraction"
+    )
     log_every: int = option(10, "steps per log line and record", limit="positive")
-    eval_every: int = option(100, "steps between accuracy evaluations, also done after the last step; 0: only "
-                             "then", limit="non_negative")  # fmt: skip
-    precision: str | None = option(None, "fp32, or bf16 autocast over fp32 weights (default: bf16 on a GPU, fp32 "
-                                   "without one)", choices=("fp32", "bf16"))  # fmt: skip
+    eval_every: int = option(
+        100, "steps between accuracy evaluations, also done after the last step; 0: only then", limit="non_negative"
+    )
+    precision: str | None = option(
+        None,
+        "fp32, or bf16 autocast over fp32 weights (default: bf16 on a GPU, fp32 without one)",
+        choices=("fp32", "bf16"),
+    )
     seed: int = option(0, "seeds the initial weights, the held-out split and the batches", limit="seed")
-    overwrite: bool = option(False, "start a new run in an OUT that holds one: the old run's log.jsonl and "
-                             "reward_model.pt are moved to OUT/previous-* first")  # fmt: skip
+    overwrite: bool = option(
+        False,
+        "start a new run in an OUT that holds one: the old run's log.jsonl and "
+        "reward_model.pt are moved to OUT/previous-* first",
+    )
 
     def model_config(self, preset: str, vocab_size: int) -> ModelConfig:
         """``preset`` with any dimension given; the vocabulary rounded up as in `fastlm train`."""

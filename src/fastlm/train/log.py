@@ -82,9 +82,16 @@ def run_id(out: Path) -> str | None:
 def format_record(record: dict, steps: int) -> str:
     """The log line of a record: 'step 10/300 | loss 3.1416 | lr 6.00e-04 | ...'."""
     fields = [f"step {record['step']}/{steps}"]
-    formats = (("loss", "loss {:.4f}"), ("eval_loss", "eval loss {:.4f}"), ("eval_accuracy", "eval accuracy {:.1%}"),
-               ("lr", "lr {:.2e}"), ("grad_norm", "grad norm {:.3f}"), ("tokens_per_s", "{:,.0f} tokens/s"),
-               ("mfu", "MFU {:.1%}"), ("peak_memory_gib", "peak memory {:.2f} GiB"))  # fmt: skip
+    formats = (
+        ("loss", "loss {:.4f}"),
+        ("eval_loss", "eval loss {:.4f}"),
+        ("eval_accuracy", "eval accuracy {:.1%}"),
+        ("lr", "lr {:.2e}"),
+        ("grad_norm", "grad norm {:.3f}"),
+        ("tokens_per_s", "{:,.0f} tokens/s"),
+        ("mfu", "MFU {:.1%}"),
+        ("peak_memory_gib", "peak memory {:.2f} GiB"),
+    )
     fields += [text.format(record[key]) for key, text in formats if record.get(key) is not None]
     return " | ".join(fields)
 
@@ -197,6 +204,8 @@ class Throughput:
         if not steady:
             return {"tokens_per_s": None, "mfu": None, "peak_memory_gib": None}
         mfu = [i["mfu"] for i in steady if i["mfu"] is not None]
-        return {"tokens_per_s": statistics.median(i["tokens_per_s"] for i in steady),
-                "mfu": statistics.median(mfu) if mfu else None,
-                "peak_memory_gib": steady[-1]["peak_memory_gib"]}  # fmt: skip
+        return {
+            "tokens_per_s": statistics.median(i["tokens_per_s"] for i in steady),
+            "mfu": statistics.median(mfu) if mfu else None,
+            "peak_memory_gib": steady[-1]["peak_memory_gib"],
+        }

@@ -191,19 +191,30 @@ def evaluation_windows(windows: Windows, config: TrainConfig, world: int) -> int
     rounded down to a multiple of --micro-batch x processes (every rank runs the same forwards)."""
     unit = config.micro_batch * world
     if config.eval_sequences < unit:
-        raise UserError(f"--eval-sequences must be at least --micro-batch x processes = {unit}, got "
-                         f"{config.eval_sequences}")  # fmt: skip
+        raise UserError(
+            f"--eval-sequences must be at least --micro-batch x processes = {unit}, got {config.eval_sequences}"
+        )
     count = min(config.eval_sequences, windows.count) // unit * unit
     if count == 0:
-        raise UserError(f"the held-out split of {config.data} holds {windows.count} window(s) of --context + 1 = "
-                         f"{config.context + 1} tokens, fewer than --micro-batch x processes = {unit}; use a smaller "
-                         "--context or --micro-batch, or prepare the data with a larger --held-out")  # fmt: skip
+        raise UserError(
+            f"the held-out split of {config.data} holds {windows.count} window(s) of --context + 1 = "
+            f"{config.context + 1} tokens, fewer than --micro-batch x processes = {unit}; use a smaller "
+            "--context or --micro-batch, or prepare the data with a larger --held-out"
+        )
     return count
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, windows: Windows, count: int, config: TrainConfig, rank: int, world: int,
-             device: torch.device, autocast) -> float:  # fmt: skip
+def evaluate(
+    model: torch.nn.Module,
+    windows: Windows,
+    count: int,
+    config: TrainConfig,
+    rank: int,
+    world: int,
+    device: torch.device,
+    autocast,
+) -> float:
     """Mean loss of the first ``count`` held-out windows; each rank takes its contiguous share."""
     share = count // world
     total = torch.zeros((), device=device)
@@ -232,8 +243,10 @@ def train(config: TrainConfig) -> dict:
     data = TokenData(config.data)
     train_windows, held_out = data.windows("train", config.context), data.windows("val", config.context)
     if train_windows.count == 0:
-        raise UserError(f"the training split of {config.data} holds no window of --context + 1 = {config.context + 1} "
-                         "tokens; use a smaller --context or more text")  # fmt: skip
+        raise UserError(
+            f"the training split of {config.data} holds no window of --context + 1 = {config.context + 1} "
+            "tokens; use a smaller --context or more text"
+        )
     eval_count = evaluation_windows(held_out, config, world)
     record = config.run_record(world, data.sha256, data.tokenizer, data.vocab_size)
     # verified before the process group exists, so a bad checkpoint stops every rank with its message
@@ -241,8 +254,14 @@ def train(config: TrainConfig) -> dict:
     if resumed is not None and resumed.step == config.steps:
         if rank == 0:
             print(f"{checkpoint_dir(config)} is at step {resumed.step} of {config.steps}: nothing to train", flush=True)
-        return {"step": resumed.step, "losses": [], "eval": [], "tokens_per_s": None, "mfu": None,
-                "peak_memory_gib": None}  # fmt: skip
+        return {
+            "step": resumed.step,
+            "losses": [],
+            "eval": [],
+            "tokens_per_s": None,
+            "mfu": None,
+            "peak_memory_gib": None,
+        }
     device = _setup(config)
     try:
         # The loop's model, wrapper and optimizer are freed when it returns, while the process group
@@ -257,8 +276,9 @@ def train(config: TrainConfig) -> dict:
             dist.destroy_process_group()
 
 
-def _train_loop(config: TrainConfig, record: dict, pending: list, rank: int, world: int, device: torch.device,
-                data) -> dict:  # fmt: skip
+def _train_loop(
+    config: TrainConfig, record: dict, pending: list, rank: int, world: int, device: torch.device, data
+) -> dict:
     """The steps; ``pending`` holds the checkpoint to resume from (or None), taken out here."""
     train_windows, held_out, eval_count = data
     resumed = pending.pop()
@@ -286,8 +306,16 @@ def _train_loop(config: TrainConfig, record: dict, pending: list, rank: int, wor
         resumed = None  # drop the loaded tensors: the model holds them now
     accumulate = config.accumulation(world)
     tokens_per_step = config.batch_tokens_of(world)
-    batches = micro_batches(train_windows, EpochOrder(train_windows.count, config.seed), position, config.micro_batch,
-                            accumulate, rank, world, device)  # fmt: skip
+    batches = micro_batches(
+        train_windows,
+        EpochOrder(train_windows.count, config.seed),
+        position,
+        config.micro_batch,
+        accumulate,
+        rank,
+        world,
+        device,
+    )
     autocast = precision_context(config.precision, device)
     meter = Throughput(model_cfg, world, device)
     log = TrainLog(config.out / "log.jsonl", config.steps, step, enabled=rank == 0)
@@ -307,8 +335,9 @@ def _train_loop(config: TrainConfig, record: dict, pending: list, rank: int, wor
         batch = next(batches)
         meter.start()
         while step < config.steps:
-            lr = warmup_cosine_lr(step, lr=config.lr, min_lr=config.lr * config.min_lr_ratio, warmup=config.warmup,
-                                  steps=config.steps)  # fmt: skip
+            lr = warmup_cosine_lr(
+                step, lr=config.lr, min_lr=config.lr * config.min_lr_ratio, warmup=config.warmup, steps=config.steps
+            )
             for group in optimizer.param_groups:
                 group["lr"] = lr
             step_loss = None
@@ -341,9 +370,14 @@ def _train_loop(config: TrainConfig, record: dict, pending: list, rank: int, wor
                 dist.all_reduce(losses)
                 losses /= world
             losses = losses.tolist()  # the host waits for the device here, once per log interval
-            entry = {"step": step, "loss": sum(losses) / len(losses), "lr": lr,
-                      "grad_norm": pending_norms[-1].item(), "tokens": step * tokens_per_step,
-                      **meter.interval(len(losses) * tokens_per_step)}  # fmt: skip
+            entry = {
+                "step": step,
+                "loss": sum(losses) / len(losses),
+                "lr": lr,
+                "grad_norm": pending_norms[-1].item(),
+                "tokens": step * tokens_per_step,
+                **meter.interval(len(losses) * tokens_per_step),
+            }
             result["losses"] += losses
             pending_losses, pending_norms = [], []
             if evaluating:
@@ -366,32 +400,58 @@ def _train_loop(config: TrainConfig, record: dict, pending: list, rank: int, wor
     return result
 
 
-def _describe(config: TrainConfig, model_cfg: ModelConfig, world: int, accumulate: int, tokens_per_step: int,
-              position: int, windows: int) -> str:  # fmt: skip
+def _describe(
+    config: TrainConfig,
+    model_cfg: ModelConfig,
+    world: int,
+    accumulate: int,
+    tokens_per_step: int,
+    position: int,
+    windows: int,
+) -> str:
     parameters = model_cfg.num_parameters()
-    return (f"training {config.preset} ({parameters / 1e6:.1f}M parameters, {config.kernels} kernels, "
-            f"{config.precision}, {config.compile}) on {world} process(es), --parallel {config.parallel}: "
-            f"{tokens_per_step:,} tokens per step = {world} x {accumulate} micro-batch(es) of {config.micro_batch} x "
-            f"{config.context}; {windows:,} training windows, data position {position:,}")  # fmt: skip
+    return (
+        f"training {config.preset} ({parameters / 1e6:.1f}M parameters, {config.kernels} kernels, "
+        f"{config.precision}, {config.compile}) on {world} process(es), --parallel {config.parallel}: "
+        f"{tokens_per_step:,} tokens per step = {world} x {accumulate} micro-batch(es) of {config.micro_batch} x "
+        f"{config.context}; {windows:,} training windows, data position {position:,}"
+    )
 
 
-def _write_run_file(config: TrainConfig, run_id: str, record: dict, model_cfg: ModelConfig, world: int,
-                    device: torch.device, result: dict | None = None) -> None:  # fmt: skip
+def _write_run_file(
+    config: TrainConfig,
+    run_id: str,
+    record: dict,
+    model_cfg: ModelConfig,
+    world: int,
+    device: torch.device,
+    result: dict | None = None,
+) -> None:
     """OUT/run.json: the run's id, its record (`TrainConfig.run_record`), the model's size and where
     the run ran; at the end also what `train` returns (the per-step losses, the evaluations,
     steady-state tokens/s and MFU)."""
     config.out.mkdir(parents=True, exist_ok=True)
-    run = with_environment({"config": record, "parameters": model_cfg.num_parameters(), "world_size": world,
-                            "device": str(device), "argv": sys.argv, "result": result})  # fmt: skip
+    run = with_environment(
+        {
+            "config": record,
+            "parameters": model_cfg.num_parameters(),
+            "world_size": world,
+            "device": str(device),
+            "argv": sys.argv,
+            "result": result,
+        }
+    )
     run["run_id"] = run_id  # the training run's, kept across resumes (the environment's is this process's)
     (config.out / "run.json").write_text(json.dumps(run, indent=1) + "\n")
 
 
 def _plot(config: TrainConfig, model_cfg: ModelConfig, world: int) -> None:
     records = read_log(config.out / "log.jsonl")
-    title = (f"{config.preset} ({model_cfg.num_parameters() / 1e6:.1f}M) on {config.data.name}, context "
-             f"{config.context}, {config.batch_tokens_of(world):,} tokens per step, {world} process(es) · "
-             f"{current_device_name()}")  # fmt: skip
+    title = (
+        f"{config.preset} ({model_cfg.num_parameters() / 1e6:.1f}M) on {config.data.name}, context "
+        f"{config.context}, {config.batch_tokens_of(world):,} tokens per step, {world} process(es) · "
+        f"{current_device_name()}"
+    )
     loss_plot(config.out / "loss.png", {"": records}, title)
 
 

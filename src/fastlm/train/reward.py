@@ -68,8 +68,10 @@ def read_rankings(path: Path, context: int) -> list[list[np.ndarray]]:
             example = None
         responses = _responses(example)
         if responses is None:
-            raise UserError(f"--data {path}, line {number}: expected a JSON object with a string prompt and strings "
-                            "chosen and rejected, or a list of at least 2 strings responses")  # fmt: skip
+            raise UserError(
+                f"--data {path}, line {number}: expected a JSON object with a string prompt and strings "
+                "chosen and rejected, or a list of at least 2 strings responses"
+            )
         rankings.append([encode(example["prompt"] + response)[-context:] for response in responses])
     if len(rankings) < 2:
         raise UserError(f"--data {path} holds {len(rankings)} ranking(s); training and evaluation need at least 2")
@@ -96,8 +98,11 @@ def collate(rankings: list[list[np.ndarray]], device: torch.device):
         tokens[row, : len(sequence)] = sequence
     lengths = np.array([len(s) for s in sequences], dtype=np.int64)
     mask = np.array([[i < len(r) for i in range(k)] for r in rankings])
-    return (torch.from_numpy(tokens).to(device), torch.from_numpy(lengths).to(device),
-            torch.from_numpy(mask).to(device))  # fmt: skip
+    return (
+        torch.from_numpy(tokens).to(device),
+        torch.from_numpy(lengths).to(device),
+        torch.from_numpy(mask).to(device),
+    )
 
 
 def pairwise_accuracy(rewards: torch.Tensor, mask: torch.Tensor) -> tuple[int, int]:
@@ -111,8 +116,7 @@ def pairwise_accuracy(rewards: torch.Tensor, mask: torch.Tensor) -> tuple[int, i
 
 
 @torch.no_grad()
-def evaluate(model: RewardModel, rankings: list[list[np.ndarray]], batch: int, device: torch.device,
-             autocast) -> float:  # fmt: skip
+def evaluate(model: RewardModel, rankings: list[list[np.ndarray]], batch: int, device: torch.device, autocast) -> float:
     """Pairwise accuracy of ``model`` on ``rankings``."""
     right = total = 0
     for first in range(0, len(rankings), batch):
@@ -141,20 +145,23 @@ def train(config: RewardConfig) -> dict:
     preset = config.preset or ("small" if device.type == "cuda" else "tiny")
     model_config = config.model_config(preset, load_tokenizer("bytes").vocab_size)
     model = RewardModel(model_config).to(device)
-    optimizer = torch.optim.AdamW(param_groups(model, precision, config.weight_decay), lr=config.lr, betas=BETAS,
-                                  fused=device.type == "cuda")  # fmt: skip
+    optimizer = torch.optim.AdamW(
+        param_groups(model, precision, config.weight_decay), lr=config.lr, betas=BETAS, fused=device.type == "cuda"
+    )
     autocast = precision_context(precision, device)
     draw = np.random.default_rng([config.seed, 1])
     losses, evals = [], []
     config.out.mkdir(parents=True, exist_ok=True)
     with TrainLog(config.out / "log.jsonl", config.steps, 0, True) as log:
         for step in range(config.steps):
-            lr = warmup_cosine_lr(step, lr=config.lr, min_lr=config.lr * config.min_lr_ratio, warmup=config.warmup,
-                                  steps=config.steps)  # fmt: skip
+            lr = warmup_cosine_lr(
+                step, lr=config.lr, min_lr=config.lr * config.min_lr_ratio, warmup=config.warmup, steps=config.steps
+            )
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            tokens, lengths, mask = collate([training[i] for i in draw.integers(len(training), size=config.batch)],
-                                            device)  # fmt: skip
+            tokens, lengths, mask = collate(
+                [training[i] for i in draw.integers(len(training), size=config.batch)], device
+            )
             with autocast:
                 rewards = model(tokens, lengths).view(mask.shape)  # (batch, K)
             loss = ranking_loss(rewards, mask)
@@ -166,17 +173,21 @@ def train(config: RewardConfig) -> dict:
             done = step + 1
             record = {"step": done}
             if done % config.log_every == 0 or done == config.steps:
-                record |= {"loss": float(np.mean(losses[-config.log_every :])), "lr": lr,
-                           "grad_norm": grad_norm.item()}  # fmt: skip
+                record |= {"loss": float(np.mean(losses[-config.log_every :])), "lr": lr, "grad_norm": grad_norm.item()}
             if (config.eval_every and done % config.eval_every == 0) or done == config.steps:
                 evals.append([done, evaluate(model, evaluation, config.batch, device, autocast)])
                 record["eval_accuracy"] = evals[-1][1]
             if len(record) > 1:
                 log.write(record)
             log.advance()
-    torch.save({"model": model.state_dict(), "model_config": dataclasses.asdict(model_config),
-                "config": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()}},
-               config.out / MODEL_FILE)  # fmt: skip
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "model_config": dataclasses.asdict(model_config),
+            "config": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(config).items()},
+        },
+        config.out / MODEL_FILE,
+    )
     return {"losses": losses, "eval": evals}
 
 
@@ -192,8 +203,10 @@ def run(config: RewardConfig, prog: str = PROG) -> int:
             raise UserError(f"--out {error}") from None
         earlier = run_files(config.out, REWARD_RUN_FILES)
         if earlier and not config.overwrite:
-            raise UserError(f"--out {config.out} holds a reward run ({', '.join(earlier)}): choose another --out, or "
-                            "--overwrite to move it to OUT/previous-*")  # fmt: skip
+            raise UserError(
+                f"--out {config.out} holds a reward run ({', '.join(earlier)}): choose another --out, or "
+                "--overwrite to move it to OUT/previous-*"
+            )
         set_aside(config.out, REWARD_RUN_FILES)
         train(config)
     except UserError as error:

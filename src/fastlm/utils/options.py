@@ -55,8 +55,7 @@ def _value_type(hint) -> type:
     return args[0] if args else hint
 
 
-def add_options(parser: argparse.ArgumentParser, config_class: type, exclude=(), overrides: dict | None = None
-                ) -> None:  # fmt: skip
+def add_options(parser: argparse.ArgumentParser, config_class: type, exclude=(), overrides: dict | None = None) -> None:
     """An option per field of ``config_class`` but ``exclude``. ``overrides`` maps a field to
     argparse arguments that replace its own (a comma list where a command takes several values)."""
     hints = typing.get_type_hints(config_class)

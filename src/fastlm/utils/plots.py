@@ -18,13 +18,21 @@ def save_figure(fig, path: Path, dpi: int = 120) -> Path:
     return path
 
 
-def bar_series(records: Sequence[dict], groups: Sequence[str], group_of: Callable[[dict], str],
-               implementations: Sequence[str], key: str) -> dict[str, list[float | None]]:  # fmt: skip
+def bar_series(
+    records: Sequence[dict],
+    groups: Sequence[str],
+    group_of: Callable[[dict], str],
+    implementations: Sequence[str],
+    key: str,
+) -> dict[str, list[float | None]]:
     """`grouped_bar_plot`'s series: for each of ``implementations`` with an "ok" record, ``key`` of its
     ok record in each of ``groups`` (the group of a record is ``group_of(record)``), None where none."""
     ok = {(group_of(r), r["implementation"]): r for r in records if r["status"] == "ok"}
-    return {name: [ok.get((group, name), {}).get(key) for group in groups] for name in implementations
-            if any((group, name) in ok for group in groups)}  # fmt: skip
+    return {
+        name: [ok.get((group, name), {}).get(key) for group in groups]
+        for name in implementations
+        if any((group, name) in ok for group in groups)
+    }
 
 
 def grouped_bar_plot(
@@ -56,8 +64,16 @@ def grouped_bar_plot(
         ax.bar_label(bars, labels=["" if v is None else f"{v:.2g}" for v in values], fontsize=7, padding=1)
         if markers is not None:
             points = [(x, v) for x, v in zip(xs, markers[0].get(name, ()), strict=False) if v is not None]
-            ax.scatter([x for x, _ in points], [v for _, v in points], marker="_", s=width * 400, color="black",
-                       linewidths=2, zorder=3, label=markers[1] if i == 0 else None)  # fmt: skip
+            ax.scatter(
+                [x for x, _ in points],
+                [v for _, v in points],
+                marker="_",
+                s=width * 400,
+                color="black",
+                linewidths=2,
+                zorder=3,
+                label=markers[1] if i == 0 else None,
+            )
     for value, label in ([reference_line] if reference_line is not None else []) + list(reference_lines):
         ax.axhline(value, color="black", linestyle="--", linewidth=1)
         ax.annotate(label, (len(groups) - 0.5, value), ha="right", va="bottom", fontsize=8)

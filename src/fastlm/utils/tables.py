@@ -56,5 +56,7 @@ def markdown_table(rows: Sequence[dict], columns: Sequence[tuple[str, str]]) -> 
 
 def device_line(record: dict) -> str:
     """Where and with what ``record`` was measured, as a report's first line starts."""
-    return (f"Device: {record['gpu']} · torch {record['torch']} · triton {record['triton']} · "
-            f"git {record['git_sha']} · {record['date']}")  # fmt: skip
+    return (
+        f"Device: {record['gpu']} · torch {record['torch']} · triton {record['triton']} · "
+        f"git {record['git_sha']} · {record['date']}"
+    )

@@ -65,12 +65,22 @@ def _worker(rank: int, world: int, backend: str, sizes_mb, warmup: int, iters: i
                 times.append(elapsed.item())
         median = statistics.median(times)
         algbw = data.numel() * 4 / median / 1e9
-        rows.append({"backend": backend, "world": world, "size_mb": size_mb, "iters": iters,
-                     "median_ms": median * 1e3, "algbw_gbps": algbw,
-                     "busbw_gbps": bus_bandwidth(algbw, world)})  # fmt: skip
+        rows.append(
+            {
+                "backend": backend,
+                "world": world,
+                "size_mb": size_mb,
+                "iters": iters,
+                "median_ms": median * 1e3,
+                "algbw_gbps": algbw,
+                "busbw_gbps": bus_bandwidth(algbw, world),
+            }
+        )
         if rank == 0:
-            print_line(f"all-reduce, {world} processes, {size_mb:g} MB: {si_seconds(median)}, "
-                       f"busbw {si(bus_bandwidth(algbw, world) * 1e9, 'B/s')}")  # fmt: skip
+            print_line(
+                f"all-reduce, {world} processes, {size_mb:g} MB: {si_seconds(median)}, "
+                f"busbw {si(bus_bandwidth(algbw, world) * 1e9, 'B/s')}"
+            )
         del data
     if rank == 0:
         Path(out).write_text(repr(rows))
@@ -85,8 +95,14 @@ def measure(backend: str, world: int, sizes_mb, *, warmup: int = 5, iters: int =
         return [with_environment({"op": "allreduce", **row}) for row in ast.literal_eval(Path(out).read_text())]
 
 
-COLUMNS = [("backend", "backend"), ("world", "processes"), ("size_mb", "MB"), ("median_ms", "median ms"),
-           ("algbw_gbps", "algbw GB/s"), ("busbw_gbps", "busbw GB/s")]  # fmt: skip
+COLUMNS = [
+    ("backend", "backend"),
+    ("world", "processes"),
+    ("size_mb", "MB"),
+    ("median_ms", "median ms"),
+    ("algbw_gbps", "algbw GB/s"),
+    ("busbw_gbps", "busbw GB/s"),
+]
 
 
 def render(results_dir: Path, reports_dir: Path) -> str:
@@ -102,9 +118,14 @@ def render(results_dir: Path, reports_dir: Path) -> str:
         for r in run:
             series.setdefault(f"{backend} x{r['world']}", []).append((r["size_mb"], r["busbw_gbps"]))
         first = run[0]
-        plot = line_plot(reports_dir / f"allreduce_busbw_{backend}.png", [("bus bandwidth", series)],
-                         xlabel="tensor size (MB)", ylabel="busbw (GB/s)",
-                         title=f"All-reduce, float32, {backend} · {first['gpu']}", logx=True)  # fmt: skip
+        plot = line_plot(
+            reports_dir / f"allreduce_busbw_{backend}.png",
+            [("bus bandwidth", series)],
+            xlabel="tensor size (MB)",
+            ylabel="busbw (GB/s)",
+            title=f"All-reduce, float32, {backend} · {first['gpu']}",
+            logx=True,
+        )
         lines += [
             f"## {backend}",
             "",
@@ -116,7 +137,7 @@ def render(results_dir: Path, reports_dir: Path) -> str:
             "",
             f"![all-reduce bus bandwidth, {backend}]({plot.name})",
             "",
-        ]  # fmt: skip
+        ]
     return "\n".join(lines)
 
 

@@ -175,8 +175,11 @@ class _Run:
 
 def _timing_fields(settings: Settings, times: list[float], world: int) -> dict:
     median = statistics.median(times)
-    return {"median_ms": median * 1e3, "mean_ms": statistics.mean(times) * 1e3,
-            "tokens_per_s": settings.batch * settings.context * world / median}  # fmt: skip
+    return {
+        "median_ms": median * 1e3,
+        "mean_ms": statistics.mean(times) * 1e3,
+        "tokens_per_s": settings.batch * settings.context * world / median,
+    }
 
 
 def _profile(run: _Run, settings: Settings, name: str, rank: int) -> dict:
@@ -204,13 +207,18 @@ def _profile(run: _Run, settings: Settings, name: str, rank: int) -> dict:
     everything = timeline.comm + [iv for ivs in timeline.compute.values() for iv in ivs]
     timeline = timeline.shifted(min(a for a, _ in everything))
     span = max(b for _, b in everything) - min(a for a, _ in everything)
-    return {**timeline.summary(settings.profile_steps), "comm_kernel_ms": kernel_ms,
-            "profiled_step_ms": span / settings.profile_steps, "comm_aligned_across_ranks": collectives is not None,
-            "timeline": timeline.compact()}  # fmt: skip
+    return {
+        **timeline.summary(settings.profile_steps),
+        "comm_kernel_ms": kernel_ms,
+        "profiled_step_ms": span / settings.profile_steps,
+        "comm_aligned_across_ranks": collectives is not None,
+        "timeline": timeline.compact(),
+    }
 
 
-def _variant_steps(settings: Settings, variant: Variant, rank: int, world: int, device: torch.device,
-                   profile: bool) -> tuple[list[float], dict]:  # fmt: skip
+def _variant_steps(
+    settings: Settings, variant: Variant, rank: int, world: int, device: torch.device, profile: bool
+) -> tuple[list[float], dict]:
     """Timed step seconds (slowest rank) of a fresh model, and the profile fields when asked."""
     run = _Run(settings, variant.spec, "adamw", rank, device)
     for _ in range(settings.warmup):
@@ -233,8 +241,9 @@ def _memory_row(settings: Settings, optimizer: str, rank: int, world: int, devic
     loss.backward()
     run.sync()
     row["before_step_bytes"] = run.allocated()
-    row["grads_bytes"] = sum(p.grad.numel() * p.grad.element_size() for p in run.model.parameters()
-                             if p.grad is not None)  # fmt: skip
+    row["grads_bytes"] = sum(
+        p.grad.numel() * p.grad.element_size() for p in run.model.parameters() if p.grad is not None
+    )
     run.optimizer.step()
     row["after_step_bytes"] = run.allocated()
     run.optimizer.zero_grad(set_to_none=True)
@@ -253,8 +262,15 @@ def _release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def _worker(rank: int, world: int, backend: str, settings: Settings, variants: tuple[Variant, ...],
-            optimizers: tuple[str, ...], out: str) -> None:  # fmt: skip
+def _worker(
+    rank: int,
+    world: int,
+    backend: str,
+    settings: Settings,
+    variants: tuple[Variant, ...],
+    optimizers: tuple[str, ...],
+    out: str,
+) -> None:
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     # without teardown CUPTI stays attached after a profile and slows every later kernel launch
     os.environ.setdefault("TEARDOWN_CUPTI", "1")
@@ -265,32 +281,49 @@ def _worker(rank: int, world: int, backend: str, settings: Settings, variants: t
             measured, profile = _variant_steps(settings, variant, rank, world, device, profile=round_index == 0)
             times[variant.name].append(measured)
             if rank == 0:
-                print_line(f"data-parallel steps, {world} processes, round {round_index + 1}/{settings.rounds}: "
-                           f"{variant.name} {si_seconds(statistics.median(measured))} per step")  # fmt: skip
+                print_line(
+                    f"data-parallel steps, {world} processes, round {round_index + 1}/{settings.rounds}: "
+                    f"{variant.name} {si_seconds(statistics.median(measured))} per step"
+                )
             profiles.setdefault(variant.name, profile)
             _release(device)
             dist.barrier()
     rows = [
-        {"kind": "step", "variant": v, **_timing_fields(settings, [t for r in times[v] for t in r], world),
-         "round_median_ms": [statistics.median(r) * 1e3 for r in times[v]], **profiles[v], "status": "ok"}
+        {
+            "kind": "step",
+            "variant": v,
+            **_timing_fields(settings, [t for r in times[v] for t in r], world),
+            "round_median_ms": [statistics.median(r) * 1e3 for r in times[v]],
+            **profiles[v],
+            "status": "ok",
+        }
         for v in times
-    ]  # fmt: skip
+    ]
     # no out-of-memory rows here: a rank that skipped ahead would pair its collectives with another
     # rank's unfinished step; an OOM ends the run with PyTorch's error instead
     for optimizer in optimizers:
-        rows.append({"kind": "memory", "optimizer": optimizer, **_memory_row(settings, optimizer, rank, world, device),
-                     "status": "ok"})  # fmt: skip
+        rows.append(
+            {
+                "kind": "memory",
+                "optimizer": optimizer,
+                **_memory_row(settings, optimizer, rank, world, device),
+                "status": "ok",
+            }
+        )
         if rank == 0:
-            print_line(f"data-parallel steps, {world} processes: memory row of {optimizer}, "
-                       f"{si_seconds(rows[-1]['median_ms'] * 1e-3)} per step")  # fmt: skip
+            print_line(
+                f"data-parallel steps, {world} processes: memory row of {optimizer}, "
+                f"{si_seconds(rows[-1]['median_ms'] * 1e-3)} per step"
+            )
         _release(device)
         dist.barrier()
     if rank == 0:
         Path(out).write_text(json.dumps(rows))
 
 
-def measure(backend: str, world: int, settings: Settings, variants: Sequence[Variant],
-            optimizers: Sequence[str]) -> list[dict]:  # fmt: skip
+def measure(
+    backend: str, world: int, settings: Settings, variants: Sequence[Variant], optimizers: Sequence[str]
+) -> list[dict]:
     """Every variant and optimizer for one (backend, world size): the records (rank 0's view). Rank 0
     prints a line after each variant of each round and after each memory row."""
     common = {"op": "ddp", "backend": backend, "world": world, **asdict(settings)}
@@ -303,8 +336,12 @@ def measure(backend: str, world: int, settings: Settings, variants: Sequence[Var
 
 def _take_timeline(record: dict) -> dict:
     """Removes ``record``'s GPU timeline and returns it keyed by (run_id, world, variant)."""
-    return {"run_id": record["run_id"], "world": record["world"], "variant": record["variant"],
-            "timeline": record.pop("timeline")}  # fmt: skip
+    return {
+        "run_id": record["run_id"],
+        "world": record["world"],
+        "variant": record["variant"],
+        "timeline": record.pop("timeline"),
+    }
 
 
 @dataclass(frozen=True)
@@ -323,9 +360,11 @@ class DataParallelBenchmark(WorldSizesBenchmark):
     def measurements(self, run: Run) -> Iterator[Measured]:
         settings = self.settings
         for world in self.worlds:
-            print_line(f"data-parallel steps, {world} processes ({self.backend}, {settings.preset}): "
-                       f"{len(self.variants)} variants x {settings.rounds} rounds, then {len(self.optimizers)} "
-                       "memory rows")  # fmt: skip
+            print_line(
+                f"data-parallel steps, {world} processes ({self.backend}, {settings.preset}): "
+                f"{len(self.variants)} variants x {settings.rounds} rounds, then {len(self.optimizers)} "
+                "memory rows"
+            )
             measured = measure(self.backend, world, settings, self.variants, self.optimizers)
             timelines = [_take_timeline(record) for record in measured if "timeline" in record]
             if timelines and settings.trace_dir:  # bulky (megabytes per run): kept beside the traces, not in git

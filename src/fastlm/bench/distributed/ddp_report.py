@@ -18,17 +18,36 @@ TIMELINES_FILE = "ddp_timelines.jsonl"  # in the trace folder: the GPU timelines
 MB = 1e6
 
 
-STEP_COLUMNS = [("world", "ranks"), ("variant", "variant"), ("median_ms", "step ms (median)"),
-                ("vs_torch_ddp", "vs torch-ddp"), ("tokens_per_s", "tokens/s"), ("comm_ms", "comm ms"),
-                ("comm_kernel_ms", "NCCL kernel ms"), ("rounds_ms", "per-round medians ms"),
-                ("spread_percent", "round spread %"), ("profiled_step_ms", "profiled step ms"),
-                ("hidden_percent", "comm hidden behind bwd %"), ("exposed_comm_ms", "exposed comm ms"),
-                ("status", "status")]  # fmt: skip
-MEMORY_COLUMNS = [("world", "ranks"), ("optimizer", "optimizer"), ("init_mb", "after init MB"),
-                  ("before_step_mb", "before step MB"), ("after_step_mb", "after step MB"), ("peak_mb", "peak MB"),
-                  ("params_mb", "params MB"), ("grads_mb", "grads MB"), ("optimizer_state_mb", "opt. state MB"),
-                  ("state_vs_adamw", "state vs adamw"), ("activations_mb", "activations MB"),
-                  ("median_ms", "step ms"), ("status", "status")]  # fmt: skip
+STEP_COLUMNS = [
+    ("world", "ranks"),
+    ("variant", "variant"),
+    ("median_ms", "step ms (median)"),
+    ("vs_torch_ddp", "vs torch-ddp"),
+    ("tokens_per_s", "tokens/s"),
+    ("comm_ms", "comm ms"),
+    ("comm_kernel_ms", "NCCL kernel ms"),
+    ("rounds_ms", "per-round medians ms"),
+    ("spread_percent", "round spread %"),
+    ("profiled_step_ms", "profiled step ms"),
+    ("hidden_percent", "comm hidden behind bwd %"),
+    ("exposed_comm_ms", "exposed comm ms"),
+    ("status", "status"),
+]
+MEMORY_COLUMNS = [
+    ("world", "ranks"),
+    ("optimizer", "optimizer"),
+    ("init_mb", "after init MB"),
+    ("before_step_mb", "before step MB"),
+    ("after_step_mb", "after step MB"),
+    ("peak_mb", "peak MB"),
+    ("params_mb", "params MB"),
+    ("grads_mb", "grads MB"),
+    ("optimizer_state_mb", "opt. state MB"),
+    ("state_vs_adamw", "state vs adamw"),
+    ("activations_mb", "activations MB"),
+    ("median_ms", "step ms"),
+    ("status", "status"),
+]
 
 
 def round_range(record: dict) -> tuple[float, float] | None:
@@ -49,8 +68,17 @@ def compare_steps(record: dict, reference: dict) -> float | str:
 def _step_rows(records: list[dict]) -> list[dict]:
     rows = []
     for r in (r for r in records if r["kind"] == "step"):
-        reference = next((t for t in records if t["kind"] == "step" and t["variant"] == "torch-ddp"
-                          and t["world"] == r["world"] and t.get("median_ms")), None)  # fmt: skip
+        reference = next(
+            (
+                t
+                for t in records
+                if t["kind"] == "step"
+                and t["variant"] == "torch-ddp"
+                and t["world"] == r["world"]
+                and t.get("median_ms")
+            ),
+            None,
+        )
         row = dict(r)
         if reference and r.get("median_ms"):
             row["vs_torch_ddp"] = compare_steps(r, reference)
@@ -67,10 +95,25 @@ def _step_rows(records: list[dict]) -> list[dict]:
 def _memory_rows(records: list[dict]) -> list[dict]:
     rows = []
     for r in (r for r in records if r["kind"] == "memory"):
-        row = {**r, **{key.replace("_bytes", "_mb"): value / MB for key, value in r.items()
-                       if key.endswith("_bytes") and value is not None}}  # fmt: skip
-        unsharded = next((t for t in records if t["kind"] == "memory" and t["optimizer"] == "adamw"
-                          and t["world"] == r["world"] and t.get("optimizer_state_bytes")), None)  # fmt: skip
+        row = {
+            **r,
+            **{
+                key.replace("_bytes", "_mb"): value / MB
+                for key, value in r.items()
+                if key.endswith("_bytes") and value is not None
+            },
+        }
+        unsharded = next(
+            (
+                t
+                for t in records
+                if t["kind"] == "memory"
+                and t["optimizer"] == "adamw"
+                and t["world"] == r["world"]
+                and t.get("optimizer_state_bytes")
+            ),
+            None,
+        )
         if unsharded and r.get("optimizer_state_bytes") is not None:
             row["state_vs_adamw"] = r["optimizer_state_bytes"] / unsharded["optimizer_state_bytes"]
         rows.append(row)
@@ -85,8 +128,14 @@ def overlap_plot(path: Path, records: list[dict], title: str) -> Path:
     import matplotlib.pyplot as plt
 
     timed = [r for r in records if r.get("timeline")]
-    colours = {"forward": "tab:blue", "backward": "tab:green", "sync": "tab:red", "optimizer": "tab:purple",
-               "other": "tab:gray", "comm": "tab:orange"}  # fmt: skip
+    colours = {
+        "forward": "tab:blue",
+        "backward": "tab:green",
+        "sync": "tab:red",
+        "optimizer": "tab:purple",
+        "other": "tab:gray",
+        "comm": "tab:orange",
+    }
     fig, ax = plt.subplots(figsize=(12, 0.6 * len(timed) + 1.5))
     for i, record in enumerate(reversed(timed)):
         y = 2 * i
@@ -96,8 +145,14 @@ def overlap_plot(path: Path, records: list[dict], title: str) -> Path:
             ax.broken_barh(bars, (y + offset, 0.8), color=colours.get(lane, "tab:gray"), linewidth=0)
     ax.set_yticks([2 * i + 0.9 for i in range(len(timed))], [r["variant"] for r in reversed(timed)])
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
-    ax.legend(handles, [name if name != "comm" else "NCCL (lower lane)" for name in colours], fontsize=7,
-              ncols=6, loc="upper center", bbox_to_anchor=(0.5, -0.12))  # fmt: skip
+    ax.legend(
+        handles,
+        [name if name != "comm" else "NCCL (lower lane)" for name in colours],
+        fontsize=7,
+        ncols=6,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.12),
+    )
     ax.set_xlabel("ms since the first kernel of the profiled steps")
     ax.set_title(title, fontsize=10)
     return save_figure(fig, path, dpi=110)
@@ -111,8 +166,10 @@ def render(results_dir: Path, reports_dir: Path) -> str:
     runs = latest_runs_by(read_records(results_dir / "ddp.jsonl"), "world")
     if not runs:
         return "No data-parallel records yet: run `fastlm bench ddp`.\n"
-    timelines = {(t["run_id"], t["world"], t["variant"]): t["timeline"]
-                 for t in read_records(results_dir.parent / "traces" / TIMELINES_FILE)}  # fmt: skip
+    timelines = {
+        (t["run_id"], t["world"], t["variant"]): t["timeline"]
+        for t in read_records(results_dir.parent / "traces" / TIMELINES_FILE)
+    }
     for records in runs:
         for record in records:
             key = (record.get("run_id"), record.get("world"), record.get("variant"))
@@ -140,24 +197,46 @@ def _render_run(records: list[dict], reports_dir: Path) -> list[str]:
         lines += [GLOO_NOTE, ""]
     steps = _step_rows(records)
     if steps:
-        lines += ["### Step time and communication", "", markdown_table(steps, present_columns(steps, STEP_COLUMNS)),
-                  ""]  # fmt: skip
+        lines += [
+            "### Step time and communication",
+            "",
+            markdown_table(steps, present_columns(steps, STEP_COLUMNS)),
+            "",
+        ]
         variants = list(dict.fromkeys(r["variant"] for r in steps))
-        series = {f"{w} ranks": [next((r.get("median_ms") for r in steps if r["world"] == w and r["variant"] == v),
-                                      None) for v in variants] for w in worlds}  # fmt: skip
-        bars = grouped_bar_plot(reports_dir / f"ddp_step_ms_x{tag}.png", variants, series, ylabel="step ms (median)",
-                                title=f"Data-parallel training step · {first['preset']} · {first['gpu']}")  # fmt: skip
+        series = {
+            f"{w} ranks": [
+                next((r.get("median_ms") for r in steps if r["world"] == w and r["variant"] == v), None)
+                for v in variants
+            ]
+            for w in worlds
+        }
+        bars = grouped_bar_plot(
+            reports_dir / f"ddp_step_ms_x{tag}.png",
+            variants,
+            series,
+            ylabel="step ms (median)",
+            title=f"Data-parallel training step · {first['preset']} · {first['gpu']}",
+        )
         lines += [f"![step time per variant, {tag} ranks]({bars.name})", ""]
         for world in worlds:
             timed = [r for r in steps if r["world"] == world and r.get("timeline")]
             plot = reports_dir / f"ddp_overlap_x{world}.png"
             if timed:
-                plot = overlap_plot(plot, timed, f"GPU timeline of {first['profile_steps']} steps, rank 0 of {world}: "
-                                    "compute by phase (upper lane) and NCCL (lower lane)")  # fmt: skip
+                plot = overlap_plot(
+                    plot,
+                    timed,
+                    f"GPU timeline of {first['profile_steps']} steps, rank 0 of {world}: "
+                    "compute by phase (upper lane) and NCCL (lower lane)",
+                )
             if plot.exists() and first["backend"] == "nccl":  # gloo runs have no GPU timeline
                 lines += [f"![communication overlap, {world} ranks]({plot.name})", ""]
     memory = _memory_rows(records)
     if memory:
-        lines += ["### Memory per rank: optimizer-state sharding", "",
-                  markdown_table(memory, present_columns(memory, MEMORY_COLUMNS)), ""]  # fmt: skip
+        lines += [
+            "### Memory per rank: optimizer-state sharding",
+            "",
+            markdown_table(memory, present_columns(memory, MEMORY_COLUMNS)),
+            "",
+        ]
     return lines

@@ -9,8 +9,17 @@ from dataclasses import dataclass
 
 from fastlm.distributed.wrappers import ParallelSpec
 
-DDP_VARIANTS = ("no-sync", "naive", "flat", "ddp", "bucketed-1", "bucketed-10", "bucketed-100", "bucketed-1000",
-                "torch-ddp")  # fmt: skip
+DDP_VARIANTS = (
+    "no-sync",
+    "naive",
+    "flat",
+    "ddp",
+    "bucketed-1",
+    "bucketed-10",
+    "bucketed-100",
+    "bucketed-1000",
+    "torch-ddp",
+)
 DDP_OPTIMIZERS = ("adamw", "sharded", "zero")
 
 

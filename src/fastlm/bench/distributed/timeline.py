@@ -80,8 +80,11 @@ class Timeline:
         if total == 0:
             return {"comm_ms": 0.0, "hidden_behind_backward": None, "exposed_comm_ms": 0.0}
         hidden = intersection(self.comm, self.phase_windows("backward"))
-        return {"comm_ms": total / steps, "hidden_behind_backward": hidden / total,
-                "exposed_comm_ms": (total - hidden) / steps}  # fmt: skip
+        return {
+            "comm_ms": total / steps,
+            "hidden_behind_backward": hidden / total,
+            "exposed_comm_ms": (total - hidden) / steps,
+        }
 
     def compact(self, gap: float = 0.02) -> dict:
         """Merged intervals (pieces closer than ``gap`` ms join), rounded: small enough for a record."""
