@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fastlm.analysis.attention import attention_forward_flops, scores_bytes
-from fastlm.bench import attention
+from fastlm.bench import attention, attention_report
 from fastlm.cli import main
 from fastlm.harness.benchmark import Implementation, Run, measure_or_status
 from fastlm.harness.runner import run_benchmark
@@ -52,7 +52,7 @@ def test_model_ratios_divide_tflops():
         },
         {"head_dim": 128, "seq": 4096, "implementation": "sdpa-cudnn", "status": "OOM"},
     ]
-    (row,) = attention.model_ratios(records)
+    (row,) = attention_report.model_ratios(records)
     assert row["fwd_vs_sdpa-flash"] == 2.0 and row["fwd_bwd_vs_sdpa-flash"] == 1.2
     assert "fwd_vs_sdpa-cudnn" not in row
 

@@ -31,7 +31,7 @@ import fastlm
 from fastlm.bench.bandwidth import CPU_NOTE
 from fastlm.harness.benchmark import Benchmark, Implementation, Run
 from fastlm.harness.timing import measure, peak_backward_memory
-from fastlm.utils.plots import bar_series, grouped_bar_plot
+from fastlm.utils.plots import bar_series, time_and_memory_plots
 from fastlm.utils.tables import device_line, markdown_table
 
 WIDTH, VOCAB = 4096, 128256
@@ -213,29 +213,12 @@ class DPOBenchmark(Benchmark):
             return bar_series(records, groups, _group, names, key)
 
         title = f"DPO loss from hidden states, d={first['width']}, V={first['vocab']}, bf16 ({first['gpu']})"
-        time_png = grouped_bar_plot(
-            reports_dir / "dpo_fwd_bwd_ms.png",
-            groups,
-            series("fwd_bwd_ms"),
-            ylabel="fwd+bwd median ms (lower is better)",
-            title=title,
-        )
         parts = [
             f"{device_line(first)} · T tokens per response, B pairs (2 B T rows), d={first['width']}, "
             f"V={first['vocab']}, bf16 hidden and weight, sigmoid loss, beta {first['beta']} · TFLOP/s count "
             "6 (2 B T) V d · peak memory: allocated during one fwd+bwd above what was allocated before it, with "
             "and without the gradients of hidden and weight",
             markdown_table(table_rows(records), TABLE_COLUMNS),
-            f"![fwd+bwd time]({time_png.name})",
+            *time_and_memory_plots(reports_dir, "dpo", groups, series, title),
         ]
-        memory = series("peak_excluding_grads_gib")
-        if any(v is not None for values in memory.values() for v in values):  # measured on CUDA only
-            memory_png = grouped_bar_plot(
-                reports_dir / "dpo_peak_memory.png",
-                groups,
-                memory,
-                ylabel="peak GiB above the inputs, without the gradients",
-                title=title,
-            )
-            parts.append(f"![peak memory]({memory_png.name})")
         return "\n\n".join(parts)

@@ -31,7 +31,7 @@ from fastlm.harness.benchmark import Benchmark, Implementation, Run
 from fastlm.harness.timing import measure, peak_backward_memory
 from fastlm.ops.common import device_arch
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy_config
-from fastlm.utils.plots import bar_series, grouped_bar_plot
+from fastlm.utils.plots import bar_series, time_and_memory_plots
 from fastlm.utils.tables import device_line, markdown_table
 
 WIDTH = 4096
@@ -205,29 +205,12 @@ class LinearCrossEntropyBenchmark(Benchmark):
             return bar_series(records, groups, lambda r: f"N={r['tokens']} V={r['vocab']}", names, key)
 
         title = f"Fused linear + cross-entropy, d={first['width']}, bf16 ({first['gpu']})"
-        time_png = grouped_bar_plot(
-            reports_dir / "linear_xent_fwd_bwd_ms.png",
-            groups,
-            series("fwd_bwd_ms"),
-            ylabel="fwd+bwd median ms (lower is better)",
-            title=title,
-        )
         parts = [
             f"{device_line(first)} · d={first['width']}, bf16 hidden and weight, reduction='mean' · measured "
             f"matmul rate {first['matmul_tflops_measured']:.3g} TFLOP/s · TFLOP/s count 6 N V d · peak memory: "
             "allocated during one fwd+bwd above what was allocated before it, with and without the gradients of "
             "hidden and weight",
             markdown_table(table_rows(records), TABLE_COLUMNS),
-            f"![fwd+bwd time]({time_png.name})",
+            *time_and_memory_plots(reports_dir, "linear_xent", groups, series, title),
         ]
-        memory = series("peak_excluding_grads_gib")
-        if any(v is not None for values in memory.values() for v in values):  # measured on CUDA only
-            memory_png = grouped_bar_plot(
-                reports_dir / "linear_xent_peak_memory.png",
-                groups,
-                memory,
-                ylabel="peak GiB above the inputs, without the gradients",
-                title=title,
-            )
-            parts.append(f"![peak memory]({memory_png.name})")
         return "\n\n".join(parts)

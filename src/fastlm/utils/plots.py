@@ -117,3 +117,30 @@ def line_plot(
         ax.set_visible(False)
     fig.suptitle(title)
     return save_figure(fig, path, dpi=120)
+
+
+def time_and_memory_plots(
+    reports_dir: Path, prefix: str, groups: Sequence[str], series: Callable[[str], dict], title: str
+) -> list[str]:
+    """The markdown images of a fwd+bwd benchmark: bars of its "fwd_bwd_ms" and, where measured
+    (CUDA only), of its "peak_excluding_grads_gib", from ``series(key)`` ({name: values per group});
+    written as <prefix>_fwd_bwd_ms.png and <prefix>_peak_memory.png."""
+    time_png = grouped_bar_plot(
+        reports_dir / f"{prefix}_fwd_bwd_ms.png",
+        groups,
+        series("fwd_bwd_ms"),
+        ylabel="fwd+bwd median ms (lower is better)",
+        title=title,
+    )
+    images = [f"![fwd+bwd time]({time_png.name})"]
+    memory = series("peak_excluding_grads_gib")
+    if any(v is not None for values in memory.values() for v in values):
+        memory_png = grouped_bar_plot(
+            reports_dir / f"{prefix}_peak_memory.png",
+            groups,
+            memory,
+            ylabel="peak GiB above the inputs, without the gradients",
+            title=title,
+        )
+        images.append(f"![peak memory]({memory_png.name})")
+    return images
