@@ -264,6 +264,64 @@ def test_linear_dpo_loss_is_dpo_on_the_sequence_logprobs(average_logps):
     check_against_float64(ours, reference, inputs, FP32_ALLOWANCE)
 
 
+def dpo_reference(policy, ref_chosen, ref_rejected, beta, eps, loss_type):
+    """TRL's per-pair formulas, written out, on policy (2B,) sequence log-probabilities."""
+    c, r = policy.chunk(2)
+    h = (c - r) - (ref_chosen.to(policy.dtype) - ref_rejected.to(policy.dtype))
+    losses = {
+        "sigmoid": -(1 - eps) * F.logsigmoid(beta * h) - eps * F.logsigmoid(-beta * h),
+        "robust": (-(1 - eps) * F.logsigmoid(beta * h) + eps * F.logsigmoid(-beta * h)) / (1 - 2 * eps),
+        "hinge": F.relu(1 - beta * h),
+        "ipo": (h - 1 / (2 * beta)) ** 2,
+    }[loss_type]
+    return losses.mean()
+
+
+@pytest.mark.parametrize(
+    "loss_type,eps,average_logps,group_rows",
+    [
+        ("sigmoid", 0.0, False, 2 * T),  # one pair per group
+        ("sigmoid", 0.1, True, 4 * T),  # two pairs per group
+        ("robust", 0.2, False, 6 * T),  # groups of three pairs and one
+        ("hinge", 0.0, True, None),  # the default: every pair in one group
+        ("ipo", 0.0, False, 2 * T + 1),
+    ],
+)
+def test_one_pass_dpo_loss_and_gradients_match_float64(loss_type, eps, average_logps, group_rows):
+    """Without a bias, groups of whole pairs in one pass: loss, rewards and gradients as the unfused
+    computation in float64, for every loss type and group size (4 pairs, one fully masked)."""
+    hidden, weight, _, targets, mask = lm_inputs(batch=8)
+    ref_chosen, ref_rejected = -torch.rand(4) * 20, -torch.rand(4) * 20
+    which = 1 if average_logps else 0
+    beta = 0.5 if loss_type == "hinge" else 0.2  # hinge: most pairs inside the margin, so gradients flow
+    options = dict(beta=beta, label_smoothing=eps, loss_type=loss_type, average_logps=average_logps)
+
+    def ours(h, w, b):
+        out = fastlm.linear_dpo_loss(h, w, targets, mask, ref_chosen, ref_rejected, chunk_rows=group_rows, **options)
+        assert type(out.loss.grad_fn).__name__ == "LinearPairLossFunctionBackward"
+        policy = sequence_logprobs_ref(h.double(), w.double(), None, targets, mask)[which]
+        rewards = beta * (policy - torch.cat((ref_chosen, ref_rejected)).double())
+        torch.testing.assert_close(
+            torch.cat((out.chosen_rewards, out.rejected_rewards)).double(), rewards, rtol=1e-5, atol=1e-6
+        )
+        return out.loss * 3  # an upstream gradient other than 1 reaches the gradients kept from the forward
+
+    def reference(h, w, b):
+        policy = sequence_logprobs_ref(h, w, b, targets, mask)[which]
+        return dpo_reference(policy, ref_chosen, ref_rejected, beta, eps, loss_type) * 3
+
+    inputs = [t.clone().requires_grad_() for t in (hidden, weight)] + [None]
+    check_against_float64(ours, reference, inputs, FP32_ALLOWANCE)
+
+
+def test_dpo_with_a_chunk_below_one_pair_takes_the_two_pass_path():
+    """chunk_rows below a pair's 2T rows bounds the memory: the log-probabilities' own backward."""
+    hidden, weight, _, targets, mask = lm_inputs(batch=4)
+    hidden.requires_grad_()
+    out = fastlm.linear_dpo_loss(hidden, weight, targets, mask, torch.zeros(2), torch.zeros(2), chunk_rows=2 * T - 1)
+    assert type(out.loss.grad_fn).__name__ != "LinearPairLossFunctionBackward"
+
+
 # ----------------------------------------------------------------------------------------------
 # Bad inputs: one clear error naming the argument
 # ----------------------------------------------------------------------------------------------
@@ -298,6 +356,11 @@ H, W, TG = torch.zeros(2, 3, 4), torch.zeros(5, 4), torch.zeros(2, 3, dtype=torc
             ValueError,
             r"hidden must be \(2B, T, d\)",
         ),
+        (
+            lambda: fastlm.linear_dpo_loss(H.clone().requires_grad_(), W, TG, TG > 0, R, R),
+            ValueError,
+            r"ref_chosen_logps must have shape \(1,\), one per pair, got \(3,\)",
+        ),
     ],
 )
 def test_bad_argument_raises_one_clear_error_naming_it(call, error, message):
@@ -325,3 +388,26 @@ def test_gpu_bf16_sequence_logprobs_match_float64():
         [hidden, weight, None],
         unit_roundoff(torch.bfloat16) / 8,
     )
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_one_pass_dpo_matches_float64():
+    """The one-pass DPO on the CUDA kernels at bf16, pairs split across groups: loss and gradients as
+    close to float64 as the log-probabilities' own kernels are."""
+    pairs, length, width, vocab = 3, 129, 64, 32003
+    hidden = torch.randn(2 * pairs, length, width, device="cuda").bfloat16().requires_grad_()
+    weight = (torch.randn(vocab, width, device="cuda") * 3 / width**0.5).bfloat16().requires_grad_()
+    targets = torch.randint(0, vocab, (2 * pairs, length), device="cuda")
+    mask = torch.rand(2 * pairs, length, device="cuda") < 0.7
+    ref_chosen, ref_rejected = -torch.rand(pairs, device="cuda") * 900, -torch.rand(pairs, device="cuda") * 900
+
+    def ours(h, w, b):
+        out = fastlm.linear_dpo_loss(h, w, targets, mask, ref_chosen, ref_rejected, beta=0.01, chunk_rows=4 * length)
+        assert type(out.loss.grad_fn).__name__ == "LinearPairLossFunctionBackward"
+        return out.loss
+
+    def reference(h, w, b):
+        policy = sequence_logprobs_ref(h, w, b, targets, mask)[0]
+        return dpo_reference(policy, ref_chosen, ref_rejected, 0.01, 0.0, "sigmoid")
+
+    check_against_float64(ours, reference, [hidden, weight, None], unit_roundoff(torch.bfloat16) / 8)

@@ -20,8 +20,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from fastlm.ops.common import check_dtype, check_number, check_same_device, check_tensor
-from fastlm.ops.linear_cross_entropy import linear_cross_entropy
+from fastlm.ops.common import check_dtype, check_integer, check_number, check_same_device, check_tensor
+from fastlm.ops.linear_cross_entropy import LossOptions, compute_hidden, linear_cross_entropy
+from fastlm.ops.linear_pair_loss import LinearPairLossFunction, pair_rows_limit
 
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
 _REWARD_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -111,6 +112,30 @@ class DPOOutput(NamedTuple):
     rejected_rewards: torch.Tensor
 
 
+def _check_dpo_options(beta, label_smoothing, loss_type: str) -> tuple[float, float]:
+    """(beta, label_smoothing) checked against the loss type (see `dpo_loss`)."""
+    beta = check_number("beta", beta, positive=True)
+    if loss_type not in DPO_LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {loss_type!r}")
+    if loss_type in ("hinge", "ipo"):
+        return beta, check_number("label_smoothing", label_smoothing, 0.0, 0.0)
+    label_smoothing = check_number("label_smoothing", label_smoothing, 0.0, 0.5)
+    if loss_type == "robust" and label_smoothing == 0.5:
+        raise ValueError("label_smoothing must be below 0.5 for loss_type robust (it divides by 1 - 2 eps)")
+    return beta, label_smoothing
+
+
+def _dpo_pair_losses(h: torch.Tensor, beta: float, eps: float, loss_type: str) -> torch.Tensor:
+    """Per-pair DPO losses (B,) of h = log-ratio(chosen) - log-ratio(rejected), as `dpo_loss` lists them."""
+    if loss_type == "sigmoid":
+        return -(1 - eps) * F.logsigmoid(beta * h) - eps * F.logsigmoid(-beta * h)
+    if loss_type == "robust":
+        return (-(1 - eps) * F.logsigmoid(beta * h) + eps * F.logsigmoid(-beta * h)) / (1 - 2 * eps)
+    if loss_type == "hinge":
+        return F.relu(1 - beta * h)
+    return (h - 1 / (2 * beta)).square()
+
+
 def dpo_loss(
     policy_chosen_logps: torch.Tensor,
     policy_rejected_logps: torch.Tensor,
@@ -142,27 +167,10 @@ def dpo_loss(
     for name, tensor in logps.items():
         _check_rewards(name, tensor, 1)
     _check_same_shape_and_device(**logps)
-    beta = check_number("beta", beta, positive=True)
-    if loss_type not in DPO_LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {loss_type!r}")
-    if loss_type in ("hinge", "ipo"):
-        label_smoothing = check_number("label_smoothing", label_smoothing, 0.0, 0.0)
-    else:
-        label_smoothing = check_number("label_smoothing", label_smoothing, 0.0, 0.5)
-        if loss_type == "robust" and label_smoothing == 0.5:
-            raise ValueError("label_smoothing must be below 0.5 for loss_type robust (it divides by 1 - 2 eps)")
+    beta, label_smoothing = _check_dpo_options(beta, label_smoothing, loss_type)
     chosen_ratio = _float(policy_chosen_logps) - _float(ref_chosen_logps).detach()  # log pi / pi_ref
     rejected_ratio = _float(policy_rejected_logps) - _float(ref_rejected_logps).detach()
-    h = chosen_ratio - rejected_ratio  # (B,)
-    eps = label_smoothing
-    if loss_type == "sigmoid":
-        losses = -(1 - eps) * F.logsigmoid(beta * h) - eps * F.logsigmoid(-beta * h)
-    elif loss_type == "robust":
-        losses = (-(1 - eps) * F.logsigmoid(beta * h) + eps * F.logsigmoid(-beta * h)) / (1 - 2 * eps)
-    elif loss_type == "hinge":
-        losses = F.relu(1 - beta * h)
-    else:
-        losses = (h - 1 / (2 * beta)).square()
+    losses = _dpo_pair_losses(chosen_ratio - rejected_ratio, beta, label_smoothing, loss_type)
     return DPOOutput(losses.mean(), beta * chosen_ratio.detach(), beta * rejected_ratio.detach())
 
 
@@ -178,6 +186,28 @@ class SequenceLogprobs(NamedTuple):
     sum: torch.Tensor
     mean: torch.Tensor
     tokens: torch.Tensor
+
+
+def _selected_targets(hidden: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """targets (B, T), _IGNORED where ``mask`` (B, T) bool is False (None: all True), after
+    checking the shapes of hidden (B, T, d), targets and mask."""
+    check_tensor("hidden", hidden)
+    check_tensor("targets", targets)
+    if hidden.dim() != 3:
+        raise ValueError(f"hidden must be 3-D (batch, length, d), got shape {tuple(hidden.shape)}")
+    if targets.shape != hidden.shape[:2]:
+        raise ValueError(
+            f"targets must have shape {tuple(hidden.shape[:2])} to match hidden "
+            f"{tuple(hidden.shape)}, got {tuple(targets.shape)}"
+        )
+    if mask is None:
+        return targets
+    check_tensor("mask", mask)
+    check_dtype("mask", mask, (torch.bool,))
+    if mask.shape != targets.shape:
+        raise ValueError(f"mask must have shape {tuple(targets.shape)} to match targets, got {tuple(mask.shape)}")
+    check_same_device(targets=targets, mask=mask)
+    return targets.masked_fill(~mask, _IGNORED)
 
 
 def sequence_logprobs(
@@ -200,23 +230,7 @@ def sequence_logprobs(
     The token log-probabilities are -`fastlm.linear_cross_entropy`(..., reduction="none"), so the
     dtypes, autocast behaviour and chunking (``chunk_rows``) are those of that function, and
     gradients reach hidden, weight and bias; the backward recomputes each chunk's logits."""
-    check_tensor("hidden", hidden)
-    check_tensor("targets", targets)
-    if hidden.dim() != 3:
-        raise ValueError(f"hidden must be 3-D (batch, length, d), got shape {tuple(hidden.shape)}")
-    if targets.shape != hidden.shape[:2]:
-        raise ValueError(
-            f"targets must have shape {tuple(hidden.shape[:2])} to match hidden "
-            f"{tuple(hidden.shape)}, got {tuple(targets.shape)}"
-        )
-    if mask is None:
-        mask = torch.ones(targets.shape, dtype=torch.bool, device=targets.device)
-    check_tensor("mask", mask)
-    check_dtype("mask", mask, (torch.bool,))
-    if mask.shape != targets.shape:
-        raise ValueError(f"mask must have shape {tuple(targets.shape)} to match targets, got {tuple(mask.shape)}")
-    check_same_device(targets=targets, mask=mask)
-    selected = targets.masked_fill(~mask, _IGNORED)
+    selected = _selected_targets(hidden, targets, mask)
     losses = linear_cross_entropy(
         hidden.flatten(0, 1),
         weight,
@@ -227,7 +241,7 @@ def sequence_logprobs(
         chunk_rows=chunk_rows,
     )
     total = -losses.view(targets.shape).sum(1)  # (B,): ignored tokens' losses are 0
-    tokens = mask.sum(1)
+    tokens = torch.full_like(total, targets.shape[1], dtype=torch.long) if mask is None else mask.sum(1)
     return SequenceLogprobs(total, total / tokens.clamp(min=1), tokens)
 
 
@@ -254,11 +268,60 @@ def linear_dpo_loss(
     ref_rejected_logps (B,) the reference model's sequence log-probabilities, computed beforehand
     (with `sequence_logprobs` under ``torch.no_grad()``, or stored). ``average_logps`` uses the
     per-token mean instead of the sum (IPO's length normalization). beta, label_smoothing and
-    loss_type as in `dpo_loss`."""
+    loss_type as in `dpo_loss`.
+
+    With gradients, no bias and outside ``torch.compile``, the loss and every gradient come from
+    one pass over groups of whole pairs (`fastlm.ops.linear_pair_loss`: 6 N V d FLOPs, not the 8
+    of the log-probabilities' own backward) whenever one pair's 2T rows fit ``chunk_rows`` (by
+    default four default chunks: 8192 rows at V = 128256 on an H100); the memory is then the
+    logits of a group of pairs, (2kT, V) in the compute dtype."""
     check_tensor("hidden", hidden)
     if hidden.dim() != 3 or hidden.shape[0] % 2:
         raise ValueError(f"hidden must be (2B, T, d), chosen rows then rejected rows, got {tuple(hidden.shape)}")
+    grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if grads and bias is None and not torch.compiler.is_compiling():
+        selected = _selected_targets(hidden, targets, mask)
+        if chunk_rows is not None:
+            chunk_rows = check_integer("chunk_rows", chunk_rows, minimum=1)
+        compute = compute_hidden(hidden.flatten(0, 1), weight, selected.flatten(), None, _IGNORED).view(hidden.shape)
+        if 2 * hidden.shape[1] <= pair_rows_limit(compute, weight.shape[0], chunk_rows):
+            return _fused_dpo(
+                compute,
+                weight,
+                selected,
+                ref_chosen_logps,
+                ref_rejected_logps,
+                beta,
+                label_smoothing,
+                loss_type,
+                average_logps,
+                chunk_rows,
+            )
     logps = sequence_logprobs(hidden, weight, targets, mask, bias, chunk_rows=chunk_rows)
     policy = logps.mean if average_logps else logps.sum
     chosen, rejected = policy.chunk(2)
     return dpo_loss(chosen, rejected, ref_chosen_logps, ref_rejected_logps, beta, label_smoothing, loss_type)
+
+
+def _fused_dpo(
+    hidden, weight, targets, ref_chosen_logps, ref_rejected_logps, beta, label_smoothing, loss_type, average, chunk_rows
+) -> DPOOutput:
+    """`linear_dpo_loss` by `LinearPairLossFunction`, hidden already in the compute dtype and
+    targets already masked."""
+    pairs = hidden.shape[0] // 2
+    for name, ref in (("ref_chosen_logps", ref_chosen_logps), ("ref_rejected_logps", ref_rejected_logps)):
+        _check_rewards(name, ref, 1)
+        if ref.shape != (pairs,):
+            raise ValueError(f"{name} must have shape ({pairs},), one per pair, got {tuple(ref.shape)}")
+    check_same_device(hidden=hidden, ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
+    beta, label_smoothing = _check_dpo_options(beta, label_smoothing, loss_type)
+    ref_chosen, ref_rejected = _float(ref_chosen_logps).detach(), _float(ref_rejected_logps).detach()
+
+    def pair_losses(chosen, rejected, rows: slice):
+        h = (chosen - ref_chosen[rows]) - (rejected - ref_rejected[rows])
+        return _dpo_pair_losses(h, beta, label_smoothing, loss_type)
+
+    options = LossOptions(_IGNORED, 0.0, 0.0, None)
+    loss, logps = LinearPairLossFunction.apply(hidden, weight, targets, pair_losses, average, options, chunk_rows)
+    chosen, rejected = logps.chunk(2)
+    return DPOOutput(loss, beta * (chosen - ref_chosen), beta * (rejected - ref_rejected))

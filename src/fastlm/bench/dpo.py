@@ -102,7 +102,7 @@ def _liger(_case: Case) -> LossFn | str:
 IMPLEMENTATIONS = (
     Implementation("eager", _eager, "bf16 matmul + log_softmax + gather + DPO loss"),
     Implementation("compile", _compiled, "torch.compile of the eager loss", needs_gpu=True),
-    Implementation("fastlm", _fastlm, "fastlm.linear_dpo_loss (chunked linear cross-entropy, one call)"),
+    Implementation("fastlm", _fastlm, "fastlm.linear_dpo_loss (one pass over groups of whole pairs)"),
     Implementation("liger", _liger, "Liger-Kernel LigerFusedLinearDPOLoss (no reference model)", needs_gpu=True),
 )
 

@@ -419,6 +419,23 @@ def check_inputs(hidden, weight, targets, bias) -> None:
     check_same_device(**tensors)
 
 
+def compute_hidden(hidden, weight, targets, bias, ignore_index: int) -> torch.Tensor:
+    """``hidden`` in the compute dtype, after `check_inputs` and (outside a trace) the target range:
+    cast to the autocast dtype under ``torch.autocast``; otherwise hidden, weight and bias must
+    share a dtype (TypeError naming them)."""
+    check_inputs(hidden, weight, targets, bias)
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        hidden = hidden.to(torch.get_autocast_dtype(device_type))
+    elif weight.dtype != hidden.dtype or (bias is not None and bias.dtype != hidden.dtype):
+        named = {"hidden": hidden, "weight": weight} | ({} if bias is None else {"bias": bias})
+        dtypes = ", ".join(f"{name} {str(t.dtype).removeprefix('torch.')}" for name, t in named.items())
+        raise TypeError(f"hidden, weight and bias must share one dtype outside torch.autocast, got {dtypes}")
+    if not torch.compiler.is_compiling():
+        check_target_range(targets, weight.shape[0], ignore_index)
+    return hidden
+
+
 def check_options(reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows):
     """The loss options as `cross_entropy` checks them, plus softcap and chunk_rows: returns
     (ignore_index, label_smoothing, z_loss, softcap, chunk_rows) as int, float, float, float or
@@ -465,21 +482,12 @@ def linear_cross_entropy(
     ignore_index, label_smoothing, z_loss, softcap, chunk_rows = check_options(
         reduction, ignore_index, label_smoothing, z_loss, softcap, chunk_rows
     )
-    check_inputs(hidden, weight, targets, bias)
-    device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type):
-        hidden = hidden.to(torch.get_autocast_dtype(device_type))
-    elif weight.dtype != hidden.dtype or (bias is not None and bias.dtype != hidden.dtype):
-        named = {"hidden": hidden, "weight": weight} | ({} if bias is None else {"bias": bias})
-        dtypes = ", ".join(f"{name} {str(t.dtype).removeprefix('torch.')}" for name, t in named.items())
-        raise TypeError(f"hidden, weight and bias must share one dtype outside torch.autocast, got {dtypes}")
+    hidden = compute_hidden(hidden, weight, targets, bias, ignore_index)
     options = LossOptions(ignore_index, label_smoothing, z_loss, softcap)
     rows = hidden.shape[0]
     grad_enabled = torch.is_grad_enabled()
     needs = tuple(grad_enabled and t is not None and t.requires_grad for t in (hidden, weight, bias))
     compiling = torch.compiler.is_compiling()
-    if not compiling:
-        check_target_range(targets, weight.shape[0], ignore_index)
 
     if any(needs) and reduction != "none" and rows > 0:
         row_scale = _mean_row_scale(targets, ignore_index) if reduction == "mean" else None
