@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fastlm.model.config import COMPILE_MEANINGS, COMPILE_MODES, PRECISION_MEANINGS, PRECISIONS, choices_help
 from fastlm.utils.options import SEED_LIMIT
 from fastlm.utils.paths import check_writable_folder
 
@@ -87,6 +88,35 @@ def choice_list(choices: Sequence[str], what: str = "value") -> Callable[[str], 
         return part
 
     return comma_list(parse_one, f"{what}s among {', '.join(choices)}")
+
+
+def _add_mode_option(parser, flag, what, meanings, choices, default, many, note) -> None:
+    """``flag`` taking one of ``choices`` (a comma list of them with ``many``), its help made from
+    ``meanings``: one vocabulary and one wording for every command."""
+    listed = f"comma list of {', '.join(meanings[c] for c in choices)}" if many else choices_help(meanings, choices)
+    shown = note or f"default {','.join(default) if many else default}"
+    parser.add_argument(
+        flag,
+        type=choice_list(choices, what) if many else None,
+        choices=None if many else choices,
+        default=default,
+        help=f"{listed} ({shown})",
+    )
+
+
+def add_precision_option(
+    parser: argparse.ArgumentParser, choices=PRECISIONS, default=None, *, many: bool = False, note: str = ""
+) -> None:
+    """--precision: one (or with ``many``, a comma list) of ``choices``, fastlm.model.config.PRECISIONS
+    or a subset. ``note`` replaces the help's "(default ...)" where the default depends on the device."""
+    _add_mode_option(parser, "--precision", "precision", PRECISION_MEANINGS, choices, default, many, note)
+
+
+def add_compile_option(
+    parser: argparse.ArgumentParser, choices=COMPILE_MODES, default=None, *, many: bool = False, note: str = ""
+) -> None:
+    """--compile: as `add_precision_option`, over fastlm.model.config.COMPILE_MODES."""
+    _add_mode_option(parser, "--compile", "compile mode", COMPILE_MEANINGS, choices, default, many, note)
 
 
 def text_file(text: str) -> Path:

@@ -26,8 +26,10 @@ from fastlm.bench.options import (
 from fastlm.cli import bench_distributed, bench_hf, output
 from fastlm.cli.arguments import (
     add_command,
+    add_compile_option,
     add_group,
     add_out,
+    add_precision_option,
     choice_list,
     int_list,
     non_negative_int,
@@ -36,7 +38,7 @@ from fastlm.cli.arguments import (
 from fastlm.cli.models import add_model_arguments, model_configs
 from fastlm.cli.train import add_kernel_comparison_arguments
 from fastlm.devices import current_device
-from fastlm.model.config import COMPILE_MODES, PRECISIONS, PRESETS
+from fastlm.model.config import PRESETS
 from fastlm.utils.errors import UserError
 
 _host_ops = choice_list(HOST_OPS, "op")
@@ -242,11 +244,8 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         duration=("about 20 seconds", "under 10 minutes"),
     )
     p.add_argument("--ops", type=_host_ops, default=None, help=f"comma list among {','.join(HOST_OPS)} (default all)")
-    p.add_argument(
-        "--compile",
-        type=choice_list(HOST_COMPILE_MODES, "compile mode"),
-        default=("eager",),
-        help="comma list of eager, compile (torch.compile(fullgraph=True) of each implementation, fwd and bwd)",
+    add_compile_option(
+        p, HOST_COMPILE_MODES, ("eager",), many=True, note="default eager; fullgraph, each implementation, fwd and bwd"
     )
     p.add_argument(
         "--rounds",
@@ -285,20 +284,8 @@ def _add_model_command(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="comma list of fwd, fwd+bwd, train (default train)",
     )
-    p.add_argument(
-        "--precision",
-        type=choice_list(PRECISIONS, "precision"),
-        default=None,
-        help="comma list of fp32, bf16 (autocast), bf16-weights (autocast, matmul weights stored in "
-        "bf16 with fp32 masters in fastlm's AdamW) (default bf16)",
-    )
-    p.add_argument(
-        "--compile",
-        type=choice_list(COMPILE_MODES, "compile mode"),
-        default=None,
-        help="comma list of eager, compile (torch.compile), cudagraphs (torch.compile with "
-        "mode='reduce-overhead') (default eager; the sweep: eager, compile)",
-    )
+    add_precision_option(p, many=True, note="default bf16")
+    add_compile_option(p, many=True, note="default eager; the sweep: eager, compile")
     p.add_argument("--warmup", type=non_negative_int, default=5, help="untimed steps first, every round")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per round")
     p.add_argument(

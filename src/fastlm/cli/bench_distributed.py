@@ -13,6 +13,7 @@ from fastlm.cli import output
 from fastlm.cli.arguments import (
     add_command,
     add_out,
+    add_precision_option,
     choice_list,
     comma_list,
     float_list,
@@ -22,7 +23,7 @@ from fastlm.cli.arguments import (
     positive_int,
 )
 from fastlm.devices import current_device
-from fastlm.model.config import FP32_WEIGHT_PRECISIONS, FP32_WEIGHTS_HELP, PRESETS
+from fastlm.model.config import FP32_WEIGHT_PRECISIONS, PRESETS
 from fastlm.utils.errors import UserError
 
 
@@ -150,7 +151,7 @@ def _add_ddp_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab", type=positive_int, default=10000, help="vocabulary size")
     p.add_argument("--context", type=positive_int, default=512, help="sequence length")
     p.add_argument("--batch", type=positive_int, default=4, help="sequences per rank")
-    p.add_argument("--precision", choices=FP32_WEIGHT_PRECISIONS, default="bf16", help=FP32_WEIGHTS_HELP)
+    add_precision_option(p, FP32_WEIGHT_PRECISIONS, "bf16")
     p.add_argument(
         "--variants",
         type=_variant_list,

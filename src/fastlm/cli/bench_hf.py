@@ -8,9 +8,17 @@ import importlib.util
 from fastlm.analysis.model import MODES
 from fastlm.bench.options import HF_FAMILIES, HF_PATCHES, HF_SIZES
 from fastlm.cli import output
-from fastlm.cli.arguments import add_command, add_out, choice_list, non_negative_int, positive_int
+from fastlm.cli.arguments import (
+    add_command,
+    add_compile_option,
+    add_out,
+    add_precision_option,
+    choice_list,
+    non_negative_int,
+    positive_int,
+)
 from fastlm.devices import current_device
-from fastlm.model.config import COMPILE_MODES, PRECISIONS
+from fastlm.model.config import COMPILE_MODES, FP32_WEIGHT_PRECISIONS
 from fastlm.utils.errors import UserError
 
 
@@ -100,18 +108,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         default=("train",),
         help="comma list of fwd, fwd+bwd, train (default train: forward, backward, fused AdamW)",
     )
-    p.add_argument(
-        "--precision",
-        type=choice_list(PRECISIONS[:2], "precision"),
-        default=("bf16",),
-        help="comma list of fp32, bf16 (autocast over fp32 weights) (default bf16)",
-    )
-    p.add_argument(
-        "--compile",
-        type=choice_list(COMPILE_MODES[:2], "compile mode"),
-        default=None,
-        help="comma list of eager, compile (torch.compile of the model) (default both on a GPU, eager on a CPU)",
-    )
+    add_precision_option(p, FP32_WEIGHT_PRECISIONS, ("bf16",), many=True)
+    add_compile_option(p, COMPILE_MODES[:2], many=True, note="default both on a GPU, eager on a CPU")
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed steps first, every round (default 3)")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per round (default 10)")
     p.add_argument(

@@ -6,10 +6,19 @@ import argparse
 from pathlib import Path
 
 from fastlm.cli import output
-from fastlm.cli.arguments import add_command, add_group, add_out, choice_list, int_list, non_negative_int, positive_int
+from fastlm.cli.arguments import (
+    add_command,
+    add_group,
+    add_out,
+    add_precision_option,
+    choice_list,
+    int_list,
+    non_negative_int,
+    positive_int,
+)
 from fastlm.cli.models import add_model_arguments, single_model_config
 from fastlm.devices import current_device
-from fastlm.model.config import FP32_WEIGHT_PRECISIONS, FP32_WEIGHTS_HELP, ModelConfig
+from fastlm.model.config import FP32_WEIGHT_PRECISIONS, ModelConfig
 from fastlm.utils.progress import progress_steps
 
 
@@ -95,7 +104,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         duration=("about 30 seconds", "under 10 minutes"),
     )
     add_model_arguments(p)
-    p.add_argument("--precision", choices=FP32_WEIGHT_PRECISIONS, default="bf16", help=FP32_WEIGHTS_HELP)
+    add_precision_option(p, FP32_WEIGHT_PRECISIONS, "bf16")
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untraced steps first")
     p.add_argument("--steps", type=positive_int, default=3, help="profiled steps per phase")
     p.add_argument(
@@ -121,10 +130,5 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         default=("fwd", "train"),
         help="comma list of fwd (forward pass), train (full step with AdamW)",
     )
-    p.add_argument(
-        "--precision",
-        type=choice_list(FP32_WEIGHT_PRECISIONS, "precision"),
-        default=FP32_WEIGHT_PRECISIONS,
-        help=f"comma list: {FP32_WEIGHTS_HELP}",
-    )
+    add_precision_option(p, FP32_WEIGHT_PRECISIONS, FP32_WEIGHT_PRECISIONS, many=True)
     add_out(p)

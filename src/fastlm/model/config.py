@@ -19,17 +19,30 @@ ROPE_KERNELS = ("torch", "fastlm", "auto")  # PyTorch ops | fastlm.rotary_embedd
 SOFTMAX_KERNELS = ("torch", "fastlm")  # the naive path's mask + softmax: two PyTorch ops | fastlm.masked_softmax
 LOSS_KERNELS = ("torch", "fastlm")  # LM head + F.cross_entropy | fastlm.linear_cross_entropy
 KERNEL_SETS = ("torch", "fastlm")  # what ModelConfig.with_kernels takes: every switch at once
-# How a step runs, for training, the benchmarks and the profilers alike: eager, torch.compile, or
+# How a step runs, for training, the benchmarks and the profilers alike, each mode with its meaning
+# (every command's --compile help is made from these): eager, torch.compile, or
 # torch.compile(mode="reduce-overhead") (CUDA graphs)
-COMPILE_MODES = ("eager", "compile", "cudagraphs")
+COMPILE_MEANINGS = {
+    "eager": "eager",
+    "compile": "compile (torch.compile)",
+    "cudagraphs": "cudagraphs (torch.compile(mode='reduce-overhead'): CUDA graphs)",
+}
+COMPILE_MODES = tuple(COMPILE_MEANINGS)
 TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}  # torch.compile(mode=...) of each
-COMPILE_HELP = "eager, compile (torch.compile) or cudagraphs (torch.compile(mode='reduce-overhead'): CUDA graphs)"
 # How a step's numbers are stored (fastlm.model.precision says what each means for a step)
-PRECISIONS = ("fp32", "bf16", "bf16-weights")
-PRECISION_HELP = (
-    "fp32, bf16 (torch.autocast over fp32 weights) or bf16-weights (that autocast with the matmul "
-    "weights stored in bf16 and their fp32 masters in fastlm's AdamW)"
-)
+PRECISION_MEANINGS = {
+    "fp32": "fp32",
+    "bf16": "bf16 (torch.autocast over fp32 weights)",
+    "bf16-weights": "bf16-weights (that autocast with the matmul weights stored in bf16 and their fp32 "
+    "masters in fastlm's AdamW)",
+}
+PRECISIONS = tuple(PRECISION_MEANINGS)
+
+
+def choices_help(meanings: dict[str, str], choices) -> str:
+    """ "a, b or c", each choice with its meaning: the help of a --precision or --compile option."""
+    listed = [meanings[choice] for choice in choices]
+    return listed[0] if len(listed) == 1 else f"{', '.join(listed[:-1])} or {listed[-1]}"
 
 
 def autocasts(precision: str) -> bool:
@@ -44,7 +57,6 @@ def stores_bf16_weights(precision: str) -> bool:
 
 # those of tools that step the model's fp32 weights as they are (the profilers, the data-parallel benchmark)
 FP32_WEIGHT_PRECISIONS = PRECISIONS[:2]
-FP32_WEIGHTS_HELP = "fp32, or bf16 (torch.autocast over fp32 weights)"
 
 # name -> (d_model, d_ff, num_layers, num_heads)
 PRESET_DIMENSIONS = {

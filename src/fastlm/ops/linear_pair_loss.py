@@ -101,14 +101,16 @@ class LinearPairLossFunction(torch.autograd.Function):
             # d loss / d losses_t = -d loss / d seq (/ tokens): the same factor for a sequence's rows
             scale = -grad_seq / tokens.clamp(min=1) if average else -grad_seq
             row_scale = scale.repeat_interleave(length)[:, None]  # (2kT, 1) fp32
-            # the (2kT, d) factors are scaled in fp32 and rounded once: 1/V of the logits' traffic
+            # the (2kT, d) factors are scaled in fp32 and rounded once; 1/V of the logits' memory
             if need_hidden:
-                grad_rows = (torch.mm(dlogits, compute_weight).float() * row_scale).view(2 * k, length, -1)
+                product = torch.empty(rows_hidden.shape, device=hidden.device, dtype=torch.float32)
+                _matmul_into(product, dlogits, compute_weight, False, traced=False)
+                grad_rows = product.mul_(row_scale).view(2 * k, length, -1)
                 grad_hidden[pairs] = grad_rows[:k]
                 grad_hidden[count + pairs.start : count + pairs.stop] = grad_rows[k:]
+                del product, grad_rows
             if need_weight:
-                scaled_hidden = (rows_hidden.float() * row_scale).to(hidden.dtype)
-                _matmul_into(grad_weight, dlogits.t(), scaled_hidden, start > 0, traced=False)
+                _matmul_into(grad_weight, dlogits.t(), rows_hidden.mul_(row_scale), start > 0, traced=False)
             del dlogits  # before the next group's logits are allocated
         if need_weight and count == 0:
             grad_weight.zero_()

@@ -14,12 +14,14 @@ from pathlib import Path
 
 from fastlm.distributed.wrappers import MODES
 from fastlm.model.config import (
-    COMPILE_HELP,
+    COMPILE_MEANINGS,
     COMPILE_MODES,
+    FP32_WEIGHT_PRECISIONS,
     KERNEL_SETS,
-    PRECISION_HELP,
+    PRECISION_MEANINGS,
     PRECISIONS,
     ModelConfig,
+    choices_help,
     stores_bf16_weights,
 )
 from fastlm.model.options import ModelOptions
@@ -85,11 +87,13 @@ class TrainConfig(ModelOptions):
     weight_decay: float = option(0.1, "AdamW weight decay of matrices and embeddings", limit="non_negative")
     grad_clip: float = option(1.0, "clip the global gradient norm to this; 0: no clipping", limit="non_negative")
     compile: str | None = option(
-        None, f"{COMPILE_HELP} (default: compile on a GPU, eager without one)", choices=COMPILE_MODES
+        None,
+        f"{choices_help(COMPILE_MEANINGS, COMPILE_MODES)} (default: compile on a GPU, eager without one)",
+        choices=COMPILE_MODES,
     )
     precision: str | None = option(
         None,
-        f"{PRECISION_HELP}; bf16-weights not with --parallel fsdp or "
+        f"{choices_help(PRECISION_MEANINGS, PRECISIONS)}; bf16-weights not with --parallel fsdp or "
         "--shard-optimizer (default: bf16 on a GPU, fp32 without one)",
         choices=PRECISIONS,
     )
@@ -250,8 +254,8 @@ class RewardConfig(ModelOptions):
     )
     precision: str | None = option(
         None,
-        "fp32, or bf16 autocast over fp32 weights (default: bf16 on a GPU, fp32 without one)",
-        choices=("fp32", "bf16"),
+        f"{choices_help(PRECISION_MEANINGS, FP32_WEIGHT_PRECISIONS)} (default: bf16 on a GPU, fp32 without one)",
+        choices=FP32_WEIGHT_PRECISIONS,
     )
     seed: int = option(0, "seeds the initial weights, the held-out split and the batches", limit="seed")
     overwrite: bool = option(
