@@ -40,6 +40,12 @@ class TokenData:
             check_shard(self.directory, manifest, shard)
             self._shards[shard["file"]] = np.memmap(self.directory / shard["file"], dtype=manifest["dtype"], mode="r")
 
+    @property
+    def boundary(self) -> int | None:
+        """The id written before every document (the tokenizer's end-of-text), None in data that
+        records none."""
+        return self.manifest.get("eot")
+
     def split(self, name: str) -> list[np.ndarray]:
         """The token ranges of split ``name`` ("train" or "val"), views of the memory maps."""
         return [self._shards[r["file"]][r["start"] : r["stop"]] for r in self.manifest["splits"][name]]

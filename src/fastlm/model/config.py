@@ -86,12 +86,20 @@ class ModelConfig:
     rope: str = "torch"
     loss: str = "torch"
     softmax: str = "torch"  # used by attention="naive" only
+    # sliding-window attention: each query sees the last ``window`` tokens (itself included) of its
+    # document; with global_every = k every k-th layer (k-1, 2k-1, ...) stays global (Gemma 2: 2)
+    window: int | None = None
+    global_every: int = 0
 
     def __post_init__(self) -> None:
         for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):
+            raise ValueError(f"window must be a positive integer or None, got {self.window!r}")
+        if not isinstance(self.global_every, int) or self.global_every < 0:
+            raise ValueError(f"global_every must be an integer >= 0, got {self.global_every!r}")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if self.head_dim % 2:
@@ -134,6 +142,12 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of block ``layer`` (0-based): ``window``, or None where the block is global."""
+        if self.window is None or (self.global_every and (layer + 1) % self.global_every == 0):
+            return None
+        return self.window
 
     def num_parameters(self, *, embedding: bool = True) -> int:
         """Parameters of the model, counted from the dimensions (nothing is allocated).

@@ -18,6 +18,7 @@ FIELD_OPTIONS = {
     "num_heads": "heads",
     "context_length": "context",
     "vocab_size": "vocab",
+    "global_every": "global_every",
 }
 
 
@@ -29,6 +30,14 @@ class ModelOptions:
     layers: int | None = option(None, "Transformer blocks (default: the preset's)", limit="positive")
     heads: int | None = option(None, "attention heads (default: the preset's)", limit="positive")
     context: int = option(512, "tokens per sequence", limit="positive")
+    window: int | None = option(
+        None,
+        "sliding-window attention: each token sees this many tokens back, itself included (default: the whole context)",
+        limit="positive",
+    )
+    global_every: int = option(
+        0, "with --window, every k-th block keeps global attention (0: none)", limit="non_negative"
+    )
 
     def model_config(self, preset: str, vocab_size: int) -> ModelConfig:
         """``preset`` with the dimensions given and this context; UserError, naming the options,
@@ -40,6 +49,8 @@ class ModelOptions:
                 preset,
                 vocab_size=vocab_size,
                 context_length=self.context,
+                window=self.window,
+                global_every=self.global_every,
                 **{k: v for k, v in dims.items() if v is not None},
             )
         except ValueError as error:

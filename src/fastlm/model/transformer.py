@@ -17,6 +17,12 @@ tied to the embedding. Switches in `ModelConfig` pick the kernels:
                                           which never materializes the (B*N, V) logits)
     softmax    torch  | fastlm           (naive attention's mask + softmax | fastlm.masked_softmax)
 
+Packed rows: ``cu_seqlens`` (int32 cumulative document lengths over the B N tokens laid end to end,
+every row starting a document, as `fastlm.data.documents.cu_seqlens` makes them from prepared data)
+keeps attention inside each document: fastlm runs `fastlm.flash_attention_varlen` on the packed
+tokens, naive and sdpa a (B, 1, N, N) mask. ``ModelConfig.window`` gives the blocks a sliding
+window (``global_every`` keeps every k-th one global); fastlm skips the tiles outside it.
+
 `TransformerLM.hidden_states` is the model up to the LM head (what `fastlm.sequence_logprobs` and
 `fastlm.linear_dpo_loss` take); `RewardModel` puts a scalar head there instead of the LM head.
 
@@ -27,6 +33,7 @@ the model, show up in profiles when `fastlm.model.ranges.annotations()` is on.
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +41,7 @@ from torch import nn
 
 from fastlm.model.config import ModelConfig
 from fastlm.model.ranges import annotate
-from fastlm.ops.flash_attention import flash_attention
+from fastlm.ops.flash_attention import flash_attention, flash_attention_varlen
 from fastlm.ops.layer_norm import rms_norm
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy
 from fastlm.ops.masked_softmax import masked_softmax
@@ -139,38 +146,63 @@ class RotaryEmbedding(nn.Module):
         return rotate_half(q, self.cos[:n], self.sin[:n]), rotate_half(k, self.cos[:n], self.sin[:n])
 
 
-def naive_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax: str = "torch") -> torch.Tensor:
+def naive_causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax: str = "torch", allowed: torch.Tensor | None = None
+) -> torch.Tensor:
     """softmax(q k^T / sqrt(Dh) + causal mask) v with the (B, H, N, N) scores materialized; each
     stage is a named range so profiles can set softmax time against matmul time. ``softmax``
-    "fastlm" fuses scale, causal mask and softmax into one `fastlm.masked_softmax` kernel."""
+    "fastlm" fuses scale, causal mask and softmax into one `fastlm.masked_softmax` kernel.
+    ``allowed`` (B or 1, 1, N, N) bool, `attention_mask`'s, narrows the causal mask further."""
     n, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
     if softmax == "fastlm":
         with annotate("attention/scores"):
             scores = q @ k.transpose(-2, -1)
         with annotate("attention/softmax"):
-            probs = masked_softmax(scores, scale=scale, causal=True)
+            extra = None
+            if allowed is not None:
+                extra = torch.zeros_like(allowed, dtype=q.dtype).masked_fill(~allowed, -math.inf)
+            probs = masked_softmax(scores, extra, scale=scale, causal=True)
     else:
         with annotate("attention/scores"):
             scores = (q @ k.transpose(-2, -1)) * scale
         with annotate("attention/mask"):
-            future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-            scores = scores.masked_fill(future, float("-inf"))
+            hidden = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+            if allowed is not None:
+                hidden = hidden | ~allowed
+            scores = scores.masked_fill(hidden, float("-inf"))
         with annotate("attention/softmax"):
             probs = torch.softmax(scores, dim=-1)
     with annotate("attention/output"):
         return probs.to(v.dtype) @ v
 
 
+def document_segments(cu_seqlens: torch.Tensor, batch: int, length: int) -> torch.Tensor:
+    """(B, N) int: the document index of every token, from cumulative lengths over the B N tokens
+    (empty documents at the end, padding, take no token)."""
+    positions = torch.arange(batch * length, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    return torch.searchsorted(cu_seqlens, positions, right=True).view(batch, length)
+
+
+def attention_mask(segments: torch.Tensor | None, length: int, window: int | None, device) -> torch.Tensor:
+    """(B or 1, 1, N, N) bool, True where query i may see key j beyond causality: the same document
+    (``segments`` (B, N), or None: one per row) and, with ``window``, i - j < window."""
+    query, key = torch.arange(length, device=device)[:, None], torch.arange(length, device=device)[None, :]
+    allowed = key <= query if window is None else (key <= query) & (query - key < window)
+    if segments is not None:
+        allowed = allowed & (segments[:, :, None] == segments[:, None, :])
+    return allowed.view(-1, 1, length, length)
+
+
 class CausalSelfAttention(nn.Module):
-    def __init__(self, config: ModelConfig, rope: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding, window: int | None = None) -> None:
         super().__init__()
         d = config.d_model
         self.num_heads, self.head_dim, self.kernel = config.num_heads, config.head_dim, config.attention
-        self.softmax = config.softmax
+        self.softmax, self.window = config.softmax, window
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = Linear(d, d), Linear(d, d), Linear(d, d), Linear(d, d)
         self.rope = rope
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         b, n, d = x.shape
 
         def heads(t: torch.Tensor) -> torch.Tensor:  # (B, N, d) -> (B, H, N, Dh)
@@ -178,13 +210,39 @@ class CausalSelfAttention(nn.Module):
 
         q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
         q, k = self.rope(q, k)
-        if self.kernel == "naive":
-            out = naive_causal_attention(q, k, v, self.softmax)
-        elif self.kernel == "sdpa":
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.kernel == "fastlm":
+            out = self._flash(q, k, v, cu_seqlens)
+        elif cu_seqlens is None and self.window is None:
+            out = (
+                naive_causal_attention(q, k, v, self.softmax)
+                if self.kernel == "naive"
+                else F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            )
         else:
-            out = flash_attention(q, k, v, causal=True)
+            segments = None if cu_seqlens is None else document_segments(cu_seqlens, b, n)
+            allowed = attention_mask(segments, n, self.window, x.device)
+            out = (
+                naive_causal_attention(q, k, v, self.softmax, allowed)
+                if self.kernel == "naive"
+                else F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+            )
         return self.o_proj(out.transpose(1, 2).reshape(b, n, d))
+
+    def _flash(self, q, k, v, cu_seqlens) -> torch.Tensor:
+        """q, k, v (B, H, N, Dh) -> (B, H, N, Dh); packed documents through the varlen kernels, whose
+        longest document is at most a row (N)."""
+        window = None if self.window is None else (self.window - 1, 0)
+        if cu_seqlens is None:
+            return flash_attention(q, k, v, causal=True, window=window)
+        b, h, n, dh = q.shape
+
+        def packed(t: torch.Tensor) -> torch.Tensor:  # (B, H, N, Dh) -> (B N, H, Dh)
+            return t.transpose(1, 2).reshape(b * n, h, dh)
+
+        out = flash_attention_varlen(
+            packed(q), packed(k), packed(v), cu_seqlens, cu_seqlens, n, n, causal=True, window=window
+        )
+        return out.view(b, n, h, dh).transpose(1, 2)
 
 
 class SwiGLU(nn.Module):
@@ -197,15 +255,15 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig, rope: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding, window: int | None = None) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(config.d_model, config.norm_eps, config.norm)
-        self.attention = CausalSelfAttention(config, rope)
+        self.attention = CausalSelfAttention(config, rope, window)
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps, config.norm)
         self.ffn = SwiGLU(config.d_model, config.d_ff)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x))
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), cu_seqlens)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -215,24 +273,32 @@ class TransformerLM(nn.Module):
         self.config = config
         self.embedding = Embedding(config.vocab_size, config.d_model)
         rope = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta, config.rope)
-        self.blocks = nn.ModuleList(Block(config, rope) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(Block(config, rope, config.layer_window(i)) for i in range(config.num_layers))
         self.final_norm = RMSNorm(config.d_model, config.norm_eps, config.norm)
         self.lm_head = Linear(config.d_model, config.vocab_size)
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens (B, N) int -> logits (B, N, V); with targets (B, N), the mean next-token loss."""
+    def forward(
+        self, tokens: torch.Tensor, targets: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """tokens (B, N) int -> logits (B, N, V); with targets (B, N), the mean next-token loss;
+        cu_seqlens as `hidden_states` takes it."""
         if targets is not None and targets.shape != tokens.shape:
             raise ValueError(f"targets shape {tuple(targets.shape)} must equal tokens shape {tuple(tokens.shape)}")
         with annotate("forward"):
-            x = self.hidden_states(tokens)  # (B, N, d)
+            x = self.hidden_states(tokens, cu_seqlens)  # (B, N, d)
             if targets is None:
                 return self.lm_head(x)  # (B, N, V)
             if self.config.loss == "fastlm":  # the LM head's matmul inside the loss, chunk by chunk
                 return linear_cross_entropy(x.flatten(0, 1), self.lm_head.weight, targets.flatten())
             return F.cross_entropy(self.lm_head(x).flatten(0, 1), targets.flatten())
 
-    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, N) int -> the final norm's output (B, N, d), what the LM head reads."""
+    def hidden_states(self, tokens: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, N) int -> the final norm's output (B, N, d), what the LM head reads.
+
+        cu_seqlens: None (each row one sequence), or int32 (S + 1,) on tokens' device, the
+        cumulative lengths of the documents of the B N tokens laid end to end: rising from 0 to
+        B N, with every row start among them (no document spans rows); trailing repeats of B N
+        (empty documents) are allowed. Not checked on the GPU (that would wait for it)."""
         if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
             shape = tuple(tokens.shape)
             raise ValueError(f"tokens must be a (batch, length) integer tensor, got {shape} {tokens.dtype}")
@@ -245,10 +311,32 @@ class TransformerLM(nn.Module):
             if low < 0 or high >= self.config.vocab_size:
                 bad = low if low < 0 else high
                 raise ValueError(f"tokens must be ids in [0, {self.config.vocab_size}) (vocab_size), got {bad}")
+        if cu_seqlens is not None:
+            _check_cu_seqlens(cu_seqlens, tokens)
         x = self.embedding(tokens)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, cu_seqlens)
         return self.final_norm(x)
+
+
+def _check_cu_seqlens(cu_seqlens: torch.Tensor, tokens: torch.Tensor) -> None:
+    """Type, shape and device always; the values off the GPU (where reading them costs no wait)."""
+    if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or len(cu_seqlens) < 2:
+        raise ValueError(
+            f"cu_seqlens must be int32 (documents + 1,) cumulative lengths, got {tuple(cu_seqlens.shape)} "
+            f"{str(cu_seqlens.dtype).removeprefix('torch.')}"
+        )
+    if cu_seqlens.device != tokens.device:
+        raise ValueError(f"cu_seqlens must be on tokens' device {tokens.device}, got {cu_seqlens.device}")
+    if tokens.device.type == "cuda" or torch.compiler.is_compiling():
+        return
+    batch, length = tokens.shape
+    bounds = cu_seqlens.tolist()
+    rows = set(range(0, batch * length, length))
+    if bounds[0] != 0 or bounds[-1] != batch * length or any(b < a for a, b in pairwise(bounds)):
+        raise ValueError(f"cu_seqlens must rise from 0 to {batch * length} (batch x length) without falling")
+    if not rows <= set(bounds):
+        raise ValueError(f"cu_seqlens must start a document at every row start (multiples of {length})")
 
 
 class RewardModel(TransformerLM):

@@ -73,6 +73,12 @@ class TrainConfig(ModelOptions):
         Path("runs/train"), "folder of the run: log.jsonl, loss.png, run.json and checkpoints/", metavar="DIR"
     )
     kernels: str = option("torch", "torch (SDPA, PyTorch norm and loss) or fastlm (fused kernels)", choices=KERNEL_SETS)
+    documents: bool = option(
+        True,
+        "attention stays inside each document of a window (documents start at the data's boundary id); "
+        "--no-documents: each window is one sequence (default: on)",
+        action=argparse.BooleanOptionalAction,
+    )
     micro_batch: int = option(8, "sequences per process per forward and backward", limit="positive")
     batch_tokens: int | None = option(
         None,
@@ -214,6 +220,7 @@ class TrainConfig(ModelOptions):
             "micro_batch": self.micro_batch,
             "precision": self.precision,
             "kernels": self.kernels,
+            "documents": self.documents,
             "compile": self.compile,
             "seed": self.seed,
             "lr": self.lr,

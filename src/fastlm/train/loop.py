@@ -63,6 +63,7 @@ import torch
 import torch.distributed as dist
 
 from fastlm.checkpoint import CheckpointError
+from fastlm.data.documents import cu_seqlens
 from fastlm.data.tokens import EpochOrder, TokenData, Windows
 from fastlm.devices import current_device_name
 from fastlm.distributed import ShardedOptimizer
@@ -171,19 +172,30 @@ def micro_batches(
     rank: int,
     world: int,
     device: torch.device,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's (tokens, targets) micro-batches, (micro_batch, context) each, step after step
-    from data position ``position``: of a step's global batch (positions [p, p + G), G = micro_batch
-    x accumulation x world) rank r takes the contiguous share [p + r G / world, p + (r + 1) G / world)."""
+    boundary: int | None = None,
+) -> Iterator[tuple[torch.Tensor, ...]]:
+    """This rank's micro-batches (`model_inputs` of micro_batch windows each), step after step from
+    data position ``position``: of a step's global batch (positions [p, p + G), G = micro_batch x
+    accumulation x world) rank r takes the contiguous share [p + r G / world, p + (r + 1) G / world)."""
     share = micro_batch * accumulation
     while True:
         for index in range(accumulation):
-            rows = torch.from_numpy(windows[order.ids(position + rank * share + index * micro_batch, micro_batch)])
-            if device.type == "cuda":
-                rows = rows.pin_memory()  # so the copy below is asynchronous
-            rows = rows.to(device, non_blocking=True)
-            yield rows[:, :-1], rows[:, 1:]
+            rows = windows[order.ids(position + rank * share + index * micro_batch, micro_batch)]
+            yield model_inputs(rows, boundary, device)
         position += share * world
+
+
+def model_inputs(rows: np.ndarray, boundary: int | None, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Windows (B, context + 1) -> the model's (tokens, targets), (B, context) each, on ``device``;
+    with a ``boundary`` id also the documents' cumulative lengths (`fastlm.data.documents`), so
+    attention stays inside each document. Copied from pinned memory: asynchronous on a GPU."""
+    tensors = [torch.from_numpy(rows)]
+    if boundary is not None:
+        tensors.append(torch.from_numpy(cu_seqlens(rows[:, :-1], boundary)))
+    if device.type == "cuda":
+        tensors = [t.pin_memory() for t in tensors]
+    window, *documents = (t.to(device, non_blocking=True) for t in tensors)
+    return window[:, :-1], window[:, 1:], *documents
 
 
 def evaluation_windows(windows: Windows, config: TrainConfig, world: int) -> int:
@@ -214,16 +226,17 @@ def evaluate(
     world: int,
     device: torch.device,
     autocast,
+    boundary: int | None = None,
 ) -> float:
     """Mean loss of the first ``count`` held-out windows; each rank takes its contiguous share."""
     share = count // world
     total = torch.zeros((), device=device)
     for first in range(rank * share, (rank + 1) * share, config.micro_batch):
-        rows = torch.from_numpy(windows[np.arange(first, first + config.micro_batch)]).to(device)
+        batch = model_inputs(windows[np.arange(first, first + config.micro_batch)], boundary, device)
         if config.compile == "cudagraphs":
             torch.compiler.cudagraph_mark_step_begin()
         with autocast:
-            total += model(rows[:, :-1], rows[:, 1:]).float() * config.micro_batch
+            total += model(*batch).float() * config.micro_batch
     if world > 1:
         dist.all_reduce(total)
     return total.item() / count
@@ -270,7 +283,10 @@ def train(config: TrainConfig) -> dict:
         # the freeing thread holds: a hang at exit.
         pending = [resumed]  # handed over, so the loop can free the loaded tensors once restored
         del resumed
-        return _train_loop(config, record, pending, rank, world, device, (train_windows, held_out, eval_count))
+        boundary = data.boundary if config.documents else None
+        return _train_loop(
+            config, record, pending, rank, world, device, (train_windows, held_out, eval_count, boundary)
+        )
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -280,7 +296,7 @@ def _train_loop(
     config: TrainConfig, record: dict, pending: list, rank: int, world: int, device: torch.device, data
 ) -> dict:
     """The steps; ``pending`` holds the checkpoint to resume from (or None), taken out here."""
-    train_windows, held_out, eval_count = data
+    train_windows, held_out, eval_count, boundary = data
     resumed = pending.pop()
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     model_cfg = config.model_config(record["vocab_size"])
@@ -315,6 +331,7 @@ def _train_loop(
         rank,
         world,
         device,
+        boundary,
     )
     autocast = precision_context(config.precision, device)
     meter = Throughput(model_cfg, world, device)
@@ -328,7 +345,7 @@ def _train_loop(
         if aside is not None:
             log.note(f"--overwrite: the old run is in {aside} until this run saves its first checkpoint")
         if step == 0:
-            loss = evaluate(model, held_out, eval_count, config, rank, world, device, autocast)
+            loss = evaluate(model, held_out, eval_count, config, rank, world, device, autocast, boundary)
             log.write({"step": 0, "eval_loss": loss})
             result["eval"].append([0, loss])
         pending_losses, pending_norms = [], []
@@ -381,7 +398,9 @@ def _train_loop(
             result["losses"] += losses
             pending_losses, pending_norms = [], []
             if evaluating:
-                entry["eval_loss"] = evaluate(model, held_out, eval_count, config, rank, world, device, autocast)
+                entry["eval_loss"] = evaluate(
+                    model, held_out, eval_count, config, rank, world, device, autocast, boundary
+                )
                 result["eval"].append([step, entry["eval_loss"]])
             log.write(entry)
             if saving:
