@@ -12,6 +12,7 @@ import pytest
 
 from fastlm.data import prepare as prepare_module
 from fastlm.data import verify as verify_module
+from fastlm.data.documents import cu_seqlens
 from fastlm.data.manifest import MANIFEST, SAMPLE_BLOCKS, SAMPLE_BYTES, DataError, sample_sha256
 from fastlm.data.prepare import _pieces, prepare
 from fastlm.data.tokenizer import load_tokenizer
@@ -47,6 +48,43 @@ def test_bytes_stream_is_each_document_after_the_boundary_id(tmp_path):
     assert len(manifest["shards"]) == -(-len(expected) // 7) and manifest["dtype"] == "<u2"
     held = sum(r["stop"] - r["start"] for r in manifest["splits"]["val"])
     assert held == int(0.25 * len(expected))  # the tail, across shard boundaries
+
+
+def test_a_separator_makes_each_record_a_document_and_training_sees_their_boundaries(tmp_path):
+    """--separator: records between it are documents (empty ones carry none); the windows' boundary
+    ids give `cu_seqlens` exactly those documents' starts."""
+    (tmp_path / "many.txt").write_text("ab<|endoftext|>cde<|endoftext|><|endoftext|>fghi<|endoftext|>")
+    assert (
+        _prepare_command(
+            [
+                "--input",
+                str(tmp_path / "many.txt"),
+                "--out",
+                str(tmp_path / "out"),
+                "--tokenizer",
+                "bytes",
+                "--separator",
+                "<|endoftext|>",
+                "--held-out",
+                "0.2",
+            ]
+        )
+        == 0
+    )
+    data = TokenData(tmp_path / "out")
+    expected = [t for text in ("ab", "cde", "fghi") for t in [256, *text.encode()]]
+    np.testing.assert_array_equal(_stream(tmp_path / "out"), expected)
+    assert data.manifest["documents"] == 3 and data.boundary == 256
+    assert data.manifest["settings"]["separator"] == "<|endoftext|>"
+    row = np.array(expected[:8])[None]  # documents ab and cde, and the start of fghi
+    assert cu_seqlens(row, data.boundary)[:4].tolist() == [0, 3, 7, 8]
+
+
+def test_separator_escapes_and_empty_value():
+    assert prepare_module.separator_text(r"\n\n\n") == "\n\n\n"
+    assert prepare_module.separator_text(r"a\tb\\n") == "a\tb\\n"
+    with pytest.raises(argparse.ArgumentTypeError, match="non-empty"):
+        prepare_module.separator_text("")
 
 
 def test_prepare_is_idempotent_and_replaces_stale_shards(tmp_path, capsys):

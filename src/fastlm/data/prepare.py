@@ -13,8 +13,11 @@ Also `python -m fastlm.data prepare`:
       tokens-3f9a1c2b7d4e-00001.bin   past 65536), --shard-tokens per file; np.memmap reads them
 
 Documents are the input files (folders are walked in sorted order, hidden files and --out skipped;
-empty files carry no document). Each document is written after the tokenizer's boundary id, so the
-model sees where a document starts. The held-out split is the last --held-out fraction of the
+empty files carry no document), or with --separator TEXT the records between TEXT in each file (a
+JSONL-free way to keep many short documents in one file; empty records carry none). Each document is
+written after the tokenizer's boundary id and the id appears nowhere else, so the boundaries need
+no file of their own: `fastlm train` attends within each document from them
+(`fastlm.data.documents`). The held-out split is the last --held-out fraction of the
 token stream; the manifest names each split as token ranges of the shard files, so splitting copies
 nothing.
 
@@ -69,6 +72,13 @@ from fastlm.utils.progress import progress
 _DATA_FILE = re.compile(r"(tokens-[0-9a-f]{12}-\d{5}\.bin|tokenizer-[0-9a-f]{12}\.json)(\.tmp)?")
 _PIECE_CHARS = 1 << 20
 _PIECE_END = re.compile(r"\n(?=\S)")
+
+
+def separator_text(text: str) -> str:
+    """--separator's value: the text with \\n, \\t and \\\\ read as newline, tab and backslash; not empty."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a non-empty separator")
+    return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
 
 
 def input_files(inputs: list[Path], out: Path) -> list[Path]:
@@ -180,7 +190,9 @@ def _ready(directory: Path, manifest: dict | None, sources: list[dict], settings
     return True
 
 
-def prepare(inputs: list[Path], out: Path, tokenizer: str, held_out: float, shard_tokens: int) -> dict:
+def prepare(
+    inputs: list[Path], out: Path, tokenizer: str, held_out: float, shard_tokens: int, separator: str | None = None
+) -> dict:
     """Tokenize ``inputs`` into ``out`` with the tokenizer of spec ``tokenizer`` (see the module's
     docstring); returns the manifest. Prints progress; raises DataError (or ValueError for the
     tokenizer) for input it cannot use."""
@@ -191,7 +203,12 @@ def prepare(inputs: list[Path], out: Path, tokenizer: str, held_out: float, shar
         raise DataError(f"--out {error}") from None
     files = input_files(inputs, out)
     sources = [{"path": str(f.resolve()), "bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns} for f in files]
-    settings = {"tokenizer": tokenizer_name(tokenizer), "held_out": held_out, "shard_tokens": shard_tokens}
+    settings = {
+        "tokenizer": tokenizer_name(tokenizer),
+        "held_out": held_out,
+        "shard_tokens": shard_tokens,
+        "separator": separator,
+    }
     existing = read_manifest(out, any_version=True) if out.is_dir() else None
     if _ready(out, existing, sources, settings):
         print(
@@ -212,7 +229,7 @@ def prepare(inputs: list[Path], out: Path, tokenizer: str, held_out: float, shar
         os.replace(out / f"{tokenizer_file}.tmp", out / tokenizer_file)
     writer = _ShardWriter(out, tag, token_dtype(tokenizer.vocab_size), shard_tokens)
     try:
-        documents = _tokenize(files, tokenizer, writer)
+        documents = _tokenize(files, tokenizer, writer, separator)
     finally:
         writer.close()
     total = sum(shard["tokens"] for shard in writer.shards)
@@ -258,17 +275,20 @@ def prepare(inputs: list[Path], out: Path, tokenizer: str, held_out: float, shar
     return manifest
 
 
-def _tokenize(files: list[Path], tokenizer: Tokenizer, writer: _ShardWriter) -> int:
-    """Write every non-empty file as a document; returns how many there were."""
+def _tokenize(files: list[Path], tokenizer: Tokenizer, writer: _ShardWriter, separator: str | None) -> int:
+    """Write every non-empty file (or record between ``separator``) as a document; returns how many
+    there were."""
     documents = 0
     total_bytes = sum(f.stat().st_size for f in files)
     with progress("tokenizing", total=total_bytes) as bar:
         for index, path in enumerate(files, 1):
             text = read_document(path)
-            if text:
+            for record in text.split(separator) if separator else [text]:
+                if not record:
+                    continue
                 documents += 1
                 writer.write(np.array([tokenizer.eot]))
-                for piece in [text] if tokenizer.whole_documents else _pieces(text):
+                for piece in [record] if tokenizer.whole_documents else _pieces(record):
                     writer.write(tokenizer.encode(piece))
                     bar.advance(len(piece.encode("utf-8")))
             if len(files) > 1:
@@ -298,6 +318,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "bytes)",
     )
     p.add_argument(
+        "--separator",
+        type=separator_text,
+        default=None,
+        metavar="TEXT",
+        help="one document per record between TEXT in each file, e.g. '<|endoftext|>' or '\\n\\n\\n' "
+        "(\\n, \\t and \\\\ are read as newline, tab and backslash) (default: one document per file)",
+    )
+    p.add_argument(
         "--held-out",
         type=float,
         default=0.05,
@@ -322,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
             raise DataError(f"--held-out must be above 0 and at most 0.5, got {args.held_out}")
         if args.shard_tokens < 1:
             raise DataError(f"--shard-tokens must be at least 1, got {args.shard_tokens}")
-        prepare(args.input, args.out, tokenizer, args.held_out, args.shard_tokens)
+        prepare(args.input, args.out, tokenizer, args.held_out, args.shard_tokens, args.separator)
     except DataError as error:
         message = str(error)
     except ValueError as error:  # the tokenizer's
