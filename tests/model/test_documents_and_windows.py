@@ -123,3 +123,29 @@ def test_bad_cu_seqlens_raise_one_clear_error(bounds, message):
 def test_bad_window_configs_raise_one_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(TINY, **overrides)
+
+
+@pytest.mark.gpu
+def test_gpu_fastlm_documents_and_windows_match_sdpa_in_bf16():
+    """The CUDA varlen and window kernels in the model, bf16 autocast: loss and gradients as SDPA's
+    masks give, at bf16 tolerance."""
+    config = ModelConfig.preset(
+        "tiny", d_model=256, d_ff=704, num_heads=4, num_layers=3, vocab_size=512, context_length=256, window=48
+    )
+    config = dataclasses.replace(config, global_every=3)
+    reference = TransformerLM(dataclasses.replace(config, attention="sdpa")).cuda()
+    model = TransformerLM(dataclasses.replace(config, attention="fastlm")).cuda()
+    model.load_state_dict(reference.state_dict())
+    generator = np.random.default_rng(0)
+    rows = generator.integers(0, 511, (4, 256))
+    rows[generator.random(rows.shape) < 0.02] = 511  # about 5 documents per row
+    bounds = torch.from_numpy(cu_seqlens(rows, 511)).cuda()
+    tokens, targets = torch.from_numpy(rows).cuda(), torch.randint(0, 512, rows.shape, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        expected, actual = reference(tokens, targets, bounds), model(tokens, targets, bounds)
+    torch.testing.assert_close(actual, expected, rtol=2e-2, atol=2e-2)
+    expected.backward()
+    actual.backward()
+    for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
+        scale = p.grad.abs().max()
+        torch.testing.assert_close(q.grad / scale, p.grad / scale, rtol=0, atol=5e-2, msg=name)
