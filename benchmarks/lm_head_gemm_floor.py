@@ -30,7 +30,7 @@ def main(rows_list: list[int]) -> None:
     for rows in rows_list:
         total = 0.0
         for name, fn in gemms(rows, device).items():
-            ms = measure(fn, device, warmup_ms=100, rep_ms=500).median
+            ms = measure(fn, device, warmup_ms=100, rep_ms=500).median_ms
             total += ms
             print(f"C={rows:5d}  {name:18s} {ms:7.3f} ms  {2 * rows * V * D / ms / 1e9:6.0f} TFLOP/s")
         print(f"C={rows:5d}  three GEMMs        {total:7.3f} ms  {6 * rows * V * D / total / 1e9:6.0f} TFLOP/s")

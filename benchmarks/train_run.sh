@@ -12,7 +12,8 @@
 #   PART=precision  LOSS_STEPS steps in one process, --precision bf16 and bf16-weights x --kernels torch
 #                and fastlm: throughput and the curves' relative differences against bf16 / torch
 # Sizes: PRESET (default small), CONTEXT (default 2048), MICRO (sequences per process per
-# micro-batch, default 8), SPEED_STEPS (default 150). On a GPU the loop's defaults are bf16 and
+# micro-batch, default 8), SPEED_STEPS (default 150). PART=speed: MODES (default "ddp fsdp"),
+# KERNELS (default torch), BENCH_MODEL=0 skips the `fastlm bench model` row. On a GPU the loop's defaults are bf16 and
 # compile. CPU-sized: PRESET=tiny CONTEXT=128 MICRO=8 SPEED_STEPS=60 LOSS_STEPS=100 ROUNDS=1.
 # Everything lands in $WORK (default /tmp/fastlm-train); the records, tables and plots in $OUT.
 set -euo pipefail
@@ -21,8 +22,10 @@ OUT=${OUT:-gpu-out}
 PRESET=${PRESET:-small} CONTEXT=${CONTEXT:-2048} MICRO=${MICRO:-8} PROCS=${PROCS:-2}
 mkdir -p "$WORK" "$OUT"
 export PYTHONUNBUFFERED=1
+# the corpus is one document (all files in one), so --no-documents changes nothing but the kernels'
+# path: the plain causal one, as the earlier records measured
 COMMON=(--data "$WORK/data" --preset "$PRESET" --context "$CONTEXT" --micro-batch "$MICRO" --checkpoint-every 0
-        --eval-every 0 --eval-sequences $((MICRO * PROCS)))
+        --eval-every 0 --eval-sequences $((MICRO * PROCS)) --no-documents --kernels "${KERNELS:-torch}")
 summary() {  # a table of the runs given, their curves' plot, their records appended
   python3 benchmarks/train_records.py "$@" --plot "$OUT/train_$PART.png" --results "$OUT/train.jsonl" \
     | tee -a "$OUT/train_$PART.md"
@@ -54,13 +57,14 @@ speed)
   for round in $(seq "${ROUNDS:-3}"); do
     python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/speed-r$round-1" | tail -2
     runs+=("$WORK/speed-r$round-1")
-    for mode in ddp fsdp; do
+    for mode in ${MODES:-ddp fsdp}; do
       torchrun --nproc-per-node "$PROCS" -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --parallel "$mode" \
         --out "$WORK/speed-r$round-$PROCS$mode" 2>&1 | grep -v "^W.*torch/distributed/run.py" | tail -2
       runs+=("$WORK/speed-r$round-$PROCS$mode")
     done
   done
   summary "${runs[@]}"
+  [ "${BENCH_MODEL:-1}" = 0 ] && exit 0
   python3 -m fastlm bench model --preset "$PRESET" --context "$CONTEXT" --batch "$MICRO" --vocab 320 --mode train \
     --precision bf16 --compile compile --rounds "${ROUNDS:-3}" --out "$WORK" 2>&1 | grep -E "tokens/s|\| fastlm" \
     | tee -a "$OUT/train_$PART.md"

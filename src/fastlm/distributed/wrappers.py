@@ -7,16 +7,18 @@
     bucketed    fastlm `BucketedDDP`, buckets of `bucket_mb` MB (required)
     torch-ddp   PyTorch `DistributedDataParallel`, buckets of `bucket_mb` MB (PyTorch's 25 without)
     fsdp        PyTorch FSDP2 `fully_shard` on each of `model.blocks` and on the root: parameters,
-                gradients and optimizer state sharded (a `TransformerLM`)
+                gradients and optimizer state sharded (a `TransformerLM`; `_fsdp` says how)
 
-A mode is given as a `ParallelSpec`; `wrap(model, spec, device)` returns the module to call and
-the synchronization to run after backward (nothing for the wrappers that synchronize inside
-backward). Importing this module needs no torch, so the command line parses a spec without it;
-`wrap` imports the wrappers.
+A mode is given as a `ParallelSpec`; `wrap(model, spec, device, compute_dtype)` returns the module
+to call and the synchronization to run after backward (nothing for the wrappers that synchronize
+inside backward). ``compute_dtype`` is the autocast dtype the forward runs under (None: no
+autocast); only fsdp uses it, to all-gather the blocks' weights in that dtype. Importing this
+module needs no torch, so the command line parses a spec without it; `wrap` imports the wrappers.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +29,11 @@ if TYPE_CHECKING:
 
 MODES = ("none", "naive", "flat", "ddp", "bucketed", "torch-ddp", "fsdp")
 BUCKETED_MODES = ("bucketed", "torch-ddp")  # the modes that take a bucket size
+# fsdp keeps every block's gathered weights from its forward to its backward (one all-gather per
+# block and step instead of two) while all of them together take at most this many bytes: 2B
+# parameters in bf16, 5% of an 80 GB GPU. A fixed size, not a share of the device's memory, so that
+# every rank decides the same (a rank that gathers in backward alone would wait for the others)
+GATHERED_BYTES_LIMIT = 4 * 2**30
 
 
 @dataclass(frozen=True)
@@ -53,31 +60,31 @@ class Wrapped:
     synchronize: Callable[[], None]  # after backward: finishes averaging the gradients over the ranks
 
 
-def _none(model, spec: ParallelSpec, device) -> Wrapped:
+def _none(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     return Wrapped(model, lambda: None)
 
 
-def _after_backward(model, spec: ParallelSpec, device) -> Wrapped:
+def _after_backward(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     from fastlm.distributed.ddp import allreduce_gradients
 
     return Wrapped(model, lambda: allreduce_gradients(model, flat=spec.mode == "flat"))
 
 
-def _ddp(model, spec: ParallelSpec, device) -> Wrapped:
+def _ddp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     from fastlm.distributed.ddp import DDP
 
     wrapped = DDP(model)
     return Wrapped(wrapped, wrapped.finish_gradient_synchronization)
 
 
-def _bucketed(model, spec: ParallelSpec, device) -> Wrapped:
+def _bucketed(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     from fastlm.distributed.ddp import BucketedDDP
 
     wrapped = BucketedDDP(model, spec.bucket_mb)
     return Wrapped(wrapped, wrapped.finish_gradient_synchronization)
 
 
-def _torch_ddp(model, spec: ParallelSpec, device) -> Wrapped:
+def _torch_ddp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [device.index] if device.type == "cuda" else None
@@ -85,15 +92,48 @@ def _torch_ddp(model, spec: ParallelSpec, device) -> Wrapped:
     return Wrapped(DistributedDataParallel(model, device_ids=device_ids, **buckets), lambda: None)
 
 
-def _fsdp(model, spec: ParallelSpec, device) -> Wrapped:
-    from torch.distributed.fsdp import fully_shard
+def keeps_gathered(model, compute_dtype) -> bool:
+    """Whether fsdp keeps the blocks' gathered weights from forward to backward: when all of them
+    in ``compute_dtype`` (None: their own) take at most GATHERED_BYTES_LIMIT."""
+    gathered = sum(p.numel() * (compute_dtype or p.dtype).itemsize for p in model.blocks.parameters())
+    return gathered <= GATHERED_BYTES_LIMIT
 
-    for block in model.blocks:
-        fully_shard(block)
-    return Wrapped(fully_shard(model), lambda: None)
+
+def _fsdp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
+    """One FSDP unit per block, then the root (embedding, final norm, LM head).
+
+    - Blocks all-gather their weights in ``compute_dtype``: under autocast every matmul would cast
+      an fp32 weight to it anyway, so gathering fp32 moves twice the bytes for the same values.
+      Gradients are reduce-scattered in fp32, as the other modes average them. The blocks' inputs
+      are not cast (the residual stream stays fp32, as autocast leaves it); the norm weights, the
+      one thing autocast would have multiplied in fp32, are used rounded to ``compute_dtype``.
+    - The root stays fp32: the embedding's backward accumulates its gradient in the weight's
+      dtype, and fastlm's fused loss accumulates the LM head's in fp32 from an fp32 weight. FSDP
+      keeps the root gathered from forward to backward by itself.
+    - The last block always keeps its weights gathered after forward (backward starts with it);
+      the others too while the model is small enough (`keeps_gathered`), so backward all-gathers
+      nothing. Backward drops the gathered weights; a forward without backward (an evaluation)
+      leaves them for the next forward, which reuses them: evaluate after the optimizer step, not
+      between backward and step (as the root, which FSDP never reshards after forward, needed already).
+    - Each unit starts the next one's all-gather as soon as its own has arrived (explicit forward
+      prefetch) rather than when the host reaches the next forward: when the host is the
+      bottleneck, a gather issued only then leaves the GPU waiting for it.
+    """
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    blocks = list(model.blocks)
+    gathered = keeps_gathered(model, compute_dtype)
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    for index, block in enumerate(blocks):
+        fully_shard(block, mp_policy=policy, reshard_after_forward=not gathered and index < len(blocks) - 1)
+    root = fully_shard(model)
+    for unit, following in itertools.pairwise([root, *blocks]):  # the forward order
+        unit.set_modules_to_forward_prefetch([following])
+    return Wrapped(root, lambda: None)
 
 
-CONSTRUCTORS: dict[str, Callable[[Any, ParallelSpec, Any], Wrapped]] = {
+CONSTRUCTORS: dict[str, Callable[[Any, ParallelSpec, Any, Any], Wrapped]] = {
     "none": _none,
     "naive": _after_backward,
     "flat": _after_backward,
@@ -104,7 +144,9 @@ CONSTRUCTORS: dict[str, Callable[[Any, ParallelSpec, Any], Wrapped]] = {
 }
 
 
-def wrap(model: torch.nn.Module, spec: ParallelSpec, device: torch.device) -> Wrapped:
+def wrap(
+    model: torch.nn.Module, spec: ParallelSpec, device: torch.device, compute_dtype: torch.dtype | None = None
+) -> Wrapped:
     """``model`` (on ``device``, inside an initialized process group unless mode none) wrapped for
-    ``spec``'s mode."""
-    return CONSTRUCTORS[spec.mode](model, spec, device)
+    ``spec``'s mode; ``compute_dtype``: the autocast dtype of its forward (None: no autocast)."""
+    return CONSTRUCTORS[spec.mode](model, spec, device, compute_dtype)

@@ -69,7 +69,7 @@ from fastlm.devices import current_device_name
 from fastlm.distributed import ShardedOptimizer
 from fastlm.distributed.wrappers import BUCKETED_MODES, ParallelSpec, Wrapped, wrap
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.model.config import TORCH_COMPILE_MODE, stores_bf16_weights
+from fastlm.model.config import TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.model.precision import param_groups, precision_context
 from fastlm.optim import AdamW
 from fastlm.optim.schedule import warmup_cosine_lr
@@ -110,9 +110,11 @@ def _setup(config: TrainConfig) -> torch.device:
 
 
 def _wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> Wrapped:
-    """The model wrapped for --parallel (the registry of `fastlm.distributed.wrappers`)."""
+    """The model wrapped for --parallel (the registry of `fastlm.distributed.wrappers`); fsdp
+    all-gathers the blocks' weights in the forward's autocast dtype."""
     bucket_mb = config.bucket_mb if config.parallel in BUCKETED_MODES else None
-    return wrap(model, ParallelSpec(config.parallel, bucket_mb), device)
+    compute_dtype = torch.bfloat16 if autocasts(config.precision) else None
+    return wrap(model, ParallelSpec(config.parallel, bucket_mb), device, compute_dtype)
 
 
 def _gradient_sync(model: torch.nn.Module, config: TrainConfig, sync: bool) -> contextlib.AbstractContextManager:
