@@ -5,6 +5,7 @@ gather them again; an evaluation after an optimizer step sees the new weights, a
 step's forward, which reuses the weights the evaluation left gathered."""
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -83,3 +84,32 @@ def test_only_small_models_keep_their_gathered_weights(monkeypatch):
     assert keeps_gathered(model, BF16)
     assert not keeps_gathered(model, None)  # fp32: twice the bytes
     assert not keeps_gathered(model, torch.float32)
+
+
+def test_sharding_units_group_consecutive_blocks_up_to_a_size():
+    """Units of at least unit_mb MB of gathered weights, in order, the remainder joining the last."""
+    model = TransformerLM(ModelConfig.preset("tiny", num_layers=5, vocab_size=64, context_length=8))
+    blocks = list(model.blocks)
+    block_mb = sum(p.numel() for p in blocks[0].parameters()) * 2 / 2**20  # in bf16
+    assert wrappers.sharding_units(blocks, None, BF16) == [[b] for b in blocks]
+    assert wrappers.sharding_units(blocks, 2 * block_mb, BF16) == [blocks[0:2], blocks[2:5]]
+    assert wrappers.sharding_units(blocks, 1.5 * block_mb, torch.float32) == [[b] for b in blocks]
+    assert wrappers.sharding_units(blocks, 100 * block_mb, BF16) == [blocks]
+
+
+def _grouped_units_train_like_one_process(rank: int) -> None:
+    torch.manual_seed(0)
+    model = TransformerLM(dataclasses.replace(CONFIG, num_layers=3))
+    reference = copy.deepcopy(model)
+    unit_mb = sum(p.numel() for p in model.blocks[0].parameters()) * 4 / 2**20  # two fp32 blocks per unit
+    root = wrap(model, ParallelSpec("fsdp", unit_mb), CPU).module
+    data = torch.randint(0, CONFIG.vocab_size, (2 * WORLD, CONFIG.context_length + 1))
+    mine = slice(2 * rank, 2 * rank + 2)
+    root(data[mine, :-1], data[mine, 1:]).backward()
+    reference(data[:, :-1], data[:, 1:]).backward()
+    for p, (name, q) in zip(root.parameters(), reference.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_grouped_units_give_the_gradients_of_one_process():
+    spawn(_grouped_units_train_like_one_process, WORLD, backend="gloo", timeout_s=120)

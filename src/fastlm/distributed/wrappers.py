@@ -6,8 +6,9 @@
     ddp         fastlm `DDP`: an async all-reduce per parameter, started from its gradient hook
     bucketed    fastlm `BucketedDDP`, buckets of `bucket_mb` MB (required)
     torch-ddp   PyTorch `DistributedDataParallel`, buckets of `bucket_mb` MB (PyTorch's 25 without)
-    fsdp        PyTorch FSDP2 `fully_shard` on each of `model.blocks` and on the root: parameters,
-                gradients and optimizer state sharded (a `TransformerLM`; `_fsdp` says how)
+    fsdp        PyTorch FSDP2 `fully_shard` on groups of consecutive `model.blocks` of at least
+                `bucket_mb` MB of gathered weights (default: each block alone) and on the root:
+                parameters, gradients and optimizer state sharded (a `TransformerLM`; `_fsdp` says how)
 
 A mode is given as a `ParallelSpec`; `wrap(model, spec, device, compute_dtype)` returns the module
 to call and the synchronization to run after backward (nothing for the wrappers that synchronize
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     import torch
 
 MODES = ("none", "naive", "flat", "ddp", "bucketed", "torch-ddp", "fsdp")
-BUCKETED_MODES = ("bucketed", "torch-ddp")  # the modes that take a bucket size
+BUCKETED_MODES = ("bucketed", "torch-ddp", "fsdp")  # the modes that take a bucket (fsdp: unit) size
 # fsdp keeps every block's gathered weights from its forward to its backward (one all-gather per
 # block and step instead of two) while all of them together take at most this many bytes: 2B
 # parameters in bf16, 5% of an 80 GB GPU. A fixed size, not a share of the device's memory, so that
@@ -99,8 +100,31 @@ def keeps_gathered(model, compute_dtype) -> bool:
     return gathered <= GATHERED_BYTES_LIMIT
 
 
+def sharding_units(blocks: list, unit_mb: float | None, compute_dtype) -> list[list]:
+    """Consecutive blocks grouped into units of at least ``unit_mb`` MB of weights in
+    ``compute_dtype`` (None: their own), the last unit taking what is left; None: one block each.
+    Each unit costs the host FSDP's hooks and a collective each way per step, so small blocks go
+    together; big ones stay alone, which keeps the gathered weights at one block's."""
+    if unit_mb is None:
+        return [[block] for block in blocks]
+    units, current, size = [], [], 0
+    for block in blocks:
+        current.append(block)
+        size += sum(p.numel() * (compute_dtype or p.dtype).itemsize for p in block.parameters())
+        if size >= unit_mb * 2**20:
+            units.append(current)
+            current, size = [], 0
+    if current:
+        if units and size < unit_mb * 2**20:
+            units[-1].extend(current)
+        else:
+            units.append(current)
+    return units
+
+
 def _fsdp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
-    """One FSDP unit per block, then the root (embedding, final norm, LM head).
+    """One FSDP unit per group of blocks (`sharding_units`), then the root (embedding, final norm,
+    LM head).
 
     - Blocks all-gather their weights in ``compute_dtype``: under autocast every matmul would cast
       an fp32 weight to it anyway, so gathering fp32 moves twice the bytes for the same values.
@@ -122,13 +146,14 @@ def _fsdp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    blocks = list(model.blocks)
+    units = sharding_units(list(model.blocks), spec.bucket_mb, compute_dtype)
     gathered = keeps_gathered(model, compute_dtype)
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
-    for index, block in enumerate(blocks):
-        fully_shard(block, mp_policy=policy, reshard_after_forward=not gathered and index < len(blocks) - 1)
+    for index, unit in enumerate(units):
+        fully_shard(unit, mp_policy=policy, reshard_after_forward=not gathered and index < len(units) - 1)
     root = fully_shard(model)
-    for unit, following in itertools.pairwise([root, *blocks]):  # the forward order
+    # a unit's modules share one FSDP state: its first module stands for it
+    for unit, following in itertools.pairwise([root, *(unit[0] for unit in units)]):  # the forward order
         unit.set_modules_to_forward_prefetch([following])
     return Wrapped(root, lambda: None)
 

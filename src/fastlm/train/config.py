@@ -106,7 +106,12 @@ class TrainConfig(ModelOptions):
     parallel: str = option(
         "none", "how gradients are synchronized across processes; anything but none needs torchrun", choices=MODES
     )
-    bucket_mb: float = option(25.0, "bucket size of --parallel bucketed and torch-ddp", limit="positive")
+    bucket_mb: float = option(
+        25.0,
+        "bucket size of --parallel bucketed and torch-ddp; with fsdp the least MB of gathered weights "
+        "per sharding unit of consecutive blocks",
+        limit="positive",
+    )
     shard_optimizer: bool = option(
         False, "shard AdamW's state across processes (ShardedOptimizer); not with --parallel fsdp"
     )
