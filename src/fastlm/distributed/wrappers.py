@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 
 MODES = ("none", "naive", "flat", "ddp", "bucketed", "torch-ddp", "fsdp")
 BUCKETED_MODES = ("bucketed", "torch-ddp", "fsdp")  # the modes that take a bucket (fsdp: unit) size
+# `fastlm train`'s sizes where --bucket-mb is not given. fsdp: on 2 H100s, the small preset at 8 x
+# 2048 tokens per GPU is bound by the host's per-unit work (hooks, collectives' launches); units
+# of 4 of its blocks (56 MB in bf16) ran 1.60x one GPU, single blocks 0.97x (docs/notes/distributed.md)
+DEFAULT_BUCKET_MB = {"bucketed": 25.0, "torch-ddp": 25.0, "fsdp": 60.0}
 # fsdp keeps every block's gathered weights from its forward to its backward (one all-gather per
 # block and step instead of two) while all of them together take at most this many bytes: 2B
 # parameters in bf16, 5% of an 80 GB GPU. A fixed size, not a share of the device's memory, so that

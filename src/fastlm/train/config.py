@@ -106,10 +106,10 @@ class TrainConfig(ModelOptions):
     parallel: str = option(
         "none", "how gradients are synchronized across processes; anything but none needs torchrun", choices=MODES
     )
-    bucket_mb: float = option(
-        25.0,
+    bucket_mb: float | None = option(
+        None,
         "bucket size of --parallel bucketed and torch-ddp; with fsdp the least MB of gathered weights "
-        "per sharding unit of consecutive blocks",
+        "per sharding unit of consecutive blocks (default: 25 for bucketed and torch-ddp, 60 for fsdp)",
         limit="positive",
     )
     shard_optimizer: bool = option(

@@ -67,7 +67,7 @@ from fastlm.data.documents import cu_seqlens
 from fastlm.data.tokens import EpochOrder, TokenData, Windows
 from fastlm.devices import current_device_name
 from fastlm.distributed import ShardedOptimizer
-from fastlm.distributed.wrappers import BUCKETED_MODES, ParallelSpec, Wrapped, wrap
+from fastlm.distributed.wrappers import BUCKETED_MODES, DEFAULT_BUCKET_MB, ParallelSpec, Wrapped, wrap
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.model.precision import param_groups, precision_context
@@ -112,7 +112,9 @@ def _setup(config: TrainConfig) -> torch.device:
 def _wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> Wrapped:
     """The model wrapped for --parallel (the registry of `fastlm.distributed.wrappers`); fsdp
     all-gathers the blocks' weights in the forward's autocast dtype."""
-    bucket_mb = config.bucket_mb if config.parallel in BUCKETED_MODES else None
+    bucket_mb = None
+    if config.parallel in BUCKETED_MODES:
+        bucket_mb = config.bucket_mb or DEFAULT_BUCKET_MB[config.parallel]
     compute_dtype = torch.bfloat16 if autocasts(config.precision) else None
     return wrap(model, ParallelSpec(config.parallel, bucket_mb), device, compute_dtype)
 
