@@ -236,3 +236,26 @@ def test_ranks_take_contiguous_shares_of_one_global_batch():
             np.testing.assert_array_equal(np.concatenate([share[step] for share in shares]), one[step])
     expected = windows[order.ids(18, 8)][:, :-1]  # the second step starts 8 windows later
     np.testing.assert_array_equal(one[1], expected)
+
+
+def test_running_out_of_memory_is_one_line_that_names_fsdp(corpus_data, tmp_path, capsys, monkeypatch):
+    """A step that runs out of device memory (simulated: the allocator's error from the gradient
+    clipping) ends the run with one sentence that points to --parallel fsdp; under fsdp itself, to
+    a smaller batch."""
+
+    def out_of_memory(*_):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(loop, "_clip_gradients", out_of_memory)
+    argv = ["--data", str(corpus_data), *SMALL, "--micro-batch", "4", "--out", str(tmp_path), "--steps", "2"]
+    assert loop.main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1, error
+    assert error.startswith("python -m fastlm.train: error: out of memory (CUDA out of memory. Tried to allocate")
+    assert "with --parallel none each process holds all 0.0 GB" in error and "--parallel fsdp shards" in error
+    config = loop.parse_args([*argv, "--parallel", "fsdp"])
+    message = loop._out_of_memory_message(config, {"vocab_size": 257}, torch.OutOfMemoryError("CUDA out of memory"))
+    assert message == (
+        "out of memory (CUDA out of memory) with --parallel fsdp at --micro-batch 4 x --context 16: "
+        "use a smaller --micro-batch or --context"
+    )

@@ -42,9 +42,9 @@ from fastlm.bench.model_report import CPU_NOTE, render
 from fastlm.devices import current_device_name, spec_for_device_name
 from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run, failure_status
 from fastlm.harness.steps import LossFn, Row, make_optimizer, make_step, time_steps, weights_stored_for
-from fastlm.harness.timing import is_out_of_memory
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import COMPILE_MODES, TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
+from fastlm.utils.errors import is_out_of_memory
 from fastlm.utils.records import read_records, with_environment
 
 SWEEP_PRECISIONS = ("fp32", "bf16")

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as error:
         message = str(error)
     except (RuntimeError, MemoryError) as error:  # sizes the machine cannot hold are a user's mistake too
-        from fastlm.harness.timing import is_out_of_memory
+        from fastlm.utils.errors import is_out_of_memory
 
         if not is_out_of_memory(error):
             raise

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from fastlm.harness.ceilings import record_ceilings
-from fastlm.harness.timing import is_out_of_memory
+from fastlm.utils.errors import is_out_of_memory
 from fastlm.utils.records import latest_run, read_records, with_environment
 
 

@@ -136,13 +136,3 @@ def measure_after_setup(
 def _summarize(samples: list[float]) -> Timing:
     deciles = statistics.quantiles(samples, n=10)
     return Timing(statistics.median(samples), deciles[1], deciles[7])
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """True for the allocator's OutOfMemoryError, for library calls (cuBLAS workspaces, NCCL
-    buffers) that report running out of device memory as a plain RuntimeError, and for the CPU
-    allocator's failure (a RuntimeError too)."""
-    return isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)) or (
-        isinstance(error, RuntimeError)
-        and any(text in str(error) for text in ("out of memory", "can't allocate memory"))
-    )

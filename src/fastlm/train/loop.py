@@ -76,7 +76,7 @@ from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.train.checkpoint import check_out, checkpoint_dir, load_for_resume, restore, save_checkpoint
 from fastlm.train.config import TrainConfig, add_arguments
 from fastlm.train.log import Throughput, TrainLog, discard_set_aside, loss_plot, new_run_id, read_log, set_aside
-from fastlm.utils.errors import UserError
+from fastlm.utils.errors import UserError, is_out_of_memory
 from fastlm.utils.options import from_namespace
 from fastlm.utils.records import with_environment
 
@@ -291,6 +291,10 @@ def train(config: TrainConfig) -> dict:
         return _train_loop(
             config, record, pending, rank, world, device, (train_windows, held_out, eval_count, boundary)
         )
+    except (RuntimeError, MemoryError) as error:
+        if not is_out_of_memory(error):
+            raise
+        raise UserError(_out_of_memory_message(config, record, error)) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -421,6 +425,21 @@ def _train_loop(
     if dist.is_initialized():
         dist.barrier()  # no rank tears down while another still has collectives in flight
     return result
+
+
+def _out_of_memory_message(config: TrainConfig, record: dict, error: BaseException) -> str:
+    """One sentence for a run that does not fit: what each process holds, and what would shrink it."""
+    first = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
+    batch = f"--micro-batch {config.micro_batch} x --context {config.context}"
+    if config.parallel == "fsdp":
+        return f"out of memory ({first}) with --parallel fsdp at {batch}: use a smaller --micro-batch or --context"
+    parameters = config.model_config(record["vocab_size"]).num_parameters()
+    holder = f"with --parallel {config.parallel} each process holds"
+    return (
+        f"out of memory ({first}): {holder} all {parameters * 16 / 1e9:.1f} GB of fp32 weights, gradients and "
+        f"AdamW state ({parameters / 1e9:.2f}B parameters) besides the activations of {batch}; --parallel fsdp "
+        "shards that state across processes (torchrun), or use a smaller --micro-batch, --context or model"
+    )
 
 
 def _describe(
