@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fastlm.cli import arguments, bench, bench_distributed, build_parser, main
-from fastlm.data import tokenizer
+from fastlm.data import prepare, tokenizer
 from fastlm.train import config as train_config
 
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
@@ -48,6 +48,7 @@ BAD_VALUES |= {
     Path: (MISSING,),
     train_config.checkpoint_step: ("0", "-1", "two"),
     tokenizer.tokenizer_spec: ("bogus", "bpe:", "bpe:257", "bpe:two", MISSING),
+    prepare.separator_text: ("",),
 }
 CHECKED_AFTER_PARSING = {
     ("train",),
