@@ -2,6 +2,7 @@
 ranks exactly as one process does on the whole batch."""
 
 import copy
+import dataclasses
 import subprocess
 import sys
 
@@ -88,3 +89,37 @@ def _every_mode_matches_one_process(rank: int) -> None:
 def test_every_mode_trains_like_one_process():
     assert {spec.mode for spec in SYNCHRONIZING} == set(MODES) - {"none"}
     spawn(_every_mode_matches_one_process, WORLD, backend="gloo", timeout_s=120)
+
+
+def _bf16_reduction_averages_in_bf16(rank: int) -> None:
+    data = torch.randint(
+        0, CONFIG.vocab_size, (2 * WORLD, CONFIG.context_length + 1), generator=torch.Generator().manual_seed(1)
+    )
+    tokens, targets = data[:, :-1], data[:, 1:]
+    mine = slice(2 * rank, 2 * rank + 2)
+    for spec in SYNCHRONIZING:
+        spec = dataclasses.replace(spec, reduce_dtype="bf16")
+        torch.manual_seed(0)
+        model = TransformerLM(CONFIG)
+        reference = copy.deepcopy(model)
+        wrapped = wrap(model, spec, CPU)
+        wrapped.module(tokens[mine], targets[mine]).backward()
+        wrapped.synchronize()
+        reference(tokens, targets).backward()
+        for (name, p), q in zip(wrapped.module.named_parameters(), reference.parameters(), strict=True):
+            grad = _full(p.grad)
+            # a bf16 sum over 2 ranks, halved exactly: every averaged value is a bf16 number
+            assert torch.equal(grad, grad.bfloat16().float()), f"{spec} {name}: not reduced in bf16"
+            scale = q.grad.abs().max()
+            torch.testing.assert_close(grad / scale, q.grad / scale, rtol=0, atol=2**-7, msg=f"{spec} {name}")
+
+
+def test_bf16_reduction_averages_the_gradients_in_bf16():
+    spawn(_bf16_reduction_averages_in_bf16, WORLD, backend="gloo", timeout_s=120)
+
+
+def test_bf16_reduction_needs_a_mode_that_averages():
+    with pytest.raises(ValueError, match="reduce_dtype must stay fp32"):
+        ParallelSpec("none", reduce_dtype="bf16")
+    with pytest.raises(ValueError, match="reduce_dtype must be one of fp32, bf16"):
+        ParallelSpec("ddp", reduce_dtype="fp16")

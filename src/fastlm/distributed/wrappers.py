@@ -41,12 +41,17 @@ DEFAULT_BUCKET_MB = {"bucketed": 25.0, "torch-ddp": 25.0, "fsdp": 60.0}
 GATHERED_BYTES_LIMIT = 4 * 2**30
 
 
+REDUCE_DTYPES = ("fp32", "bf16")  # what gradients are averaged in across ranks
+
+
 @dataclass(frozen=True)
 class ParallelSpec:
-    """A parallel mode (one of MODES) and, for the bucketed ones, the bucket size in MB."""
+    """A parallel mode (one of MODES), for the bucketed ones the bucket size in MB, and the dtype
+    the gradients are averaged in (one of REDUCE_DTYPES: fp32, or bf16 to halve the bytes)."""
 
     mode: str
     bucket_mb: float | None = None
+    reduce_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -57,6 +62,16 @@ class ParallelSpec:
             raise ValueError(f"parallel mode {self.mode} takes no bucket_mb; only {', '.join(BUCKETED_MODES)} do")
         if self.bucket_mb is not None and not 0 < self.bucket_mb < math.inf:
             raise ValueError(f"bucket_mb must be a positive finite number of MB, got {self.bucket_mb}")
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            raise ValueError(f"reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}, got {self.reduce_dtype!r}")
+        if self.reduce_dtype != "fp32" and self.mode == "none":
+            raise ValueError("parallel mode none averages no gradients: reduce_dtype must stay fp32")
+
+    def torch_reduce_dtype(self):
+        """The reduce dtype as a torch dtype for the wrappers: None for fp32 (the gradients' own)."""
+        import torch
+
+        return torch.bfloat16 if self.reduce_dtype == "bf16" else None
 
 
 @dataclass(frozen=True)
@@ -72,20 +87,21 @@ def _none(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
 def _after_backward(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     from fastlm.distributed.ddp import allreduce_gradients
 
-    return Wrapped(model, lambda: allreduce_gradients(model, flat=spec.mode == "flat"))
+    reduce_dtype = spec.torch_reduce_dtype()
+    return Wrapped(model, lambda: allreduce_gradients(model, spec.mode == "flat", reduce_dtype))
 
 
 def _ddp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     from fastlm.distributed.ddp import DDP
 
-    wrapped = DDP(model)
+    wrapped = DDP(model, spec.torch_reduce_dtype())
     return Wrapped(wrapped, wrapped.finish_gradient_synchronization)
 
 
 def _bucketed(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     from fastlm.distributed.ddp import BucketedDDP
 
-    wrapped = BucketedDDP(model, spec.bucket_mb)
+    wrapped = BucketedDDP(model, spec.bucket_mb, spec.torch_reduce_dtype())
     return Wrapped(wrapped, wrapped.finish_gradient_synchronization)
 
 
@@ -94,7 +110,12 @@ def _torch_ddp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
 
     device_ids = [device.index] if device.type == "cuda" else None
     buckets = {} if spec.bucket_mb is None else {"bucket_cap_mb": spec.bucket_mb}
-    return Wrapped(DistributedDataParallel(model, device_ids=device_ids, **buckets), lambda: None)
+    wrapped = DistributedDataParallel(model, device_ids=device_ids, **buckets)
+    if spec.reduce_dtype == "bf16":
+        from fastlm.distributed.ddp import bf16_reduce_hook
+
+        wrapped.register_comm_hook(None, bf16_reduce_hook)
+    return Wrapped(wrapped, lambda: None)
 
 
 def keeps_gathered(model, compute_dtype) -> bool:
@@ -132,7 +153,7 @@ def _fsdp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
 
     - Blocks all-gather their weights in ``compute_dtype``: under autocast every matmul would cast
       an fp32 weight to it anyway, so gathering fp32 moves twice the bytes for the same values.
-      Gradients are reduce-scattered in fp32, as the other modes average them. The blocks' inputs
+      Gradients are reduce-scattered in the spec's reduce dtype (fp32 unless bf16 is asked for). The blocks' inputs
       are not cast (the residual stream stays fp32, as autocast leaves it); the norm weights, the
       one thing autocast would have multiplied in fp32, are used rounded to ``compute_dtype``.
     - The root stays fp32: the embedding's backward accumulates its gradient in the weight's
@@ -152,10 +173,11 @@ def _fsdp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
 
     units = sharding_units(list(model.blocks), spec.bucket_mb, compute_dtype)
     gathered = keeps_gathered(model, compute_dtype)
-    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
+    reduce_dtype = spec.torch_reduce_dtype() or torch.float32
+    policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
     for index, unit in enumerate(units):
         fully_shard(unit, mp_policy=policy, reshard_after_forward=not gathered and index < len(units) - 1)
-    root = fully_shard(model)
+    root = fully_shard(model, mp_policy=MixedPrecisionPolicy(reduce_dtype=reduce_dtype))  # fp32 weights
     # a unit's modules share one FSDP state: its first module stands for it
     for unit, following in itertools.pairwise([root, *(unit[0] for unit in units)]):  # the forward order
         unit.set_modules_to_forward_prefetch([following])

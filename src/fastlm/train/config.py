@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastlm.distributed.wrappers import MODES
+from fastlm.distributed.wrappers import MODES, REDUCE_DTYPES
 from fastlm.model.config import (
     COMPILE_MEANINGS,
     COMPILE_MODES,
@@ -44,6 +44,7 @@ OVERRIDABLE = (
     "compile",
     "seed",
     "parallel",
+    "reduce_dtype",
     "world_size",
     "data",
 )
@@ -111,6 +112,11 @@ class TrainConfig(ModelOptions):
         "bucket size of --parallel bucketed and torch-ddp; with fsdp the least MB of gathered weights "
         "per sharding unit of consecutive blocks (default: 25 for bucketed and torch-ddp, 60 for fsdp)",
         limit="positive",
+    )
+    reduce_dtype: str = option(
+        "fp32",
+        "dtype the gradients are averaged in across processes: bf16 halves the bytes at bf16's precision",
+        choices=REDUCE_DTYPES,
     )
     shard_optimizer: bool = option(
         False, "shard AdamW's state across processes (ShardedOptimizer); not with --parallel fsdp"
@@ -192,6 +198,8 @@ class TrainConfig(ModelOptions):
             raise UserError(
                 "--shard-optimizer does not combine with --parallel fsdp (FSDP already shards the optimizer state)"
             )
+        if self.reduce_dtype != "fp32" and self.parallel == "none":
+            raise UserError("--reduce-dtype needs a --parallel mode: one process averages no gradients")
         if self.override and not self.resume:
             raise UserError("--override needs --resume")
         if self.resume and self.overwrite:
@@ -226,6 +234,7 @@ class TrainConfig(ModelOptions):
             "precision": self.precision,
             "kernels": self.kernels,
             "documents": self.documents,
+            "reduce_dtype": self.reduce_dtype,
             "compile": self.compile,
             "seed": self.seed,
             "lr": self.lr,

@@ -116,7 +116,7 @@ def _wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> 
     if config.parallel in BUCKETED_MODES:
         bucket_mb = config.bucket_mb or DEFAULT_BUCKET_MB[config.parallel]
     compute_dtype = torch.bfloat16 if autocasts(config.precision) else None
-    return wrap(model, ParallelSpec(config.parallel, bucket_mb), device, compute_dtype)
+    return wrap(model, ParallelSpec(config.parallel, bucket_mb, config.reduce_dtype), device, compute_dtype)
 
 
 def _gradient_sync(model: torch.nn.Module, config: TrainConfig, sync: bool) -> contextlib.AbstractContextManager:
