@@ -24,37 +24,42 @@ def test_flop_count_and_score_bytes():
     assert scores_bytes(8, 1, 16384, 16384, 4) == 8 * 2**30
 
 
-def test_model_sweep_keeps_tokens_per_batch():
-    shapes = attention.sweep_shapes("model", torch.device("cuda"))
+def test_model_sweep_keeps_tokens_per_batch_then_adds_the_short_shapes():
+    *shapes, batch_of_short, single = attention.sweep_shapes("model", torch.device("cuda"))
     assert {s.batch * s.seq for s in shapes} == {32768}
     assert {(s.seq, s.head_dim) for s in shapes} == {(n, d) for n in (1024, 4096, 16384) for d in (64, 128)}
+    shape = lambda s: (s.batch, s.heads, s.seq, s.head_dim)  # noqa: E731
+    assert (shape(batch_of_short), shape(single)) == ((16, 32, 512, 64), (1, 32, 1024, 128))
     with pytest.raises(ValueError, match="unknown sweep"):
         attention.sweep_shapes("bogus", torch.device("cpu"))
 
 
-def test_model_ratios_divide_tflops():
+def test_model_ratios_divide_tflops_per_shape():
+    """Shapes that share N and D (a short single sequence and a batch of them) keep their own ratios."""
+
+    def record(batch, implementation, fwd=None, fwd_bwd=None, status="ok"):
+        return {
+            "batch": batch,
+            "heads": 16,
+            "head_dim": 128,
+            "seq": 1024,
+            "implementation": implementation,
+            "status": status,
+            "fwd_tflops": fwd,
+            "fwd_bwd_tflops": fwd_bwd,
+        }
+
     records = [
-        {
-            "head_dim": 128,
-            "seq": 4096,
-            "implementation": "fastlm",
-            "status": "ok",
-            "fwd_tflops": 400.0,
-            "fwd_bwd_tflops": 300.0,
-        },
-        {
-            "head_dim": 128,
-            "seq": 4096,
-            "implementation": "sdpa-flash",
-            "status": "ok",
-            "fwd_tflops": 200.0,
-            "fwd_bwd_tflops": 250.0,
-        },
-        {"head_dim": 128, "seq": 4096, "implementation": "sdpa-cudnn", "status": "OOM"},
+        record(32, "fastlm", 400.0, 300.0),
+        record(32, "sdpa-flash", 200.0, 250.0),
+        record(32, "sdpa-cudnn", status="OOM"),
+        record(1, "fastlm", 100.0, 50.0),
+        record(1, "sdpa-flash", 125.0, 100.0),
     ]
-    (row,) = attention_report.model_ratios(records)
-    assert row["fwd_vs_sdpa-flash"] == 2.0 and row["fwd_bwd_vs_sdpa-flash"] == 1.2
-    assert "fwd_vs_sdpa-cudnn" not in row
+    batched, single = sorted(attention_report.model_ratios(records), key=lambda row: -row["batch"])
+    assert batched["fwd_vs_sdpa-flash"] == 2.0 and batched["fwd_bwd_vs_sdpa-flash"] == 1.2
+    assert "fwd_vs_sdpa-cudnn" not in batched
+    assert (single["batch"], single["fwd_vs_sdpa-flash"], single["fwd_bwd_vs_sdpa-flash"]) == (1, 0.8, 0.5)
 
 
 def test_cpu_model_sweep_runs_and_renders(tmp_path, monkeypatch):

@@ -97,7 +97,10 @@ def sweep_shapes(sweep: str, device: torch.device) -> list[Shape]:
     if sweep == "model":
         tokens, heads = (32768, 16) if gpu else (512, 2)
         seqs = (1024, 4096, 16384) if gpu else (128, 256)
-        return [Shape(tokens // n, heads, n, d, torch.bfloat16) for d in (64, 128) for n in seqs]
+        shapes = [Shape(tokens // n, heads, n, d, torch.bfloat16) for d in (64, 128) for n in seqs]
+        # short sequences, where programs per head are few: a batch of short ones, and a single one
+        short = [(16, 32, 512, 64), (1, 32, 1024, 128)] if gpu else [(2, 2, 64, 64)]
+        return shapes + [Shape(b, h, n, d, torch.bfloat16) for b, h, n, d in short]
     if sweep == "varlen":
         rows, seq, heads = (2, 32768, 16) if gpu else (1, 256, 2)
         return [Documents(rows, heads, seq, d, torch.bfloat16) for d in (64, 128)]

@@ -67,14 +67,14 @@ SIDE_BY_SIDE_COLUMNS = [
 
 def model_ratios(records: list[dict]) -> list[dict]:
     """fastlm's TFLOP/s over each SDPA backend's, per model shape."""
-    by_key = {(r["head_dim"], r["seq"], r["implementation"]): r for r in records if r["status"] == "ok"}
+    by_key = {(*_shape(r), r["implementation"]): r for r in records if r["status"] == "ok"}
     rows = []
-    for (dim, seq, name), r in sorted(by_key.items()):
+    for (batch, heads, seq, dim, name), r in sorted(by_key.items(), key=lambda item: item[0][::-1]):
         if name != "fastlm":
             continue
-        row = {"head_dim": dim, "seq": seq}
+        row = {"batch": batch, "heads": heads, "head_dim": dim, "seq": seq}
         for base in ("sdpa-flash", "sdpa-cudnn"):
-            other = by_key.get((dim, seq, base))
+            other = by_key.get((batch, heads, seq, dim, base))
             for stage in ("fwd", "fwd_bwd"):
                 if other is not None:
                     row[f"{stage}_vs_{base}"] = r[f"{stage}_tflops"] / other[f"{stage}_tflops"]
@@ -82,9 +82,15 @@ def model_ratios(records: list[dict]) -> list[dict]:
     return rows
 
 
+def _shape(record: dict) -> tuple[int, int, int, int]:
+    return record["batch"], record["heads"], record["seq"], record["head_dim"]
+
+
 VARLEN_COLUMNS = [*BENCH_COLUMNS[:2], ("documents", "documents"), ("longest", "longest"), *BENCH_COLUMNS[4:]]
 WINDOW_COLUMNS = [*BENCH_COLUMNS[:3], ("window", "window"), *BENCH_COLUMNS[3:]]
 RATIO_COLUMNS = [
+    ("batch", "B"),
+    ("heads", "H"),
     ("head_dim", "D"),
     ("seq", "N"),
     ("fwd_vs_sdpa-flash", "fwd vs SDPA-flash"),
@@ -117,8 +123,9 @@ def render(records: list[dict], reports_dir: Path) -> str:
     model = latest_sweep(records, "model")
     if model:
         first = model[0]
+        tokens = first["batch"] * first["seq"]  # the plot's shapes; the short ones are in the tables
         plot = _tflops_plot(
-            model,
+            [r for r in model if r["batch"] * r["seq"] == tokens],
             reports_dir,
             "attention_model_tflops.png",
             f"Causal attention, 32k tokens/batch, 16 heads, bf16 ({first['gpu']})",
@@ -130,11 +137,11 @@ def render(records: list[dict], reports_dir: Path) -> str:
             *([CPU_NOTE] if first["gpu"] == "cpu" else []),
             markdown_table(model, present_columns(model, BENCH_COLUMNS)),
         ]
-        measured_ratios = present_columns(ratios, RATIO_COLUMNS[2:])  # after D and N, which every row has
+        measured_ratios = present_columns(ratios, RATIO_COLUMNS[4:])  # after B, H, D and N, which every row has
         if measured_ratios:
             sections += [
                 "fastlm's TFLOP/s relative to each SDPA backend:",
-                markdown_table(ratios, [*RATIO_COLUMNS[:2], *measured_ratios]),
+                markdown_table(ratios, [*RATIO_COLUMNS[:4], *measured_ratios]),
             ]
         else:
             sections.append("No SDPA backend was measured in this run, so there are no fastlm-vs-SDPA ratios.")
