@@ -131,11 +131,17 @@ def save(directory: Path, step: int, config: dict, state: dict, *, keep: int = 2
 
 
 def load(
-    directory: Path, config: dict | None = None, override: Iterable[str] = (), step: int | None = None
+    directory: Path,
+    config: dict | None = None,
+    override: Iterable[str] = (),
+    step: int | None = None,
+    implied: dict | None = None,
 ) -> Checkpoint:
     """The newest committed checkpoint in ``directory`` (with ``step``, the one of that step),
     verified. With ``config``, raises `ConfigMismatchError` when the checkpoint's configuration
-    differs in a field not in ``override``; `DamagedCheckpointError` when its file is damaged."""
+    differs in a field not in ``override``; `DamagedCheckpointError` when its file is damaged.
+    ``implied``: fields that checkpoints of older versions do not record, with the value their
+    behaviour had, compared as if recorded."""
     directory = Path(directory)
     if not directory.exists():
         raise CheckpointError(f"{directory} does not exist: there is no checkpoint to resume")
@@ -147,9 +153,10 @@ def load(
         steps = ", ".join(str(e["step"]) for e in entries)
         raise CheckpointError(f"{directory} holds no checkpoint of step {step} (it holds steps {steps})")
     if config is not None:
-        differences = config_differences(entry["config"], config, override)
+        saved = {**(implied or {}), **entry["config"]}
+        differences = config_differences(saved, config, override)
         if differences:
-            changes = ", ".join(f"{f} {_shown(entry['config'], f)} -> {_shown(config, f)}" for f in differences)
+            changes = ", ".join(f"{f} {_shown(saved, f)} -> {_shown(config, f)}" for f in differences)
             message = f"{directory} holds a checkpoint of a run with another configuration ({changes})"
             raise ConfigMismatchError(message, differences)
     try:

@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 
 from fastlm import checkpoint
+from fastlm.checkpoint import CheckpointError
 from fastlm.data.manifest import MANIFEST, sample_sha256
+from fastlm.data.tokens import TokenData
 from fastlm.train import loop
+from fastlm.train.checkpoint import checkpoint_dir, load_for_resume
+from fastlm.train.config import IMPLIED_BY_OLDER_RUNS
 from fastlm.train.log import read_log
 
 SMALL = ["--preset", "tiny", "--context", "16", "--micro-batch", "2", "--log-every", "1", "--eval-sequences", "4"]
@@ -140,3 +144,22 @@ def test_an_unusable_out_is_one_line_before_any_work(corpus_data, tmp_path, caps
     out = out.format(file=tmp_path / "file")
     assert _main(corpus_data, out, "--steps", "1") == 2
     assert _error(capsys).startswith(f"python -m fastlm.train: error: --out {out} ")
+
+
+def test_a_checkpoint_of_an_older_version_resumes_with_what_it_did(corpus_data, tmp_path):
+    """Checkpoints written before --documents, --window, --global-every and --reduce-dtype existed
+    record none of them: they compare as the behaviour they had (attention across documents), so
+    --no-documents resumes them and the new default says what would change."""
+
+    def config_of(*argv):
+        return loop.parse_args(["--data", str(corpus_data), *SMALL, "--out", str(tmp_path), *argv]).resolved(gpu=False)
+
+    config = config_of("--steps", "3", "--resume", "--no-documents")
+    data = TokenData(config.data)
+    record = config.run_record(1, data.sha256, data.tokenizer, data.vocab_size)
+    older = {field: value for field, value in record.items() if field not in IMPLIED_BY_OLDER_RUNS}
+    checkpoint.save(checkpoint_dir(config), 2, older, {"model": {}})
+    assert load_for_resume(config, record).step == 2
+    config = config_of("--steps", "3", "--resume")
+    with pytest.raises(CheckpointError, match=r"\(documents False -> True\); documents cannot change when resuming"):
+        load_for_resume(config, config.run_record(1, data.sha256, data.tokenizer, data.vocab_size))

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from fastlm import checkpoint
 from fastlm.checkpoint import CheckpointError, ConfigMismatchError, DamagedCheckpointError
 from fastlm.model.config import stores_bf16_weights
-from fastlm.train.config import NEWEST, OVERRIDABLE, TrainConfig
+from fastlm.train.config import IMPLIED_BY_OLDER_RUNS, NEWEST, OVERRIDABLE, TrainConfig
 from fastlm.train.log import TrainLog, run_files, run_id, set_aside_runs
 from fastlm.utils.errors import UserError
 from fastlm.utils.paths import check_writable_folder
@@ -110,7 +110,11 @@ def load_for_resume(config: TrainConfig, record: dict) -> checkpoint.Checkpoint:
         )
     try:
         resumed = checkpoint.load(
-            checkpoint_dir(config), record, config.override, step=None if config.resume == NEWEST else config.resume
+            checkpoint_dir(config),
+            record,
+            config.override,
+            step=None if config.resume == NEWEST else config.resume,
+            implied=IMPLIED_BY_OLDER_RUNS,
         )
     except DamagedCheckpointError as error:
         hint = f"; pass --resume {error.intact_step} to continue from it" if error.intact_step is not None else ""

@@ -49,6 +49,8 @@ OVERRIDABLE = (
     "data",
 )
 NEWEST = "newest"  # --resume's value for the newest checkpoint
+# fields of `run_record` that checkpoints of older versions lack, with what those runs did
+IMPLIED_BY_OLDER_RUNS = {"documents": False, "window": None, "global_every": 0, "reduce_dtype": "fp32"}
 
 
 def checkpoint_step(text: str) -> int | str:
