@@ -259,3 +259,15 @@ def test_running_out_of_memory_is_one_line_that_names_fsdp(corpus_data, tmp_path
         "out of memory (CUDA out of memory) with --parallel fsdp at --micro-batch 4 x --context 16: "
         "use a smaller --micro-batch or --context"
     )
+
+
+def test_model_inputs_carry_documents_only_where_a_row_holds_a_boundary():
+    rows = np.array([[5, 1, 2, 3, 4], [7, 8, 9, 1, 2]])  # windows of context 4 + 1
+    tokens, targets = loop.model_inputs(rows, 60, torch.device("cpu"))  # no boundary id inside: plain rows
+    assert torch.equal(tokens, torch.from_numpy(rows[:, :-1])) and torch.equal(targets, torch.from_numpy(rows[:, 1:]))
+    rows[1, 2] = 60  # a document starts inside row 1's tokens
+    tokens, targets, bounds = loop.model_inputs(rows, 60, torch.device("cpu"))
+    assert bounds[:4].tolist() == [0, 4, 6, 8]
+    rows[1, 2], rows[0, 4] = 3, 60  # a boundary as row 0's last target starts no document among its tokens
+    assert len(loop.model_inputs(rows, 60, torch.device("cpu"))) == 2
+    assert len(loop.model_inputs(rows, None, torch.device("cpu"))) == 2

@@ -191,10 +191,11 @@ def micro_batches(
 
 def model_inputs(rows: np.ndarray, boundary: int | None, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Windows (B, context + 1) -> the model's (tokens, targets), (B, context) each, on ``device``;
-    with a ``boundary`` id also the documents' cumulative lengths (`fastlm.data.documents`), so
-    attention stays inside each document. Copied from pinned memory: asynchronous on a GPU."""
+    with a ``boundary`` id inside a row's tokens also the documents' cumulative lengths
+    (`fastlm.data.documents`), so attention stays inside each document (a batch whose rows are
+    one document each runs the plain causal path). Copied from pinned memory: asynchronous on a GPU."""
     tensors = [torch.from_numpy(rows)]
-    if boundary is not None:
+    if boundary is not None and (rows[:, 1:-1] == boundary).any():
         tensors.append(torch.from_numpy(cu_seqlens(rows[:, :-1], boundary)))
     if device.type == "cuda":
         tensors = [t.pin_memory() for t in tensors]
