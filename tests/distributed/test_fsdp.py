@@ -97,9 +97,9 @@ def test_sharding_units_group_consecutive_blocks_up_to_a_size():
     assert wrappers.sharding_units(blocks, 100 * block_mb, BF16) == [blocks]
 
 
-def _grouped_units_train_like_one_process(rank: int) -> None:
+def _grouped_units_train_like_one_process(rank: int, recompute: bool) -> None:
     torch.manual_seed(0)
-    model = TransformerLM(dataclasses.replace(CONFIG, num_layers=3))
+    model = TransformerLM(dataclasses.replace(CONFIG, num_layers=3, recompute=recompute))
     reference = copy.deepcopy(model)
     unit_mb = sum(p.numel() for p in model.blocks[0].parameters()) * 4 / 2**20  # two fp32 blocks per unit
     root = wrap(model, ParallelSpec("fsdp", unit_mb), CPU).module
@@ -111,5 +111,7 @@ def _grouped_units_train_like_one_process(rank: int) -> None:
         torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_grouped_units_give_the_gradients_of_one_process():
-    spawn(_grouped_units_train_like_one_process, WORLD, backend="gloo", timeout_s=120)
+@pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recomputed"])
+def test_grouped_units_give_the_gradients_of_one_process(recompute):
+    """Also with activation checkpointing, whose backward runs the units' forwards again."""
+    spawn(_grouped_units_train_like_one_process, WORLD, recompute, backend="gloo", timeout_s=120)

@@ -279,3 +279,15 @@ def test_bf16_loss_parity_with_fastlm_kernels_on_gpu(attention):
     model = TransformerLM(dataclasses.replace(config, attention=attention, norm="fastlm", loss="fastlm")).cuda()
     x, y = tokens(4, 256, 5000).cuda(), tokens(4, 256, 5000).cuda()
     assert_same_loss_and_gradients(model, reference, x, y, (2e-3, 2e-3), (5e-2, 5e-3), bf16=True)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "fastlm"])
+def test_recompute_gives_the_same_loss_and_gradients(attention):
+    """Activation checkpointing runs each block's forward again in backward: the same numbers."""
+    reference = TransformerLM(dataclasses.replace(TINY, attention=attention))
+    model = TransformerLM(dataclasses.replace(TINY, attention=attention, recompute=True))
+    calls = []
+    model.blocks[0].register_forward_pre_hook(lambda *_: calls.append(1))
+    x = tokens(2, 16)
+    assert_same_loss_and_gradients(model, reference, x, torch.roll(x, -1, 1), (0, 0), (0, 0))
+    assert len(calls) == 2  # the forward, and again in backward

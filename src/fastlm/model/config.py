@@ -90,6 +90,9 @@ class ModelConfig:
     # document; with global_every = k every k-th layer (k-1, 2k-1, ...) stays global (Gemma 2: 2)
     window: int | None = None
     global_every: int = 0
+    # keep only each block's input for backward and run its forward again there (torch.utils.checkpoint):
+    # activations of one block at a time instead of all of them, for a third more compute
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):

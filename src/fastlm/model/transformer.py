@@ -22,6 +22,8 @@ every row starting a document, as `fastlm.data.documents.cu_seqlens` makes them 
 keeps attention inside each document: fastlm runs `fastlm.flash_attention_varlen` on the packed
 tokens, naive and sdpa a (B, 1, N, N) mask. ``ModelConfig.window`` gives the blocks a sliding
 window (``global_every`` keeps every k-th one global); fastlm skips the tiles outside it.
+``ModelConfig.recompute`` keeps only each block's input for backward, which runs the block's
+forward again (activation checkpointing).
 
 `TransformerLM.hidden_states` is the model up to the LM head (what `fastlm.sequence_logprobs` and
 `fastlm.linear_dpo_loss` take); `RewardModel` puts a scalar head there instead of the LM head.
@@ -38,6 +40,7 @@ from itertools import pairwise
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from fastlm.model.config import ModelConfig
 from fastlm.model.ranges import annotate
@@ -314,8 +317,9 @@ class TransformerLM(nn.Module):
         if cu_seqlens is not None:
             _check_cu_seqlens(cu_seqlens, tokens)
         x = self.embedding(tokens)
+        recompute = self.config.recompute and torch.is_grad_enabled()
         for block in self.blocks:
-            x = block(x, cu_seqlens)
+            x = checkpoint(block, x, cu_seqlens, use_reentrant=False) if recompute else block(x, cu_seqlens)
         return self.final_norm(x)
 
 

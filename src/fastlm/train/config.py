@@ -45,12 +45,19 @@ OVERRIDABLE = (
     "seed",
     "parallel",
     "reduce_dtype",
+    "recompute",
     "world_size",
     "data",
 )
 NEWEST = "newest"  # --resume's value for the newest checkpoint
 # fields of `run_record` that checkpoints of older versions lack, with what those runs did
-IMPLIED_BY_OLDER_RUNS = {"documents": False, "window": None, "global_every": 0, "reduce_dtype": "fp32"}
+IMPLIED_BY_OLDER_RUNS = {
+    "documents": False,
+    "window": None,
+    "global_every": 0,
+    "reduce_dtype": "fp32",
+    "recompute": False,
+}
 
 
 def checkpoint_step(text: str) -> int | str:
@@ -83,6 +90,11 @@ class TrainConfig(ModelOptions):
         action=argparse.BooleanOptionalAction,
     )
     micro_batch: int = option(8, "sequences per process per forward and backward", limit="positive")
+    recompute: bool = option(
+        False,
+        "activation checkpointing: backward runs each block's forward again, so only the blocks' inputs are "
+        "kept (about a third more compute, a fraction of the activation memory)",
+    )
     batch_tokens: int | None = option(
         None,
         "global batch in tokens, a multiple of --context x --micro-batch x processes, reached by gradient "
@@ -218,7 +230,8 @@ class TrainConfig(ModelOptions):
     def model_config(self, vocab_size: int) -> ModelConfig:
         """The preset with any dimension given and the kernels chosen; the data's vocabulary rounded up."""
         padded = -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-        return super().model_config(self.preset, padded).with_kernels(self.kernels)
+        config = super().model_config(self.preset, padded).with_kernels(self.kernels)
+        return dataclasses.replace(config, recompute=self.recompute)
 
     def run_record(self, world: int, data_sha256: str, tokenizer: str, vocab_size: int) -> dict:
         """What a resumed run must share with the run that wrote the checkpoint to continue it
