@@ -22,8 +22,9 @@ or its gradient; the forward sees the same bf16 values either way).
 
 `--parallel`: none (one process), naive / flat (`allreduce_gradients` after backward, per parameter
 / flattened), ddp / bucketed (fastlm's overlapping wrappers), torch-ddp (PyTorch's
-DistributedDataParallel), fsdp (PyTorch's FSDP2 `fully_shard` per block and the root: parameters,
-gradients and optimizer state sharded). `--shard-optimizer` wraps AdamW in `ShardedOptimizer`.
+DistributedDataParallel), fsdp (PyTorch's FSDP2 `fully_shard` on units of blocks and the root:
+parameters, gradients and optimizer state sharded); `--reduce-dtype bf16` averages the gradients in
+bf16. `--shard-optimizer` wraps AdamW in `ShardedOptimizer`. `--recompute` checkpoints activations.
 Micro-batches before the last skip the gradient synchronization. `--compile compile` compiles the
 model (each block under fsdp), `cudagraphs` also replays it as CUDA graphs (one process, no
 accumulation: a graph's gradients are overwritten by its next replay).
