@@ -314,6 +314,28 @@ def test_one_pass_dpo_loss_and_gradients_match_float64(loss_type, eps, average_l
     check_against_float64(ours, reference, inputs, FP32_ALLOWANCE)
 
 
+@pytest.mark.parametrize("case", ["no-mask-with-ignored-targets", "no-pairs", "no-tokens"])
+def test_one_pass_and_two_pass_dpo_agree_at_the_edges(case):
+    """The paths with and without gradients give the same loss and rewards: -100 targets without a
+    mask count as tokens of the mean (sequence_logprobs' rule), no pairs give NaN (a mean over
+    nothing), empty responses give log-probabilities 0."""
+    batch, length = {"no-mask-with-ignored-targets": (4, T), "no-pairs": (0, T), "no-tokens": (4, 0)}[case]
+    hidden, weight = torch.randn(batch, length, D), torch.randn(V, D) * 3 / D**0.5
+    targets = torch.randint(0, V, (batch, length))
+    targets[:, : length // 2] = -100
+    refs = -torch.rand(2, batch // 2) * 20
+
+    def run(grad: bool):
+        with torch.set_grad_enabled(grad):
+            h = hidden.clone().requires_grad_()
+            out = fastlm.linear_dpo_loss(h, weight, targets, None, *refs, beta=0.2, average_logps=True)
+            return torch.cat((out.loss.detach().view(1), out.chosen_rewards, out.rejected_rewards))
+
+    with_grad, without = run(True), run(False)
+    torch.testing.assert_close(with_grad, without, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert with_grad[0].isnan() == (batch == 0)
+
+
 def test_dpo_with_a_chunk_below_one_pair_takes_the_two_pass_path():
     """chunk_rows below a pair's 2T rows bounds the memory: the log-probabilities' own backward."""
     hidden, weight, _, targets, mask = lm_inputs(batch=4)

@@ -279,16 +279,21 @@ def linear_dpo_loss(
     if hidden.dim() != 3 or hidden.shape[0] % 2:
         raise ValueError(f"hidden must be (2B, T, d), chosen rows then rejected rows, got {tuple(hidden.shape)}")
     grads = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    if grads and bias is None and not torch.compiler.is_compiling():
-        selected = _selected_targets(hidden, targets, mask)
+    pairs, length = hidden.shape[0] // 2, hidden.shape[1]
+    if grads and bias is None and pairs and length and not torch.compiler.is_compiling():
         if chunk_rows is not None:
             chunk_rows = check_integer("chunk_rows", chunk_rows, minimum=1)
-        compute = compute_hidden(hidden.flatten(0, 1), weight, selected.flatten(), None, _IGNORED).view(hidden.shape)
-        if 2 * hidden.shape[1] <= pair_rows_limit(compute, weight.shape[0], chunk_rows):
+        device_type = hidden.device.type
+        dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+        if 2 * length <= pair_rows_limit(hidden.device, dtype, weight.shape[0], chunk_rows):
+            selected = _selected_targets(hidden, targets, mask)
+            compute = compute_hidden(hidden.flatten(0, 1), weight, selected.flatten(), None, _IGNORED)
+            tokens = torch.full_like(selected[:, 0], length) if mask is None else mask.sum(1)
             return _fused_dpo(
-                compute,
+                compute.view(hidden.shape),
                 weight,
                 selected,
+                tokens,
                 ref_chosen_logps,
                 ref_rejected_logps,
                 beta,
@@ -304,10 +309,20 @@ def linear_dpo_loss(
 
 
 def _fused_dpo(
-    hidden, weight, targets, ref_chosen_logps, ref_rejected_logps, beta, label_smoothing, loss_type, average, chunk_rows
+    hidden,
+    weight,
+    targets,
+    tokens,
+    ref_chosen_logps,
+    ref_rejected_logps,
+    beta,
+    label_smoothing,
+    loss_type,
+    average,
+    chunk_rows,
 ) -> DPOOutput:
-    """`linear_dpo_loss` by `LinearPairLossFunction`, hidden already in the compute dtype and
-    targets already masked."""
+    """`linear_dpo_loss` by `LinearPairLossFunction`, hidden already in the compute dtype, targets
+    already masked, tokens (2B,) each sequence's count as `sequence_logprobs` gives it."""
     pairs = hidden.shape[0] // 2
     for name, ref in (("ref_chosen_logps", ref_chosen_logps), ("ref_rejected_logps", ref_rejected_logps)):
         _check_rewards(name, ref, 1)
@@ -322,6 +337,8 @@ def _fused_dpo(
         return _dpo_pair_losses(h, beta, label_smoothing, loss_type)
 
     options = LossOptions(_IGNORED, 0.0, 0.0, None)
-    loss, logps = LinearPairLossFunction.apply(hidden, weight, targets, pair_losses, average, options, chunk_rows)
+    loss, logps = LinearPairLossFunction.apply(
+        hidden, weight, targets, tokens, pair_losses, average, options, chunk_rows
+    )
     chosen, rejected = logps.chunk(2)
     return DPOOutput(loss, beta * (chosen - ref_chosen), beta * (rejected - ref_rejected))

@@ -90,7 +90,7 @@ def test_sharding_units_group_consecutive_blocks_up_to_a_size():
     """Units of at least unit_mb MB of gathered weights, in order, the remainder joining the last."""
     model = TransformerLM(ModelConfig.preset("tiny", num_layers=5, vocab_size=64, context_length=8))
     blocks = list(model.blocks)
-    block_mb = sum(p.numel() for p in blocks[0].parameters()) * 2 / 2**20  # in bf16
+    block_mb = sum(p.numel() for p in blocks[0].parameters()) * 2 / 1e6  # in bf16, MB of 1e6 bytes
     assert wrappers.sharding_units(blocks, None, BF16) == [[b] for b in blocks]
     assert wrappers.sharding_units(blocks, 2 * block_mb, BF16) == [blocks[0:2], blocks[2:5]]
     assert wrappers.sharding_units(blocks, 1.5 * block_mb, torch.float32) == [[b] for b in blocks]
@@ -101,7 +101,7 @@ def _grouped_units_train_like_one_process(rank: int, recompute: bool) -> None:
     torch.manual_seed(0)
     model = TransformerLM(dataclasses.replace(CONFIG, num_layers=3, recompute=recompute))
     reference = copy.deepcopy(model)
-    unit_mb = sum(p.numel() for p in model.blocks[0].parameters()) * 4 / 2**20  # two fp32 blocks per unit
+    unit_mb = sum(p.numel() for p in model.blocks[0].parameters()) * 4 / 1e6  # two fp32 blocks per unit
     root = wrap(model, ParallelSpec("fsdp", unit_mb), CPU).module
     data = torch.randint(0, CONFIG.vocab_size, (2 * WORLD, CONFIG.context_length + 1))
     mine = slice(2 * rank, 2 * rank + 2)

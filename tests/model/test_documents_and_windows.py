@@ -77,12 +77,13 @@ def test_a_window_sees_only_the_last_keys_and_global_layers_see_all(attention):
         assert not torch.allclose(global_model(tokens)[0, -1], global_model(changed)[0, -1])
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "fastlm"])
-def test_kernels_agree_with_naive_attention_on_windows_and_documents(attention):
-    """Documents, a window and a global layer together: loss and gradients as the naive masks give."""
+@pytest.mark.parametrize(("attention", "softmax"), [("sdpa", "torch"), ("fastlm", "torch"), ("naive", "fastlm")])
+def test_kernels_agree_with_naive_attention_on_windows_and_documents(attention, softmax):
+    """Documents, a window and a global layer together: loss and gradients as the naive masks give
+    (also through the fused masked softmax, which takes them as an additive mask)."""
     config = dataclasses.replace(TINY, num_layers=3, window=4, global_every=3)
     reference = TransformerLM(dataclasses.replace(config, attention="naive"))
-    model = TransformerLM(dataclasses.replace(config, attention=attention))
+    model = TransformerLM(dataclasses.replace(config, attention=attention, softmax=softmax))
     model.load_state_dict(reference.state_dict())
     tokens, _ = packed_rows([[9, 12, 3], [2, 20, 2]], seed=1)
     targets = torch.randint(0, 60, tokens.shape)
@@ -99,7 +100,7 @@ def test_layer_windows_follow_global_every():
     config = dataclasses.replace(TINY, num_layers=6, window=128, global_every=3)
     assert [config.layer_window(i) for i in range(6)] == [128, 128, None, 128, 128, None]
     assert dataclasses.replace(config, global_every=0).layer_window(2) == 128
-    assert dataclasses.replace(config, window=None).layer_window(0) is None
+    assert dataclasses.replace(config, window=None, global_every=0).layer_window(0) is None
 
 
 @pytest.mark.parametrize(
@@ -118,7 +119,12 @@ def test_bad_cu_seqlens_raise_one_clear_error(bounds, message):
 
 
 @pytest.mark.parametrize(
-    ("overrides", "message"), [({"window": 0}, "window must be"), ({"global_every": -1}, "global_every")]
+    ("overrides", "message"),
+    [
+        ({"window": 0}, "window must be"),
+        ({"window": 4, "global_every": -1}, "global_every"),
+        ({"global_every": 2}, "needs a window"),
+    ],
 )
 def test_bad_window_configs_raise_one_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message):

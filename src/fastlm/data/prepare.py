@@ -203,12 +203,9 @@ def prepare(
         raise DataError(f"--out {error}") from None
     files = input_files(inputs, out)
     sources = [{"path": str(f.resolve()), "bytes": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns} for f in files]
-    settings = {
-        "tokenizer": tokenizer_name(tokenizer),
-        "held_out": held_out,
-        "shard_tokens": shard_tokens,
-        "separator": separator,
-    }
+    settings = {"tokenizer": tokenizer_name(tokenizer), "held_out": held_out, "shard_tokens": shard_tokens}
+    if separator is not None:  # recorded only when given: data prepared before --separator stays ready
+        settings["separator"] = separator
     existing = read_manifest(out, any_version=True) if out.is_dir() else None
     if _ready(out, existing, sources, settings):
         print(

@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 
 MODES = ("none", "naive", "flat", "ddp", "bucketed", "torch-ddp", "fsdp")
 BUCKETED_MODES = ("bucketed", "torch-ddp", "fsdp")  # the modes that take a bucket (fsdp: unit) size
-# `fastlm train`'s sizes where --bucket-mb is not given. fsdp: on 2 H100s, the small preset at 8 x
-# 2048 tokens per GPU is bound by the host's per-unit work (hooks, collectives' launches); units
-# of 4 of its blocks (56 MB in bf16) ran 1.60x one GPU, single blocks 0.97x (docs/notes/distributed.md)
+# `fastlm train`'s sizes (MB of 1e6 bytes) where --bucket-mb is not given. fsdp: on 2 H100s, the
+# small preset at 8 x 2048 tokens per GPU is bound by the host's per-unit work (hooks, collectives'
+# launches); units of 4 of its blocks (75.5 MB in bf16) ran 1.60x one GPU, single blocks 0.97x
+# (docs/notes/distributed.md)
 DEFAULT_BUCKET_MB = {"bucketed": 25.0, "torch-ddp": 25.0, "fsdp": 60.0}
 # fsdp keeps every block's gathered weights from its forward to its backward (one all-gather per
 # block and step instead of two) while all of them together take at most this many bytes: 2B
@@ -136,11 +137,11 @@ def sharding_units(blocks: list, unit_mb: float | None, compute_dtype) -> list[l
     for block in blocks:
         current.append(block)
         size += sum(p.numel() * (compute_dtype or p.dtype).itemsize for p in block.parameters())
-        if size >= unit_mb * 2**20:
+        if size >= unit_mb * 1e6:
             units.append(current)
             current, size = [], 0
     if current:
-        if units and size < unit_mb * 2**20:
+        if units and size < unit_mb * 1e6:
             units[-1].extend(current)
         else:
             units.append(current)

@@ -103,6 +103,8 @@ class ModelConfig:
             raise ValueError(f"window must be a positive integer or None, got {self.window!r}")
         if not isinstance(self.global_every, int) or self.global_every < 0:
             raise ValueError(f"global_every must be an integer >= 0, got {self.global_every!r}")
+        if self.global_every and self.window is None:
+            raise ValueError("global_every needs a window: without one every block is global already")
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if self.head_dim % 2:

@@ -31,7 +31,13 @@ import torch
 
 from fastlm.ops.common import device_arch
 from fastlm.ops.cross_entropy.launchers import _scale_rows
-from fastlm.ops.linear_cross_entropy import LossOptions, _chunk_dlogits, _matmul_into, linear_cross_entropy_config
+from fastlm.ops.linear_cross_entropy import (
+    LossOptions,
+    _chunk_dlogits,
+    _matmul_into,
+    _scale_gradients,
+    linear_cross_entropy_config,
+)
 
 # (chosen_logps, rejected_logps, pairs) -> per-pair losses (k,): the pair loss f_b of the pairs
 # ``pairs`` (a slice of range(B)) from their sequence log-probabilities (k,) fp32.
@@ -40,20 +46,21 @@ PairLosses = Callable[[torch.Tensor, torch.Tensor, slice], torch.Tensor]
 PAIR_CHUNKS = 4  # a group may hold up to this many of linear_cross_entropy's default chunks
 
 
-def _default_chunk_rows(hidden: torch.Tensor, vocab: int) -> int:
-    return linear_cross_entropy_config(device_arch(hidden.device), hidden.dtype, vocab).chunk_rows
+def _default_chunk_rows(device: torch.device, dtype: torch.dtype, vocab: int) -> int:
+    return linear_cross_entropy_config(device_arch(device), dtype, vocab).chunk_rows
 
 
-def pair_rows_limit(hidden: torch.Tensor, vocab: int, chunk_rows: int | None) -> int:
-    """Rows (tokens) a group of pairs may hold: ``chunk_rows`` if given, else PAIR_CHUNKS times
-    `linear_cross_entropy_config`'s chunk (2 GiB of bf16 logits on an H100: 8192 rows at
-    V = 128256, one pair of 4096-token responses)."""
-    return PAIR_CHUNKS * _default_chunk_rows(hidden, vocab) if chunk_rows is None else chunk_rows
+def pair_rows_limit(device: torch.device, dtype: torch.dtype, vocab: int, chunk_rows: int | None) -> int:
+    """Rows (tokens) a group of pairs computed in ``dtype`` may hold: ``chunk_rows`` if given, else
+    PAIR_CHUNKS times `linear_cross_entropy_config`'s chunk (2 GiB of bf16 logits on an H100: 8192
+    rows at V = 128256, one pair of 4096-token responses)."""
+    return PAIR_CHUNKS * _default_chunk_rows(device, dtype, vocab) if chunk_rows is None else chunk_rows
 
 
 def _group_pairs(hidden: torch.Tensor, vocab: int, chunk_rows: int | None) -> int:
-    """Pairs per group: as many whole pairs as fit one default chunk (or ``chunk_rows``), at least one."""
-    rows = _default_chunk_rows(hidden, vocab) if chunk_rows is None else chunk_rows
+    """Pairs per group: as many whole pairs as fit one default chunk (or ``chunk_rows``), at least
+    one (hidden (2B, T, d) with T >= 1)."""
+    rows = _default_chunk_rows(hidden.device, hidden.dtype, vocab) if chunk_rows is None else chunk_rows
     return max(1, rows // (2 * hidden.shape[1]))
 
 
@@ -65,15 +72,18 @@ def _pair_rows(tensor: torch.Tensor, pairs: slice, count: int) -> torch.Tensor:
 
 
 class LinearPairLossFunction(torch.autograd.Function):
-    """``apply(hidden, weight, targets, pair_losses, average, options, chunk_rows)`` -> (loss,
-    logps): the mean pair loss (0-d fp32) and the policy's sequence log-probabilities (2B,) fp32
-    (non-differentiable). hidden (2B, T, d) and targets (2B, T) as `sequence_logprobs` takes them,
-    chosen rows first, targets already ``options.ignore_index`` where the mask is False; average:
-    the per-token mean instead of the sum. Every gradient is computed in the forward; backward
-    scales them by the upstream gradient."""
+    """``apply(hidden, weight, targets, tokens, pair_losses, average, options, chunk_rows)`` ->
+    (loss, logps): the mean pair loss (0-d fp32) and the policy's sequence log-probabilities (2B,)
+    fp32 (non-differentiable). hidden (2B, T, d) and targets (2B, T) as `sequence_logprobs` takes
+    them, B >= 1 pairs and T >= 1, chosen rows first, targets already ``options.ignore_index`` where
+    the mask is False; tokens (2B,) the count each sequence's mean divides by (``average``: the
+    per-token mean instead of the sum). Every gradient is computed in the forward; backward scales
+    them by the upstream gradient."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, pair_losses: PairLosses, average: bool, options: LossOptions, chunk_rows):
+    def forward(
+        ctx, hidden, weight, targets, tokens, pair_losses: PairLosses, average: bool, options: LossOptions, chunk_rows
+    ):
         count, length = hidden.shape[0] // 2, hidden.shape[1]
         need_hidden, need_weight = ctx.needs_input_grad[:2]
         grad_hidden = torch.empty_like(hidden, memory_format=torch.contiguous_format) if need_hidden else None
@@ -88,9 +98,9 @@ class LinearPairLossFunction(torch.autograd.Function):
             rows_hidden = _pair_rows(hidden, pairs, count)  # (2kT, d)
             rows_targets = _pair_rows(targets, pairs, count)
             losses, dlogits = _chunk_dlogits(rows_hidden, compute_weight, None, rows_targets, None, options, False)
-            tokens = (rows_targets != options.ignore_index).view(2 * k, length).sum(1)  # (2k,)
+            counts = torch.cat((tokens[pairs], tokens[count + pairs.start : count + pairs.stop])).clamp(min=1)
             sums = -losses.view(2 * k, length).sum(1)
-            seq = sums / tokens.clamp(min=1) if average else sums
+            seq = sums / counts if average else sums
             with torch.enable_grad():
                 chosen, rejected = (x.detach().requires_grad_() for x in seq.chunk(2))
                 group_loss = pair_losses(chosen, rejected, pairs).sum() / count
@@ -99,7 +109,7 @@ class LinearPairLossFunction(torch.autograd.Function):
             logps[pairs] = seq[:k]
             logps[count + pairs.start : count + pairs.stop] = seq[k:]
             # d loss / d losses_t = -d loss / d seq (/ tokens): the same factor for a sequence's rows
-            scale = -grad_seq / tokens.clamp(min=1) if average else -grad_seq
+            scale = -grad_seq / counts if average else -grad_seq
             row_scale = scale.repeat_interleave(length)[:, None]  # (2kT, 1) fp32
             # the (2kT, d) factors are scaled in fp32 and rounded once; 1/V of the logits' memory
             if need_hidden:
@@ -112,8 +122,6 @@ class LinearPairLossFunction(torch.autograd.Function):
             if need_weight:
                 _matmul_into(grad_weight, dlogits.t(), rows_hidden.mul_(row_scale), start > 0, traced=False)
             del dlogits  # before the next group's logits are allocated
-        if need_weight and count == 0:
-            grad_weight.zero_()
         ctx.grads = (grad_hidden, grad_weight)
         ctx.mark_non_differentiable(logps)
         return loss, logps
@@ -123,7 +131,5 @@ class LinearPairLossFunction(torch.autograd.Function):
         grads, ctx.grads = ctx.grads, None
         if grads is None:
             raise RuntimeError("linear_dpo_loss's backward can run only once per forward")
-        for grad in grads:
-            if grad is not None:
-                _scale_rows(grad.view(-1, grad.shape[-1]), grad_loss)  # free on the GPU where it is 1
-        return *grads, None, None, None, None, None
+        _scale_gradients(grads, grad_loss, _scale_rows)  # free on the GPU where it is 1
+        return *grads, *(None,) * 6

@@ -436,11 +436,16 @@ def _out_of_memory_message(config: TrainConfig, record: dict, error: BaseExcepti
     if config.parallel == "fsdp":
         return f"out of memory ({first}) with --parallel fsdp at {batch}: use a smaller --micro-batch or --context"
     parameters = config.model_config(record["vocab_size"]).num_parameters()
-    holder = f"with --parallel {config.parallel} each process holds"
+    # bytes per parameter: weights and gradients (fp32, or bf16 with bf16-weights), and AdamW's
+    # moments (fp32; with bf16-weights also the fp32 masters), which --shard-optimizer divides
+    replicated, optimizer = (4, 12) if stores_bf16_weights(config.precision) else (8, 8)
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    state = parameters * (replicated + optimizer / (world if config.shard_optimizer else 1))
     return (
-        f"out of memory ({first}): {holder} all {parameters * 16 / 1e9:.1f} GB of fp32 weights, gradients and "
-        f"AdamW state ({parameters / 1e9:.2f}B parameters) besides the activations of {batch}; --parallel fsdp "
-        "shards that state across processes (torchrun), or use a smaller --micro-batch, --context or model"
+        f"out of memory ({first}): with --parallel {config.parallel} each process holds {state / 1e9:.1f} GB of "
+        f"weights, gradients and AdamW state ({parameters / 1e9:.2f}B parameters) besides the activations of "
+        f"{batch}; --parallel fsdp shards all of it across processes (torchrun), or use a smaller --micro-batch, "
+        "--context or model"
     )
 
 
