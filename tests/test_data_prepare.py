@@ -45,6 +45,7 @@ def test_bytes_stream_is_each_document_after_the_boundary_id(tmp_path):
     expected = [t for text in ("first é", "second", "third") for t in [256, *text.encode()]]  # folders sorted
     np.testing.assert_array_equal(_stream(tmp_path / "out"), expected)
     assert (manifest["documents"], manifest["tokens"], manifest["vocab_size"]) == (3, len(expected), 257)
+    assert "separator" not in manifest["settings"]  # as data prepared before --separator records it: still ready
     assert len(manifest["shards"]) == -(-len(expected) // 7) and manifest["dtype"] == "<u2"
     held = sum(r["stop"] - r["start"] for r in manifest["splits"]["val"])
     assert held == int(0.25 * len(expected))  # the tail, across shard boundaries
