@@ -52,7 +52,9 @@ def test_variant_names_parse_into_wrapper_specs():
     assert ddp_variant("bucketed-25").name == "bucketed-25"  # records keep the name as given
     assert ddp_variant("no-sync").spec == ParallelSpec("none")  # the compute-only step
     assert ddp_variant("torch-ddp").spec == ParallelSpec("torch-ddp")  # PyTorch's own bucket size
-    for bad in ("bucketed-0", "bucketed-x", "bucketed-inf", "ddp2", "none"):
+    assert ddp_variant("bucketed-25-bf16").spec == ParallelSpec("bucketed", 25.0, "bf16")
+    assert ddp_variant("torch-ddp-bf16").spec == ParallelSpec("torch-ddp", reduce_dtype="bf16")
+    for bad in ("bucketed-0", "bucketed-x", "bucketed-inf", "ddp2", "none", "no-sync-bf16", "ddp-bf16-bf16", "-bf16"):
         with pytest.raises(ValueError, match="unknown variant"):
             ddp_variant(bad)
 
@@ -70,7 +72,7 @@ def test_command_on_gloo(tmp_path, capfd):
         "--vocab",
         "64",
         "--variants",
-        "no-sync,flat,bucketed-0.01,torch-ddp",
+        "no-sync,flat,bucketed-0.01,torch-ddp,ddp-bf16",
         "--optimizers",
         "adamw,sharded,zero",
         "--warmup",
@@ -87,7 +89,7 @@ def test_command_on_gloo(tmp_path, capfd):
     assert main(argv) == 0
     records = [json.loads(line) for line in (tmp_path / "results" / "ddp.jsonl").read_text().splitlines()]
     steps = {r["variant"]: r for r in records if r["kind"] == "step"}
-    assert list(steps) == ["no-sync", "flat", "bucketed-0.01", "torch-ddp"]
+    assert list(steps) == ["no-sync", "flat", "bucketed-0.01", "torch-ddp", "ddp-bf16"]
     assert all(r["median_ms"] > 0 and r["world"] == 2 and r["status"] == "ok" for r in steps.values())
     assert all(len(r["round_median_ms"]) == 2 for r in steps.values())
     memory = {r["optimizer"]: r for r in records if r["kind"] == "memory"}
@@ -103,7 +105,7 @@ def test_command_on_gloo(tmp_path, capfd):
     assert GLOO_NOTE in report and "NCCL kernel ms" not in report and "round spread %" in report
     out = capfd.readouterr().out  # rank 0 of the worker processes reports each variant of each round
     for line in (
-        "data-parallel steps, 2 processes (gloo, tiny): 4 variants x 2 rounds, then 3 memory rows",
+        "data-parallel steps, 2 processes (gloo, tiny): 5 variants x 2 rounds, then 3 memory rows",
         "data-parallel steps, 2 processes, round 2/2: torch-ddp ",
         "data-parallel steps, 2 processes: memory row of zero, ",
     ):

@@ -156,7 +156,8 @@ def _add_ddp_command(commands: argparse._SubParsersAction) -> None:
         "--variants",
         type=_variant_list,
         default=",".join(DDP_VARIANTS),
-        help="comma list of gradient synchronizations; bucketed-X for any X MB",
+        help="comma list of gradient synchronizations; bucketed-X for any X MB; any but no-sync with -bf16 "
+        "appended averages in bf16",
     )
     p.add_argument(
         "--optimizers",

@@ -4,6 +4,7 @@ a value with them before torch is imported (seconds); `fastlm.bench.distributed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -31,9 +32,27 @@ class Variant:
     spec: ParallelSpec
 
 
+BF16_SUFFIX = "-bf16"  # a variant's name with it: the same wrapper averaging the gradients in bf16
+
+
 def ddp_variant(name: str) -> Variant:
     """The variant called ``name``: one of DDP_VARIANTS, or bucketed-X for any finite X MB > 0 (no-sync
-    is the wrapper `none`: the compute-only step); ValueError otherwise."""
+    is the wrapper `none`: the compute-only step), any of them but no-sync with -bf16 appended (the
+    gradients averaged in bf16); ValueError otherwise."""
+    base_name = name.removesuffix(BF16_SUFFIX)
+    variant = _plain_variant(base_name)
+    if variant is not None and base_name == name:
+        return variant
+    if variant is not None and variant.spec.mode != "none":
+        return Variant(name, dataclasses.replace(variant.spec, reduce_dtype="bf16"))
+    raise ValueError(
+        f"unknown variant {name!r}; known: {', '.join(DDP_VARIANTS)} (bucketed-X for any finite X MB > 0; "
+        f"any but no-sync with {BF16_SUFFIX} to average in bf16)"
+    )
+
+
+def _plain_variant(name: str) -> Variant | None:
+    """A variant without the bf16 suffix, or None for a name that is none."""
     if name == "no-sync":
         return Variant(name, ParallelSpec("none"))
     if name in ("naive", "flat", "ddp", "torch-ddp"):
@@ -45,4 +64,4 @@ def ddp_variant(name: str) -> Variant:
             bucket_mb = math.nan
         if 0 < bucket_mb < math.inf:
             return Variant(name, ParallelSpec("bucketed", bucket_mb))
-    raise ValueError(f"unknown variant {name!r}; known: {', '.join(DDP_VARIANTS)} (bucketed-X for any finite X MB > 0)")
+    return None
