@@ -155,3 +155,16 @@ def test_gpu_fastlm_documents_and_windows_match_sdpa_in_bf16():
     for (name, p), q in zip(reference.named_parameters(), model.parameters(), strict=True):
         scale = p.grad.abs().max()
         torch.testing.assert_close(q.grad / scale, p.grad / scale, rtol=0, atol=5e-2, msg=name)
+
+
+def test_masks_are_built_once_per_window_and_required_by_the_torch_kernels():
+    config = dataclasses.replace(TINY, num_layers=4, window=4, global_every=2)
+    model = TransformerLM(config)
+    tokens, _ = packed_rows([[9, 12, 3], [2, 20, 2]])
+    bounds = torch.from_numpy(cu_seqlens(tokens.numpy(), BOUNDARY))
+    masks = model.attention_masks(bounds, *tokens.shape, tokens.device)
+    assert set(masks) == {4, None} and masks[4].shape == (2, 1, 24, 24)  # one per window, every layer shares it
+    assert model.attention_masks(None, *tokens.shape, tokens.device)[None] is None  # global and one document
+    assert TransformerLM(dataclasses.replace(TINY, attention="fastlm")).attention_masks(bounds, 2, 24, "cpu") is None
+    with pytest.raises(ValueError, match="as a mask"):
+        model.blocks[0](torch.randn(2, 24, config.d_model), bounds)

@@ -205,8 +205,14 @@ class CausalSelfAttention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = Linear(d, d), Linear(d, d), Linear(d, d), Linear(d, d)
         self.rope = rope
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None, allowed: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x (B, N, d); fastlm reads the documents from ``cu_seqlens``, naive and sdpa from
+        ``allowed``, this layer's `attention_mask` (None: plain causal attention)."""
         b, n, d = x.shape
+        if self.kernel != "fastlm" and allowed is None and (cu_seqlens is not None or self.window is not None):
+            raise ValueError("naive and sdpa attention take documents and windows as a mask (allowed)")
 
         def heads(t: torch.Tensor) -> torch.Tensor:  # (B, N, d) -> (B, H, N, Dh)
             return t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
@@ -215,20 +221,12 @@ class CausalSelfAttention(nn.Module):
         q, k = self.rope(q, k)
         if self.kernel == "fastlm":
             out = self._flash(q, k, v, cu_seqlens)
-        elif cu_seqlens is None and self.window is None:
-            out = (
-                naive_causal_attention(q, k, v, self.softmax)
-                if self.kernel == "naive"
-                else F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            )
+        elif self.kernel == "naive":
+            out = naive_causal_attention(q, k, v, self.softmax, allowed)
+        elif allowed is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            segments = None if cu_seqlens is None else document_segments(cu_seqlens, b, n)
-            allowed = attention_mask(segments, n, self.window, x.device)
-            out = (
-                naive_causal_attention(q, k, v, self.softmax, allowed)
-                if self.kernel == "naive"
-                else F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-            )
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, d))
 
     def _flash(self, q, k, v, cu_seqlens) -> torch.Tensor:
@@ -265,8 +263,12 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(config.d_model, config.norm_eps, config.norm)
         self.ffn = SwiGLU(config.d_model, config.d_ff)
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), cu_seqlens)
+    def forward(
+        self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None, masks: dict | None = None
+    ) -> torch.Tensor:
+        """masks: `TransformerLM.attention_masks`'s, keyed by window."""
+        allowed = None if masks is None else masks[self.attention.window]
+        x = x + self.attention(self.attention_norm(x), cu_seqlens, allowed)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -317,10 +319,28 @@ class TransformerLM(nn.Module):
         if cu_seqlens is not None:
             _check_cu_seqlens(cu_seqlens, tokens)
         x = self.embedding(tokens)
+        masks = self.attention_masks(cu_seqlens, *tokens.shape, tokens.device)
         recompute = self.config.recompute and torch.is_grad_enabled()
         for block in self.blocks:
-            x = checkpoint(block, x, cu_seqlens, use_reentrant=False) if recompute else block(x, cu_seqlens)
+            x = (
+                checkpoint(block, x, cu_seqlens, masks, use_reentrant=False)
+                if recompute
+                else block(x, cu_seqlens, masks)
+            )
         return self.final_norm(x)
+
+    def attention_masks(self, cu_seqlens, batch: int, length: int, device) -> dict | None:
+        """naive and sdpa: the `attention_mask` of each window the blocks use ({window: mask, or None
+        where plain causal attention does}), built once per forward, so every layer shares one
+        tensor (SDPA keeps its mask for backward); None for fastlm, which takes cu_seqlens and
+        skips tiles itself, and where nothing narrows causal attention."""
+        if self.config.attention == "fastlm" or (cu_seqlens is None and self.config.window is None):
+            return None
+        segments = None if cu_seqlens is None else document_segments(cu_seqlens, batch, length)
+        windows = {block.attention.window for block in self.blocks}
+        return {
+            w: None if w is None and segments is None else attention_mask(segments, length, w, device) for w in windows
+        }
 
 
 def _check_cu_seqlens(cu_seqlens: torch.Tensor, tokens: torch.Tensor) -> None:
