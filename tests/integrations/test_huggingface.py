@@ -184,6 +184,18 @@ def test_packed_position_ids_match_unpatched(op_calls, recwarn):
     assert op_calls["flash_attention_varlen"] == 2 and not fallback_warnings(recwarn)
 
 
+def test_packed_rows_match_unpatched(op_calls, recwarn):
+    """Several rows, each with position ids restarting at its sequences (transformers keeps the
+    sequences of every row apart): one variable-length call over the rows laid end to end; a row
+    that is one sequence is a sequence of its own."""
+    model, reference = patched_pair("llama")
+    ids = tokens(3, 6)
+    position_ids = torch.tensor([[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 4, 5], [0, 0, 1, 2, 3, 0]])
+    assert_same_step(model, reference, input_ids=ids, position_ids=position_ids, labels=ids, use_cache=False)
+    assert op_calls["flash_attention_varlen"] == 2 and op_calls["flash_attention"] == 0
+    assert not fallback_warnings(recwarn)
+
+
 def test_cu_seq_lens_alone_keep_the_sequences_apart(op_calls, recwarn):
     """Packed sequences given only as flash-attention offsets (no position_ids): transformers builds
     no mask; the variable-length kernel takes the offsets. Each sequence's logits equal those of the
@@ -228,6 +240,8 @@ def _attention_inputs(queries: int = 5, keys: int = 5):
         ("attention dropout", 5, {"dropout": 0.5, "sliding_window": 3}),  # a window the mask did not carry
         ("non-causal", 5, {"is_causal": False}),
         ("more keys than queries", 7, {}),  # a static cache's prefill
+        # two rows of packed sequences (3 + 2 and 5 tokens) under dropout: the mask keeps them apart
+        ("attention dropout", 5, {"dropout": 0.5, "cu_seq_lens": [0, 3, 5, 10]}),
     ],
 )
 def test_cases_the_kernel_does_not_cover_run_sdpa(case, keys, kwargs, recwarn):
@@ -236,9 +250,18 @@ def test_cases_the_kernel_does_not_cover_run_sdpa(case, keys, kwargs, recwarn):
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = 2, True
     q, k, v = _attention_inputs(keys=keys)
+    bounds = kwargs.pop("cu_seq_lens", None)
+    packing = {}
+    if bounds is not None:
+        offsets = torch.tensor(bounds, dtype=torch.int32)
+        packing = {"cu_seq_lens_q": offsets, "cu_seq_lens_k": offsets, "max_length_q": 5, "max_length_k": 5}
     torch.manual_seed(1)  # dropout draws the same mask in both
-    out, _ = attention_function(module, q, k, v, None, scaling=0.3, **kwargs)
+    out, _ = attention_function(module, q, k, v, None, scaling=0.3, **packing, **kwargs)
     torch.manual_seed(1)
+    if bounds is not None:  # what transformers' mask would have carried: causal, within each sequence
+        same = torch.tensor([[0, 0, 0, 1, 1], [2, 2, 2, 2, 2]])  # each row's tokens' sequence
+        causal = torch.ones(5, 5, dtype=torch.bool).tril()
+        kwargs["attention_mask"] = (causal & (same[:, :, None] == same[:, None, :]))[:, None]
     window = kwargs.pop("sliding_window", None)
     if window is not None:  # what transformers' mask would have carried: key j seen by query i iff i - w < j <= i
         rows, cols = torch.arange(5)[:, None], torch.arange(keys)[None, :]

@@ -64,10 +64,10 @@ def attention_function(
     query (B, H, Nq, D), key and value (B, Hkv, Nk, D) -> ((B, Nq, H, D), None).
 
     Causal attention runs `fastlm.flash_attention` on the grouped heads as they are, with the
-    sliding window if the model has one; packed sequences (cu_seq_lens_q / cu_seq_lens_k, one row)
-    run `fastlm.flash_attention_varlen`. Every other case runs transformers' SDPA function, once
-    warned per case (`_fallback_reason`): the result is always exact, the kernels are used where
-    they compute the same thing.
+    sliding window if the model has one; packed sequences (cu_seq_lens_q / cu_seq_lens_k over the
+    rows laid end to end, no sequence spanning two rows) run `fastlm.flash_attention_varlen`. Every
+    other case runs transformers' SDPA function, once warned per case (`_fallback_reason`): the
+    result is always exact, the kernels are used where they compute the same thing.
     """
     if kwargs.pop(PLAIN_CAUSAL, False):
         # a mask transformers built anyway (it always does while torch.compile traces, to look for
@@ -99,11 +99,15 @@ def attention_function(
     window = None if sliding_window is None else (sliding_window - 1, 0)
     if kwargs.get("cu_seq_lens_q") is None:
         return flash_attention(query, key, value, causal=True, scale=scaling, window=window).transpose(1, 2), None
-    # one row of packed sequences: (1, H, T, D) -> (T, H, D) views, the output (T, H, D) -> (1, T, H, D)
+    batch, heads, length, head_dim = query.shape
+
+    def packed(t: torch.Tensor) -> torch.Tensor:  # (B, H, N, D) -> (B N, H, D): a view for one row
+        return t.transpose(1, 2).reshape(batch * t.shape[2], t.shape[1], head_dim)
+
     out = flash_attention_varlen(
-        query[0].transpose(0, 1),
-        key[0].transpose(0, 1),
-        value[0].transpose(0, 1),
+        packed(query),
+        packed(key),
+        packed(value),
         kwargs["cu_seq_lens_q"],
         kwargs["cu_seq_lens_k"],
         kwargs["max_length_q"],
@@ -112,13 +116,13 @@ def attention_function(
         scale=scaling,
         window=window,
     )
-    return out[None], None
+    return out.view(batch, length, heads, head_dim), None
 
 
 def _fallback_reason(module, query, key, attention_mask, dropout, kwargs) -> str | None:
     """Why the kernels cannot compute this call, or None when they can: causal attention over the
-    keys, within a sliding window if any, and within the packed sequences of one row if
-    cu_seq_lens_q / cu_seq_lens_k are given.
+    keys, within a sliding window if any, and within the packed sequences of cu_seq_lens_q /
+    cu_seq_lens_k if given.
 
     The mask transformers builds for the "fastlm" implementation (`mask_function`) is None only
     where the attention is plain causal; the patched base model (`_base_model_forward`) sets it
@@ -127,8 +131,8 @@ def _fallback_reason(module, query, key, attention_mask, dropout, kwargs) -> str
     if attention_mask is not None:
         return "an attention mask (padding, or packing and windows without the patched base model)"
     packed = kwargs.get("cu_seq_lens_q") is not None
-    if packed and (query.shape[0] != 1 or kwargs.get("max_length_q") is None):
-        return "packed sequences in more than one row or without max_length_q"
+    if packed and kwargs.get("max_length_q") is None:
+        return "packed sequences without max_length_q"
     if dropout > 0.0:
         return "attention dropout"
     is_causal = kwargs.get("is_causal")
@@ -152,10 +156,11 @@ def _warn_once(reason: str) -> None:
 
 
 def _implicit_mask(query, key, sliding_window, kwargs) -> torch.Tensor | None:
-    """The mask of what the call's arguments say but no mask carries, for SDPA: (1, 1, Nq, Nk) bool,
-    True where query i (at position i + Nk - Nq) sees key j: j <= i, inside the sliding window, in
-    the same packed sequence (cu_seq_lens: the sequences' start offsets and the total). None when
-    neither packing nor a window applies: SDPA's own arguments cover the other cases."""
+    """The mask of what the call's arguments say but no mask carries, for SDPA: (B or 1, 1, Nq, Nk)
+    bool, True where query i (at position i + Nk - Nq) sees key j: j <= i, inside the sliding
+    window, in the same packed sequence (cu_seq_lens: the sequences' start offsets over the rows
+    laid end to end, and the total). None when neither packing nor a window applies: SDPA's own
+    arguments cover the other cases."""
     cu_seq_lens_q, cu_seq_lens_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     windowed = sliding_window is not None and key.shape[2] > sliding_window
     if cu_seq_lens_q is None and not windowed:
@@ -166,10 +171,15 @@ def _implicit_mask(query, key, sliding_window, kwargs) -> torch.Tensor | None:
     visible = cols <= rows
     if windowed:
         visible &= cols > rows - sliding_window
-    if cu_seq_lens_q is not None:
-        sequence_q = torch.searchsorted(cu_seq_lens_q[1:].long(), rows - (n_k - n_q), right=True)
-        visible &= sequence_q == torch.searchsorted(cu_seq_lens_k[1:].long(), cols, right=True)
-    return visible[None, None]
+    if cu_seq_lens_q is None:
+        return visible[None, None]
+    first_row = torch.arange(query.shape[0], device=query.device)[:, None, None]  # each row's offset, in rows
+    sequence_q = torch.searchsorted(
+        cu_seq_lens_q[1:].long(), (first_row * n_q + rows - (n_k - n_q)).flatten(1), right=True
+    )
+    sequence_k = torch.searchsorted(cu_seq_lens_k[1:].long(), (first_row * n_k + cols).flatten(1), right=True)
+    same = sequence_q.view(-1, n_q, 1) == sequence_k.view(-1, 1, n_k)  # (B, Nq, Nk)
+    return (visible & same)[:, None]
 
 
 def mask_function(*args, **kwargs):
@@ -214,7 +224,8 @@ def _base_model_forward(self, *args, **kwargs):
     if positions is not None and kwargs.get("cu_seq_lens_q") is None:
         if torch.compiler.is_compiling() or not _looks_for_packing(self, kwargs):
             return _original_forward(self, *args, **kwargs)  # transformers' mask says what positions mean
-        kwargs.update(_packed_sequences(positions))
+        inputs = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        kwargs.update(_packed_sequences(positions, positions.shape[0] if inputs is None else inputs.shape[0]))
     kwargs[PLAIN_CAUSAL] = True
     return _original_forward(self, *args, **kwargs)
 
@@ -228,17 +239,17 @@ def _looks_for_packing(model, kwargs) -> bool:
     return cache is None and not use_cache
 
 
-def _packed_sequences(position_ids: torch.Tensor) -> dict:
-    """cu_seq_lens_q/k and max_length_q/k of one row of packed sequences, which start where a
-    position is not its predecessor's + 1 (transformers' rule); {} for several rows or one
+def _packed_sequences(position_ids: torch.Tensor, batch: int) -> dict:
+    """cu_seq_lens_q/k and max_length_q/k of the packed sequences of ``batch`` rows of position ids
+    (1 or batch, N): a sequence starts at each row's first token and where a position is not its
+    predecessor's + 1, and never spans two rows (transformers' rule); {} where every row is one
     sequence. Reads the positions: one wait for the GPU per forward, in eager mode only."""
-    if position_ids.shape[0] != 1:
+    positions = position_ids.expand(batch, -1)
+    starts = positions[:, 1:] - positions[:, :-1] != 1  # (B, N - 1)
+    if not starts.any():
         return {}
-    positions = position_ids[0]
-    starts = torch.nonzero(positions[1:] - positions[:-1] != 1).flatten() + 1
-    if starts.numel() == 0:
-        return {}
-    edges = [0, *starts.tolist(), positions.numel()]
+    first = torch.ones(batch, 1, dtype=torch.bool, device=positions.device)
+    edges = [*torch.nonzero(torch.cat((first, starts), dim=1).flatten()).flatten().tolist(), positions.numel()]
     offsets = torch.tensor(edges, dtype=torch.int32, device=positions.device)
     longest = max(b - a for a, b in zip(edges, edges[1:], strict=False))
     return {"cu_seq_lens_q": offsets, "cu_seq_lens_k": offsets, "max_length_q": longest, "max_length_k": longest}
