@@ -254,7 +254,7 @@ def test_running_out_of_memory_is_one_line_that_names_fsdp(corpus_data, tmp_path
     assert error.startswith("python -m fastlm.train: error: out of memory (CUDA out of memory. Tried to allocate")
     assert "with --parallel none each process holds 0.0 GB" in error and "--parallel fsdp shards all of it" in error
     config = loop.parse_args([*argv, "--parallel", "fsdp"])
-    message = loop._out_of_memory_message(config, {"vocab_size": 257}, torch.OutOfMemoryError("CUDA out of memory"))
+    message = loop._out_of_memory_message(config, {"vocab_size": 257}, 1, torch.OutOfMemoryError("CUDA out of memory"))
     assert message == (
         "out of memory (CUDA out of memory) with --parallel fsdp at --micro-batch 4 x --context 16: "
         "use a smaller --micro-batch or --context"
@@ -277,10 +277,9 @@ def test_model_inputs_carry_documents_only_where_a_row_holds_a_boundary():
     ("extra", "bytes_per_parameter"),
     [([], 16), (["--shard-optimizer"], 8 + 8 / 2), (["--precision", "bf16-weights"], 16)],
 )
-def test_out_of_memory_message_counts_what_each_process_holds(corpus_data, monkeypatch, extra, bytes_per_parameter):
-    monkeypatch.setenv("WORLD_SIZE", "2")
+def test_out_of_memory_message_counts_what_each_process_holds(corpus_data, extra, bytes_per_parameter):
     argv = ["--data", str(corpus_data), "--preset", "small", "--parallel", "ddp", *extra]
     config = loop.parse_args(argv)
     parameters = config.model_config(257).num_parameters()
-    message = loop._out_of_memory_message(config, {"vocab_size": 257}, torch.OutOfMemoryError("CUDA out of memory"))
+    message = loop._out_of_memory_message(config, {"vocab_size": 257}, 2, torch.OutOfMemoryError("CUDA out of memory"))
     assert f"each process holds {parameters * bytes_per_parameter / 1e9:.1f} GB of weights" in message, message

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 import fastlm
 from fastlm.bench.bandwidth import CPU_NOTE
+from fastlm.bench.linear_xent import matmul_flops  # the LM head's three matmuls, as the LM loss counts them
 from fastlm.harness.benchmark import Benchmark, Implementation, Run
 from fastlm.harness.timing import measure, peak_backward_memory
 from fastlm.utils.plots import bar_series, time_and_memory_plots
@@ -105,12 +106,6 @@ IMPLEMENTATIONS = (
     Implementation("fastlm", _fastlm, "fastlm.linear_dpo_loss (one pass over groups of whole pairs)"),
     Implementation("liger", _liger, "Liger-Kernel LigerFusedLinearDPOLoss (no reference model)", needs_gpu=True),
 )
-
-
-def matmul_flops(tokens: int, width: int, vocab: int) -> int:
-    """The LM head's matmuls over ``tokens`` rows, forward and backward: logits, grad_hidden and
-    grad_weight, 2 N V d each."""
-    return 6 * tokens * vocab * width
 
 
 # ---------------------------------------------------------------------------------------------

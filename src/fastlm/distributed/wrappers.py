@@ -122,8 +122,12 @@ def _torch_ddp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
 def keeps_gathered(model, compute_dtype) -> bool:
     """Whether fsdp keeps the blocks' gathered weights from forward to backward: when all of them
     in ``compute_dtype`` (None: their own) take at most GATHERED_BYTES_LIMIT."""
-    gathered = sum(p.numel() * (compute_dtype or p.dtype).itemsize for p in model.blocks.parameters())
-    return gathered <= GATHERED_BYTES_LIMIT
+    return _gathered_bytes(model.blocks, compute_dtype) <= GATHERED_BYTES_LIMIT
+
+
+def _gathered_bytes(module, compute_dtype) -> int:
+    """Bytes of ``module``'s weights all-gathered in ``compute_dtype`` (None: their own dtypes)."""
+    return sum(p.numel() * (compute_dtype or p.dtype).itemsize for p in module.parameters())
 
 
 def sharding_units(blocks: list, unit_mb: float | None, compute_dtype) -> list[list]:
@@ -136,7 +140,7 @@ def sharding_units(blocks: list, unit_mb: float | None, compute_dtype) -> list[l
     units, current, size = [], [], 0
     for block in blocks:
         current.append(block)
-        size += sum(p.numel() * (compute_dtype or p.dtype).itemsize for p in block.parameters())
+        size += _gathered_bytes(block, compute_dtype)
         if size >= unit_mb * 1e6:
             units.append(current)
             current, size = [], 0

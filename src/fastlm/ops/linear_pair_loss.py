@@ -64,10 +64,9 @@ def _group_pairs(hidden: torch.Tensor, vocab: int, chunk_rows: int | None) -> in
     return max(1, rows // (2 * hidden.shape[1]))
 
 
-def _pair_rows(tensor: torch.Tensor, pairs: slice, count: int) -> torch.Tensor:
-    """The chosen rows ``pairs`` and the matching rejected rows (rows B + pairs) of a (2B, T, ...)
-    tensor, as one (2k T, ...) tensor (a copy)."""
-    rejected = slice(pairs.start + count, pairs.stop + count)
+def _pair_rows(tensor: torch.Tensor, pairs: slice, rejected: slice) -> torch.Tensor:
+    """The chosen rows ``pairs`` and their rejected rows of a (2B, T, ...) tensor, as one
+    (2k T, ...) tensor (a copy)."""
     return torch.cat((tensor[pairs], tensor[rejected])).flatten(0, 1)
 
 
@@ -94,20 +93,21 @@ class LinearPairLossFunction(torch.autograd.Function):
         compute_weight = weight.to(hidden.dtype)
         for start in range(0, count, group):
             pairs = slice(start, min(start + group, count))
+            rejected = slice(count + pairs.start, count + pairs.stop)  # their rejected rows
             k = pairs.stop - pairs.start
-            rows_hidden = _pair_rows(hidden, pairs, count)  # (2kT, d)
-            rows_targets = _pair_rows(targets, pairs, count)
+            rows_hidden = _pair_rows(hidden, pairs, rejected)  # (2kT, d)
+            rows_targets = _pair_rows(targets, pairs, rejected)
             losses, dlogits = _chunk_dlogits(rows_hidden, compute_weight, None, rows_targets, None, options, False)
-            counts = torch.cat((tokens[pairs], tokens[count + pairs.start : count + pairs.stop])).clamp(min=1)
+            counts = torch.cat((tokens[pairs], tokens[rejected])).clamp(min=1)
             sums = -losses.view(2 * k, length).sum(1)
             seq = sums / counts if average else sums
             with torch.enable_grad():
-                chosen, rejected = (x.detach().requires_grad_() for x in seq.chunk(2))
-                group_loss = pair_losses(chosen, rejected, pairs).sum() / count
-                grad_seq = torch.cat(torch.autograd.grad(group_loss, (chosen, rejected)))  # (2k,)
+                chosen_logps, rejected_logps = (x.detach().requires_grad_() for x in seq.chunk(2))
+                group_loss = pair_losses(chosen_logps, rejected_logps, pairs).sum() / count
+                grad_seq = torch.cat(torch.autograd.grad(group_loss, (chosen_logps, rejected_logps)))  # (2k,)
             loss += group_loss.detach()
             logps[pairs] = seq[:k]
-            logps[count + pairs.start : count + pairs.stop] = seq[k:]
+            logps[rejected] = seq[k:]
             # d loss / d losses_t = -d loss / d seq (/ tokens): the same factor for a sequence's rows
             scale = -grad_seq / counts if average else -grad_seq
             row_scale = scale.repeat_interleave(length)[:, None]  # (2kT, 1) fp32
@@ -117,7 +117,7 @@ class LinearPairLossFunction(torch.autograd.Function):
                 _matmul_into(product, dlogits, compute_weight, False, traced=False)
                 grad_rows = product.mul_(row_scale).view(2 * k, length, -1)
                 grad_hidden[pairs] = grad_rows[:k]
-                grad_hidden[count + pairs.start : count + pairs.stop] = grad_rows[k:]
+                grad_hidden[rejected] = grad_rows[k:]
                 del product, grad_rows
             if need_weight:
                 _matmul_into(grad_weight, dlogits.t(), rows_hidden.mul_(row_scale), start > 0, traced=False)

@@ -296,7 +296,7 @@ def train(config: TrainConfig) -> dict:
     except (RuntimeError, MemoryError) as error:
         if not is_out_of_memory(error):
             raise
-        raise UserError(_out_of_memory_message(config, record, error)) from None
+        raise UserError(_out_of_memory_message(config, record, world, error)) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -429,7 +429,7 @@ def _train_loop(
     return result
 
 
-def _out_of_memory_message(config: TrainConfig, record: dict, error: BaseException) -> str:
+def _out_of_memory_message(config: TrainConfig, record: dict, world: int, error: BaseException) -> str:
     """One sentence for a run that does not fit: what each process holds, and what would shrink it."""
     first = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
     batch = f"--micro-batch {config.micro_batch} x --context {config.context}"
@@ -439,7 +439,6 @@ def _out_of_memory_message(config: TrainConfig, record: dict, error: BaseExcepti
     # bytes per parameter: weights and gradients (fp32, or bf16 with bf16-weights), and AdamW's
     # moments (fp32; with bf16-weights also the fp32 masters), which --shard-optimizer divides
     replicated, optimizer = (4, 12) if stores_bf16_weights(config.precision) else (8, 8)
-    world = int(os.environ.get("WORLD_SIZE", 1))
     state = parameters * (replicated + optimizer / (world if config.shard_optimizer else 1))
     return (
         f"out of memory ({first}): with --parallel {config.parallel} each process holds {state / 1e9:.1f} GB of "
