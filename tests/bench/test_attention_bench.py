@@ -37,7 +37,7 @@ def test_model_sweep_keeps_tokens_per_batch_then_adds_the_short_shapes():
 def test_model_ratios_divide_tflops_per_shape():
     """Shapes that share N and D (a short single sequence and a batch of them) keep their own ratios."""
 
-    def record(batch, implementation, fwd=None, fwd_bwd=None, status="ok"):
+    def record(batch, implementation, fwd=None, fwd_bwd=None, status="ok", **graph):
         return {
             "batch": batch,
             "heads": 16,
@@ -47,19 +47,28 @@ def test_model_ratios_divide_tflops_per_shape():
             "status": status,
             "fwd_tflops": fwd,
             "fwd_bwd_tflops": fwd_bwd,
+            **graph,
         }
 
     records = [
         record(32, "fastlm", 400.0, 300.0),
         record(32, "sdpa-flash", 200.0, 250.0),
         record(32, "sdpa-cudnn", status="OOM"),
-        record(1, "fastlm", 100.0, 50.0),
-        record(1, "sdpa-flash", 125.0, 100.0),
+        record(1, "fastlm", 100.0, 50.0, fwd_bwd_graph_tflops=90.0),
+        record(1, "fastlm-atomic", 100.0, 75.0, fwd_bwd_graph_tflops=120.0),
+        record(1, "sdpa-flash", 125.0, 100.0, fwd_bwd_graph_tflops=150.0),
     ]
-    batched, single = sorted(attention_report.model_ratios(records), key=lambda row: -row["batch"])
+    ratios = sorted(attention_report.model_ratios(records), key=lambda row: (-row["batch"], row["implementation"]))
+    batched, single, atomic = ratios
     assert batched["fwd_vs_sdpa-flash"] == 2.0 and batched["fwd_bwd_vs_sdpa-flash"] == 1.2
-    assert "fwd_vs_sdpa-cudnn" not in batched
+    assert "fwd_vs_sdpa-cudnn" not in batched and "fwd_bwd_graph_vs_sdpa-flash" not in batched
     assert (single["batch"], single["fwd_vs_sdpa-flash"], single["fwd_bwd_vs_sdpa-flash"]) == (1, 0.8, 0.5)
+    assert single["fwd_bwd_graph_vs_sdpa-flash"] == 0.6
+    assert (atomic["implementation"], atomic["fwd_bwd_vs_sdpa-flash"], atomic["fwd_bwd_graph_vs_sdpa-flash"]) == (
+        "fastlm-atomic",
+        0.75,
+        0.8,
+    )
 
 
 def test_cpu_model_sweep_runs_and_renders(tmp_path, monkeypatch):
@@ -69,7 +78,12 @@ def test_cpu_model_sweep_runs_and_renders(tmp_path, monkeypatch):
     report = run_benchmark(attention.AttentionBenchmark(("model",)), tmp_path, torch.device("cpu"))
     records = read_records(tmp_path / "results" / "attention.jsonl")
     statuses = {r["implementation"]: r["status"] for r in records}
-    assert statuses == {"fastlm": "ok", "sdpa-flash": "needs a GPU", "sdpa-cudnn": "needs a GPU"}
+    assert statuses == {
+        "fastlm": "ok",
+        "fastlm-atomic": "ok",
+        "sdpa-flash": "needs a GPU",
+        "sdpa-cudnn": "needs a GPU",
+    }
     assert all(r["fwd_tflops"] > 0 for r in records if r["status"] == "ok")
     markdown = report.read_text()
     assert "| bfloat16 | 32 | 64 | 2 | fastlm |" in markdown

@@ -9,8 +9,10 @@ Sweeps (one run, one device, every implementation side by side):
   128..65536, head dims 16..128, bf16 and fp32; forward, backward and forward+backward by
   do_bench for fastlm, naive PyTorch (where it fits), SDPA with the flash backend and with the
   cuDNN backend; peak memory of forward+backward.
-- model: 32k tokens per batch, 16 heads, head dims 64 and 128, lengths 1k/4k/16k, causal, bf16;
-  TFLOP/s by the conventional FLOP count (fastlm.analysis.attention) and peak memory.
+- model: 32k tokens per batch, 16 heads, head dims 64 and 128, lengths 1k/4k/16k, and two short
+  shapes, causal, bf16: fastlm (deterministic and ``deterministic=False``), SDPA flash and cuDNN;
+  TFLOP/s by the conventional FLOP count (fastlm.analysis.attention), peak memory, and on a GPU
+  forward+backward also replayed as one CUDA graph (no host launch costs).
 - varlen: two 32k-token rows of documents of long-tailed lengths, 16 heads, causal in each document,
   bf16: fastlm's packed attention, the same kernels on one causal sequence per row, SDPA flash and
   cuDNN on the documents padded to a batch, FlexAttention with a document mask.
@@ -181,6 +183,10 @@ def _fastlm(_case: Case) -> AttentionFn:
     return lambda q, k, v: fastlm.flash_attention(q, k, v, causal=True)
 
 
+def _fastlm_atomic(_case: Case) -> AttentionFn:
+    return lambda q, k, v: fastlm.flash_attention(q, k, v, causal=True, deterministic=False)
+
+
 def _sdpa(backend_name: str) -> Callable[[Case], AttentionFn | str]:
     def make(case: Case) -> AttentionFn | str:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -294,6 +300,9 @@ IMPLEMENTATIONS = {
     "naive": Implementation("naive", _naive, "PyTorch eager, materialized scores"),
     "compile": Implementation("compile", _compiled, "torch.compile of the naive attention"),
     "fastlm": Implementation("fastlm", _fastlm, "fastlm.flash_attention (Triton)"),
+    "fastlm-atomic": Implementation(
+        "fastlm-atomic", _fastlm_atomic, "fastlm.flash_attention, deterministic=False (dQ by atomics)"
+    ),
     "sdpa-flash": Implementation(
         "sdpa-flash", _sdpa("FLASH_ATTENTION"), "SDPA, FlashAttention-2 backend", needs_gpu=True
     ),
@@ -330,7 +339,7 @@ SWEEP_IMPLEMENTATIONS = {
     "naive": ("naive",),
     "compile": ("compile",),
     "flash": ("fastlm", "naive", "sdpa-flash", "sdpa-cudnn"),
-    "model": ("fastlm", "sdpa-flash", "sdpa-cudnn"),
+    "model": ("fastlm", "fastlm-atomic", "sdpa-flash", "sdpa-cudnn"),
     "varlen": ("fastlm-varlen", "fastlm-one-sequence", "sdpa-flash-padded", "sdpa-cudnn-padded", "flex-documents"),
     "window": ("fastlm-window", "fastlm-chunks", "fastlm-causal", "flex-window"),
 }
@@ -405,6 +414,28 @@ def _bench_timings(fn: AttentionFn, q, k, v, device, flops: float) -> dict:
     }
 
 
+def _graph_timings(fn: AttentionFn, q, k, v, flops: float) -> dict:
+    """Forward+backward captured as one CUDA graph and replayed (do_bench): the GPU's time without
+    the host's launch costs, which short shapes expose."""
+    grad_out = torch.randn_like(q)
+    side = torch.cuda.Stream()  # capture needs the lazy initializations done, on a side stream
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            q.grad = k.grad = v.grad = None
+            fn(q, k, v).backward(grad_out)
+    torch.cuda.current_stream().wait_stream(side)
+    q.grad = k.grad = v.grad = None  # the graph writes fresh gradients on each replay
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(q, k, v).backward(grad_out)
+    step = measure(graph.replay, q.device, warmup_ms=25, rep_ms=100)
+    return {
+        "fwd_bwd_graph_ms": step.median_ms,
+        "fwd_bwd_graph_tflops": (1 + BACKWARD_FLOPS_RATIO) * flops / step.median_ms / 1e9,
+    }
+
+
 @dataclass(frozen=True)
 class AttentionBenchmark(Benchmark):
     """The sweeps (among ATTENTION_SWEEPS), in order, each shape with its sweep's implementations."""
@@ -441,7 +472,11 @@ class AttentionBenchmark(Benchmark):
                 "status": "ok",
                 **_loop_timings(fn, *tensors, device, steps=100 if on_gpu else 3, warmup=3 if on_gpu else 1),
             }
-        return {"status": "ok", **_bench_timings(fn, *tensors, device, case.shape.forward_flops)}
+        flops = case.shape.forward_flops
+        timings = _bench_timings(fn, *tensors, device, flops)
+        if device.type == "cuda" and case.sweep == "model":
+            timings |= _graph_timings(fn, *tensors, flops)
+        return {"status": "ok", **timings}
 
     def render(self, results_dir: Path, reports_dir: Path) -> str:
         """Markdown for the latest run of each sweep; writes the PNG plots."""
