@@ -6,9 +6,8 @@ the backward with one kernel's tiles varied at a time (the others at the GPU's d
 TFLOP/s, forward FLOPs 2*B*H*N^2*D causal, backward 2.5x), PyTorch's SDPA backends at the same
 shape for reference (bf16/fp16 only), then, on stderr, the best AttentionConfig found as a Python
 expression: an entry of the architecture's table in fastlm/ops/flash_attention/config.py.
-The `fused` tiles are those of the one-launch backward (``deterministic=False``).
 Usage: python benchmarks/tune_attention.py [--shapes 8,16,4096 4,12,512] [--head-dims 128,64]
-       [--dtypes bfloat16,float32] [--kernels forward,dkdv,dq,fused] > tune_attention.jsonl
+       [--dtypes bfloat16,float32] > tune_attention.jsonl
 """
 
 import argparse
@@ -98,9 +97,7 @@ def main():
     parser.add_argument("--shapes", nargs="+", default=["8,16,4096"], help="batch,heads,tokens (default: %(default)s)")
     parser.add_argument("--head-dims", default="128,64", help="(default: %(default)s)")
     parser.add_argument("--dtypes", default="bfloat16,float32", help="(default: %(default)s)")
-    parser.add_argument("--kernels", default="forward,dkdv,dq,fused", help="tiles to sweep (default: %(default)s)")
     args = parser.parse_args()
-    kernels = args.kernels.split(",")
     arch = device_arch(torch.device("cuda"))
     shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes]
     dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
@@ -122,21 +119,11 @@ def main():
         def backward(config):
             return fa._launch_backward(do, q, k, v, o, lse, True, scale, config)
 
-        def backward_atomic(config):
-            return fa._launch_backward(do, q, k, v, o, lse, True, scale, config, deterministic=False)
-
-        runs = {
-            "forward": (FORWARD[size], forward, fwd_flops),
-            "dkdv": (BACKWARD[size], backward, 2.5 * fwd_flops),
-            "dq": (BACKWARD[size], backward, 2.5 * fwd_flops),
-            "fused": (BACKWARD[size], backward_atomic, 2.5 * fwd_flops),
+        best = {
+            "forward": sweep("forward", default, FORWARD[size], forward, shape, dim, dtype, fwd_flops),
+            "dkdv": sweep("dkdv", default, BACKWARD[size], backward, shape, dim, dtype, 2.5 * fwd_flops),
+            "dq": sweep("dq", default, BACKWARD[size], backward, shape, dim, dtype, 2.5 * fwd_flops),
         }
-        best = {}
-        for field in dataclasses.fields(default):
-            candidates, run, flops = runs[field.name]
-            best[field.name] = getattr(default, field.name)
-            if field.name in kernels:
-                best[field.name] = sweep(field.name, default, candidates, run, shape, dim, dtype, flops)
         print(
             f"sm{arch} {str(dtype).removeprefix('torch.')} head dim {dim}, {batch}x{heads}x{seq}: "
             f"{fa.AttentionConfig(**best)!r}",

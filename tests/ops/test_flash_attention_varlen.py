@@ -10,6 +10,8 @@ import torch
 
 import fastlm
 from fastlm.ops.flash_attention import (
+    AttentionConfig,
+    AttentionTiles,
     check_window,
     flash_attention_varlen_ref,
 )
@@ -51,15 +53,13 @@ def check_varlen(run, q, k, v, cu_q, cu_k, causal, window=None):
     assert out.dtype == q.dtype and out.shape == q.shape
 
 
-def packed_kernels(cu_q, cu_k, causal, window, config=None, scale=None, deterministic=True):
+def packed_kernels(cu_q, cu_k, causal, window, config=None, scale=None):
     """The kernels' autograd.Function on packed inputs, as ``run(q, k, v)``."""
 
     def run(q, k, v):
         max_k = int((cu_k[1:] - cu_k[:-1]).max())
-        scale_or_default = scale or q.shape[-1] ** -0.5
-        window_checked = check_window(window)
         return _FlashAttentionKernels.apply(
-            q, k, v, causal, scale_or_default, config, window_checked, cu_q, cu_k, max_k, deterministic
+            q, k, v, causal, scale or q.shape[-1] ** -0.5, config, check_window(window), cu_q, cu_k, max_k
         )
 
     return run
@@ -86,14 +86,6 @@ CASES = [
 def test_kernels_match_reference(q_lengths, k_lengths, causal, window, device):
     (q, k, v), cu_q, cu_k = make_packed(q_lengths, k_lengths or q_lengths, 4, 2, 16, torch.float32, device)
     check_varlen(packed_kernels(cu_q, cu_k, causal, window, SMALL_TILES), q, k, v, cu_q, cu_k, causal, window)
-
-
-@pytest.mark.parametrize("q_lengths,k_lengths,causal,window", [CASES[0], CASES[2], CASES[4], CASES[-1]])
-def test_nondeterministic_backward_matches_reference(q_lengths, k_lengths, causal, window, device):
-    """The one-launch backward (dQ by atomics) on packed documents: empty and length-1 ones too."""
-    (q, k, v), cu_q, cu_k = make_packed(q_lengths, k_lengths or q_lengths, 4, 2, 16, torch.float32, device)
-    run = packed_kernels(cu_q, cu_k, causal, window, SMALL_TILES, deterministic=False)
-    check_varlen(run, q, k, v, cu_q, cu_k, causal, window)
 
 
 @pytest.mark.parametrize("q_lengths,k_lengths,causal,window", [CASES[0], CASES[2], CASES[5]])
@@ -174,11 +166,9 @@ def test_saves_l_q_k_v_o_and_the_lengths(device):
         torch.testing.assert_close(lse[:, start:end].double(), torch.logsumexp(scores, -1), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("deterministic", [True, False], ids=["deterministic", "atomic"])
-def test_registered_op_passes_opcheck(deterministic, device):
+def test_registered_op_passes_opcheck(device):
     (q, k, v), cu_q, cu_k = make_packed([9, 0, 14], [5, 3, 14], 2, 1, 16, torch.float32, device)
-    args = (q, k, v, cu_q, cu_k, 14, True, 0.3, 4, -1, deterministic)
-    torch.library.opcheck(torch.ops.fastlm.flash_attention_forward, args)
+    torch.library.opcheck(torch.ops.fastlm.flash_attention_forward, (q, k, v, cu_q, cu_k, 14, True, 0.3, 4, -1))
 
 
 def _packed_inputs():
@@ -367,6 +357,5 @@ def test_gpu_explicit_small_tiles():
     """Tiles far smaller than the defaults over many documents: slots and boundaries on every edge."""
     lengths = long_tailed_lengths(2048, seed=4)
     (q, k, v), cu, _ = make_packed(lengths, lengths, 4, 2, 64, torch.bfloat16, "cuda")
-    for deterministic in (True, False):
-        run = packed_kernels(cu, cu, True, (100, -1), SMALL_TILES, deterministic=deterministic)
-        check_varlen(run, q, k, v, cu, cu, True, (100, -1))
+    config = AttentionConfig(AttentionTiles(16, 32, 4, 1), AttentionTiles(32, 16, 4, 1), AttentionTiles(16, 16, 2, 1))
+    check_varlen(packed_kernels(cu, cu, True, (100, -1), config), q, k, v, cu, cu, True, (100, -1))

@@ -13,11 +13,7 @@ TRITON_OPS = {
     "fastlm::causal_conv1d_forward": ["_conv1d_forward_kernel"],
     "fastlm::causal_conv1d_backward": ["_conv1d_dz_kernel", "_conv1d_input_grad_kernel"],
     "fastlm::flash_attention_forward": ["_flash_forward_kernel"],
-    "fastlm::flash_attention_backward": [
-        "_flash_backward_delta_kernel",
-        "_flash_backward_dkdv_kernel",
-        "_flash_backward_dq_kernel",
-    ],
+    "fastlm::flash_attention_backward": ["_flash_backward_dq_kernel", "_flash_backward_dkdv_kernel"],
     "fastlm::cross_entropy_forward": ["_cross_entropy_forward_kernel"],
     "fastlm::cross_entropy_backward": ["_cross_entropy_backward_kernel"],
     "fastlm::cross_entropy_fused": ["_cross_entropy_fused_kernel"],

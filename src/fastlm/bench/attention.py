@@ -10,9 +10,9 @@ Sweeps (one run, one device, every implementation side by side):
   do_bench for fastlm, naive PyTorch (where it fits), SDPA with the flash backend and with the
   cuDNN backend; peak memory of forward+backward.
 - model: 32k tokens per batch, 16 heads, head dims 64 and 128, lengths 1k/4k/16k, and two short
-  shapes, causal, bf16: fastlm (deterministic and ``deterministic=False``), SDPA flash and cuDNN;
-  TFLOP/s by the conventional FLOP count (fastlm.analysis.attention), peak memory, and on a GPU
-  forward+backward also replayed as one CUDA graph (no host launch costs).
+  shapes, causal, bf16: fastlm, SDPA flash and cuDNN; TFLOP/s by the conventional FLOP count
+  (fastlm.analysis.attention), peak memory, and on a GPU forward+backward also replayed as one
+  CUDA graph (no host launch costs).
 - varlen: two 32k-token rows of documents of long-tailed lengths, 16 heads, causal in each document,
   bf16: fastlm's packed attention, the same kernels on one causal sequence per row, SDPA flash and
   cuDNN on the documents padded to a batch, FlexAttention with a document mask.
@@ -183,10 +183,6 @@ def _fastlm(_case: Case) -> AttentionFn:
     return lambda q, k, v: fastlm.flash_attention(q, k, v, causal=True)
 
 
-def _fastlm_atomic(_case: Case) -> AttentionFn:
-    return lambda q, k, v: fastlm.flash_attention(q, k, v, causal=True, deterministic=False)
-
-
 def _sdpa(backend_name: str) -> Callable[[Case], AttentionFn | str]:
     def make(case: Case) -> AttentionFn | str:
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -300,9 +296,6 @@ IMPLEMENTATIONS = {
     "naive": Implementation("naive", _naive, "PyTorch eager, materialized scores"),
     "compile": Implementation("compile", _compiled, "torch.compile of the naive attention"),
     "fastlm": Implementation("fastlm", _fastlm, "fastlm.flash_attention (Triton)"),
-    "fastlm-atomic": Implementation(
-        "fastlm-atomic", _fastlm_atomic, "fastlm.flash_attention, deterministic=False (dQ by atomics)"
-    ),
     "sdpa-flash": Implementation(
         "sdpa-flash", _sdpa("FLASH_ATTENTION"), "SDPA, FlashAttention-2 backend", needs_gpu=True
     ),
@@ -339,7 +332,7 @@ SWEEP_IMPLEMENTATIONS = {
     "naive": ("naive",),
     "compile": ("compile",),
     "flash": ("fastlm", "naive", "sdpa-flash", "sdpa-cudnn"),
-    "model": ("fastlm", "fastlm-atomic", "sdpa-flash", "sdpa-cudnn"),
+    "model": ("fastlm", "sdpa-flash", "sdpa-cudnn"),
     "varlen": ("fastlm-varlen", "fastlm-one-sequence", "sdpa-flash-padded", "sdpa-cudnn-padded", "flex-documents"),
     "window": ("fastlm-window", "fastlm-chunks", "fastlm-causal", "flex-window"),
 }

@@ -66,18 +66,15 @@ SIDE_BY_SIDE_COLUMNS = [
 ]
 
 
-FASTLM_VARIANTS = ("fastlm", "fastlm-atomic")  # the model sweep's fastlm implementations
-
-
 def model_ratios(records: list[dict]) -> list[dict]:
-    """Each fastlm variant's TFLOP/s over each SDPA backend's, per model shape: through autograd,
-    and as a CUDA graph where measured."""
+    """fastlm's TFLOP/s over each SDPA backend's, per model shape: through autograd, and as a CUDA
+    graph where measured."""
     by_key = {(*_shape(r), r["implementation"]): r for r in records if r["status"] == "ok"}
     rows = []
     for (batch, heads, seq, dim, name), r in sorted(by_key.items(), key=lambda item: item[0][::-1]):
-        if name not in FASTLM_VARIANTS:
+        if name != "fastlm":
             continue
-        row = {"batch": batch, "heads": heads, "head_dim": dim, "seq": seq, "implementation": name}
+        row = {"batch": batch, "heads": heads, "head_dim": dim, "seq": seq}
         for base in ("sdpa-flash", "sdpa-cudnn"):
             other = by_key.get((batch, heads, seq, dim, base))
             for stage in ("fwd", "fwd_bwd", "fwd_bwd_graph"):
@@ -98,7 +95,6 @@ RATIO_COLUMNS = [
     ("heads", "H"),
     ("head_dim", "D"),
     ("seq", "N"),
-    ("implementation", "fastlm"),
     ("fwd_vs_sdpa-flash", "fwd vs SDPA-flash"),
     ("fwd_bwd_vs_sdpa-flash", "fwd+bwd vs SDPA-flash"),
     ("fwd_bwd_graph_vs_sdpa-flash", "fwd+bwd graph vs SDPA-flash"),
@@ -145,11 +141,11 @@ def render(records: list[dict], reports_dir: Path) -> str:
             *([CPU_NOTE] if first["gpu"] == "cpu" else []),
             markdown_table(model, present_columns(model, BENCH_COLUMNS)),
         ]
-        measured_ratios = present_columns(ratios, RATIO_COLUMNS[5:])  # after the shape and variant, which every row has
+        measured_ratios = present_columns(ratios, RATIO_COLUMNS[4:])  # after B, H, D and N, which every row has
         if measured_ratios:
             sections += [
-                "fastlm's TFLOP/s relative to each SDPA backend (atomic: `deterministic=False`):",
-                markdown_table(ratios, [*RATIO_COLUMNS[:5], *measured_ratios]),
+                "fastlm's TFLOP/s relative to each SDPA backend:",
+                markdown_table(ratios, [*RATIO_COLUMNS[:4], *measured_ratios]),
             ]
         else:
             sections.append("No SDPA backend was measured in this run, so there are no fastlm-vs-SDPA ratios.")

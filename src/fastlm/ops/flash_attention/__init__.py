@@ -1,7 +1,7 @@
 """FlashAttention-2 in Triton: dense and packed (variable-length) sequences, causal and sliding-window
-masks, grouped-query heads, deterministic gradients (or a faster backward with dQ by atomics).
+masks, grouped-query heads, deterministic gradients.
 
-    kernels.py    the Triton kernels (forward; backward as dQ, then dK/dV, or dQ by atomics), math and cost
+    kernels.py    the Triton kernels (forward; backward as dQ, then dK/dV), their math and cost model
     config.py     launch tiles per GPU architecture, dtype, head dim and sequence length
     launchers.py  allocate the outputs and launch the kernels
     masks.py      the causal flag and the window as bounds on key positions; the window's check

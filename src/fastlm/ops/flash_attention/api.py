@@ -49,11 +49,9 @@ def _forward_op(
     scale: float,
     window_left: int,
     window_right: int,
-    deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, L) for dense q (Z, H, M, D) or (Z, M, D), k/v (Z, Hkv, N, D) or (Z, N, D), or packed
-    (total, heads, D) with cumulative lengths: the kernels or, off the Triton path, the tiled twin.
-    ``deterministic`` is for the backward (the op's autograd passes it on)."""
+    (total, heads, D) with cumulative lengths: the kernels or, off the Triton path, the tiled twin."""
     packing = dict(window=(window_left, window_right), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     if runs_triton(q):
         config = _kernel_config(q, k, cu_seqlens_q is not None, max_seqlen_k)
@@ -76,24 +74,12 @@ def _backward_op(
     scale: float,
     window_left: int,
     window_right: int,
-    deterministic: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     packing = dict(window=(window_left, window_right), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     if runs_triton(q):  # O and L as the op's caller passes them: the kernels index them as contiguous
         config = _kernel_config(q, k, cu_seqlens_q is not None, max_seqlen_k)
         return _launch_backward(
-            grad_out,
-            q,
-            k,
-            v,
-            o.contiguous(),
-            lse.contiguous(),
-            causal,
-            scale,
-            config,
-            deterministic=deterministic,
-            traced=True,
-            **packing,
+            grad_out, q, k, v, o.contiguous(), lse.contiguous(), causal, scale, config, traced=True, **packing
         )
     return _tiled_backward(grad_out, q, k, v, o, lse, causal, scale, TORCH_TILE, **packing)
 
@@ -102,21 +88,19 @@ def _op_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, *options = inputs
     o, lse = output
     ctx.save_for_backward(lse, q, k, v, o, cu_seqlens_q, cu_seqlens_k)
-    ctx.options = options  # max_seqlen_k, causal, scale, window_left, window_right, deterministic
+    ctx.options = options  # max_seqlen_k, causal, scale, window_left, window_right
 
 
 def _op_backward(ctx, grad_out, _grad_lse):
     lse, q, k, v, o, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = _backward_op(grad_out, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options)
-    return dq, dk, dv, *[None] * 8
+    return dq, dk, dv, *[None] * 7
 
 
 torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_setup_context)
 
 
-def _autograd_forward(
-    ctx, forward, q, k, v, causal: bool, scale: float, config, window, cu_seqlens_q, cu_seqlens_k, deterministic
-):
+def _autograd_forward(ctx, forward, q, k, v, causal: bool, scale: float, config, window, cu_seqlens_q, cu_seqlens_k):
     """Shared forward of the autograd.Functions (``config``: the kernels' AttentionConfig or the
     twin's tile edge): saves exactly (L, Q, K, V, O), the cumulative lengths of packed inputs, and
     what the backward needs besides, so that it recomputes nothing."""
@@ -124,13 +108,13 @@ def _autograd_forward(
         q, k, v, causal, scale, config, window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k
     )
     ctx.save_for_backward(lse, q, k, v, o, *(() if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k)))
-    ctx.options = (causal, scale, window, config, deterministic)
+    ctx.options = (causal, scale, window, config)
     return o
 
 
 def _autograd_backward(ctx, backward, grad_out):
     lse, q, k, v, o, *packing = ctx.saved_tensors
-    causal, scale, window, config, deterministic = ctx.options
+    causal, scale, window, config = ctx.options
     cu_seqlens_q, cu_seqlens_k = packing or (None, None)
     dq, dk, dv = backward(
         grad_out,
@@ -145,24 +129,22 @@ def _autograd_backward(ctx, backward, grad_out):
         window=window,
         cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k,
-        deterministic=deterministic,
     )
-    return dq, dk, dv, *[None] * 8
+    return dq, dk, dv, *[None] * 7
 
 
 class _FlashAttentionKernels(torch.autograd.Function):
     """The Triton kernels for inputs already checked: ``apply(q, k, v, causal, scale, config, window,
-    cu_seqlens_q, cu_seqlens_k, max_seqlen_k, deterministic)`` with a bool, a float, an
-    AttentionConfig or None (picked for q), a (left, right) window, for packed inputs the cumulative
-    lengths and the longest document's keys (dense: None, None, 0), and a bool. The eager path of
-    the public functions."""
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_k)`` with a bool, a float, an AttentionConfig or None
+    (picked for q), a (left, right) window, and for packed inputs the cumulative lengths and the
+    longest document's keys (dense: None, None, 0). The eager path of the public functions."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, config, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, deterministic):
+    def forward(ctx, q, k, v, causal, scale, config, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_k):
         if config is None:  # picked here, not in the launcher: the backward reuses it
             config = _kernel_config(q, k, cu_seqlens_q is not None, max_seqlen_k)
         return _autograd_forward(
-            ctx, _launch_forward, q, k, v, causal, scale, config, window, cu_seqlens_q, cu_seqlens_k, deterministic
+            ctx, _launch_forward, q, k, v, causal, scale, config, window, cu_seqlens_q, cu_seqlens_k
         )
 
     @staticmethod
@@ -176,9 +158,7 @@ class _FlashAttentionTiled(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale, tile, window, cu_seqlens_q, cu_seqlens_k):
-        return _autograd_forward(
-            ctx, _tiled_forward, q, k, v, causal, scale, tile, window, cu_seqlens_q, cu_seqlens_k, True
-        )
+        return _autograd_forward(ctx, _tiled_forward, q, k, v, causal, scale, tile, window, cu_seqlens_q, cu_seqlens_k)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -205,31 +185,20 @@ class FlashAttentionTorch(_FlashAttentionTiled):
 class FlashAttentionTriton(_FlashAttentionKernels):
     """FlashAttention-2 in Triton: the fast path. CUDA tensors, or CPU under TRITON_INTERPRET=1.
 
-    ``apply(q, k, v, is_causal=False, scale=None, config=None, window=None, deterministic=True)``;
-    arguments as in ``flash_attention``, checked; ``config`` an AttentionConfig (None:
-    ``attention_config`` for q's GPU, dtype, head dim and number of keys). Saves exactly
-    (L, Q, K, V, O), L of shape (B, Nq) or (B, H, Nq) in fp32.
+    ``apply(q, k, v, is_causal=False, scale=None, config=None, window=None)``; arguments as in
+    ``flash_attention``, checked; ``config`` an AttentionConfig (None: ``attention_config`` for q's
+    GPU, dtype, head dim and number of keys). Saves exactly (L, Q, K, V, O), L of shape (B, Nq) or
+    (B, H, Nq) in fp32.
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal=False, scale=None, config=None, window=None, deterministic=True):
+    def forward(ctx, q, k, v, is_causal=False, scale=None, config=None, window=None):
         if not runs_triton(q):
             raise ValueError(f"FlashAttentionTriton needs CUDA tensors (or TRITON_INTERPRET=1 for CPU), got {q.device}")
         check_inputs(q, k, v)
         scale = default_scale(q.shape[-1], scale)
         return _FlashAttentionKernels.forward(
-            ctx,
-            q,
-            k,
-            v,
-            check_flag("is_causal", is_causal),
-            scale,
-            config,
-            check_window(window),
-            None,
-            None,
-            0,
-            check_flag("deterministic", deterministic),
+            ctx, q, k, v, check_flag("is_causal", is_causal), scale, config, check_window(window), None, None, 0
         )
 
 
@@ -299,15 +268,14 @@ def attend(
     cu_seqlens_q=None,
     cu_seqlens_k=None,
     max_seqlen_k: int = 0,
-    deterministic: bool = True,
 ) -> torch.Tensor:
     """The output for checked arguments (dense: no cumulative lengths): while torch.compile traces,
     the op; eagerly, the kernels' or the twin's autograd.Function."""
     if torch.compiler.is_compiling():
-        return _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, causal, scale, *window, deterministic)[0]
+        return _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, causal, scale, *window)[0]
     if runs_triton(q):
         return _FlashAttentionKernels.apply(
-            q, k, v, causal, scale, None, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, deterministic
+            q, k, v, causal, scale, None, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_k
         )
     return _FlashAttentionTiled.apply(q, k, v, causal, scale, TORCH_TILE, window, cu_seqlens_q, cu_seqlens_k)
 
@@ -320,7 +288,6 @@ def flash_attention(
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
-    deterministic: bool = True,
 ) -> torch.Tensor:
     """softmax(scale * q k^T [+ mask]) v without materializing the scores.
 
@@ -332,24 +299,13 @@ def flash_attention(
         window: (left, right) sliding window: query i sees key j iff p - left <= j <= p + right,
             p = i + (Nk - Nq) (and j <= p with ``causal``); -1 for a side without limit, None for
             no window. Tiles outside the window are skipped: the cost grows linearly in N.
-        deterministic: True (the default) gives bit-for-bit reproducible gradients. False runs a
-            faster backward that adds dQ up with atomics, in an order that varies from run to run
-            (dQ's last bits differ between runs; dK and dV do not).
 
     Query rows that see no key return 0. Returns the output with q's shape and dtype. fp32 inputs
     use TF32 matmuls only when ``torch.backends.cuda.matmul.allow_tf32`` is set, as torch's own
     matmuls do.
     """
     check_inputs(q, k, v)  # once: the autograd.Functions below take checked inputs
-    return attend(
-        q,
-        k,
-        v,
-        check_flag("causal", causal),
-        default_scale(q.shape[-1], scale),
-        check_window(window),
-        deterministic=check_flag("deterministic", deterministic),
-    )
+    return attend(q, k, v, check_flag("causal", causal), default_scale(q.shape[-1], scale), check_window(window))
 
 
 def flash_attention_ref(

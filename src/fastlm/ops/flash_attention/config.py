@@ -29,14 +29,11 @@ class AttentionConfig:
     forward: AttentionTiles  # _flash_forward_kernel
     dkdv: AttentionTiles  # _flash_backward_dkdv_kernel
     dq: AttentionTiles  # _flash_backward_dq_kernel (which also forms Dlt)
-    fused: AttentionTiles  # _flash_backward_dkdv_kernel with ATOMIC_DQ (deterministic=False)
 
 
-def _entry(forward: tuple, dkdv: tuple, dq: tuple, fused: tuple | None = None) -> AttentionConfig:
-    """A table entry from each kernel's (block_m, block_n, num_warps, num_stages); the one-launch
-    backward takes the dK/dV tiles unless given its own."""
-    tiles = AttentionTiles(*forward), AttentionTiles(*dkdv), AttentionTiles(*dq)
-    return AttentionConfig(*tiles, AttentionTiles(*fused) if fused else tiles[1])
+def _entry(forward: tuple, dkdv: tuple, dq: tuple) -> AttentionConfig:
+    """A table entry from each kernel's (block_m, block_n, num_warps, num_stages)."""
+    return AttentionConfig(AttentionTiles(*forward), AttentionTiles(*dkdv), AttentionTiles(*dq))
 
 
 # sm90 (H100 / H200), by (padded head dim, bytes per element), each kernel's tiles as (BLOCK_M,

@@ -1,5 +1,4 @@
-"""FlashAttention-2 kernels in Triton: the forward, and the backward as two launches (dQ, then dK/dV),
-or with dQ by atomics as one (after a small one for Dlt).
+"""FlashAttention-2 kernels in Triton: the forward, and the backward as two launches (dQ, then dK/dV).
 
 Math, per head, with queries Q (M, D), keys K (N, D), values V (N, D) and scale c:
 
@@ -35,10 +34,6 @@ Cost model, one head (bytes of q/k/v elements ``s``); three launches for a forwa
               dK), reads L and that Dlt. That is 7 matmuls where an atomic-add backward needs 5:
               the price of gradients that are bit-for-bit reproducible. Benchmarks count the
               conventional 2.5x forward FLOPs.
-    backward, deterministic=False: Dlt by `_flash_backward_delta_kernel` (reads O and dO once),
-              then the dK/dV kernel with ATOMIC_DQ: per tile the 4 matmuls and dQ = c dS K (5),
-              added to an fp32 (M, D) accumulator per head with atomic adds (M*D*4 bytes per key
-              tile that sees a query tile), cast to the input dtype at the end.
 
 Grouped-query attention: query head h reads key/value head h // (H // Hkv). The dK/dV kernel
 loops over the H // Hkv query heads of its group, so no two programs write the same gradient.
@@ -306,17 +301,14 @@ def _dkdv_tiles(
     k, v,  # (BLOCK_N, BLOCK_D) key and value tile
     q_base, do_base, lse_base, delta_base,  # this query head's Q, dO, L, Dlt
     stride_qm, stride_qd, stride_dm, stride_dd,
-    dq_base, stride_am,  # ATOMIC_DQ: this query head's fp32 dQ accumulator (unit stride along D)
     offs_n,  # (BLOCK_N,) key rows
     start, stop,  # query range to visit, start a multiple of BLOCK_M
     M, lowest, highest, qk_scale,  # as in _forward_tiles: query i sees keys i + lowest .. i + highest
-    sm_scale,  # c (ATOMIC_DQ)
-    MASKED: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    MASKED: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """Accumulate dK (unscaled) and dV of one key tile over query tiles; works on transposed scores
-    (keys x queries) so no tile is transposed in registers. ATOMIC_DQ: also adds each query tile's
-    share of dQ, c * dS K (a fifth matmul), to the fp32 accumulator with atomic adds."""
+    (keys x queries) so no tile is transposed in registers."""
     offs_d = tl.arange(0, BLOCK_D)
     for start_m in range(start, stop, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -346,19 +338,6 @@ def _dkdv_tiles(
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
-        if ATOMIC_DQ:
-            dq = tl.dot(tl.trans(ds_t.to(k.dtype)), k, input_precision=PRECISION) * sm_scale
-            ptrs = dq_base + offs_m[:, None] * stride_am + offs_d[None, :]
-            if MASKED:
-                if BLOCK_D == HEAD_DIM:
-                    tl.atomic_add(ptrs, dq, mask=offs_m[:, None] < M, sem="relaxed")
-                else:
-                    tl.atomic_add(ptrs, dq, mask=(offs_m[:, None] < M) & (offs_d[None, :] < HEAD_DIM), sem="relaxed")
-            else:
-                if BLOCK_D == HEAD_DIM:
-                    tl.atomic_add(ptrs, dq, sem="relaxed")
-                else:
-                    tl.atomic_add(ptrs, dq, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
     return dk, dv
 
 
@@ -366,21 +345,19 @@ def _dkdv_tiles(
 def _flash_backward_dkdv_kernel(
     Q, K, V, DO,  # as in the forward; DO like Q, any strides
     LSE,  # L of the forward, fp32, LSE's layout in the forward
-    DELTA,  # Dlt = rowsum(dO * O), fp32, laid out as LSE, stored by the kernel launched before
+    DELTA,  # Dlt = rowsum(dO * O), fp32, laid out as LSE, stored by the dQ kernel launched before
     DK, DV,  # k's shape, written
-    DQ,  # ATOMIC_DQ: fp32 dQ accumulator, q's shape, contiguous, zeroed; else unused
     CU_SEQLENS_Q, CU_SEQLENS_K,  # as in the forward
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_dz, stride_dh, stride_dm, stride_dd,
     stride_gz, stride_gh, stride_gn,  # DK's and DV's (unit stride along D)
-    stride_az, stride_ah, stride_am,  # DQ's (unit stride along D)
     stride_lz, stride_lh,  # LSE's and DELTA's
     HKV, GROUP, M, N, num_docs,
     sm_scale,  # c
     window_left, window_right,
-    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, VARLEN: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -390,8 +367,7 @@ def _flash_backward_dkdv_kernel(
     Loops over the GROUP query heads sharing this key/value head and, for each, over the query
     tiles that see the key tile: tiles that see it in part (masked), then whole, then in part.
     Writes dK and dV once, no atomics. Per program it reads its K and V tiles once and, per query
-    head, Q, dO, L and Dlt once. ATOMIC_DQ: the whole backward in one launch (after
-    `_flash_backward_delta_kernel`), dQ added up by atomics in an order that varies from run to run.
+    head, Q, dO, L and Dlt once.
     """
     sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
     qk_scale = sm_scale * LOG2E
@@ -431,22 +407,18 @@ def _flash_backward_dkdv_kernel(
         q_base = Q + z * stride_qz + h * stride_qh + q0 * stride_qm
         do_base = DO + z * stride_dz + h * stride_dh + q0 * stride_dm
         row_base = z * stride_lz + h * stride_lh + q0
-        dq_base = DQ + z * stride_az + h * stride_ah + q0 * stride_am
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
-                             stride_qm, stride_qd, stride_dm, stride_dd, dq_base, stride_am,
-                             offs_n, start, full_start, M, lowest, highest, qk_scale, sm_scale,
-                             True, BOUNDED_LEFT, BOUNDED_RIGHT, ATOMIC_DQ,
-                             HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
+                             stride_qm, stride_qd, stride_dm, stride_dd, offs_n, start, full_start,
+                             M, lowest, highest, qk_scale,
+                             True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
-                             stride_qm, stride_qd, stride_dm, stride_dd, dq_base, stride_am,
-                             offs_n, full_start, full_end, M, lowest, highest, qk_scale, sm_scale,
-                             False, BOUNDED_LEFT, BOUNDED_RIGHT, ATOMIC_DQ,
-                             HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
+                             stride_qm, stride_qd, stride_dm, stride_dd, offs_n, full_start, full_end,
+                             M, lowest, highest, qk_scale,
+                             False, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
-                             stride_qm, stride_qd, stride_dm, stride_dd, dq_base, stride_am,
-                             offs_n, full_end, end, M, lowest, highest, qk_scale, sm_scale,
-                             True, BOUNDED_LEFT, BOUNDED_RIGHT, ATOMIC_DQ,
-                             HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
+                             stride_qm, stride_qd, stride_dm, stride_dd, offs_n, full_end, end,
+                             M, lowest, highest, qk_scale,
+                             True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
 
     out = z * stride_gz + hkv * stride_gh + k0 * stride_gn + offs_n[:, None] * stride_gn + offs_d[None, :]
     _store_tile(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), offs_n, N, HEAD_DIM, BLOCK_D)
@@ -568,33 +540,3 @@ def _flash_backward_dq_kernel(
                    offs_m, full_end, end, N, lowest, highest, qk_scale,
                    True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip
     _store_tile(DQ + out, (dq * sm_scale).to(DQ.dtype.element_ty), offs_m, M, HEAD_DIM, BLOCK_D)
-
-
-@triton.jit
-def _flash_backward_delta_kernel(
-    Out,  # output of the forward, contiguous: (Z, H, M, D), packed (total_q, H, D)
-    DO,  # its gradient, q's shape, any strides
-    DELTA,  # fp32, laid out as LSE, written
-    stride_oz, stride_oh, stride_om,  # Out's (unit stride along D); packed: batch stride 0
-    stride_dz, stride_dh, stride_dm, stride_dd,
-    stride_lz, stride_lh,  # DELTA's
-    M,  # rows per head (packed: the total)
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-):  # fmt: skip
-    """Dlt = rowsum(dO * O) in fp32 ahead of the one-launch backward (ATOMIC_DQ), where no program
-    owns a query row to form it on the way. One program per (row tile, head, batch entry); grid
-    (cdiv(M, BLOCK_M), H, Z), packed (cdiv(total_q, BLOCK_M), H, 1). Reads O and dO once."""
-    z = tl.program_id(2).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    o = _load_tile(
-        Out + z * stride_oz + h * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :],
-        offs_m, M, True, HEAD_DIM, BLOCK_D,
-    )  # fmt: skip
-    do = _load_tile(
-        DO + z * stride_dz + h * stride_dh + offs_m[:, None] * stride_dm + offs_d[None, :] * stride_dd,
-        offs_m, M, True, HEAD_DIM, BLOCK_D,
-    )  # fmt: skip
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    tl.store(DELTA + z * stride_lz + h * stride_lh + offs_m, delta, mask=offs_m < M)

@@ -15,7 +15,6 @@ import torch
 from fastlm.ops.common import cdiv
 from fastlm.ops.flash_attention.config import AttentionConfig, padded_head_dim
 from fastlm.ops.flash_attention.kernels import (
-    _flash_backward_delta_kernel,
     _flash_backward_dkdv_kernel,
     _flash_backward_dq_kernel,
     _flash_forward_kernel,
@@ -26,8 +25,6 @@ from fastlm.ops.launch import launcher
 _launch_flash_forward = launcher(_flash_forward_kernel)
 _launch_flash_backward_dq = launcher(_flash_backward_dq_kernel)
 _launch_flash_backward_dkdv = launcher(_flash_backward_dkdv_kernel)
-_launch_flash_backward_delta = launcher(_flash_backward_delta_kernel)
-DELTA_ROWS = 64  # rows per program of the Dlt kernel: a (64, D) tile of O and of dO
 
 
 def _dims(t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -162,18 +159,15 @@ def _launch_backward(
     window=UNBOUNDED,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
-    deterministic: bool = True,
     traced: bool = False,
 ):
     """Gradients (dq, dk, dv), contiguous, in the inputs' dtype, from the forward's O and L (both
-    contiguous, as the forward makes them). Deterministic: two launches, dQ (which stores Dlt), then
-    dK/dV. Otherwise Dlt, then one launch for all three that adds dQ up in fp32 by atomics (5
-    matmuls per tile instead of 7; the order of the additions, so dQ's last bits, vary by run)."""
+    contiguous, as the forward makes them). Two launches: dQ (which stores Dlt), then dK/dV."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
     packed = cu_seqlens_q is not None
-    dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     if Z * H * M == 0 or N == 0:
-        return q.new_zeros(q.shape), dk.zero_(), dv.zero_()
+        return dq.zero_(), dk.zero_(), dv.zero_()
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
     delta = lse.new_empty(lse.shape)
     # the arguments both kernels take, in their order
@@ -188,52 +182,6 @@ def _launch_backward(
         BLOCK_D=padded_head_dim(D),
         PRECISION=_precision(q.dtype),
     )
-
-    def dkdv(tiles, dq_sum):
-        """The dK/dV kernel, adding dQ to the fp32 accumulator ``dq_sum`` unless it is None."""
-        accumulator = q if dq_sum is None else dq_sum  # q stands in, never read nor written (see _cu_seqlens)
-        _launch_flash_backward_dkdv(traced)[_grid(N, tiles.block_n, Hkv, Z, packed)](
-            q,
-            k,
-            v,
-            grad_out,
-            lse,
-            delta,
-            dk,
-            dv,
-            accumulator,
-            *inputs,
-            *strides(dk)[:3],
-            *strides(accumulator)[:3],
-            *rows,
-            Hkv,
-            H // Hkv,
-            *sizes,
-            ATOMIC_DQ=dq_sum is not None,
-            BLOCK_M=tiles.block_m,
-            BLOCK_N=tiles.block_n,
-            num_warps=tiles.num_warps,
-            num_stages=tiles.num_stages,
-            **common,
-        )
-
-    if not deterministic:
-        _launch_flash_backward_delta(traced)[(cdiv(M, DELTA_ROWS), H, 1 if packed else Z)](
-            o,
-            grad_out,
-            delta,
-            *strides(o)[:3],
-            *strides(grad_out),
-            *rows,
-            M,
-            HEAD_DIM=D,
-            BLOCK_D=padded_head_dim(D),
-            BLOCK_M=DELTA_ROWS,
-        )
-        dq_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        dkdv(config.fused, dq_sum)
-        return dq_sum.to(q.dtype), dk, dv
-    dq = q.new_empty(q.shape)
     tiles = config.dq
     _launch_flash_backward_dq(traced)[_grid(M, tiles.block_m, H, Z, packed)](
         q,
@@ -256,5 +204,26 @@ def _launch_backward(
         num_stages=tiles.num_stages,
         **common,
     )
-    dkdv(config.dkdv, None)
+    tiles = config.dkdv
+    _launch_flash_backward_dkdv(traced)[_grid(N, tiles.block_n, Hkv, Z, packed)](
+        q,
+        k,
+        v,
+        grad_out,
+        lse,
+        delta,
+        dk,
+        dv,
+        *inputs,
+        *strides(dk)[:3],
+        *rows,
+        Hkv,
+        H // Hkv,
+        *sizes,
+        BLOCK_M=tiles.block_m,
+        BLOCK_N=tiles.block_n,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+        **common,
+    )
     return dq, dk, dv

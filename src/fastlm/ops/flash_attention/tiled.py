@@ -188,10 +188,8 @@ def _tiled_backward(
     window=UNBOUNDED,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
-    deterministic: bool = True,
 ):
-    """(dq, dk, dv) as `launchers._launch_backward` returns them; deterministic either way (the
-    tiles are summed in one order)."""
+    """(dq, dk, dv) as `launchers._launch_backward` returns them."""
     packed = cu_seqlens_q is not None
     q4, k4, v4, do4, o4 = (_batched(t, packed) for t in (q, k, v, grad_out, o))
     lse4 = lse.unsqueeze(0) if packed else lse.unsqueeze(1) if q.dim() == 3 else lse

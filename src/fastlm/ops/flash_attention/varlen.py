@@ -73,7 +73,6 @@ def flash_attention_varlen(
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
-    deterministic: bool = True,
 ) -> torch.Tensor:
     """Attention within each of a batch of packed documents, without materializing the scores.
 
@@ -86,7 +85,7 @@ def flash_attention_varlen(
             results, as in FlashAttention.
         max_seqlen_q, max_seqlen_k: the longest document's lengths (ints >= 0, as FlashAttention
             takes them); ``max_seqlen_k`` picks the kernels' tiles. The grid does not depend on them.
-        causal, scale, window, deterministic: as in ``flash_attention``, inside each document: query i of a
+        causal, scale, window: as in ``flash_attention``, inside each document: query i of a
             document of Mq queries and Mk keys sits at position i + (Mk - Mq) (the ends aligned).
 
     Returns (total_q, H, D) in q's dtype; queries that see no key (an empty key document, or a
@@ -103,7 +102,6 @@ def flash_attention_varlen(
         cu_seqlens_q,
         cu_seqlens_k,
         max_seqlen_k,
-        check_flag("deterministic", deterministic),
     )
 
 
