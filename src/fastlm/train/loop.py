@@ -23,7 +23,8 @@ or its gradient; the forward sees the same bf16 values either way).
 `--parallel`: none (one process), naive / flat (`allreduce_gradients` after backward, per parameter
 / flattened), ddp / bucketed (fastlm's overlapping wrappers), torch-ddp (PyTorch's
 DistributedDataParallel), fsdp (PyTorch's FSDP2 `fully_shard` on units of blocks and the root:
-parameters, gradients and optimizer state sharded); `--reduce-dtype bf16` averages the gradients in
+parameters, gradients and optimizer state sharded; clipping and AdamW work on the local shards,
+`fastlm.distributed.local_shards`); `--reduce-dtype bf16` averages the gradients in
 bf16. `--shard-optimizer` wraps AdamW in `ShardedOptimizer`. `--recompute` checkpoints activations.
 Micro-batches before the last skip the gradient synchronization. `--compile compile` compiles the
 model (each block under fsdp), `cudagraphs` also replays it as CUDA graphs (one process, no
@@ -139,23 +140,33 @@ def _compile(model: TransformerLM, config: TrainConfig) -> None:
 
 
 def _optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW over `fastlm.model.precision.param_groups`: PyTorch's (fused on CUDA), or for
-    bf16-weights fastlm's, whose first group stores the matmul weights in bf16 from here on, with
-    their fp32 masters in its state."""
+    """AdamW over `fastlm.model.precision.param_groups`: PyTorch's (fused on CUDA; under fsdp
+    `local_shards.AdamW`, PyTorch's stepping the local shards), or for bf16-weights fastlm's, whose
+    first group stores the matmul weights in bf16 from here on, with their fp32 masters in its
+    state (bf16-weights does not combine with fsdp: `TrainConfig.check`)."""
     groups = param_groups(model, config.precision, config.weight_decay)
     if stores_bf16_weights(config.precision):
         return AdamW(groups, lr=config.lr, betas=BETAS)
     options = {"lr": config.lr, "betas": BETAS, "fused": device.type == "cuda"}
     if config.shard_optimizer:
         return ShardedOptimizer(groups, torch.optim.AdamW, **options)
+    if config.parallel == "fsdp":
+        from fastlm.distributed import local_shards  # imports DTensor's half second of modules on first use
+
+        return local_shards.AdamW(groups, **options)
     return torch.optim.AdamW(groups, **options)
 
 
 def _clip_gradients(model: torch.nn.Module, config: TrainConfig) -> torch.Tensor:
-    """Scale the gradients to a global norm of at most --grad-clip (0: no limit); the norm before.
-    bf16-weights: every gradient's norm summed in fp32 (PyTorch's clip_grad_norm_ returns a bf16
-    gradient's norm in bf16, 0.1% off, and clips by that)."""
+    """Scale the gradients to a global norm of at most --grad-clip (0: no limit); the norm before,
+    a plain tensor. fsdp: on the local shards (`local_shards.clip_grad_norm_`). bf16-weights: every
+    gradient's norm summed in fp32 (PyTorch's clip_grad_norm_ returns a bf16 gradient's norm in
+    bf16, 0.1% off, and clips by that)."""
     max_norm = config.grad_clip or math.inf
+    if config.parallel == "fsdp":
+        from fastlm.distributed import local_shards
+
+        return local_shards.clip_grad_norm_(model.parameters(), max_norm)
     if not stores_bf16_weights(config.precision):
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     params = [p for p in model.parameters() if p.grad is not None]
@@ -385,7 +396,7 @@ def _train_loop(
             step += 1
             position += tokens_per_step // config.context
             pending_losses.append(step_loss)
-            pending_norms.append(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # a DTensor under fsdp
+            pending_norms.append(norm)
             log.advance()
             last = step == config.steps
             evaluating = last or (config.eval_every and step % config.eval_every == 0)
