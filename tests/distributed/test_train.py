@@ -93,6 +93,16 @@ def test_parallel_training_matches_one_process(mode, common, single_process, tmp
     torch.testing.assert_close(_losses(tmp_path), losses, rtol=1e-5, atol=0)
 
 
+def test_fsdp_with_compiled_blocks_matches_one_process(common, single_process, tmp_path):
+    """Under fsdp each block is compiled on its own, before sharding: the same training as one eager
+    process, up to the compiled kernels' summation order."""
+    _torchrun_like([*common, "--steps", "3", "--parallel", "fsdp", "--compile", "compile", "--out", str(tmp_path)])
+    weights, losses = single_process
+    for name, value in _weights(tmp_path).items():
+        torch.testing.assert_close(value, weights[name], rtol=1e-4, atol=1e-4, msg=name)
+    torch.testing.assert_close(_losses(tmp_path), losses, rtol=1e-4, atol=0)
+
+
 @pytest.mark.parametrize("mode", [["ddp"], ["bucketed", "--bucket-mb", "0.01"], ["torch-ddp"]], ids=" ".join)
 def test_bf16_weights_train_in_parallel_like_one_process(mode, common, tmp_path):
     # two ranks add their bf16 gradient halves as one process adds its two micro-batches': the same
