@@ -32,9 +32,9 @@ MODES = ("none", "naive", "flat", "ddp", "bucketed", "torch-ddp", "fsdp")
 BUCKETED_MODES = ("bucketed", "torch-ddp", "fsdp")  # the modes that take a bucket (fsdp: unit) size
 # `fastlm train`'s sizes (MB of 1e6 bytes) where --bucket-mb is not given. fsdp: on 2 H100s, the
 # small preset at 8 x 2048 tokens per GPU is bound by the host's per-unit work (hooks, collectives'
-# launches); units of 4 of its blocks (75.5 MB in bf16) ran 1.60x one GPU, single blocks 0.97x
-# (docs/notes/distributed.md)
-DEFAULT_BUCKET_MB = {"bucketed": 25.0, "torch-ddp": 25.0, "fsdp": 60.0}
+# launches); single blocks ran 0.97x one GPU, units of 4 blocks (75.5 MB in bf16) 1.57x and of 6
+# (113 MB) 1.82x (medians; docs/notes/distributed.md). Blocks of 120 MB and more stay alone.
+DEFAULT_BUCKET_MB = {"bucketed": 25.0, "torch-ddp": 25.0, "fsdp": 120.0}
 # fsdp keeps every block's gathered weights from its forward to its backward (one all-gather per
 # block and step instead of two) while all of them together take at most this many bytes: 2B
 # parameters in bf16, 5% of an 80 GB GPU. A fixed size, not a share of the device's memory, so that
