@@ -16,6 +16,7 @@ torchrun --nproc-per-node "$PROCS" -m fastlm.train "${COMMON[@]}" --parallel fsd
   --steps "${STEPS:-200}" --warmup 20 --log-every 10 --out "$WORK/sharded-fsdp" 2>&1 \
   | grep -v "^W.*torch/distributed/run.py" | tee "$OUT/sharded_fsdp.log" | tail -3
 python3 benchmarks/train_records.py "$WORK/sharded-fsdp" --results "$OUT/train.jsonl" | tee "$OUT/sharded.md"
-fastlm analyze memory --preset "$PRESET" --context "$CONTEXT" --batch "$MICRO" --vocab 320 | tee -a "$OUT/sharded.md"
+fastlm analyze memory --preset "$PRESET" --context "$CONTEXT" --micro-batch "$MICRO" --vocab 320 --parallel fsdp \
+  --gpus "$PROCS" --recompute --kernels "${KERNELS:-torch}" | tee -a "$OUT/sharded.md"
 torchrun --nproc-per-node "$PROCS" -m fastlm.train "${COMMON[@]}" --parallel ddp --steps 2 \
   --out "$WORK/sharded-ddp" 2>&1 | grep "error:" | sort -u | tee -a "$OUT/sharded.md"

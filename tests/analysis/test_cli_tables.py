@@ -22,6 +22,8 @@ WIDTH = 80
         ["analyze", "mha"],  # compute- and memory-bound stages side by side
         ["analyze", "mlp", "--batch", "1024", "--seq", "65536", "--d-model", "65536"],  # values past 1e18 FLOPs
         ["analyze", "memory"],
+        # every fsdp row, communication and the context sweep
+        ["analyze", "memory", "--preset", "10b", "--parallel", "fsdp", "--gpus", "4", "--recompute", "--contexts", "1"],
         ["analyze", "parallel"],
         ["analyze", "parallel", "--y", "21", "--x", "3"],  # the branch without a compute-bound batch
     ],

@@ -59,6 +59,8 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
+from fastlm.analysis.tables import gib
+
 GB = 10**9  # bytes; device sizes (80 GB, 95 GB) are decimal
 MASTER_WEIGHT_BYTES = 4  # fp32, per parameter
 GRADIENT_BYTES = 4  # fp32 accumulated gradient, per parameter
@@ -261,10 +263,6 @@ def _gb(n_bytes: float) -> str:
     return f"{n_bytes / GB:,.2f} GB"
 
 
-def _gib(n_bytes: float) -> str:
-    return f"{n_bytes / 2**30:,.2f} GiB"
-
-
 def cost_tables(
     config: ParallelConfig, mesh: MeshConfig, gpu_memory_gb: float, device_memory_gb: float
 ) -> list[Table | str]:
@@ -295,7 +293,7 @@ def _memory_tables(config: ParallelConfig, gpu_memory_gb: float) -> list[Table |
         ("AdamW state (fp32 m and v)", "8 x P", memory.adamw_state),
         ("weights + gradients + AdamW", "16 x P", memory.state),
     ):
-        table.add_row(what, formula, _gb(n_bytes), _gib(n_bytes))
+        table.add_row(what, formula, _gb(n_bytes), gib(n_bytes))
     table.add_row(
         "saved activations per token (bf16)", "2 x blocks x (d_model + d_ff)", f"{memory.activations_per_token:,} B", ""
     )
@@ -303,9 +301,9 @@ def _memory_tables(config: ParallelConfig, gpu_memory_gb: float) -> list[Table |
         f"saved activations A, {config.tokens:,} tokens",
         "tokens x per token",
         _gb(memory.activations),
-        _gib(memory.activations),
+        gib(memory.activations),
     )
-    table.add_row("total", "16 x P + A", _gb(memory.total), _gib(memory.total))
+    table.add_row("total", "16 x P + A", _gb(memory.total), gib(memory.total))
     gpu = f"{gpu_memory_gb:g} GB"
     gpus = [devices_needed(n_bytes, gpu_memory_gb) for n_bytes in (memory.state, memory.total)]
     table.add_row(f"{gpu} GPUs for 16 x P", f"ceil(16 x P / {gpu})", str(gpus[0]), "")
@@ -338,7 +336,7 @@ def _fsdp_tables(config: ParallelConfig, limit_gb: float) -> list[Table | str]:
             _gb(per_device - half),
             _gb(half),
             _gb(per_device),
-            _gib(per_device),
+            gib(per_device),
             "yes" if per_device < limit_gb * GB else "no",
         )
     if n_min is None:
@@ -351,7 +349,7 @@ def _fsdp_tables(config: ParallelConfig, limit_gb: float) -> list[Table | str]:
     return [
         table,
         f"Smallest N_FSDP with per-device memory under {limit_gb:g} GB: [bold]{n_min}[/] "
-        f"({_gb(per_device)} = {_gib(per_device)} per device).",
+        f"({_gb(per_device)} = {gib(per_device)} per device).",
     ]
 
 

@@ -14,3 +14,8 @@ def add_columns(table: Table, labels: Sequence[str], numbers: Sequence[str]) -> 
         table.add_column(header, overflow="fold")
     for header in numbers:
         table.add_column(header, justify="right", no_wrap=True)
+
+
+def gib(n_bytes: float) -> str:
+    """Bytes as GiB (2**30) with two decimals and thousands separators."""
+    return f"{n_bytes / 2**30:,.2f} GiB"

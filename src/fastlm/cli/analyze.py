@@ -6,12 +6,17 @@ Light on purpose: neither torch nor Triton is imported, so each command answers 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import re
 
+from fastlm.analysis.train_memory import COMPILE_MODES, PARALLEL_MODES
 from fastlm.analysis.transformer import DTYPE_BYTES
 from fastlm.cli import output
-from fastlm.cli.arguments import add_command, add_group, int_list, positive_float, positive_int
+from fastlm.cli.arguments import add_command, add_compile_option, add_group, int_list, positive_float, positive_int
 from fastlm.cli.models import add_model_arguments, check_heads, single_model_config
 from fastlm.devices import DEVICES, device_spec
+from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB
+from fastlm.train.config import TrainConfig
 from fastlm.utils.errors import UserError
 
 
@@ -37,10 +42,25 @@ def cmd_analyze_conv1d(args) -> None:
 
 
 def cmd_analyze_memory(args) -> None:
-    from fastlm.analysis.model import memory_table
+    """`analyze memory`: the per-GPU peak memory and communication of a `fastlm train` step."""
+    from fastlm.analysis.train_memory import TrainStep, memory_tables
 
     preset, config = single_model_config(args)
-    output.console.print(memory_table(config, preset, args.batch, args.contexts))
+    if args.bucket_mb is not None and args.parallel != "fsdp":
+        raise UserError(f"--bucket-mb sizes fsdp's sharding units: it needs --parallel fsdp, got {args.parallel}")
+    try:
+        step = TrainStep(
+            dataclasses.replace(config, recompute=args.recompute),
+            micro_batch=args.batch,
+            gpus=args.gpus,
+            parallel=args.parallel,
+            compile=args.compile,
+            accumulation=args.accumulation,
+            bucket_mb=args.bucket_mb or DEFAULT_BUCKET_MB["fsdp"],
+        )
+    except ValueError as error:  # the fields named as the options that set them
+        raise UserError(re.sub(r"\b(gpus|parallel|attention|window)\b", r"--\1", str(error))) from None
+    output.print_each(memory_tables(step, preset, args.contexts or ()))
 
 
 def cmd_analyze_parallel(args) -> None:
@@ -86,11 +106,37 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab", type=positive_int, default=128256, help="vocabulary size V")
     p.add_argument("--gpu", default="h100", choices=sorted(DEVICES), help=datasheet)
     p = add_command(
-        commands, "memory", "parameters, gradients, AdamW state and activation sizes of a model", cmd_analyze_memory
+        commands, "memory", "per-GPU peak memory and communication of a fastlm train step", cmd_analyze_memory
     )
-    add_model_arguments(p)
-    p.add_argument("--contexts", type=int_list, default=(128, 256, 512), help="comma list of context lengths")
-    p.set_defaults(preset=("2.7b",))
+    add_model_arguments(
+        p, batch_flags=("--micro-batch", "--batch"), batch_help="sequences per GPU and micro-batch (--batch: the same)"
+    )
+    p.add_argument("--gpus", type=positive_int, default=1, help="processes, one per GPU (N)")
+    p.add_argument(
+        "--parallel",
+        choices=PARALLEL_MODES,
+        default="none",
+        help="fastlm train --parallel: none (one process), ddp (each GPU holds all of the state) or fsdp (sharded)",
+    )
+    p.add_argument("--recompute", action="store_true", help="activation checkpointing, as fastlm train --recompute")
+    p.add_argument(
+        "--bucket-mb",
+        type=positive_float,
+        default=None,
+        help=f"fsdp: the least MB of bf16 weights per sharding unit (default: {DEFAULT_BUCKET_MB['fsdp']:g}, "
+        "fastlm train's)",
+    )
+    p.add_argument(
+        "--accumulation", type=positive_int, default=1, help="micro-batches per optimizer step (gradient accumulation)"
+    )
+    add_compile_option(p, COMPILE_MODES, "compile", note="default compile, as fastlm train on a GPU")
+    p.add_argument(
+        "--contexts",
+        type=int_list,
+        default=None,
+        help="also the predicted peak at each of these context lengths (default: none)",
+    )
+    p.set_defaults(preset=("2.7b",), batch=TrainConfig().micro_batch)  # fastlm train's micro-batch
     p = add_command(
         commands,
         "parallel",

@@ -24,9 +24,15 @@ from fastlm.utils.errors import UserError
 from fastlm.utils.options import add_options, from_namespace
 
 
-def add_model_arguments(p: argparse.ArgumentParser, gpu_preset: str = "small") -> None:
+def add_model_arguments(
+    p: argparse.ArgumentParser,
+    gpu_preset: str = "small",
+    batch_flags: tuple[str, ...] = ("--batch",),
+    batch_help: str = "sequences per step",
+) -> None:
     """Which model: presets (and dimensions replacing theirs), vocabulary, context, batch and kernel
-    switches; ``gpu_preset`` is the default preset on a GPU machine (tiny without one)."""
+    switches; ``gpu_preset`` is the default preset on a GPU machine (tiny without one). The batch
+    (``args.batch``) is taken by ``batch_flags`` and described by ``batch_help``."""
     p.set_defaults(gpu_preset=gpu_preset)
     presets = {
         "type": choice_list(PRESETS, "preset"),
@@ -35,7 +41,8 @@ def add_model_arguments(p: argparse.ArgumentParser, gpu_preset: str = "small") -
     }
     add_options(p, ModelOptions, overrides={"preset": presets})
     p.add_argument("--vocab", type=positive_int, default=10000, help="vocabulary size")
-    p.add_argument("--batch", type=positive_int, default=4, help="sequences per step")
+    metavar = batch_flags[0].lstrip("-").replace("-", "_").upper()
+    p.add_argument(*batch_flags, dest="batch", metavar=metavar, type=positive_int, default=4, help=batch_help)
     p.add_argument(
         "--kernels",
         type=choice_list(KERNEL_SETS, "kernel set"),

@@ -154,14 +154,16 @@ class ModelConfig:
             return None
         return self.window
 
-    def num_parameters(self, *, embedding: bool = True) -> int:
-        """Parameters of the model, counted from the dimensions (nothing is allocated).
+    def num_block_parameters(self) -> int:
+        """Parameters of one block: q, k, v, o projections 4*d^2; SwiGLU w1, w3 (d -> d_ff) and w2
+        (d_ff -> d) 3*d*d_ff; two RMSNorm weights 2*d."""
+        return 4 * self.d_model**2 + 3 * self.d_model * self.d_ff + 2 * self.d_model
 
-        Per block: q, k, v, o projections 4*d^2; SwiGLU w1, w3 (d -> d_ff) and w2 (d_ff -> d) 3*d*d_ff;
-        two RMSNorm weights 2*d. Plus the final norm d, the LM head d*V and the embedding V*d.
-        """
-        d, block = self.d_model, 4 * self.d_model**2 + 3 * self.d_model * self.d_ff + 2 * self.d_model
-        total = self.num_layers * block + d + d * self.vocab_size
+    def num_parameters(self, *, embedding: bool = True) -> int:
+        """Parameters of the model, counted from the dimensions (nothing is allocated): the blocks
+        (`num_block_parameters` each), the final norm d, the LM head d*V and the embedding V*d."""
+        d = self.d_model
+        total = self.num_layers * self.num_block_parameters() + d + d * self.vocab_size
         return total + (self.vocab_size * d if embedding else 0)
 
     def num_matmul_parameters(self) -> int:

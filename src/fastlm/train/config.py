@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastlm.distributed.wrappers import MODES, REDUCE_DTYPES
+from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB, MODES, REDUCE_DTYPES
 from fastlm.model.config import (
     COMPILE_MEANINGS,
     COMPILE_MODES,
@@ -124,7 +124,8 @@ class TrainConfig(ModelOptions):
     bucket_mb: float | None = option(
         None,
         "bucket size of --parallel bucketed and torch-ddp; with fsdp the least MB of gathered weights "
-        "per sharding unit of consecutive blocks (default: 25 for bucketed and torch-ddp, 60 for fsdp)",
+        "per sharding unit of consecutive blocks (default: "
+        f"{DEFAULT_BUCKET_MB['bucketed']:g} for bucketed and torch-ddp, {DEFAULT_BUCKET_MB['fsdp']:g} for fsdp)",
         limit="positive",
     )
     reduce_dtype: str = option(
