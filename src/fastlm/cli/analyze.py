@@ -109,7 +109,10 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         commands, "memory", "per-GPU peak memory and communication of a fastlm train step", cmd_analyze_memory
     )
     add_model_arguments(
-        p, batch_flags=("--micro-batch", "--batch"), batch_help="sequences per GPU and micro-batch (--batch: the same)"
+        p,
+        preset="2.7b",
+        batch_flags=("--micro-batch", "--batch"),
+        batch_help="sequences per GPU and micro-batch (--batch: the same)",
     )
     p.add_argument("--gpus", type=positive_int, default=1, help="processes, one per GPU (N)")
     p.add_argument(
@@ -136,7 +139,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         default=None,
         help="also the predicted peak at each of these context lengths (default: none)",
     )
-    p.set_defaults(preset=("2.7b",), batch=TrainConfig().micro_batch)  # fastlm train's micro-batch
+    p.set_defaults(batch=TrainConfig().micro_batch)  # fastlm train's micro-batch
     p = add_command(
         commands,
         "parallel",

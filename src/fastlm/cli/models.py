@@ -27,19 +27,24 @@ from fastlm.utils.options import add_options, from_namespace
 def add_model_arguments(
     p: argparse.ArgumentParser,
     gpu_preset: str = "small",
+    preset: str | None = None,
     batch_flags: tuple[str, ...] = ("--batch",),
     batch_help: str = "sequences per step",
 ) -> None:
     """Which model: presets (and dimensions replacing theirs), vocabulary, context, batch and kernel
-    switches; ``gpu_preset`` is the default preset on a GPU machine (tiny without one). The batch
+    switches; ``gpu_preset`` is the default preset on a GPU machine (tiny without one), ``preset``
+    the default on every machine instead (napkin math, which runs nothing). The batch
     (``args.batch``) is taken by ``batch_flags`` and described by ``batch_help``."""
     p.set_defaults(gpu_preset=gpu_preset)
     presets = {
         "type": choice_list(PRESETS, "preset"),
         "choices": None,
-        "help": f"comma list of {', '.join(PRESETS)} (default on a GPU: {gpu_preset}; without one: tiny)",
+        "help": f"comma list of {', '.join(PRESETS)} "
+        + (f"(default: {preset})" if preset else f"(default on a GPU: {gpu_preset}; without one: tiny)"),
     }
     add_options(p, ModelOptions, overrides={"preset": presets})
+    if preset:
+        p.set_defaults(preset=(preset,))
     p.add_argument("--vocab", type=positive_int, default=10000, help="vocabulary size")
     metavar = batch_flags[0].lstrip("-").replace("-", "_").upper()
     p.add_argument(*batch_flags, dest="batch", metavar=metavar, type=positive_int, default=4, help=batch_help)
