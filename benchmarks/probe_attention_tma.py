@@ -7,9 +7,12 @@ section 8), so the gap is in the kernel, not the grid. This script times, on one
 online-softmax loop with Q, K, V loaded and O stored through `TensorDescriptor`s (host-built, one
 2-D (B H N, D) view per tensor), at the same tiles and a few others. It checks the probe's output
 against fastlm's first, then prints one JSON line per variant (median ms by do_bench, TFLOP/s by the
-causal count 2 B H N^2 D). A probe, not a kernel of the package: dense causal self-attention with
-N a multiple of the tiles only.
-Usage: python benchmarks/probe_attention_tma.py [--shapes 8,16,4096,128 2,16,16384,128 8,16,4096,64]
+causal count 2 B H N^2 D). The same for the backward's dK/dV kernel (`--backward`): fastlm's
+`_flash_backward_dkdv_kernel` launched alone against a TMA twin (TFLOP/s by 4 of the backward's
+matmuls, 4 B H N^2 D causal), and (`--inductor`) whether torch.compile takes a `triton_op` whose
+kernel gets TensorDescriptor arguments. A probe, not a kernel of the package: dense causal
+self-attention, H = Hkv, N a multiple of the tiles.
+Usage: python benchmarks/probe_attention_tma.py [--shapes 8,16,4096,128 ...] [--backward] [--inductor]
 """
 
 import argparse
@@ -23,6 +26,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from fastlm.ops import flash_attention as fa
 from fastlm.ops.common import device_arch
 from fastlm.ops.constants import LN2, LOG2E
+from fastlm.ops.flash_attention.kernels import _flash_backward_dkdv_kernel
 
 
 @triton.jit
@@ -80,6 +84,123 @@ def tma_forward(q, k, v, block_m: int, block_n: int, warps: int, stages: int):
     return o, lse
 
 
+@triton.jit
+def _tma_dkdv_kernel(
+    desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv,  # (B H N, D) views; blocks BLOCK_M (q, do), BLOCK_N
+    LSE, DELTA,  # (B H N,) fp32
+    N, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """One program per key tile of one (batch, head): dK and dV over the query tiles that see it."""
+    start_n = tl.program_id(0) * BLOCK_N
+    row0 = tl.program_id(1) * N
+    qk_scale = sm_scale * LOG2E
+    k = desc_k.load([row0 + start_n, 0])
+    v = desc_v.load([row0 + start_n, 0])
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    first = start_n // BLOCK_M * BLOCK_M
+    full_start = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M  # query tiles past it see the key tile whole
+    for start_m in range(first, full_start, BLOCK_M):  # the diagonal, masked
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = desc_q.load([row0 + start_m, 0])
+        do = desc_do.load([row0 + start_m, 0])
+        lse = tl.load(LSE + row0 + offs_m)
+        delta = tl.load(DELTA + row0 + offs_m)
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * LOG2E)[None, :])
+        p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    for start_m in range(full_start, N, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = desc_q.load([row0 + start_m, 0])
+        do = desc_do.load([row0 + start_m, 0])
+        lse = tl.load(LSE + row0 + offs_m)
+        delta = tl.load(DELTA + row0 + offs_m)
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * LOG2E)[None, :])
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    desc_dk.store([row0 + start_n, 0], (dk * sm_scale).to(tl.bfloat16))
+    desc_dv.store([row0 + start_n, 0], dv.to(tl.bfloat16))
+
+
+def tma_dkdv(q, k, v, do, lse, delta, block_m: int, block_n: int, warps: int, stages: int):
+    B, H, N, D = q.shape
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    rows = lambda t, block: TensorDescriptor.from_tensor(t.view(B * H * N, D), [block, D])  # noqa: E731
+    _tma_dkdv_kernel[(N // block_n, B * H)](
+        rows(q, block_m), rows(k, block_n), rows(v, block_n), rows(do, block_m), rows(dk, block_n),
+        rows(dv, block_n), lse, delta, N, D**-0.5,
+        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return dk, dv
+
+
+def fastlm_dkdv(q, k, v, do, lse, delta, tiles: fa.AttentionTiles):
+    """fastlm's dK/dV kernel alone, with the arguments `_launch_backward` gives it (dense, causal)."""
+    B, H, N, D = q.shape
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    _flash_backward_dkdv_kernel[(N // tiles.block_n, H, B)](
+        q, k, v, do, lse, delta, dk, dv, q, q, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        *dk.stride()[:3], H * N, N, H, 1, N, N, 0, D**-0.5, 0, 0,
+        BOUNDED_LEFT=False, BOUNDED_RIGHT=True, VARLEN=False, HEAD_DIM=D, BLOCK_D=D, PRECISION="ieee",
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    return dk, dv
+
+
+def probe_backward(B: int, H: int, N: int, D: int, arch: int) -> None:
+    q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    config = fa.attention_config(arch, torch.bfloat16, D, N)
+    o, lse = fa._launch_forward(q, k, v, True, D**-0.5, config)
+    delta = (o.float() * do.float()).sum(-1)
+    _, want_dk, want_dv = fa._launch_backward(do, q, k, v, o, lse, True, D**-0.5, config)
+    variants = {"fastlm dkdv": lambda: fastlm_dkdv(q, k, v, do, lse, delta, config.dkdv)}
+    for tiles in [(64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 8, 3)]:
+        variants[f"tma dkdv {tiles}"] = lambda tiles=tiles: tma_dkdv(q, k, v, do, lse, delta, *tiles)
+    for name, run in variants.items():
+        try:
+            dk, dv = run()
+            error = max(
+                (dk.float() - want_dk.float()).abs().max().item(), (dv.float() - want_dv.float()).abs().max().item()
+            )
+            ms = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
+            result = {"ms": ms, "tflops": 4 * B * H * N * N * D / ms / 1e9, "max_abs_diff_vs_fastlm": error}
+        except Exception as failure:  # out of shared memory or registers
+            result = {"error": str(failure).splitlines()[0][:160]}
+        print(json.dumps({"variant": name, "batch": B, "heads": H, "seq": N, "head_dim": D, **result}), flush=True)
+
+
+def probe_inductor() -> None:
+    """A triton_op that builds TensorDescriptors and launches the TMA forward through wrap_triton,
+    called under torch.compile: does Inductor take descriptor arguments?"""
+    from torch.library import triton_op, wrap_triton
+
+    @triton_op("probe::tma_forward", mutates_args=())
+    def tma_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B, H, N, D = q.shape
+        o = torch.empty_like(q)
+        lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
+        rows = lambda t: TensorDescriptor.from_tensor(t.view(B * H * N, D), [128, D])  # noqa: E731
+        wrap_triton(_tma_forward_kernel)[(N // 128, B * H)](
+            rows(q), rows(k), rows(v), rows(o), lse, N, D**-0.5, HEAD_DIM=D, BLOCK_M=128, BLOCK_N=128, num_warps=8,
+            num_stages=3,
+        )  # fmt: skip
+        return o
+
+    q, k, v = (torch.randn(2, 4, 1024, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    try:
+        eager = tma_op(q, k, v)
+        compiled = torch.compile(lambda q, k, v: tma_op(q * 1, k, v), fullgraph=True)(q, k, v)
+        result = {"equal": bool(torch.equal(eager, compiled))}
+    except Exception as failure:
+        result = {"error": f"{type(failure).__name__}: {str(failure).splitlines()[0][:300]}"}
+    print(json.dumps({"variant": "inductor triton_op with TensorDescriptor arguments", **result}), flush=True)
+
+
 TMA_TILES = [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3)]
 
 
@@ -105,10 +226,16 @@ def probe(B: int, H: int, N: int, D: int, arch: int) -> None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["8,16,4096,128", "2,16,16384,128", "8,16,4096,64"])
+    parser.add_argument("--backward", action="store_true", help="also the dK/dV kernel")
+    parser.add_argument("--inductor", action="store_true", help="also torch.compile of a triton_op with descriptors")
     args = parser.parse_args()
     arch = device_arch(torch.device("cuda"))
+    if args.inductor:
+        probe_inductor()
     for shape in args.shapes:
         probe(*(int(x) for x in shape.split(",")), arch)
+        if args.backward:
+            probe_backward(*(int(x) for x in shape.split(",")), arch)
 
 
 if __name__ == "__main__":
