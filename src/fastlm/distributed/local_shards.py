@@ -82,6 +82,7 @@ class AdamW(torch.optim.AdamW):
     def _init_group(self, group: dict, *tensor_lists: list[torch.Tensor]) -> bool:
         has_complex = super()._init_group(group, *tensor_lists)
         for tensors in tensor_lists:  # in place: the update reads these very lists
-            # step's no_grad: to_local gives views of the shards, which the update changes in place
-            tensors[:] = [_local(t) for t in tensors]
+            if isinstance(tensors, list):  # torch < 2.7 passes AdamW's amsgrad flag among them
+                # step's no_grad: to_local gives views of the shards, which the update changes in place
+                tensors[:] = [_local(t) for t in tensors]
         return has_complex
