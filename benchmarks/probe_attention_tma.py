@@ -206,6 +206,8 @@ TMA_TILES = [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 64, 8, 3
 
 def probe(B: int, H: int, N: int, D: int, arch: int) -> None:
     """One JSON line per variant at one shape."""
+    if N % 128:  # a tile past a head's end would read the next head's rows through the 2-D views
+        raise SystemExit(f"N must be a multiple of 128, got {N}")
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     config = fa.attention_config(arch, torch.bfloat16, D, N)
     reference, _ = fa._launch_forward(q, k, v, True, D**-0.5, config)
