@@ -44,23 +44,14 @@ def _tma_forward_kernel(
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), -3.0e38, dtype=tl.float32)
-    full_end = start_m // BLOCK_N * BLOCK_N  # key tiles every row sees whole
-    for start_n in range(0, full_end, BLOCK_N):
+    full_end = start_m // BLOCK_N * BLOCK_N  # key tiles every row sees whole; then the diagonal, masked
+    for start_n in range(0, start_m + BLOCK_M, BLOCK_N):
         k = desc_k.load([row0 + start_n, 0])
         v = desc_v.load([row0 + start_n, 0])
         s = tl.dot(q, tl.trans(k))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
-    for start_n in range(full_end, start_m + BLOCK_M, BLOCK_N):  # the diagonal tiles, masked
-        k = desc_k.load([row0 + start_n, 0])
-        v = desc_v.load([row0 + start_n, 0])
-        s = tl.dot(q, tl.trans(k))
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        if start_n >= full_end:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
@@ -102,24 +93,15 @@ def _tma_dkdv_kernel(
     dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
     first = start_n // BLOCK_M * BLOCK_M
     full_start = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M  # query tiles past it see the key tile whole
-    for start_m in range(first, full_start, BLOCK_M):  # the diagonal, masked
+    for start_m in range(first, N, BLOCK_M):  # the diagonal (masked), then tiles that see it whole
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q = desc_q.load([row0 + start_m, 0])
         do = desc_do.load([row0 + start_m, 0])
         lse = tl.load(LSE + row0 + offs_m)
         delta = tl.load(DELTA + row0 + offs_m)
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * LOG2E)[None, :])
-        p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
-    for start_m in range(full_start, N, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = desc_q.load([row0 + start_m, 0])
-        do = desc_do.load([row0 + start_m, 0])
-        lse = tl.load(LSE + row0 + offs_m)
-        delta = tl.load(DELTA + row0 + offs_m)
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * LOG2E)[None, :])
+        if start_m < full_start:
+            p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
         dv = tl.dot(p_t.to(do.dtype), do, dv)
         ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
         dk = tl.dot(ds_t.to(q.dtype), q, dk)

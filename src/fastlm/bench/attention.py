@@ -40,7 +40,7 @@ from fastlm.analysis.attention import BACKWARD_FLOPS_RATIO, attention_forward_fl
 from fastlm.bench.attention_report import CPU_NOTE, render
 from fastlm.bench.options import ATTENTION_SWEEPS
 from fastlm.harness.benchmark import Benchmark, Implementation, Run
-from fastlm.harness.timing import measure, measure_after_setup
+from fastlm.harness.timing import measure, measure_after_setup, measure_graph_replay
 from fastlm.utils.records import read_records
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -408,21 +408,10 @@ def _bench_timings(fn: AttentionFn, q, k, v, device, flops: float) -> dict:
 
 
 def _graph_timings(fn: AttentionFn, q, k, v, flops: float) -> dict:
-    """Forward+backward captured as one CUDA graph and replayed (do_bench): the GPU's time without
-    the host's launch costs, which short shapes expose."""
+    """Forward+backward captured as one CUDA graph and replayed: the GPU's time without the host's
+    launch costs, which short shapes expose."""
     grad_out = torch.randn_like(q)
-    side = torch.cuda.Stream()  # capture needs the lazy initializations done, on a side stream
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            q.grad = k.grad = v.grad = None
-            fn(q, k, v).backward(grad_out)
-    torch.cuda.current_stream().wait_stream(side)
-    q.grad = k.grad = v.grad = None  # the graph writes fresh gradients on each replay
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn(q, k, v).backward(grad_out)
-    step = measure(graph.replay, q.device, warmup_ms=25, rep_ms=100)
+    step = measure_graph_replay(lambda: fn(q, k, v).backward(grad_out), q.device, (q, k, v))
     return {
         "fwd_bwd_graph_ms": step.median_ms,
         "fwd_bwd_graph_tflops": (1 + BACKWARD_FLOPS_RATIO) * flops / step.median_ms / 1e9,
