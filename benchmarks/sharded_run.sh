@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Run book of a model that fits only sharded (a 4-GPU machine): the 10b preset (12.8B parameters,
 # 205 GB of fp32 weights, gradients and AdamW state) under --parallel fsdp with --recompute on
-# PROCS GPUs (default 4) for STEPS steps (default 200), then the same model under --parallel ddp,
+# PROCS GPUs (default 4), MICRO windows of CONTEXT tokens per GPU (default 4 of 2048), for STEPS
+# steps (default 200), then the same model under --parallel ddp,
 # which must stop with the one-line out-of-memory error that names fsdp. Data: train_run.sh
 # PART=data in $WORK first. Records (tokens/s, MFU, peak memory per GPU) and the table land in $OUT.
 set -uo pipefail
 WORK=${WORK:-/tmp/fastlm-train}
 OUT=${OUT:-gpu-out}
-PROCS=${PROCS:-4} PRESET=${PRESET:-10b} CONTEXT=${CONTEXT:-2048} MICRO=${MICRO:-1}
+PROCS=${PROCS:-4} PRESET=${PRESET:-10b} CONTEXT=${CONTEXT:-2048} MICRO=${MICRO:-4}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 COMMON=(--data "$WORK/data" --preset "$PRESET" --context "$CONTEXT" --micro-batch "$MICRO" --checkpoint-every 0
@@ -18,5 +19,5 @@ torchrun --nproc-per-node "$PROCS" -m fastlm.train "${COMMON[@]}" --parallel fsd
 python3 benchmarks/train_records.py "$WORK/sharded-fsdp" --results "$OUT/train.jsonl" | tee "$OUT/sharded.md"
 fastlm analyze memory --preset "$PRESET" --context "$CONTEXT" --micro-batch "$MICRO" --vocab 320 --parallel fsdp \
   --gpus "$PROCS" --recompute --kernels "${KERNELS:-torch}" | tee -a "$OUT/sharded.md"
-torchrun --nproc-per-node "$PROCS" -m fastlm.train "${COMMON[@]}" --parallel ddp --steps 2 \
+timeout 300 torchrun --nproc-per-node "$PROCS" -m fastlm.train "${COMMON[@]}" --parallel ddp --steps 2 \
   --out "$WORK/sharded-ddp" 2>&1 | grep "error:" | sort -u | tee -a "$OUT/sharded.md"

@@ -2,13 +2,15 @@
 # Run book of `fastlm train` (python -m fastlm.train) against its targets, one PART per call:
 #   PART=data    the corpus: this repository's text and the Python standard library's sources
 #                (UTF-8 files only, about 30 MB), prepared with the bytes tokenizer into $WORK/data
-#   PART=speed   ROUNDS rounds (default 3) of: one process, then torchrun with PROCS processes
-#                (default 2) under --parallel ddp and fsdp, at the same per-process batch; then
-#                `fastlm bench model` of the same step. Steady-state tokens/s and MFU per run, the
-#                scaling is tokens/s(PROCS) / tokens/s(1) of the same round
-#   PART=loss    LOSS_STEPS steps (default 200) at one global batch: one process (2 accumulated
-#                micro-batches), PROCS processes under ddp, and one process with the fastlm kernels;
-#                the curves' relative differences against the first
+#   PART=speed   rounds ROUNDS (default "1 2 3") of: one process, then for each count in PROCS
+#                (default 2; "2 4" for both) torchrun with that many processes under each of MODES,
+#                at the same per-process batch; then `fastlm bench model` of the same step.
+#                Steady-state tokens/s and MFU per run, the scaling is tokens/s(P) / tokens/s(1) of
+#                the same round
+#   PART=loss    LOSS_STEPS steps (default 200) at one global batch (MICRO windows on each of the
+#                largest count of PROCS): one process (accumulating micro-batches), each count of
+#                PROCS under each of LOSS_MODES (default ddp), and one process with the fastlm
+#                kernels; the curves' relative differences against the first
 #   PART=precision  LOSS_STEPS steps in one process, --precision bf16 and bf16-weights x --kernels torch
 #                and fastlm: throughput and the curves' relative differences against bf16 / torch
 # Sizes: PRESET (default small), CONTEXT (default 2048), MICRO (sequences per process per
@@ -20,12 +22,13 @@ set -euo pipefail
 WORK=${WORK:-/tmp/fastlm-train}
 OUT=${OUT:-gpu-out}
 PRESET=${PRESET:-small} CONTEXT=${CONTEXT:-2048} MICRO=${MICRO:-8} PROCS=${PROCS:-2}
+MOST=${PROCS##* }  # the largest process count: the evaluation set and the loss runs' global batch fit it
 mkdir -p "$WORK" "$OUT"
 export PYTHONUNBUFFERED=1
 # the corpus is one document (all files in one), so --no-documents changes nothing but the kernels'
 # path: the plain causal one, as the earlier records measured
 COMMON=(--data "$WORK/data" --preset "$PRESET" --context "$CONTEXT" --micro-batch "$MICRO" --checkpoint-every 0
-        --eval-every 0 --eval-sequences $((MICRO * PROCS)) --no-documents --kernels "${KERNELS:-torch}")
+        --eval-every 0 --eval-sequences $((MICRO * MOST)) --no-documents --kernels "${KERNELS:-torch}")
 summary() {  # a table of the runs given, their curves' plot, their records appended
   python3 benchmarks/train_records.py "$@" --plot "$OUT/train_$PART.png" --results "$OUT/train.jsonl" \
     | tee -a "$OUT/train_$PART.md"
@@ -54,29 +57,39 @@ PY
 speed)
   STEPS=(--steps "${SPEED_STEPS:-150}" --warmup 10 --log-every 10)
   runs=()
-  for round in $(seq "${ROUNDS:-3}"); do
-    python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/speed-r$round-1" | tail -2
-    runs+=("$WORK/speed-r$round-1")
-    for mode in ${MODES:-ddp fsdp}; do
-      torchrun --nproc-per-node "$PROCS" -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --parallel "$mode" \
-        --out "$WORK/speed-r$round-$PROCS$mode" 2>&1 | grep -v "^W.*torch/distributed/run.py" | tail -2
-      runs+=("$WORK/speed-r$round-$PROCS$mode")
+  K=${KERNELS:-torch}
+  for round in ${ROUNDS:-1 2 3}; do
+    python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/speed-$K-r$round-1" | tail -2
+    runs+=("$WORK/speed-$K-r$round-1")
+    for procs in $PROCS; do
+      for mode in ${MODES:-ddp fsdp}; do
+        torchrun --nproc-per-node "$procs" -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --parallel "$mode" \
+          --out "$WORK/speed-$K-r$round-$procs$mode" 2>&1 \
+          | grep -v "^W.*torch/distributed/run.py" | tail -2
+        runs+=("$WORK/speed-$K-r$round-$procs$mode")
+      done
     done
   done
   summary "${runs[@]}"
   [ "${BENCH_MODEL:-1}" = 0 ] && exit 0
   python3 -m fastlm bench model --preset "$PRESET" --context "$CONTEXT" --batch "$MICRO" --vocab 320 --mode train \
-    --precision bf16 --compile compile --rounds "${ROUNDS:-3}" --out "$WORK" 2>&1 | grep -E "tokens/s|\| fastlm" \
+    --precision bf16 --compile compile --rounds "$(wc -w <<< "${ROUNDS:-1 2 3}")" --out "$WORK" 2>&1 | grep -E "tokens/s|\| fastlm" \
     | tee -a "$OUT/train_$PART.md"
   cp "$WORK/results/model.jsonl" "$OUT/train_bench_model.jsonl"
   ;;
 loss)
-  STEPS=(--steps "${LOSS_STEPS:-200}" --warmup 20 --log-every 10 --batch-tokens $((CONTEXT * MICRO * PROCS)))
+  STEPS=(--steps "${LOSS_STEPS:-200}" --warmup 20 --log-every 10 --batch-tokens $((CONTEXT * MICRO * MOST)))
   python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/loss-1" | tail -2
-  torchrun --nproc-per-node "$PROCS" -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --parallel ddp \
-    --out "$WORK/loss-$PROCS-ddp" 2>&1 | grep -v "^W.*torch/distributed/run.py" | tail -2
+  runs=("$WORK/loss-1")
+  for procs in $PROCS; do
+    for mode in ${LOSS_MODES:-ddp}; do
+      torchrun --nproc-per-node "$procs" -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --parallel "$mode" \
+        --out "$WORK/loss-$procs-$mode" 2>&1 | grep -v "^W.*torch/distributed/run.py" | tail -2
+      runs+=("$WORK/loss-$procs-$mode")
+    done
+  done
   python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --kernels fastlm --out "$WORK/loss-1-fastlm" | tail -2
-  summary "$WORK/loss-1" "$WORK/loss-$PROCS-ddp" "$WORK/loss-1-fastlm"
+  summary "${runs[@]}" "$WORK/loss-1-fastlm"
   ;;
 precision)
   STEPS=(--steps "${LOSS_STEPS:-200}" --warmup 20 --log-every 10)

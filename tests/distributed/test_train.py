@@ -93,10 +93,11 @@ def test_parallel_training_matches_one_process(mode, common, single_process, tmp
     torch.testing.assert_close(_losses(tmp_path), losses, rtol=1e-5, atol=0)
 
 
-def test_fsdp_with_compiled_blocks_matches_one_process(common, single_process, tmp_path):
-    """Under fsdp each block is compiled on its own, before sharding: the same training as one eager
-    process, up to the compiled kernels' summation order."""
-    _torchrun_like([*common, "--steps", "3", "--parallel", "fsdp", "--compile", "compile", "--out", str(tmp_path)])
+@pytest.mark.parametrize("mode", ["fsdp", "ddp"])
+def test_compiled_blocks_match_one_process(mode, common, single_process, tmp_path):
+    """Under ddp and fsdp each block is compiled on its own (fsdp: before sharding): the same training
+    as one eager process, up to the compiled kernels' summation order."""
+    _torchrun_like([*common, "--steps", "3", "--parallel", mode, "--compile", "compile", "--out", str(tmp_path)])
     weights, losses = single_process
     for name, value in _weights(tmp_path).items():
         torch.testing.assert_close(value, weights[name], rtol=1e-4, atol=1e-4, msg=name)

@@ -9,7 +9,7 @@ A record of log.jsonl, one per log interval and one per evaluation that falls be
     tokens           tokens trained on so far (steps x global batch)
     tokens_per_s     over the interval, all ranks together; the first interval pays for compilation
     mfu              model FLOPs utilization per GPU (fastlm.analysis.model); null without a known GPU
-    peak_memory_gib  rank 0's peak allocated CUDA memory so far; null on CPU
+    peak_memory_gib  rank 0's peak allocated CUDA memory since training began; null on CPU
     elapsed_s        since this process started training
     eval_loss        mean loss on the held-out windows, when evaluated at this step
     eval_accuracy    `fastlm train reward`: pairwise accuracy on the held-out rankings, when evaluated
@@ -178,6 +178,8 @@ class Throughput:
         self.device, self.world = device, world
         self.spec = spec_for_device_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
         self.flops_per_token = flops_per_token(model_cfg, "train", seq_len=model_cfg.context_length)
+        if device.type == "cuda":  # the peak while training: building the model is not training
+            torch.cuda.reset_peak_memory_stats(device)
         self.began = time.perf_counter()
         self.intervals: list[dict] = []
         self._start = self.began

@@ -27,8 +27,9 @@ parameters, gradients and optimizer state sharded; clipping and AdamW work on th
 `fastlm.distributed.local_shards`); `--reduce-dtype bf16` averages the gradients in
 bf16. `--shard-optimizer` wraps AdamW in `ShardedOptimizer`. `--recompute` checkpoints activations.
 Micro-batches before the last skip the gradient synchronization. `--compile compile` compiles the
-model (each block under fsdp), `cudagraphs` also replays it as CUDA graphs (one process, no
-accumulation: a graph's gradients are overwritten by its next replay).
+model (each block under ddp, bucketed and fsdp, whose gradient averaging then overlaps backward),
+`cudagraphs` also replays it as CUDA graphs (one process, no accumulation: a graph's gradients are
+overwritten by its next replay).
 
 Host synchronization happens only at log intervals (--log-every, evaluations, checkpoints): the
 losses and gradient norms stay on the device until then, and the next micro-batch is copied while
@@ -130,12 +131,19 @@ def _gradient_sync(model: torch.nn.Module, config: TrainConfig, sync: bool) -> c
     return contextlib.nullcontext()
 
 
+# the modes whose gradient averaging starts from hooks during backward: compiled block by block, a
+# block's gradients exist when its backward graph ends; one graph for the whole model would hand
+# every gradient over at its very end, leaving nothing for the all-reduces to overlap
+PER_BLOCK_COMPILE = ("ddp", "bucketed", "fsdp")
+
+
 def _compile(model: TransformerLM, config: TrainConfig) -> None:
-    """Compile in place (state-dict keys stay those of the eager model): each block under fsdp,
-    before sharding (the graphs stop at FSDP's hooks between blocks), else the whole model."""
+    """Compile in place (state-dict keys stay those of the eager model): each block under the modes
+    of PER_BLOCK_COMPILE (fsdp: before sharding, the graphs stop at FSDP's hooks between blocks),
+    else the whole model (torch-ddp splits its graph at its buckets by itself)."""
     if config.compile == "eager":
         return
-    for module in model.blocks if config.parallel == "fsdp" else [model]:
+    for module in model.blocks if config.parallel in PER_BLOCK_COMPILE else [model]:
         module.compile(mode=TORCH_COMPILE_MODE[config.compile])
 
 
@@ -321,16 +329,17 @@ def _train_loop(
     resumed = pending.pop()
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     model_cfg = config.model_config(record["vocab_size"])
-    model = TransformerLM(model_cfg).to(device)
+    with device:  # built where it trains: initializing a 10b model on the host takes minutes per process
+        model = TransformerLM(model_cfg)
     # bf16-weights: the optimizer stores the matmul weights in bf16, before a wrapper sizes its
     # gradient buckets by the parameters' dtypes; the other precisions build it after wrapping (FSDP
     # replaces the parameters)
     optimizer = _optimizer(model, config, device) if stores_bf16_weights(config.precision) else None
-    if config.parallel == "fsdp":
+    if config.parallel in PER_BLOCK_COMPILE:
         _compile(model, config)
     wrapped = _wrap(model, config, device)
     model = wrapped.module
-    if config.parallel != "fsdp":
+    if config.parallel not in PER_BLOCK_COMPILE:
         _compile(model, config)
     if optimizer is None:
         optimizer = _optimizer(model, config, device)
