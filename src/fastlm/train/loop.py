@@ -27,9 +27,8 @@ parameters, gradients and optimizer state sharded; clipping and AdamW work on th
 `fastlm.distributed.local_shards`); `--reduce-dtype bf16` averages the gradients in
 bf16. `--shard-optimizer` wraps AdamW in `ShardedOptimizer`. `--recompute` checkpoints activations.
 Micro-batches before the last skip the gradient synchronization. `--compile compile` compiles the
-model (each block under ddp, bucketed and fsdp, whose gradient averaging then overlaps backward),
-`cudagraphs` also replays it as CUDA graphs (one process, no accumulation: a graph's gradients are
-overwritten by its next replay).
+model (each block under fsdp), `cudagraphs` also replays it as CUDA graphs (one process, no
+accumulation: a graph's gradients are overwritten by its next replay).
 
 Host synchronization happens only at log intervals (--log-every, evaluations, checkpoints): the
 losses and gradient norms stay on the device until then, and the next micro-batch is copied while
@@ -131,19 +130,16 @@ def _gradient_sync(model: torch.nn.Module, config: TrainConfig, sync: bool) -> c
     return contextlib.nullcontext()
 
 
-# the modes whose gradient averaging starts from hooks during backward: compiled block by block, a
-# block's gradients exist when its backward graph ends; one graph for the whole model would hand
-# every gradient over at its very end, leaving nothing for the all-reduces to overlap
-PER_BLOCK_COMPILE = ("ddp", "bucketed", "fsdp")
-
-
 def _compile(model: TransformerLM, config: TrainConfig) -> None:
-    """Compile in place (state-dict keys stay those of the eager model): each block under the modes
-    of PER_BLOCK_COMPILE (fsdp: before sharding, the graphs stop at FSDP's hooks between blocks),
-    else the whole model (torch-ddp splits its graph at its buckets by itself)."""
+    """Compile in place (state-dict keys stay those of the eager model): each block under fsdp,
+    before sharding (the graphs stop at FSDP's hooks between blocks), else the whole model. One graph
+    hands every gradient to ddp's and bucketed's hooks at the end of backward, so their all-reduces
+    do not overlap it; compiled block by block they would, but on 2 H200s that ran slower (the host,
+    with a compiled call per block and a hook per gradient, fell behind the GPUs:
+    docs/notes/distributed.md). torch-ddp splits its graph at its buckets by itself."""
     if config.compile == "eager":
         return
-    for module in model.blocks if config.parallel in PER_BLOCK_COMPILE else [model]:
+    for module in model.blocks if config.parallel == "fsdp" else [model]:
         module.compile(mode=TORCH_COMPILE_MODE[config.compile])
 
 
@@ -335,11 +331,11 @@ def _train_loop(
     # gradient buckets by the parameters' dtypes; the other precisions build it after wrapping (FSDP
     # replaces the parameters)
     optimizer = _optimizer(model, config, device) if stores_bf16_weights(config.precision) else None
-    if config.parallel in PER_BLOCK_COMPILE:
+    if config.parallel == "fsdp":
         _compile(model, config)
     wrapped = _wrap(model, config, device)
     model = wrapped.module
-    if config.parallel not in PER_BLOCK_COMPILE:
+    if config.parallel != "fsdp":
         _compile(model, config)
     if optimizer is None:
         optimizer = _optimizer(model, config, device)

@@ -1,0 +1,120 @@
+"""The scaling table of `benchmarks/train_run.sh PART=speed` records: each multi-process run's
+tokens/s against the one-process run of its round and kernels, per (processes, parallel, kernels)
+the median and range over rounds; one bar chart of the medians with the ranges as error bars.
+
+    python benchmarks/train_scaling.py benchmarks/results/train.jsonl --sha ac4d06c \
+        --md benchmarks/reports/train_scaling.md --plot benchmarks/reports/train_scaling.png
+
+A run belongs to a round by its folder's name as train_run.sh writes it,
+speed-<kernels>-r<round>-<processes><parallel> (speed-<kernels>-r<round>-1 for one process); the
+records of one table come from one machine start (one --sha and one GPU), so its rows share their
+baselines' conditions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from fastlm.utils.plots import save_figure
+from fastlm.utils.records import read_records
+
+RUN_NAME = re.compile(r"speed-(?P<kernels>\w+)-r(?P<round>\w+)-(?P<procs>\d+)(?P<parallel>[\w-]*)$")
+
+
+def scaling_rows(records: list[dict]) -> list[dict]:
+    """One row per (processes, parallel, kernels): the ratios of its rounds to their one-process runs."""
+    runs = {}
+    for record in records:
+        match = RUN_NAME.search(record["out"])
+        if match:
+            key = (match["kernels"], match["round"], int(match["procs"]), match["parallel"] or "none")
+            runs[key] = record["result"]["tokens_per_s"]
+    groups = defaultdict(list)
+    for (kernels, round_, procs, parallel), tokens_per_s in runs.items():
+        baseline = runs.get((kernels, round_, 1, "none"))
+        if procs > 1 and baseline:
+            groups[(procs, parallel, kernels)].append((tokens_per_s, tokens_per_s / baseline))
+    one = defaultdict(list)
+    for (kernels, _, procs, _), tokens_per_s in runs.items():
+        if procs == 1:
+            one[kernels].append(tokens_per_s)
+    rows = [
+        {"procs": 1, "parallel": "none", "kernels": k, "tokens_per_s": v, "ratios": [1.0] * len(v)}
+        for k, v in sorted(one.items(), key=lambda item: item[0] != "torch")
+    ]
+    order = sorted(groups.items(), key=lambda item: (item[0][0], item[0][2] != "torch"))  # by GPUs, torch first
+    for (procs, parallel, kernels), values in order:
+        rows.append(
+            {
+                "procs": procs,
+                "parallel": parallel,
+                "kernels": kernels,
+                "tokens_per_s": [v[0] for v in values],
+                "ratios": [v[1] for v in values],
+            }
+        )
+    return rows
+
+
+def markdown(rows: list[dict], title: str) -> str:
+    lines = [
+        f"{title}\n",
+        "| GPUs | parallel | kernels | rounds | tokens/s (median) | range | vs one GPU (median) | range |",
+        "|" + " --- |" * 8,
+    ]
+    for row in rows:
+        tps, ratios = row["tokens_per_s"], row["ratios"]
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}x"
+        lines.append(
+            f"| {row['procs']} | {row['parallel']} | {row['kernels']} | {len(tps)} | {statistics.median(tps):,.0f} | "
+            f"{min(tps):,.0f}-{max(tps):,.0f} | {statistics.median(ratios):.2f}x | {spread} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path, title: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    multi = [row for row in rows if row["procs"] > 1]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [f"{row['procs']} GPUs\n{row['parallel']}\n{row['kernels']}" for row in multi]
+    medians = [statistics.median(row["ratios"]) for row in multi]
+    low = [m - min(row["ratios"]) for m, row in zip(medians, multi, strict=True)]
+    high = [max(row["ratios"]) - m for m, row in zip(medians, multi, strict=True)]
+    colors = ["tab:blue" if row["kernels"] == "torch" else "tab:orange" for row in multi]
+    ax.bar(range(len(multi)), medians, yerr=[low, high], capsize=3, color=colors)
+    for procs in sorted({row["procs"] for row in multi}):
+        ax.axhline(procs, color="gray", linestyle=":", linewidth=1)
+    ax.set_xticks(range(len(multi)), labels, fontsize=7)
+    ax.set_ylabel("tokens/s vs one GPU (median, range)")
+    ax.set_title(title, fontsize=10)
+    return save_figure(fig, path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("records", type=Path, help="train.jsonl of train_run.sh / train_records.py")
+    parser.add_argument("--sha", required=True, help="the git sha of the records to take (one machine start)")
+    parser.add_argument("--md", type=Path, default=None, help="write the table here (default: print only)")
+    parser.add_argument("--plot", type=Path, default=None, help="write the bar chart here (default: none)")
+    args = parser.parse_args()
+    records = [r for r in read_records(args.records) if r.get("git_sha") == args.sha]
+    gpus = sorted({r["gpu"] for r in records})
+    if len(gpus) != 1:
+        raise SystemExit(f"records of git {args.sha} come from {len(gpus)} kinds of GPU ({gpus}): one table needs one")
+    title = f"fastlm train scaling · {gpus[0]} · git {args.sha}"
+    rows = scaling_rows(records)
+    table = markdown(rows, title)
+    print(table)
+    if args.md:
+        args.md.write_text(table)
+    if args.plot:
+        print(f"wrote {plot(rows, args.plot, title)}")
+
+
+if __name__ == "__main__":
+    main()
