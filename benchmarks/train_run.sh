@@ -11,6 +11,9 @@
 #                largest count of PROCS): one process (accumulating micro-batches), each count of
 #                PROCS under each of LOSS_MODES (default ddp), and one process with the fastlm
 #                kernels; the curves' relative differences against the first
+#   PART=independent  one process alone, then the largest count of PROCS one-process runs at once,
+#                one per GPU: with no communication at all, does a busy machine (power, host cores,
+#                host memory) slow each GPU's step? The ceiling of any scaling on this machine
 #   PART=precision  LOSS_STEPS steps in one process, --precision bf16 and bf16-weights x --kernels torch
 #                and fastlm: throughput and the curves' relative differences against bf16 / torch
 # Sizes: PRESET (default small), CONTEXT (default 2048), MICRO (sequences per process per
@@ -33,7 +36,7 @@ summary() {  # a table of the runs given, their curves' plot, their records appe
   python3 benchmarks/train_records.py "$@" --plot "$OUT/train_$PART.png" --results "$OUT/train.jsonl" \
     | tee -a "$OUT/train_$PART.md"
 }
-case ${PART:?set PART to data, speed, loss or precision} in
+case ${PART:?set PART to data, speed, loss, independent or precision} in
 data)
   python3 - "$WORK/corpus" <<'PY'
 import pathlib, sys, sysconfig
@@ -90,6 +93,18 @@ loss)
   done
   python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --kernels fastlm --out "$WORK/loss-1-fastlm" | tail -2
   summary "${runs[@]}" "$WORK/loss-1-fastlm"
+  ;;
+independent)
+  STEPS=(--steps "${SPEED_STEPS:-150}" --warmup 10 --log-every 10)
+  python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/alone" | tail -1
+  runs=("$WORK/alone")
+  for gpu in $(seq 0 $((MOST - 1))); do
+    CUDA_VISIBLE_DEVICES=$gpu python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/together-$gpu" \
+      > "$WORK/together-$gpu.txt" 2>&1 &
+    runs+=("$WORK/together-$gpu")
+  done
+  wait
+  summary "${runs[@]}"
   ;;
 precision)
   STEPS=(--steps "${LOSS_STEPS:-200}" --warmup 20 --log-every 10)

@@ -14,6 +14,7 @@ baselines' conditions.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 from collections import defaultdict
@@ -60,9 +61,10 @@ def scaling_rows(records: list[dict]) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], title: str) -> str:
+def markdown(rows: list[dict], title: str, note: str = "") -> str:
     lines = [
         f"{title}\n",
+        *([f"{note}\n"] if note else []),
         "| GPUs | parallel | kernels | rounds | tokens/s (median) | range | vs one GPU (median) | range |",
         "|" + " --- |" * 8,
     ]
@@ -101,6 +103,7 @@ def main() -> None:
     parser.add_argument("--sha", required=True, help="the git sha of the records to take (one machine start)")
     parser.add_argument("--md", type=Path, default=None, help="write the table here (default: print only)")
     parser.add_argument("--plot", type=Path, default=None, help="write the bar chart here (default: none)")
+    parser.add_argument("--note", default="", help="a paragraph under the table's title (how the runs differ)")
     args = parser.parse_args()
     records = [r for r in read_records(args.records) if r.get("git_sha") == args.sha]
     gpus = sorted({r["gpu"] for r in records})
@@ -108,12 +111,13 @@ def main() -> None:
         raise SystemExit(f"records of git {args.sha} come from {len(gpus)} kinds of GPU ({gpus}): one table needs one")
     title = f"fastlm train scaling · {gpus[0]} · git {args.sha}"
     rows = scaling_rows(records)
-    table = markdown(rows, title)
+    table = markdown(rows, title, args.note)
     print(table)
-    if args.md:
-        args.md.write_text(table)
     if args.plot:
         print(f"wrote {plot(rows, args.plot, title)}")
+    if args.md:
+        chart = f"\n![scaling]({os.path.relpath(args.plot, args.md.parent)})\n" if args.plot else ""
+        args.md.write_text(table + chart)
 
 
 if __name__ == "__main__":
