@@ -2,6 +2,7 @@
 weights for the same global batch); checkpoints resume exactly; a checkpoint is neither replaced
 nor continued by mistake; bad input ends in a one-line error."""
 
+import json
 import os
 
 import pytest
@@ -11,6 +12,7 @@ import torch.multiprocessing as mp
 from fastlm import checkpoint
 from fastlm.data.tokens import TokenData
 from fastlm.distributed.launch import exit_process, free_port
+from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB
 from fastlm.train import loop
 from fastlm.train.log import read_log
 
@@ -91,6 +93,9 @@ def test_parallel_training_matches_one_process(mode, common, single_process, tmp
     for name, value in _weights(tmp_path).items():
         torch.testing.assert_close(value, weights[name], rtol=1e-4, atol=1e-5, msg=name)
     torch.testing.assert_close(_losses(tmp_path), losses, rtol=1e-5, atol=0)
+    # run.json: the bucket size in use, given or the mode's default
+    expected = float(mode[2]) if "--bucket-mb" in mode else DEFAULT_BUCKET_MB.get(mode[0])
+    assert json.loads((tmp_path / "run.json").read_text())["bucket_mb"] == expected
 
 
 @pytest.mark.parametrize("mode", ["fsdp", "ddp"])

@@ -113,6 +113,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         preset="2.7b",
         batch_flags=("--micro-batch", "--batch"),
         batch_help="sequences per GPU and micro-batch (--batch: the same)",
+        single=True,
     )
     p.add_argument("--gpus", type=positive_int, default=1, help="processes, one per GPU (N)")
     p.add_argument(
@@ -132,7 +133,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--accumulation", type=positive_int, default=1, help="micro-batches per optimizer step (gradient accumulation)"
     )
-    add_compile_option(p, COMPILE_MODES, "compile", note="default compile, as fastlm train on a GPU")
+    add_compile_option(p, COMPILE_MODES, "compile", note="default: compile, as fastlm train on a GPU")
     p.add_argument(
         "--contexts",
         type=int_list,

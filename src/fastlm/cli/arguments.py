@@ -94,7 +94,7 @@ def _add_mode_option(parser, flag, what, meanings, choices, default, many, note)
     """``flag`` taking one of ``choices`` (a comma list of them with ``many``), its help made from
     ``meanings``: one vocabulary and one wording for every command."""
     listed = f"comma list of {', '.join(meanings[c] for c in choices)}" if many else choices_help(meanings, choices)
-    shown = note or f"default {','.join(default) if many and default else default}"
+    shown = note or f"default: {','.join(default) if many and default else default}"
     parser.add_argument(
         flag,
         type=choice_list(choices, what) if many else None,

@@ -245,7 +245,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--ops", type=_host_ops, default=None, help=f"comma list among {','.join(HOST_OPS)} (default all)")
     add_compile_option(
-        p, HOST_COMPILE_MODES, ("eager",), many=True, note="default eager; fullgraph, each implementation, fwd and bwd"
+        p, HOST_COMPILE_MODES, ("eager",), many=True, note="default: eager; fullgraph, each implementation, fwd and bwd"
     )
     p.add_argument(
         "--rounds",
@@ -284,8 +284,8 @@ def _add_model_command(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="comma list of fwd, fwd+bwd, train (default train)",
     )
-    add_precision_option(p, many=True, note="default bf16")
-    add_compile_option(p, many=True, note="default eager; the sweep: eager, compile")
+    add_precision_option(p, many=True, note="default: bf16")
+    add_compile_option(p, many=True, note="default: eager; the sweep: eager, compile")
     p.add_argument("--warmup", type=non_negative_int, default=5, help="untimed steps first, every round")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per round")
     p.add_argument(

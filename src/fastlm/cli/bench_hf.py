@@ -109,7 +109,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         help="comma list of fwd, fwd+bwd, train (default train: forward, backward, fused AdamW)",
     )
     add_precision_option(p, FP32_WEIGHT_PRECISIONS, ("bf16",), many=True)
-    add_compile_option(p, COMPILE_MODES[:2], many=True, note="default both on a GPU, eager on a CPU")
+    add_compile_option(p, COMPILE_MODES[:2], many=True, note="default: both on a GPU, eager on a CPU")
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed steps first, every round (default 3)")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per round (default 10)")
     p.add_argument(

@@ -30,16 +30,19 @@ def add_model_arguments(
     preset: str | None = None,
     batch_flags: tuple[str, ...] = ("--batch",),
     batch_help: str = "sequences per step",
+    single: bool = False,
 ) -> None:
     """Which model: presets (and dimensions replacing theirs), vocabulary, context, batch and kernel
     switches; ``gpu_preset`` is the default preset on a GPU machine (tiny without one), ``preset``
     the default on every machine instead (napkin math, which runs nothing). The batch
-    (``args.batch``) is taken by ``batch_flags`` and described by ``batch_help``."""
+    (``args.batch``) is taken by ``batch_flags`` and described by ``batch_help``. ``single``: the
+    command takes one model (`single_model_config`), so the help offers one preset and kernel set."""
     p.set_defaults(gpu_preset=gpu_preset)
+    listing = "one of" if single else "comma list of"
     presets = {
         "type": choice_list(PRESETS, "preset"),
         "choices": None,
-        "help": f"comma list of {', '.join(PRESETS)} "
+        "help": f"{listing} {', '.join(PRESETS)} "
         + (f"(default: {preset})" if preset else f"(default on a GPU: {gpu_preset}; without one: tiny)"),
     }
     add_options(p, ModelOptions, overrides={"preset": presets})
@@ -52,7 +55,8 @@ def add_model_arguments(
         "--kernels",
         type=choice_list(KERNEL_SETS, "kernel set"),
         default=("torch",),
-        help="comma list: torch (SDPA, PyTorch norm and loss) and/or fastlm (fused kernels)",
+        help=f"{'one of' if single else 'comma list'}: torch (SDPA, PyTorch norm and loss) "
+        f"{'or' if single else 'and/or'} fastlm (fused kernels)",
     )
     kernel_default = "(default: the kernel set's)"
     p.add_argument(

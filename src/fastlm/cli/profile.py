@@ -103,7 +103,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         cmd_profile_model,
         duration=("about 30 seconds", "under 10 minutes"),
     )
-    add_model_arguments(p)
+    add_model_arguments(p, single=True)
     add_precision_option(p, FP32_WEIGHT_PRECISIONS, "bf16")
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untraced steps first")
     p.add_argument("--steps", type=positive_int, default=3, help="profiled steps per phase")
@@ -122,7 +122,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         cmd_profile_memory,
         duration=("about 20 seconds", "under 10 minutes"),
     )
-    add_model_arguments(p, gpu_preset="2.7b")
+    add_model_arguments(p, gpu_preset="2.7b", single=True)
     p.add_argument("--contexts", type=int_list, default=(128, 256, 512), help="comma list of context lengths")
     p.add_argument(
         "--mode",

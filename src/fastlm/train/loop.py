@@ -114,11 +114,16 @@ def _setup(config: TrainConfig) -> torch.device:
 def _wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> Wrapped:
     """The model wrapped for --parallel (the registry of `fastlm.distributed.wrappers`); fsdp
     all-gathers the blocks' weights in the forward's autocast dtype."""
-    bucket_mb = None
-    if config.parallel in BUCKETED_MODES:
-        bucket_mb = config.bucket_mb or DEFAULT_BUCKET_MB[config.parallel]
     compute_dtype = torch.bfloat16 if autocasts(config.precision) else None
-    return wrap(model, ParallelSpec(config.parallel, bucket_mb, config.reduce_dtype), device, compute_dtype)
+    return wrap(model, ParallelSpec(config.parallel, _bucket_mb(config), config.reduce_dtype), device, compute_dtype)
+
+
+def _bucket_mb(config: TrainConfig) -> float | None:
+    """The bucket (fsdp: unit) size the run uses: --bucket-mb or its mode's default; None for the
+    modes without buckets."""
+    if config.parallel not in BUCKETED_MODES:
+        return None
+    return config.bucket_mb or DEFAULT_BUCKET_MB[config.parallel]
 
 
 def _gradient_sync(model: torch.nn.Module, config: TrainConfig, sync: bool) -> contextlib.AbstractContextManager:
@@ -492,15 +497,16 @@ def _write_run_file(
     device: torch.device,
     result: dict | None = None,
 ) -> None:
-    """OUT/run.json: the run's id, its record (`TrainConfig.run_record`), the model's size and where
-    the run ran; at the end also what `train` returns (the per-step losses, the evaluations,
-    steady-state tokens/s and MFU)."""
+    """OUT/run.json: the run's id, its record (`TrainConfig.run_record`), the model's size, the
+    bucket size in use and where the run ran; at the end also what `train` returns (the per-step
+    losses, the evaluations, steady-state tokens/s and MFU)."""
     config.out.mkdir(parents=True, exist_ok=True)
     run = with_environment(
         {
             "config": record,
             "parameters": model_cfg.num_parameters(),
             "world_size": world,
+            "bucket_mb": _bucket_mb(config),  # not in the record: a resumed run may change it
             "device": str(device),
             "argv": sys.argv,
             "result": result,

@@ -40,18 +40,18 @@ def environment() -> dict:
 
 
 def _git_sha() -> str | None:
-    """HEAD's short sha; FASTLM_GIT_SHA where the tree was copied without its .git folder."""
+    """HEAD's short sha, with a "+" when tracked files differ from it (the record then measured code
+    that no commit holds); FASTLM_GIT_SHA where the tree was copied without its .git folder."""
     if os.environ.get("FASTLM_GIT_SHA"):
         return os.environ["FASTLM_GIT_SHA"]
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).parent,
+        sha, changes = (
+            subprocess.run(
+                ["git", *command], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+            ).stdout.strip()
+            for command in (["rev-parse", "--short", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
         )
-        return out.stdout.strip()
+        return sha + ("+" if changes else "")
     except (OSError, subprocess.CalledProcessError):
         return None
 
