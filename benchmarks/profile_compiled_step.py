@@ -33,6 +33,7 @@ from fastlm.harness.steps import Row, make_optimizer, make_step, time_steps
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE
 from fastlm.optim import AdamW
+from fastlm.profile.timeline import gpu_timeline, profiled_kernels
 from fastlm.utils.records import append_records, with_environment
 
 # The optimizer of each step: PyTorch's fused AdamW (what `fastlm bench model` uses), fastlm's, or
@@ -69,22 +70,6 @@ def gpu_time_by_category(prof: profile, steps: int) -> tuple[dict[str, float], f
         ms[category(event.name)] += event.device_time_total / 1e3 / steps
         count += 1
     return dict(ms), count / steps
-
-
-def gpu_idle_ms(prof: profile, steps: int) -> float:
-    """ms per step in which the GPU runs no kernel, between the first kernel's start and the last
-    one's end: the span minus the union of the kernels' intervals."""
-    intervals = sorted(
-        (event.time_range.start, event.time_range.end)
-        for event in prof.events()
-        if event.device_type == DeviceType.CUDA and not event.is_user_annotation
-    )
-    busy, covered_to = 0.0, -float("inf")
-    for start, end in intervals:
-        busy += max(0.0, end - max(start, covered_to))
-        covered_to = max(covered_to, end)
-    span = intervals[-1][1] - intervals[0][0]
-    return (span - busy) / 1e3 / steps  # profiler times are in us
 
 
 def cpu_ops_table(prof: profile, steps: int, rows: int) -> str:
@@ -128,7 +113,7 @@ def measure(kernels: str, compile_mode: str, optimizer: str, args: argparse.Name
         "first_step_ms": times[0],
         "step_ms": statistics.median(times[5:]),
         "gpu_ms": sum(gpu_ms.values()),
-        "gpu_idle_ms": gpu_idle_ms(prof, profiled_steps),
+        "gpu_idle_ms": gpu_timeline(profiled_kernels(prof), profiled_steps).idle_ms,
         "gpu_ms_by_category": gpu_ms,
         "kernels_per_step": kernels_per_step,
     }

@@ -2,27 +2,34 @@
 where a step's time goes: python3 benchmarks/profile_train_step.py TRAIN_ARGS...
 
 After WAIT optimizer steps (compilation, warm-up; default 20), WARMUP steps (default 2) then ACTIVE
-steps (default 3) are traced, counted by a global optimizer post-step hook. Rank 0 prints its table
-of device time per kernel and of host time per op; every rank writes its trace to TRACE_DIR
-(default /tmp/fastlm-trace), for a trace viewer.
+steps (default 3) are traced, counted by a global optimizer post-step hook. Every rank prints one
+line of its GPU's timeline per step (`fastlm.profile.timeline`: compute, communication, exposed
+communication, idle) and, with RESULTS=FILE, appends it as a record; a rank whose GPU idles while
+the others communicate is the one the collectives wait for. Rank 0 also prints its tables of
+device time per kernel and host time per op. Every rank writes its trace to TRACE_DIR (default
+/tmp/fastlm-trace), for a trace viewer.
 """
 
 import os
 import sys
+from pathlib import Path
 
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
+from fastlm.profile.timeline import gpu_timeline, profiled_kernels
 from fastlm.train import loop
+from fastlm.utils.records import append_records, with_environment
 
 
 def main(argv: list[str]) -> int:
     wait, warmup, active = (int(os.environ.get(k, d)) for k, d in (("WAIT", 20), ("WARMUP", 2), ("ACTIVE", 3)))
     trace_dir = os.environ.get("TRACE_DIR", "/tmp/fastlm-trace")
+    rank = int(os.environ.get("RANK", "0"))
     profiler = profile(
         activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
         schedule=schedule(wait=wait, warmup=warmup, active=active),
-        on_trace_ready=tensorboard_trace_handler(trace_dir, worker_name=f"rank{os.environ.get('RANK', '0')}"),
+        on_trace_ready=tensorboard_trace_handler(trace_dir, worker_name=f"rank{rank}"),
     )
     hook = register_optimizer_step_post_hook(lambda *_: profiler.step())
     try:
@@ -30,7 +37,19 @@ def main(argv: list[str]) -> int:
             status = loop.main(argv)
     finally:
         hook.remove()
-    if os.environ.get("RANK", "0") == "0":
+    kernels = profiled_kernels(profiler)
+    if kernels:
+        timeline = gpu_timeline(kernels, active)
+        print(
+            f"rank {rank}: per step {timeline.span_ms:.1f} ms of kernels' span: compute {timeline.compute_ms:.1f}, "
+            f"communication {timeline.communication_ms:.1f} (exposed {timeline.exposed_communication_ms:.1f}), "
+            f"idle {timeline.idle_ms:.1f} ms",
+            flush=True,
+        )
+        if os.environ.get("RESULTS"):
+            record = {"op": "profile_train_step", "rank": rank, "argv": argv, "steps": active, **timeline.as_dict()}
+            append_records(Path(os.environ["RESULTS"]), [with_environment(record)])
+    if rank == 0:
         events = profiler.key_averages()
         print(f"{active} traced steps on rank 0")
         print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
