@@ -28,10 +28,18 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", "0"))
     profiler = profile(
         activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-        schedule=schedule(wait=wait, warmup=warmup, active=active),
+        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),  # one trace, not one per cycle
         on_trace_ready=tensorboard_trace_handler(trace_dir, worker_name=f"rank{rank}"),
     )
-    hook = register_optimizer_step_post_hook(lambda *_: profiler.step())
+    stepped = []  # the first optimizer that steps: ShardedOptimizer's inner one steps too
+
+    def count_step(optimizer, *_) -> None:
+        if not stepped:
+            stepped.append(optimizer)
+        if optimizer is stepped[0]:
+            profiler.step()
+
+    hook = register_optimizer_step_post_hook(count_step)
     try:
         with profiler:
             status = loop.main(argv)

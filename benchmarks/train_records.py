@@ -8,7 +8,8 @@ A run is an OUT folder of `fastlm train` (its run.json and log.jsonl). The curve
 per-step training losses (log every step to have them all) with the first run's, step by step:
 `max rel diff` is the largest |loss - reference| / reference over the steps both have, `last-10 rel
 diff` the same for the mean of the last 10 steps, the number that "agree within 1%" speaks of. A
-record is run.json without its per-step losses (log.jsonl keeps them), plus the run's folder.
+record is run.json without its per-step losses (log.jsonl keeps them), plus the run's folder and
+the tokens/s of each log interval.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def main() -> None:
         for out, run in runs.items():
             result = {k: v for k, v in run["result"].items() if k != "losses"}
             result["last10_train_loss"] = _tail_mean(run["result"]["losses"])
+            # the spread inside a run (the first interval pays for compilation)
+            log = read_log(out / "log.jsonl")
+            result["interval_tokens_per_s"] = [round(r["tokens_per_s"], 1) for r in log if "tokens_per_s" in r]
             records.append({**run, "result": result, "out": str(out)})
         append_records(args.results, records)
         print(f"appended {len(records)} record(s) to {args.results}")

@@ -24,14 +24,14 @@
 set -euo pipefail
 WORK=${WORK:-/tmp/fastlm-train}
 OUT=${OUT:-gpu-out}
-PRESET=${PRESET:-small} CONTEXT=${CONTEXT:-2048} MICRO=${MICRO:-8} PROCS=${PROCS:-2}
-MOST=${PROCS##* }  # the largest process count: the evaluation set and the loss runs' global batch fit it
+PRESET=${PRESET:-small} CONTEXT=${CONTEXT:-2048} MICRO=${MICRO:-8} PROCS=${PROCS:-2} KERNELS=${KERNELS:-torch}
+MOST=$(printf '%s\n' $PROCS | sort -n | tail -1)  # the largest count: the evaluation set and the loss runs' batch fit it
 mkdir -p "$WORK" "$OUT"
 export PYTHONUNBUFFERED=1
 # the corpus is one document (all files in one), so --no-documents changes nothing but the kernels'
 # path: the plain causal one, as the earlier records measured
 COMMON=(--data "$WORK/data" --preset "$PRESET" --context "$CONTEXT" --micro-batch "$MICRO" --checkpoint-every 0
-        --eval-every 0 --eval-sequences $((MICRO * MOST)) --no-documents --kernels "${KERNELS:-torch}")
+        --eval-every 0 --eval-sequences $((MICRO * MOST)) --no-documents --kernels "$KERNELS")
 summary() {  # a table of the runs given, their curves' plot, their records appended
   python3 benchmarks/train_records.py "$@" --plot "$OUT/train_$PART.png" --results "$OUT/train.jsonl" \
     | tee -a "$OUT/train_$PART.md"
@@ -60,16 +60,15 @@ PY
 speed)
   STEPS=(--steps "${SPEED_STEPS:-150}" --warmup 10 --log-every 10)
   runs=()
-  K=${KERNELS:-torch}
   for round in ${ROUNDS:-1 2 3}; do
-    python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/speed-$K-r$round-1" | tail -2
-    runs+=("$WORK/speed-$K-r$round-1")
+    python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/speed-$KERNELS-r$round-1" | tail -2
+    runs+=("$WORK/speed-$KERNELS-r$round-1")
     for procs in $PROCS; do
       for mode in ${MODES:-ddp fsdp}; do
         torchrun --nproc-per-node "$procs" -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --parallel "$mode" \
-          --out "$WORK/speed-$K-r$round-$procs$mode" 2>&1 \
+          --out "$WORK/speed-$KERNELS-r$round-$procs$mode" 2>&1 \
           | grep -v "^W.*torch/distributed/run.py" | tail -2
-        runs+=("$WORK/speed-$K-r$round-$procs$mode")
+        runs+=("$WORK/speed-$KERNELS-r$round-$procs$mode")
       done
     done
   done
@@ -97,13 +96,13 @@ loss)
 independent)
   STEPS=(--steps "${SPEED_STEPS:-150}" --warmup 10 --log-every 10)
   python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/alone" | tail -1
-  runs=("$WORK/alone")
+  runs=("$WORK/alone") pids=()
   for gpu in $(seq 0 $((MOST - 1))); do
     CUDA_VISIBLE_DEVICES=$gpu python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/together-$gpu" \
       > "$WORK/together-$gpu.txt" 2>&1 &
-    runs+=("$WORK/together-$gpu")
+    runs+=("$WORK/together-$gpu") pids+=($!)
   done
-  wait
+  for pid in "${pids[@]}"; do wait "$pid"; done  # a failed run stops the script (set -e), a bare wait would not
   summary "${runs[@]}"
   ;;
 precision)

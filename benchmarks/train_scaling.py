@@ -33,6 +33,8 @@ def scaling_rows(records: list[dict]) -> list[dict]:
         match = RUN_NAME.search(record["out"])
         if match:
             key = (match["kernels"], match["round"], int(match["procs"]), match["parallel"] or "none")
+            if key in runs:  # two machine starts under one git sha, which --sha cannot tell apart
+                raise SystemExit(f"two records of the run {record['out']}: one table takes one machine start's runs")
             runs[key] = record["result"]["tokens_per_s"]
     groups = defaultdict(list)
     for (kernels, round_, procs, parallel), tokens_per_s in runs.items():
@@ -106,10 +108,15 @@ def main() -> None:
     parser.add_argument("--note", default="", help="a paragraph under the table's title (how the runs differ)")
     args = parser.parse_args()
     records = [r for r in read_records(args.records) if r.get("git_sha") == args.sha]
-    gpus = sorted({r["gpu"] for r in records})
-    if len(gpus) != 1:
-        raise SystemExit(f"records of git {args.sha} come from {len(gpus)} kinds of GPU ({gpus}): one table needs one")
-    title = f"fastlm train scaling · {gpus[0]} · git {args.sha}"
+    if not records:
+        raise SystemExit(f"no records of git {args.sha} in {args.records}")
+    machines = sorted({(r["gpu"], r["torch"], r["triton"]) for r in records})
+    if len(machines) != 1:
+        raise SystemExit(
+            f"records of git {args.sha} come from {len(machines)} setups ({machines}): one table takes one"
+        )
+    gpu, torch_version, triton_version = machines[0]
+    title = f"fastlm train scaling · {gpu} · torch {torch_version}, Triton {triton_version} · git {args.sha}"
     rows = scaling_rows(records)
     table = markdown(rows, title, args.note)
     print(table)

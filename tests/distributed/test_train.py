@@ -99,7 +99,7 @@ def test_parallel_training_matches_one_process(mode, common, single_process, tmp
 
 
 @pytest.mark.parametrize("mode", ["fsdp", "ddp"])
-def test_compiled_blocks_match_one_process(mode, common, single_process, tmp_path):
+def test_compiled_training_matches_one_process(mode, common, single_process, tmp_path):
     """Compiled (fsdp: each block on its own, before sharding; ddp: the wrapped model), the same
     training as one eager process, up to the compiled kernels' summation order."""
     _torchrun_like([*common, "--steps", "3", "--parallel", mode, "--compile", "compile", "--out", str(tmp_path)])

@@ -15,7 +15,7 @@ from fastlm.cli import output
 from fastlm.cli.arguments import add_command, add_compile_option, add_group, int_list, positive_float, positive_int
 from fastlm.cli.models import add_model_arguments, check_heads, single_model_config
 from fastlm.devices import DEVICES, device_spec
-from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB
+from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB, bucket_mb_in_use
 from fastlm.train.config import TrainConfig
 from fastlm.utils.errors import UserError
 
@@ -56,7 +56,7 @@ def cmd_analyze_memory(args) -> None:
             parallel=args.parallel,
             compile=args.compile,
             accumulation=args.accumulation,
-            bucket_mb=args.bucket_mb or DEFAULT_BUCKET_MB["fsdp"],
+            bucket_mb=bucket_mb_in_use("fsdp", args.bucket_mb),
         )
     except ValueError as error:  # the fields named as the options that set them
         raise UserError(re.sub(r"\b(gpus|parallel|attention|window)\b", r"--\1", str(error))) from None

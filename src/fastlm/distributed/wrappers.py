@@ -43,6 +43,14 @@ DEFAULT_BUCKET_MB = {"bucketed": 25.0, "torch-ddp": 25.0, "fsdp": 120.0}
 GATHERED_BYTES_LIMIT = 4 * 2**30
 
 
+def bucket_mb_in_use(mode: str, bucket_mb: float | None) -> float | None:
+    """The bucket (fsdp: unit) size a mode runs with: ``bucket_mb`` or the mode's default; None for
+    the modes without buckets."""
+    if mode not in BUCKETED_MODES:
+        return None
+    return bucket_mb or DEFAULT_BUCKET_MB[mode]
+
+
 REDUCE_DTYPES = ("fp32", "bf16")  # what gradients are averaged in across ranks
 
 

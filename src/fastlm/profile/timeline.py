@@ -31,7 +31,7 @@ class GpuTimeline:
     """Milliseconds per step between the first kernel's start and the last one's end."""
 
     span_ms: float
-    compute_ms: float  # some kernel other than communication runs
+    compute_ms: float  # some kernel other than communication runs (copies and memsets included)
     communication_ms: float  # some communication kernel runs
     exposed_communication_ms: float  # communication runs and nothing else does
     idle_ms: float  # no kernel runs

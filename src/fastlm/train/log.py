@@ -178,8 +178,6 @@ class Throughput:
         self.device, self.world = device, world
         self.spec = spec_for_device_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
         self.flops_per_token = flops_per_token(model_cfg, "train", seq_len=model_cfg.context_length)
-        if device.type == "cuda":  # the peak while training: building the model is not training
-            torch.cuda.reset_peak_memory_stats(device)
         self.began = time.perf_counter()
         self.intervals: list[dict] = []
         self._start = self.began

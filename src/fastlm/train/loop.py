@@ -69,7 +69,7 @@ from fastlm.data.documents import cu_seqlens
 from fastlm.data.tokens import EpochOrder, TokenData, Windows
 from fastlm.devices import current_device_name
 from fastlm.distributed import ShardedOptimizer
-from fastlm.distributed.wrappers import BUCKETED_MODES, DEFAULT_BUCKET_MB, ParallelSpec, Wrapped, wrap
+from fastlm.distributed.wrappers import ParallelSpec, Wrapped, bucket_mb_in_use, wrap
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.model.precision import param_groups, precision_context
@@ -115,15 +115,8 @@ def _wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> 
     """The model wrapped for --parallel (the registry of `fastlm.distributed.wrappers`); fsdp
     all-gathers the blocks' weights in the forward's autocast dtype."""
     compute_dtype = torch.bfloat16 if autocasts(config.precision) else None
-    return wrap(model, ParallelSpec(config.parallel, _bucket_mb(config), config.reduce_dtype), device, compute_dtype)
-
-
-def _bucket_mb(config: TrainConfig) -> float | None:
-    """The bucket (fsdp: unit) size the run uses: --bucket-mb or its mode's default; None for the
-    modes without buckets."""
-    if config.parallel not in BUCKETED_MODES:
-        return None
-    return config.bucket_mb or DEFAULT_BUCKET_MB[config.parallel]
+    bucket_mb = bucket_mb_in_use(config.parallel, config.bucket_mb)
+    return wrap(model, ParallelSpec(config.parallel, bucket_mb, config.reduce_dtype), device, compute_dtype)
 
 
 def _gradient_sync(model: torch.nn.Module, config: TrainConfig, sync: bool) -> contextlib.AbstractContextManager:
@@ -139,9 +132,10 @@ def _compile(model: TransformerLM, config: TrainConfig) -> None:
     """Compile in place (state-dict keys stay those of the eager model): each block under fsdp,
     before sharding (the graphs stop at FSDP's hooks between blocks), else the whole model. One graph
     hands every gradient to ddp's and bucketed's hooks at the end of backward, so their all-reduces
-    do not overlap it; compiled block by block they would, but on 2 H200s that ran slower (the host,
-    with a compiled call per block and a hook per gradient, fell behind the GPUs:
-    docs/notes/distributed.md). torch-ddp splits its graph at its buckets by itself."""
+    do not overlap it; compiled block by block they would, but on 2 H200s ddp ran slower that way
+    (1.38x one GPU against 1.68-1.75x: the host, with a compiled call per block and a hook per
+    gradient, fell behind the GPUs; bucketed was not compared; docs/notes/distributed.md).
+    torch-ddp splits its graph at its buckets by itself."""
     if config.compile == "eager":
         return
     for module in model.blocks if config.parallel == "fsdp" else [model]:
@@ -330,7 +324,8 @@ def _train_loop(
     resumed = pending.pop()
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     model_cfg = config.model_config(record["vocab_size"])
-    # built where it trains: the host initializes fp32 weights at about 1 GB per 20 s and thread (10b: 51 GB)
+    # built where it trains: trunc_normal_ on a host thread fills about 1 GB of fp32 weights in 20 s
+    # (a 2-core Xeon), and torchrun gives each process one thread (10b: 51 GB)
     with device:
         model = TransformerLM(model_cfg)
     # bf16-weights: the optimizer stores the matmul weights in bf16, before a wrapper sizes its
@@ -366,6 +361,8 @@ def _train_loop(
         boundary,
     )
     autocast = precision_context(config.precision, device)
+    if device.type == "cuda":  # the log's peak is training's: not the unsharded model fsdp sharded above
+        torch.cuda.reset_peak_memory_stats(device)
     meter = Throughput(model_cfg, world, device)
     log = TrainLog(config.out / "log.jsonl", config.steps, step, enabled=rank == 0)
     aside = set_aside(config.out) if rank == 0 and config.overwrite else None
@@ -506,7 +503,8 @@ def _write_run_file(
             "config": record,
             "parameters": model_cfg.num_parameters(),
             "world_size": world,
-            "bucket_mb": _bucket_mb(config),  # not in the record: a resumed run may change it
+            # not in the record: a resumed run may change it
+            "bucket_mb": bucket_mb_in_use(config.parallel, config.bucket_mb),
             "device": str(device),
             "argv": sys.argv,
             "result": result,

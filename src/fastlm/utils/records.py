@@ -40,20 +40,27 @@ def environment() -> dict:
 
 
 def _git_sha() -> str | None:
-    """HEAD's short sha, with a "+" when tracked files differ from it (the record then measured code
-    that no commit holds); FASTLM_GIT_SHA where the tree was copied without its .git folder."""
+    """HEAD's short sha, with a "+" when the package's code or the benchmark scripts differ from it
+    (the record then measured code that no commit holds; the records and reports that scripts
+    append to do not count); FASTLM_GIT_SHA instead, where the tree was copied without its .git
+    folder: whoever sets it vouches for the tree."""
     if os.environ.get("FASTLM_GIT_SHA"):
         return os.environ["FASTLM_GIT_SHA"]
     try:
-        sha, changes = (
-            subprocess.run(
-                ["git", *command], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
-            ).stdout.strip()
-            for command in (["rev-parse", "--short", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
-        )
-        return sha + ("+" if changes else "")
+        sha = _git("rev-parse", "--short", "HEAD")
+        changes = _git("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
     except (OSError, subprocess.CalledProcessError):
         return None
+    return sha + ("+" if changes else "")
+
+
+CODE_PATHS = (":/src", ":/pyproject.toml", ":/benchmarks/*.py", ":/benchmarks/*.sh")  # what a record measures
+
+
+def _git(*args: str) -> str:
+    """The output of a git command run in this package's folder."""
+    out = subprocess.run(["git", *args], capture_output=True, text=True, check=True, cwd=Path(__file__).parent)
+    return out.stdout.strip()
 
 
 def with_environment(record: dict) -> dict:
