@@ -14,6 +14,9 @@
 #   PART=independent  one process alone, then the largest count of PROCS one-process runs at once,
 #                one per GPU: with no communication at all, does a busy machine (power, host cores,
 #                host memory) slow each GPU's step? The ceiling of any scaling on this machine
+#   PART=profile  for each of MODES, torchrun with the largest count of PROCS under
+#                benchmarks/profile_train_step.py: each rank's GPU per step (compute, communication,
+#                exposed communication, idle) into $OUT/profile_train.jsonl, traces in $WORK/traces
 #   PART=precision  LOSS_STEPS steps in one process, --precision bf16 and bf16-weights x --kernels torch
 #                and fastlm: throughput and the curves' relative differences against bf16 / torch
 # Sizes: PRESET (default small), CONTEXT (default 2048), MICRO (sequences per process per
@@ -36,7 +39,7 @@ summary() {  # a table of the runs given, their curves' plot, their records appe
   python3 benchmarks/train_records.py "$@" --plot "$OUT/train_$PART.png" --results "$OUT/train.jsonl" \
     | tee -a "$OUT/train_$PART.md"
 }
-case ${PART:?set PART to data, speed, loss, independent or precision} in
+case ${PART:?set PART to data, speed, loss, independent, profile or precision} in
 data)
   python3 - "$WORK/corpus" <<'PY'
 import pathlib, sys, sysconfig
@@ -104,6 +107,13 @@ independent)
   done
   for pid in "${pids[@]}"; do wait "$pid"; done  # a failed run stops the script (set -e), a bare wait would not
   summary "${runs[@]}"
+  ;;
+profile)
+  for mode in ${MODES:-ddp fsdp}; do
+    RESULTS="$OUT/profile_train.jsonl" TRACE_DIR="$WORK/traces/$MOST$mode" torchrun --nproc-per-node "$MOST" \
+      benchmarks/profile_train_step.py "${COMMON[@]}" --steps 30 --warmup 10 --log-every 10 --parallel "$mode" \
+      --out "$WORK/profile-$KERNELS-$MOST$mode" --overwrite 2>&1 | { grep "^rank [0-9]*:" || true; }  # none on CPU
+  done
   ;;
 precision)
   STEPS=(--steps "${LOSS_STEPS:-200}" --warmup 20 --log-every 10)
