@@ -26,13 +26,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from fastlm.bench.distributed.timeline import gpu_timeline
 from fastlm.harness.steps import Row, make_optimizer, make_step, time_steps
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE
 from fastlm.optim import AdamW
-from fastlm.profile.timeline import gpu_timeline, profiled_kernels
 from fastlm.utils.records import append_records, with_environment
 
 # The optimizer of each step: PyTorch's fused AdamW (what `fastlm bench model` uses), fastlm's, or
@@ -59,12 +60,16 @@ def category(kernel_name: str) -> str:
     return next((name for name, pattern in CATEGORIES if pattern.search(kernel_name)), "other")
 
 
-def gpu_time_by_category(kernels: list[tuple[str, float, float]], steps: int) -> tuple[dict[str, float], float]:
-    """(ms per step per category, kernels launched per step) from `profiled_kernels`."""
+def gpu_time_by_category(prof: profile, steps: int) -> tuple[dict[str, float], float]:
+    """(ms per step per category, kernels launched per step) from the profiler's GPU events."""
     ms: dict[str, float] = defaultdict(float)
-    for name, start, end in kernels:
-        ms[category(name)] += (end - start) / 1e3 / steps
-    return dict(ms), len(kernels) / steps
+    count = 0
+    for event in prof.events():
+        if event.device_type != DeviceType.CUDA or event.is_user_annotation:  # ranges, not kernels
+            continue
+        ms[category(event.name)] += event.device_time_total / 1e3 / steps
+        count += 1
+    return dict(ms), count / steps
 
 
 def cpu_ops_table(prof: profile, steps: int, rows: int) -> str:
@@ -88,8 +93,7 @@ def measure(kernels: str, compile_mode: str, optimizer: str, args: argparse.Name
         for _ in range(profiled_steps):
             step()
         torch.cuda.synchronize()
-    kernels_run = profiled_kernels(prof)
-    gpu_ms, kernels_per_step = gpu_time_by_category(kernels_run, profiled_steps)
+    gpu_ms, kernels_per_step = gpu_time_by_category(prof, profiled_steps)
     name = f"{args.preset} {kernels} {compile_mode} {optimizer} AdamW"
     if args.cpu_ops:
         print(f"CPU ops of {name}:\n{cpu_ops_table(prof, profiled_steps, args.cpu_ops)}", flush=True)
@@ -109,7 +113,7 @@ def measure(kernels: str, compile_mode: str, optimizer: str, args: argparse.Name
         "first_step_ms": times[0],
         "step_ms": statistics.median(times[5:]),
         "gpu_ms": sum(gpu_ms.values()),
-        "gpu_idle_ms": gpu_timeline(kernels_run, profiled_steps).idle_ms,
+        "gpu_idle_ms": gpu_timeline(prof.profiler.kineto_results.events()).usage(profiled_steps)["idle_ms"],
         "gpu_ms_by_category": gpu_ms,
         "kernels_per_step": kernels_per_step,
     }

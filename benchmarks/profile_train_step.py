@@ -3,21 +3,22 @@ where a step's time goes: python3 benchmarks/profile_train_step.py TRAIN_ARGS...
 
 After WAIT optimizer steps (compilation, warm-up; default 20), WARMUP steps (default 2) then ACTIVE
 steps (default 3) are traced, counted by a global optimizer post-step hook. Every rank prints one
-line of its GPU's timeline per step (`fastlm.profile.timeline`: compute, communication, exposed
-communication, idle) and, with RESULTS=FILE, appends it as a record; a rank whose GPU idles while
-the others communicate is the one the collectives wait for. Rank 0 also prints its tables of
-device time per kernel and host time per op. Every rank writes its trace to TRACE_DIR (default
-/tmp/fastlm-trace), for a trace viewer.
+line of its GPU's timeline per step (`fastlm.bench.distributed.timeline.Timeline.usage`: compute,
+communication, exposed communication, overlap, idle) and, with RESULTS=FILE, appends it as a
+record; a rank whose GPU idles while the others communicate is the one the collectives wait for.
+Rank 0 also prints its tables of device time per kernel and host time per op. Every rank writes its
+trace to TRACE_DIR (default /tmp/fastlm-trace), for a trace viewer.
 """
 
 import os
 import sys
 from pathlib import Path
 
+from torch.autograd import DeviceType
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
-from fastlm.profile.timeline import gpu_timeline, profiled_kernels
+from fastlm.bench.distributed.timeline import gpu_timeline
 from fastlm.train import loop
 from fastlm.utils.records import append_records, with_environment
 
@@ -45,23 +46,23 @@ def main(argv: list[str]) -> int:
             status = loop.main(argv)
     finally:
         hook.remove()
-    kernels = profiled_kernels(profiler)
-    if kernels:
-        timeline = gpu_timeline(kernels, active)
+    events = profiler.profiler.kineto_results.events() if profiler.profiler else []
+    if any(event.device_type() == DeviceType.CUDA for event in events):
+        usage = gpu_timeline(events).usage(active)
         print(
-            f"rank {rank}: per step {timeline.span_ms:.1f} ms of kernels' span: compute {timeline.compute_ms:.1f}, "
-            f"communication {timeline.communication_ms:.1f} (exposed {timeline.exposed_communication_ms:.1f}), "
-            f"idle {timeline.idle_ms:.1f} ms",
+            f"rank {rank}: per step {usage['span_ms']:.1f} ms of kernels' span: compute {usage['compute_ms']:.1f}, "
+            f"communication {usage['comm_ms']:.1f} (exposed {usage['exposed_comm_ms']:.1f}, "
+            f"overlap {usage['overlap'] or 0:.0%}), idle {usage['idle_ms']:.1f} ms",
             flush=True,
         )
         if os.environ.get("RESULTS"):
-            record = {"op": "profile_train_step", "rank": rank, "argv": argv, "steps": active, **timeline.as_dict()}
+            record = {"op": "profile_train_step", "rank": rank, "argv": argv, "steps": active, **usage}
             append_records(Path(os.environ["RESULTS"]), [with_environment(record)])
     if rank == 0:
-        events = profiler.key_averages()
+        averages = profiler.key_averages()
         print(f"{active} traced steps on rank 0")
-        print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
-        print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+        print(averages.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
     return status
 
 

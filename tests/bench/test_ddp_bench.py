@@ -33,6 +33,19 @@ def test_timeline_summary_by_hand():
     assert Timeline([], {"forward": [(0, 1)]}).summary(1)["hidden_behind_backward"] is None
 
 
+def test_timeline_usage_splits_a_step_into_compute_comm_and_idle():
+    # 2 steps over 0-100 ms: compute 0-40 and 50-80, an all-reduce 30-60 (hidden 30-40 and 50-60,
+    # exposed 40-50), nothing 80-90, a last kernel 90-100
+    timeline = Timeline(comm=[(30, 60)], compute={"backward": [(0, 40), (50, 80)], "optimizer": [(90, 100)]})
+    usage = timeline.usage(steps=2)
+    assert usage["span_ms"] == pytest.approx(50) and usage["compute_ms"] == pytest.approx(40)
+    assert usage["comm_ms"] == pytest.approx(15) and usage["exposed_comm_ms"] == pytest.approx(5)
+    assert usage["idle_ms"] == pytest.approx(5) and usage["overlap"] == pytest.approx(2 / 3)
+    assert Timeline([], {"forward": [(0, 1)]}).usage(1)["overlap"] is None  # nothing communicated
+    with pytest.raises(ValueError, match="no GPU kernels"):
+        Timeline([], {}).usage(1)
+
+
 def test_backward_window_spans_idle_gaps_between_backward_kernels():
     # a launch-bound backward: kernels with gaps; the all-reduce in a gap is still hidden
     timeline = Timeline(comm=[(42, 44)], compute={"forward": [(30, 39)], "backward": [(40, 41), (45, 46)]})

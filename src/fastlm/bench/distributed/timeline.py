@@ -86,6 +86,27 @@ class Timeline:
             "exposed_comm_ms": (total - hidden) / steps,
         }
 
+    def usage(self, steps: int) -> dict:
+        """ms per step between the first kernel's start and the last one's end (span): some compute
+        kernel runs (compute), some NCCL kernel (comm), only NCCL kernels (exposed_comm: what the
+        wire adds to the step), none (idle: what the host, or a rank the collectives wait for,
+        leaves unfilled); overlap is the share of comm hidden under compute (None without comm).
+        Unlike `summary`, which counts comm hidden behind backward windows, any compute hides it."""
+        compute = [iv for intervals in self.compute.values() for iv in intervals]
+        everything = compute + self.comm
+        if not everything:
+            raise ValueError("no GPU kernels in the profile: nothing ran on a GPU while it was traced")
+        span = max(end for _, end in everything) - min(start for start, _ in everything)
+        busy, compute_busy, comm = length(everything), length(compute), length(self.comm)
+        return {
+            "span_ms": span / steps,
+            "compute_ms": compute_busy / steps,
+            "comm_ms": comm / steps,
+            "exposed_comm_ms": (busy - compute_busy) / steps,
+            "idle_ms": (span - busy) / steps,
+            "overlap": 1 - (busy - compute_busy) / comm if comm else None,
+        }
+
     def compact(self, gap: float = 0.02) -> dict:
         """Merged intervals (pieces closer than ``gap`` ms join), rounded: small enough for a record."""
 
