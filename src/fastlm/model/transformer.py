@@ -63,6 +63,10 @@ class Linear(nn.Module):
     def __init__(self, d_in: int, d_out: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(d_out, d_in))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        d_out, d_in = self.weight.shape
         trunc_normal_(self.weight, math.sqrt(2.0 / (d_in + d_out)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -85,6 +89,9 @@ class Embedding(nn.Module):
     def __init__(self, vocab_size: int, d_model: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
         trunc_normal_(self.weight, 1.0)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -109,6 +116,9 @@ class RMSNorm(nn.Module):
         self.eps, self.kernel = eps, kernel
         self.weight = nn.Parameter(torch.ones(d_model))
 
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "fastlm" or (self.kernel == "auto" and not torch.compiler.is_compiling()):
             device = x.device.type
@@ -132,11 +142,21 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, context_length: int, theta: float, kernel: str = "torch") -> None:
         super().__init__()
-        self.kernel = kernel
-        inverse_frequency = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.outer(torch.arange(context_length, dtype=torch.float64), inverse_frequency)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        self.kernel, self.theta = kernel, theta
+        self.register_buffer("cos", torch.empty(context_length, head_dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(context_length, head_dim // 2), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The cos/sin tables (buffers, no parameters: the name is the one `materialize` calls)."""
+        context_length, half = self.cos.shape
+        device = self.cos.device
+        inverse_frequency = self.theta ** (
+            -torch.arange(0, 2 * half, 2, dtype=torch.float64, device=device) / (2 * half)
+        )
+        angles = torch.outer(torch.arange(context_length, dtype=torch.float64, device=device), inverse_frequency)
+        self.cos.copy_(angles.cos())
+        self.sin.copy_(angles.sin())
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k (B, H, N, Dh) -> the same shapes and dtypes, position p = index along N. A model cast

@@ -72,6 +72,7 @@ from fastlm.distributed import ShardedOptimizer
 from fastlm.distributed.wrappers import ParallelSpec, Wrapped, bucket_mb_in_use, wrap
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
+from fastlm.model.materialize import materialize
 from fastlm.model.precision import param_groups, precision_context
 from fastlm.optim import AdamW
 from fastlm.optim.schedule import warmup_cosine_lr
@@ -126,6 +127,13 @@ def _gradient_sync(model: torch.nn.Module, config: TrainConfig, sync: bool) -> c
     elif not sync and config.parallel in ("ddp", "bucketed", "torch-ddp"):
         return model.no_sync()
     return contextlib.nullcontext()
+
+
+def _materialize(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> None:
+    """The meta-device model's weights on ``device``, the same on every rank and in every parallel
+    mode (`fastlm.model.materialize`: sharded ones are initialized whole, one at a time)."""
+    torch.manual_seed(config.seed)
+    materialize(model, device)
 
 
 def _compile(model: TransformerLM, config: TrainConfig) -> None:
@@ -322,12 +330,13 @@ def _train_loop(
     """The steps; ``pending`` holds the checkpoint to resume from (or None), taken out here."""
     train_windows, held_out, eval_count, boundary = data
     resumed = pending.pop()
-    torch.manual_seed(config.seed)  # the same initial weights on every rank
     model_cfg = config.model_config(record["vocab_size"])
-    # built where it trains: trunc_normal_ on a host thread fills about 1 GB of fp32 weights in 20 s
-    # (a 2-core Xeon), and torchrun gives each process one thread (10b: 51 GB)
-    with device:
+    # shapes only, then the weights where the model trains (the host fills about 1 GB of fp32 weights
+    # in 20 s per thread: 10b has 51 GB); fsdp shards first, so no GPU holds the unsharded model
+    with torch.device("meta"):
         model = TransformerLM(model_cfg)
+    if config.parallel != "fsdp":
+        _materialize(model, config, device)
     # bf16-weights: the optimizer stores the matmul weights in bf16, before a wrapper sizes its
     # gradient buckets by the parameters' dtypes; the other precisions build it after wrapping (FSDP
     # replaces the parameters)
@@ -336,7 +345,9 @@ def _train_loop(
         _compile(model, config)
     wrapped = _wrap(model, config, device)
     model = wrapped.module
-    if config.parallel != "fsdp":
+    if config.parallel == "fsdp":
+        _materialize(model, config, device)
+    else:
         _compile(model, config)
     if optimizer is None:
         optimizer = _optimizer(model, config, device)
@@ -361,7 +372,7 @@ def _train_loop(
         boundary,
     )
     autocast = precision_context(config.precision, device)
-    if device.type == "cuda":  # the log's peak is training's: not the unsharded model fsdp sharded above
+    if device.type == "cuda":  # the log's peak is training's: not the whole parameters materialize drew
         torch.cuda.reset_peak_memory_stats(device)
     meter = Throughput(model_cfg, world, device)
     log = TrainLog(config.out / "log.jsonl", config.steps, step, enabled=rank == 0)
