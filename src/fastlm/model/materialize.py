@@ -11,7 +11,9 @@ initialized whole, one at a time, and each rank keeps its shard: the weights equ
 unsharded model under the same seed, and no GPU ever holds more than its shards plus the largest
 single parameter (a 10b model's fp32 weights, 51 GB, never sit on one GPU). Modules are visited in
 registration order, the order their constructors ran in, so the random draws come in the same
-sequence; every module that holds parameters or buffers directly must define `reset_parameters`.
+sequence (a model whose constructors draw values for modules they then drop, or share parameters
+between modules, would not match); every module that holds parameters or buffers directly must
+define `reset_parameters`.
 """
 
 from __future__ import annotations
@@ -37,11 +39,13 @@ def materialize(model: nn.Module, device: torch.device) -> None:
         sharded = {key: p for key, p in module._parameters.items() if isinstance(p, DTensor)}
         for key, param in sharded.items():  # the whole tensor for the duration of the initialization
             module._parameters[key] = torch.empty(param.shape, dtype=param.dtype, device=device)
-        with torch.no_grad():
-            module.reset_parameters()
-            for key, param in sharded.items():
-                whole = module._parameters[key]
-                # src_data_rank=None: every rank drew the same values, so each cuts its own shard
-                shard = distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
-                param.to_local().copy_(shard.to_local())
-                module._parameters[key] = param
+        try:
+            with torch.no_grad():
+                module.reset_parameters()
+                for key, param in sharded.items():
+                    # src_data_rank=None: every rank drew the same values, so each cuts its own shard
+                    whole = module._parameters[key]
+                    shard = distribute_tensor(whole, param.device_mesh, param.placements, src_data_rank=None)
+                    param.to_local().copy_(shard.to_local())
+        finally:  # the sharded parameters back in place, also when an initialization fails
+            module._parameters.update(sharded)

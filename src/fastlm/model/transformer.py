@@ -143,8 +143,9 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, context_length: int, theta: float, kernel: str = "torch") -> None:
         super().__init__()
         self.kernel, self.theta = kernel, theta
-        self.register_buffer("cos", torch.empty(context_length, head_dim // 2), persistent=False)
-        self.register_buffer("sin", torch.empty(context_length, head_dim // 2), persistent=False)
+        tables = (context_length, head_dim // 2)
+        self.register_buffer("cos", torch.empty(tables, dtype=torch.float32), persistent=False)
+        self.register_buffer("sin", torch.empty(tables, dtype=torch.float32), persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
