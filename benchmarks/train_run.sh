@@ -11,6 +11,8 @@
 #                largest count of PROCS): one process (accumulating micro-batches), each count of
 #                PROCS under each of LOSS_MODES (default ddp), and one process with the fastlm
 #                kernels; the curves' relative differences against the first
+#   PART=links   `fastlm bench allreduce` on the largest count of PROCS: the bandwidth the
+#                gradients' all-reduce gets on this machine (10, 100 and 1000 MB)
 #   PART=independent  one process alone, then the largest count of PROCS one-process runs at once,
 #                one per GPU: with no communication at all, does a busy machine (power, host cores,
 #                host memory) slow each GPU's step? The ceiling of any scaling on this machine
@@ -39,7 +41,7 @@ summary() {  # a table of the runs given, their curves' plot, their records appe
   python3 benchmarks/train_records.py "$@" --plot "$OUT/train_$PART.png" --results "$OUT/train.jsonl" \
     | tee -a "$OUT/train_$PART.md"
 }
-case ${PART:?set PART to data, speed, loss, independent, profile or precision} in
+case ${PART:?set PART to data, speed, loss, links, independent, profile or precision} in
 data)
   python3 - "$WORK/corpus" <<'PY'
 import pathlib, sys, sysconfig
@@ -95,6 +97,10 @@ loss)
   done
   python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --kernels fastlm --out "$WORK/loss-1-fastlm" | tail -2
   summary "${runs[@]}" "$WORK/loss-1-fastlm"
+  ;;
+links)
+  python3 -m fastlm bench allreduce --procs "$MOST" --sizes-mb 10,100,1000 --out "$WORK/links" 2>&1 | grep "^| nccl\|^| gloo"
+  cp "$WORK/links/results/allreduce.jsonl" "$OUT/allreduce.jsonl"
   ;;
 independent)
   STEPS=(--steps "${SPEED_STEPS:-150}" --warmup 10 --log-every 10)
