@@ -18,7 +18,8 @@
 #                host memory) slow each GPU's step? The ceiling of any scaling on this machine
 #   PART=profile  for each of MODES, torchrun with the largest count of PROCS under
 #                benchmarks/profile_train_step.py: each rank's GPU per step (compute, communication,
-#                exposed communication, idle) into $OUT/profile_train.jsonl, traces in $WORK/traces
+#                exposed communication, overlap, idle) into $OUT/profile_train.jsonl, traces in
+#                $WORK/traces
 #   PART=precision  LOSS_STEPS steps in one process, --precision bf16 and bf16-weights x --kernels torch
 #                and fastlm: throughput and the curves' relative differences against bf16 / torch
 # Sizes: PRESET (default small), CONTEXT (default 2048), MICRO (sequences per process per

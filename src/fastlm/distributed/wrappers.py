@@ -30,11 +30,10 @@ if TYPE_CHECKING:
 
 MODES = ("none", "naive", "flat", "ddp", "bucketed", "torch-ddp", "fsdp")
 BUCKETED_MODES = ("bucketed", "torch-ddp", "fsdp")  # the modes that take a bucket (fsdp: unit) size
-# `fastlm train`'s sizes (MB of 1e6 bytes) where --bucket-mb is not given. fsdp: on 2 H100s, the
-# small preset at 8 x 2048 tokens per GPU is bound by the host's per-unit work (hooks, collectives'
-# launches); single blocks ran 0.97x one GPU, 3 units of 4 blocks (60 MB: 75.5 MB in bf16 each)
-# 1.57x, and 120 MB, which makes one unit of all 12 blocks (226 MB; a last unit under the size joins
-# the one before), 1.82x (medians; docs/notes/distributed.md). Blocks of 120 MB and more stay alone.
+# `fastlm train`'s sizes (MB of 1e6 bytes) where --bucket-mb is not given. fsdp: small blocks are
+# bound by the host's per-unit work (hooks, collectives' launches), so units gather blocks up to
+# 120 MB (the small preset: one unit of all 12 blocks, the fastest measured, docs/notes/distributed.md);
+# blocks of 120 MB and more stay alone.
 DEFAULT_BUCKET_MB = {"bucketed": 25.0, "torch-ddp": 25.0, "fsdp": 120.0}
 # fsdp keeps every block's gathered weights from its forward to its backward (one all-gather per
 # block and step instead of two) while all of them together take at most this many bytes: 2B

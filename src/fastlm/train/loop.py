@@ -140,10 +140,9 @@ def _compile(model: TransformerLM, config: TrainConfig) -> None:
     """Compile in place (state-dict keys stay those of the eager model): each block under fsdp,
     before sharding (the graphs stop at FSDP's hooks between blocks), else the whole model. One graph
     hands every gradient to ddp's and bucketed's hooks at the end of backward, so their all-reduces
-    do not overlap it; compiled block by block they would, but on 2 H200s ddp ran slower that way
-    (1.38x one GPU against 1.68-1.75x: the host, with a compiled call per block and a hook per
-    gradient, fell behind the GPUs; bucketed was not compared; docs/notes/distributed.md).
-    torch-ddp splits its graph at its buckets by itself."""
+    do not overlap it; compiling block by block would let them, but measured slower for ddp (the
+    host, with a compiled call per block and a hook per gradient, falls behind the GPUs:
+    docs/notes/distributed.md). torch-ddp splits its graph at its buckets by itself."""
     if config.compile == "eager":
         return
     for module in model.blocks if config.parallel == "fsdp" else [model]:
@@ -372,7 +371,7 @@ def _train_loop(
         boundary,
     )
     autocast = precision_context(config.precision, device)
-    if device.type == "cuda":  # the log's peak is training's: not the whole parameters materialize drew
+    if device.type == "cuda":  # the log's peak is training's (materialize drew whole parameters)
         torch.cuda.reset_peak_memory_stats(device)
     meter = Throughput(model_cfg, world, device)
     log = TrainLog(config.out / "log.jsonl", config.steps, step, enabled=rank == 0)
