@@ -6,14 +6,16 @@ from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.materialize import materialize
 
 
-def test_a_meta_model_materializes_to_the_constructors_values():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_meta_model_materializes_to_the_constructors_values(device):
     config = ModelConfig.preset("tiny", num_layers=2)
     torch.manual_seed(3)
-    built = TransformerLM(config)
+    with torch.device(device):  # drawn by that device's generator, as materialize draws them
+        built = TransformerLM(config)
     with torch.device("meta"):
         model = TransformerLM(config)
     torch.manual_seed(3)
-    materialize(model, torch.device("cpu"))
+    materialize(model, torch.device(device))
     expected = built.state_dict()
     for name, value in model.state_dict().items():
         assert torch.equal(value, expected[name]), name
