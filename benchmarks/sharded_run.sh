@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Run book of a model that fits only sharded (a 4-GPU machine): the 10b preset (12.7B parameters,
 # 204 GB of fp32 weights, gradients and AdamW state) under --parallel fsdp with --recompute on
-# PROCS GPUs (default 4), MICRO windows of CONTEXT tokens per GPU (default 4 of 2048), for STEPS
+# PROCS GPUs (default 4), MICRO windows of CONTEXT tokens per GPU (default 6 of 2048), for STEPS
 # steps (default 200), then the same model under --parallel ddp,
 # which must stop with the one-line out-of-memory error that names fsdp. Data: train_run.sh
 # PART=data in $WORK first. Records (tokens/s, MFU, peak memory per GPU) and the table land in $OUT.
 set -uo pipefail
 WORK=${WORK:-/tmp/fastlm-train}
 OUT=${OUT:-gpu-out}
-PROCS=${PROCS:-4} PRESET=${PRESET:-10b} CONTEXT=${CONTEXT:-2048} MICRO=${MICRO:-4}
+PROCS=${PROCS:-4} PRESET=${PRESET:-10b} CONTEXT=${CONTEXT:-2048} MICRO=${MICRO:-6}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 COMMON=(--data "$WORK/data" --preset "$PRESET" --context "$CONTEXT" --micro-batch "$MICRO" --checkpoint-every 0

@@ -15,6 +15,7 @@ from fastlm.model.transformer import linear_weights
 from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.train import loop
 from fastlm.train.log import read_log
+from fastlm.utils.errors import UserError
 
 SMALL = ["--preset", "tiny", "--context", "16", "--log-every", "1", "--eval-sequences", "4"]
 
@@ -284,3 +285,20 @@ def test_out_of_memory_message_counts_what_each_process_holds(corpus_data, extra
     parameters = config.model_config(257).num_parameters()
     message = loop._out_of_memory_message(config, {"vocab_size": 257}, 2, torch.OutOfMemoryError("CUDA out of memory"))
     assert f"each process holds {parameters * bytes_per_parameter / 1e9:.1f} GB of weights" in message, message
+
+
+def test_a_replicated_model_whose_state_exceeds_the_gpu_stops_before_it_is_built(corpus_data):
+    argv = ["--data", str(corpus_data), "--preset", "small", "--parallel", "ddp"]
+    config = loop.parse_args(argv)
+    parameters = config.model_config(257).num_parameters()
+    state = parameters * 16  # fp32 weights and gradients, AdamW's two moments
+    loop._check_state_fits(config, {"vocab_size": 257}, 2, capacity=state)  # fits exactly: goes on
+    with pytest.raises(UserError) as caught:
+        loop._check_state_fits(config, {"vocab_size": 257}, 2, capacity=state - 1)
+    assert str(caught.value).startswith(
+        f"out of memory ({state / 1e9:.1f} GB of state does not fit the GPU's {(state - 1) / 1e9:.1f} GB): "
+        f"with --parallel ddp each process holds {state / 1e9:.1f} GB"
+    )
+    assert "--parallel fsdp shards all of it" in str(caught.value)
+    fsdp = loop.parse_args([*argv[:-1], "fsdp"])  # sharded: its state is divided, not checked here
+    loop._check_state_fits(fsdp, {"vocab_size": 257}, 2, capacity=1)

@@ -304,6 +304,8 @@ def train(config: TrainConfig) -> dict:
         }
     device = _setup(config)
     try:
+        if device.type == "cuda":
+            _check_state_fits(config, record, world, torch.cuda.get_device_properties(device).total_memory)
         # The loop's model, wrapper and optimizer are freed when it returns, while the process group
         # is still registered. Freed after destroy_process_group, PyTorch DDP's reducer would drop the
         # group's last reference, and the group's destructor joins gloo threads that wait for the GIL
@@ -458,23 +460,40 @@ def _train_loop(
     return result
 
 
-def _out_of_memory_message(config: TrainConfig, record: dict, world: int, error: BaseException) -> str:
+def _replicated_state_bytes(config: TrainConfig, record: dict, world: int) -> tuple[int, int]:
+    """(parameters, bytes of weights, gradients and AdamW state each process holds) outside fsdp."""
+    parameters = config.model_config(record["vocab_size"]).num_parameters()
+    # bytes per parameter: weights and gradients (fp32, or bf16 with bf16-weights), and AdamW's
+    # moments (fp32; with bf16-weights also the fp32 masters), which --shard-optimizer divides
+    replicated, optimizer = (4, 12) if stores_bf16_weights(config.precision) else (8, 8)
+    return parameters, int(parameters * (replicated + optimizer / (world if config.shard_optimizer else 1)))
+
+
+def _out_of_memory_message(config: TrainConfig, record: dict, world: int, error: BaseException | str) -> str:
     """One sentence for a run that does not fit: what each process holds, and what would shrink it."""
     first = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
     batch = f"--micro-batch {config.micro_batch} x --context {config.context}"
     if config.parallel == "fsdp":
         return f"out of memory ({first}) with --parallel fsdp at {batch}: use a smaller --micro-batch or --context"
-    parameters = config.model_config(record["vocab_size"]).num_parameters()
-    # bytes per parameter: weights and gradients (fp32, or bf16 with bf16-weights), and AdamW's
-    # moments (fp32; with bf16-weights also the fp32 masters), which --shard-optimizer divides
-    replicated, optimizer = (4, 12) if stores_bf16_weights(config.precision) else (8, 8)
-    state = parameters * (replicated + optimizer / (world if config.shard_optimizer else 1))
+    parameters, state = _replicated_state_bytes(config, record, world)
     return (
         f"out of memory ({first}): with --parallel {config.parallel} each process holds {state / 1e9:.1f} GB of "
         f"weights, gradients and AdamW state ({parameters / 1e9:.2f}B parameters) besides the activations of "
         f"{batch}; --parallel fsdp shards all of it across processes (torchrun), or use a smaller --micro-batch, "
         "--context or model"
     )
+
+
+def _check_state_fits(config: TrainConfig, record: dict, world: int, capacity: int) -> None:
+    """Stop at once, before building and compiling, when each process's weights, gradients and
+    AdamW state alone exceed its GPU's ``capacity`` bytes (a replicated 10b model: 204 GB); runs
+    that fit by this count may still run out of memory on their activations, reported then."""
+    if config.parallel == "fsdp":
+        return
+    _, state = _replicated_state_bytes(config, record, world)
+    if state > capacity:
+        reason = f"{state / 1e9:.1f} GB of state does not fit the GPU's {capacity / 1e9:.1f} GB"
+        raise UserError(_out_of_memory_message(config, record, world, reason))
 
 
 def _describe(
