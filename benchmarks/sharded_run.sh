@@ -3,7 +3,7 @@
 # 204 GB of fp32 weights, gradients and AdamW state) under --parallel fsdp with --recompute on
 # PROCS GPUs (default 4), MICRO windows of CONTEXT tokens per GPU (default 6 of 2048), for STEPS
 # steps (default 200), then the same model under --parallel ddp,
-# which must stop with the one-line out-of-memory error that names fsdp. Data: train_run.sh
+# which must stop at once with a one-line error that names fsdp. Data: train_run.sh
 # PART=data in $WORK first. Records (tokens/s, MFU, peak memory per GPU) and the table land in $OUT.
 set -uo pipefail
 WORK=${WORK:-/tmp/fastlm-train}

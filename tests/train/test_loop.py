@@ -287,7 +287,7 @@ def test_out_of_memory_message_counts_what_each_process_holds(corpus_data, extra
     assert f"each process holds {parameters * bytes_per_parameter / 1e9:.1f} GB of weights" in message, message
 
 
-def test_a_replicated_model_whose_state_exceeds_the_gpu_stops_before_it_is_built(corpus_data):
+def test_a_replicated_model_whose_state_exceeds_the_gpu_is_refused(corpus_data):
     argv = ["--data", str(corpus_data), "--preset", "small", "--parallel", "ddp"]
     config = loop.parse_args(argv)
     parameters = config.model_config(257).num_parameters()
@@ -295,10 +295,34 @@ def test_a_replicated_model_whose_state_exceeds_the_gpu_stops_before_it_is_built
     loop._check_state_fits(config, {"vocab_size": 257}, 2, capacity=state)  # fits exactly: goes on
     with pytest.raises(UserError) as caught:
         loop._check_state_fits(config, {"vocab_size": 257}, 2, capacity=state - 1)
-    assert str(caught.value).startswith(
-        f"out of memory ({state / 1e9:.1f} GB of state does not fit the GPU's {(state - 1) / 1e9:.1f} GB): "
-        f"with --parallel ddp each process holds {state / 1e9:.1f} GB"
+    assert str(caught.value) == (
+        f"with --parallel ddp each process would hold {state / 1e9:.1f} GB of weights, gradients and AdamW state "
+        f"({parameters / 1e9:.2f}B parameters), more than the GPU's {(state - 1) / 1e9:.1f} GB; use --parallel "
+        "fsdp, which shards all of it across processes (torchrun) or --shard-optimizer, or a smaller model"
     )
-    assert "--parallel fsdp shards all of it" in str(caught.value)
+    sharded = loop.parse_args([*argv, "--shard-optimizer"])  # already sharded: not suggested again
+    with pytest.raises(UserError, match=r"\(torchrun\), or a smaller model$"):
+        loop._check_state_fits(sharded, {"vocab_size": 257}, 2, capacity=1)
     fsdp = loop.parse_args([*argv[:-1], "fsdp"])  # sharded: its state is divided, not checked here
     loop._check_state_fits(fsdp, {"vocab_size": 257}, 2, capacity=1)
+
+
+def test_training_stops_before_building_a_model_the_gpu_cannot_hold(corpus_data, tmp_path, capsys, monkeypatch):
+    """On a GPU (simulated: a 1 GB device) the check runs before the model is built: one line, and
+    nothing of the loop runs."""
+
+    class SmallGPU:
+        total_memory = 10**9
+
+    def loop_must_not_run(*_):
+        raise AssertionError("the training loop ran")
+
+    monkeypatch.setattr(loop, "_setup", lambda config: torch.device("cuda", 0))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SmallGPU())
+    monkeypatch.setattr(loop, "_train_loop", loop_must_not_run)
+    argv = ["--data", str(corpus_data), *SMALL, "--preset", "small", "--micro-batch", "4", "--steps", "2"]
+    argv += ["--out", str(tmp_path / "run")]
+    assert loop.main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1, error
+    assert "with --parallel none each process would hold" in error and "more than the GPU's 1.0 GB" in error

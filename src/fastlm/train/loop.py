@@ -305,7 +305,7 @@ def train(config: TrainConfig) -> dict:
     device = _setup(config)
     try:
         if device.type == "cuda":
-            _check_state_fits(config, record, world, torch.cuda.get_device_properties(device).total_memory)
+            _check_state_fits(config, record, world, _smallest_gpu(device, world))
         # The loop's model, wrapper and optimizer are freed when it returns, while the process group
         # is still registered. Freed after destroy_process_group, PyTorch DDP's reducer would drop the
         # group's last reference, and the group's destructor joins gloo threads that wait for the GIL
@@ -469,7 +469,7 @@ def _replicated_state_bytes(config: TrainConfig, record: dict, world: int) -> tu
     return parameters, int(parameters * (replicated + optimizer / (world if config.shard_optimizer else 1)))
 
 
-def _out_of_memory_message(config: TrainConfig, record: dict, world: int, error: BaseException | str) -> str:
+def _out_of_memory_message(config: TrainConfig, record: dict, world: int, error: BaseException) -> str:
     """One sentence for a run that does not fit: what each process holds, and what would shrink it."""
     first = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
     batch = f"--micro-batch {config.micro_batch} x --context {config.context}"
@@ -484,16 +484,33 @@ def _out_of_memory_message(config: TrainConfig, record: dict, world: int, error:
     )
 
 
+def _smallest_gpu(device: torch.device, world: int) -> int:
+    """Bytes of the smallest GPU among the processes (one all-reduce when there are several), so
+    that every rank decides `_check_state_fits` alike."""
+    capacity = torch.cuda.get_device_properties(device).total_memory
+    if world == 1:
+        return capacity
+    smallest = torch.tensor(capacity, dtype=torch.int64, device=device)
+    dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
+    return int(smallest.item())
+
+
 def _check_state_fits(config: TrainConfig, record: dict, world: int, capacity: int) -> None:
     """Stop at once, before building and compiling, when each process's weights, gradients and
     AdamW state alone exceed its GPU's ``capacity`` bytes (a replicated 10b model: 204 GB); runs
     that fit by this count may still run out of memory on their activations, reported then."""
     if config.parallel == "fsdp":
         return
-    _, state = _replicated_state_bytes(config, record, world)
-    if state > capacity:
-        reason = f"{state / 1e9:.1f} GB of state does not fit the GPU's {capacity / 1e9:.1f} GB"
-        raise UserError(_out_of_memory_message(config, record, world, reason))
+    parameters, state = _replicated_state_bytes(config, record, world)
+    if state <= capacity:
+        return
+    shardable = world > 1 and not config.shard_optimizer and not stores_bf16_weights(config.precision)
+    shard = " or --shard-optimizer" if shardable else ""
+    raise UserError(
+        f"with --parallel {config.parallel} each process would hold {state / 1e9:.1f} GB of weights, gradients "
+        f"and AdamW state ({parameters / 1e9:.2f}B parameters), more than the GPU's {capacity / 1e9:.1f} GB; "
+        f"use --parallel fsdp, which shards all of it across processes (torchrun){shard}, or a smaller model"
+    )
 
 
 def _describe(
