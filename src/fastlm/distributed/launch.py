@@ -42,7 +42,8 @@ def _run(rank: int, world: int, backend: str, port: int, timeout_s: float, body:
     dist.init_process_group(backend, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
     try:
         body(rank, *args)
-        dist.barrier()  # no rank tears down while another still has collectives in flight
+        # no rank tears down while another still has collectives in flight (on GPUs: on its own)
+        dist.barrier(device_ids=[rank] if backend == "nccl" else None)
     finally:
         dist.destroy_process_group()
     exit_process(0)  # reached only when the body succeeded; failures propagate to mp.spawn

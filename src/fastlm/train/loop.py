@@ -456,7 +456,9 @@ def _train_loop(
         if config.overwrite:  # a run without checkpoints replaces the old one when it ends
             discard_set_aside(config.out)
     if dist.is_initialized():
-        dist.barrier()  # no rank tears down while another still has collectives in flight
+        # no rank tears down while another still has collectives in flight; on GPUs the barrier is
+        # told its device (else PyTorch warns on every run that it guesses it)
+        dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
     return result
 
 
