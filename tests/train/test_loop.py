@@ -13,7 +13,7 @@ from fastlm.data.tokens import EpochOrder, Windows
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.transformer import linear_weights
 from fastlm.optim.schedule import warmup_cosine_lr
-from fastlm.train import loop
+from fastlm.train import loop, memory_fit
 from fastlm.train.log import read_log
 from fastlm.utils.errors import UserError
 
@@ -256,7 +256,8 @@ def test_running_out_of_memory_is_one_line_that_names_fsdp(corpus_data, tmp_path
     assert error.startswith("python -m fastlm.train: error: out of memory (CUDA out of memory. Tried to allocate")
     assert "with --parallel none each process holds 0.0 GB" in error and "--parallel fsdp shards all of it" in error
     config = loop.parse_args([*argv, "--parallel", "fsdp"])
-    message = loop._out_of_memory_message(config, {"vocab_size": 257}, 1, torch.OutOfMemoryError("CUDA out of memory"))
+    oom = torch.OutOfMemoryError("CUDA out of memory")
+    message = memory_fit.out_of_memory_message(config, {"vocab_size": 257}, 1, oom)
     assert message == (
         "out of memory (CUDA out of memory) with --parallel fsdp at --micro-batch 4 x --context 16: "
         "use a smaller --micro-batch or --context"
@@ -283,7 +284,8 @@ def test_out_of_memory_message_counts_what_each_process_holds(corpus_data, extra
     argv = ["--data", str(corpus_data), "--preset", "small", "--parallel", "ddp", *extra]
     config = loop.parse_args(argv)
     parameters = config.model_config(257).num_parameters()
-    message = loop._out_of_memory_message(config, {"vocab_size": 257}, 2, torch.OutOfMemoryError("CUDA out of memory"))
+    oom = torch.OutOfMemoryError("CUDA out of memory")
+    message = memory_fit.out_of_memory_message(config, {"vocab_size": 257}, 2, oom)
     assert f"each process holds {parameters * bytes_per_parameter / 1e9:.1f} GB of weights" in message, message
 
 
@@ -292,9 +294,9 @@ def test_a_replicated_model_whose_state_exceeds_the_gpu_is_refused(corpus_data):
     config = loop.parse_args(argv)
     parameters = config.model_config(257).num_parameters()
     state = parameters * 16  # fp32 weights and gradients, AdamW's two moments
-    loop._check_state_fits(config, {"vocab_size": 257}, 2, capacity=state)  # fits exactly: goes on
+    memory_fit.check_state_fits(config, {"vocab_size": 257}, 2, capacity=state)  # fits exactly: goes on
     with pytest.raises(UserError) as caught:
-        loop._check_state_fits(config, {"vocab_size": 257}, 2, capacity=state - 1)
+        memory_fit.check_state_fits(config, {"vocab_size": 257}, 2, capacity=state - 1)
     assert str(caught.value) == (
         f"with --parallel ddp each process would hold {state / 1e9:.1f} GB of weights, gradients and AdamW state "
         f"({parameters / 1e9:.2f}B parameters), more than the GPU's {(state - 1) / 1e9:.1f} GB; use --parallel "
@@ -302,9 +304,9 @@ def test_a_replicated_model_whose_state_exceeds_the_gpu_is_refused(corpus_data):
     )
     sharded = loop.parse_args([*argv, "--shard-optimizer"])  # already sharded: not suggested again
     with pytest.raises(UserError, match=r"\(torchrun\), or a smaller model$"):
-        loop._check_state_fits(sharded, {"vocab_size": 257}, 2, capacity=1)
+        memory_fit.check_state_fits(sharded, {"vocab_size": 257}, 2, capacity=1)
     fsdp = loop.parse_args([*argv[:-1], "fsdp"])  # sharded: its state is divided, not checked here
-    loop._check_state_fits(fsdp, {"vocab_size": 257}, 2, capacity=1)
+    memory_fit.check_state_fits(fsdp, {"vocab_size": 257}, 2, capacity=1)
 
 
 def test_training_stops_before_building_a_model_the_gpu_cannot_hold(corpus_data, tmp_path, capsys, monkeypatch):

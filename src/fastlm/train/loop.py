@@ -79,6 +79,7 @@ from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.train.checkpoint import check_out, checkpoint_dir, load_for_resume, restore, save_checkpoint
 from fastlm.train.config import TrainConfig, add_arguments
 from fastlm.train.log import Throughput, TrainLog, discard_set_aside, loss_plot, new_run_id, read_log, set_aside
+from fastlm.train.memory_fit import check_state_fits, out_of_memory_message, smallest_gpu
 from fastlm.utils.errors import UserError, is_out_of_memory
 from fastlm.utils.options import from_namespace
 from fastlm.utils.records import with_environment
@@ -305,7 +306,7 @@ def train(config: TrainConfig) -> dict:
     device = _setup(config)
     try:
         if device.type == "cuda":
-            _check_state_fits(config, record, world, _smallest_gpu(device, world))
+            check_state_fits(config, record, world, smallest_gpu(device, world))
         # The loop's model, wrapper and optimizer are freed when it returns, while the process group
         # is still registered. Freed after destroy_process_group, PyTorch DDP's reducer would drop the
         # group's last reference, and the group's destructor joins gloo threads that wait for the GIL
@@ -319,7 +320,7 @@ def train(config: TrainConfig) -> dict:
     except (RuntimeError, MemoryError) as error:
         if not is_out_of_memory(error):
             raise
-        raise UserError(_out_of_memory_message(config, record, world, error)) from None
+        raise UserError(out_of_memory_message(config, record, world, error)) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -460,59 +461,6 @@ def _train_loop(
         # told its device (else PyTorch warns on every run that it guesses it)
         dist.barrier(device_ids=[device.index] if device.type == "cuda" else None)
     return result
-
-
-def _replicated_state_bytes(config: TrainConfig, record: dict, world: int) -> tuple[int, int]:
-    """(parameters, bytes of weights, gradients and AdamW state each process holds) outside fsdp."""
-    parameters = config.model_config(record["vocab_size"]).num_parameters()
-    # bytes per parameter: weights and gradients (fp32, or bf16 with bf16-weights), and AdamW's
-    # moments (fp32; with bf16-weights also the fp32 masters), which --shard-optimizer divides
-    replicated, optimizer = (4, 12) if stores_bf16_weights(config.precision) else (8, 8)
-    return parameters, int(parameters * (replicated + optimizer / (world if config.shard_optimizer else 1)))
-
-
-def _out_of_memory_message(config: TrainConfig, record: dict, world: int, error: BaseException) -> str:
-    """One sentence for a run that does not fit: what each process holds, and what would shrink it."""
-    first = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
-    batch = f"--micro-batch {config.micro_batch} x --context {config.context}"
-    if config.parallel == "fsdp":
-        return f"out of memory ({first}) with --parallel fsdp at {batch}: use a smaller --micro-batch or --context"
-    parameters, state = _replicated_state_bytes(config, record, world)
-    return (
-        f"out of memory ({first}): with --parallel {config.parallel} each process holds {state / 1e9:.1f} GB of "
-        f"weights, gradients and AdamW state ({parameters / 1e9:.2f}B parameters) besides the activations of "
-        f"{batch}; --parallel fsdp shards all of it across processes (torchrun), or use a smaller --micro-batch, "
-        "--context or model"
-    )
-
-
-def _smallest_gpu(device: torch.device, world: int) -> int:
-    """Bytes of the smallest GPU among the processes (one all-reduce when there are several), so
-    that every rank decides `_check_state_fits` alike."""
-    capacity = torch.cuda.get_device_properties(device).total_memory
-    if world == 1:
-        return capacity
-    smallest = torch.tensor(capacity, dtype=torch.int64, device=device)
-    dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
-    return int(smallest.item())
-
-
-def _check_state_fits(config: TrainConfig, record: dict, world: int, capacity: int) -> None:
-    """Stop at once, before building and compiling, when each process's weights, gradients and
-    AdamW state alone exceed its GPU's ``capacity`` bytes (a replicated 10b model: 204 GB); runs
-    that fit by this count may still run out of memory on their activations, reported then."""
-    if config.parallel == "fsdp":
-        return
-    parameters, state = _replicated_state_bytes(config, record, world)
-    if state <= capacity:
-        return
-    shardable = world > 1 and not config.shard_optimizer and not stores_bf16_weights(config.precision)
-    shard = " or --shard-optimizer" if shardable else ""
-    raise UserError(
-        f"with --parallel {config.parallel} each process would hold {state / 1e9:.1f} GB of weights, gradients "
-        f"and AdamW state ({parameters / 1e9:.2f}B parameters), more than the GPU's {capacity / 1e9:.1f} GB; "
-        f"use --parallel fsdp, which shards all of it across processes (torchrun){shard}, or a smaller model"
-    )
 
 
 def _describe(

@@ -39,6 +39,9 @@ def environment() -> dict:
     }
 
 
+CODE_PATHS = (":/src", ":/pyproject.toml", ":/benchmarks/*.py", ":/benchmarks/*.sh")  # what a record measures
+
+
 def _git_sha() -> str | None:
     """HEAD's short sha, with a "+" when the package's code or the benchmark scripts differ from it
     (the record then measured code that no commit holds; the records and reports that scripts
@@ -52,9 +55,6 @@ def _git_sha() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return sha + ("+" if changes else "")
-
-
-CODE_PATHS = (":/src", ":/pyproject.toml", ":/benchmarks/*.py", ":/benchmarks/*.sh")  # what a record measures
 
 
 def _git(*args: str) -> str:

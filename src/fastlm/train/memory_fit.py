@@ -1,0 +1,70 @@
+"""Whether a run's state fits its GPUs, and the one-line messages when it does not.
+
+Outside fsdp every process holds the whole model's weights, gradients and AdamW state.
+`check_state_fits` stops a run before anything is built when that state alone exceeds the smallest
+GPU of the run. A run that passes may still run out of memory later on its activations; then
+`out_of_memory_message` turns the allocator's error into one sentence that says what each process
+holds and what would shrink it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fastlm.model.config import stores_bf16_weights
+from fastlm.train.config import TrainConfig
+from fastlm.utils.errors import UserError
+
+
+def replicated_state_bytes(config: TrainConfig, record: dict, world: int) -> tuple[int, int]:
+    """(parameters, bytes of weights, gradients and AdamW state each process holds) outside fsdp."""
+    parameters = config.model_config(record["vocab_size"]).num_parameters()
+    # bytes per parameter: weights and gradients (fp32, or bf16 with bf16-weights), and AdamW's
+    # moments (fp32; with bf16-weights also the fp32 masters), which --shard-optimizer divides
+    replicated, optimizer = (4, 12) if stores_bf16_weights(config.precision) else (8, 8)
+    return parameters, int(parameters * (replicated + optimizer / (world if config.shard_optimizer else 1)))
+
+
+def out_of_memory_message(config: TrainConfig, record: dict, world: int, error: BaseException) -> str:
+    """One sentence for a run that does not fit: what each process holds, and what would shrink it."""
+    first = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
+    batch = f"--micro-batch {config.micro_batch} x --context {config.context}"
+    if config.parallel == "fsdp":
+        return f"out of memory ({first}) with --parallel fsdp at {batch}: use a smaller --micro-batch or --context"
+    parameters, state = replicated_state_bytes(config, record, world)
+    return (
+        f"out of memory ({first}): with --parallel {config.parallel} each process holds {state / 1e9:.1f} GB of "
+        f"weights, gradients and AdamW state ({parameters / 1e9:.2f}B parameters) besides the activations of "
+        f"{batch}; --parallel fsdp shards all of it across processes (torchrun), or use a smaller --micro-batch, "
+        "--context or model"
+    )
+
+
+def smallest_gpu(device: torch.device, world: int) -> int:
+    """Bytes of the smallest GPU among the processes (one all-reduce when there are several), so
+    that every rank decides `check_state_fits` alike."""
+    capacity = torch.cuda.get_device_properties(device).total_memory
+    if world == 1:
+        return capacity
+    smallest = torch.tensor(capacity, dtype=torch.int64, device=device)
+    dist.all_reduce(smallest, op=dist.ReduceOp.MIN)
+    return int(smallest.item())
+
+
+def check_state_fits(config: TrainConfig, record: dict, world: int, capacity: int) -> None:
+    """Stop at once, before building and compiling, when each process's weights, gradients and
+    AdamW state alone exceed its GPU's ``capacity`` bytes (a replicated 10b model: 204 GB); runs
+    that fit by this count may still run out of memory on their activations, reported then."""
+    if config.parallel == "fsdp":
+        return
+    parameters, state = replicated_state_bytes(config, record, world)
+    if state <= capacity:
+        return
+    shardable = world > 1 and not config.shard_optimizer and not stores_bf16_weights(config.precision)
+    shard = " or --shard-optimizer" if shardable else ""
+    raise UserError(
+        f"with --parallel {config.parallel} each process would hold {state / 1e9:.1f} GB of weights, gradients "
+        f"and AdamW state ({parameters / 1e9:.2f}B parameters), more than the GPU's {capacity / 1e9:.1f} GB; "
+        f"use --parallel fsdp, which shards all of it across processes (torchrun){shard}, or a smaller model"
+    )
