@@ -2,7 +2,7 @@
 fastlm can replace (attention, norms, loss) hold, and what the rest is.
 
 A model of a preset's width (xl by default: d 1600, ff 6400, 25 heads; --layers of its blocks, 12
-by default so it compiles in about a minute), batch 4 (--batch) x 512, bf16 autocast, fused AdamW, compiled
+by default so it compiles in about a minute), batch 4 (--batch) x 512 (--context), bf16 autocast, fused AdamW, compiled
 as `fastlm bench model` does (same step, optimizer and compile modes). Per kernel set and compile
 mode: the median of 20 steps, then 3 steps under torch.profiler; every GPU kernel is put in one
 category by its name, and the table gives ms per step per category, the kernels launched per step
@@ -12,7 +12,7 @@ faster kernel set can gain. --cpu-ops N prints the N CPU ops with the most self 
 each configuration (where a host-bound step spends its time); --trace DIR writes each profile as
 a gzipped Chrome trace (bulky: keep DIR out of the repository).
 
-Usage: python benchmarks/profile_compiled_step.py [--preset xl] [--layers 12]
+Usage: python benchmarks/profile_compiled_step.py [--preset xl] [--layers 12] [--batch 4] [--context 512]
        [--compile compile,cudagraphs] [--optimizer torch,fastlm,fastlm-bf16] [--cpu-ops 25] [--trace DIR]
 Writes results/profile_compiled_step.jsonl and prints the table.
 """
@@ -81,7 +81,7 @@ def cpu_ops_table(prof: profile, steps: int, rows: int) -> str:
 
 
 def measure(kernels: str, compile_mode: str, optimizer: str, args: argparse.Namespace, tokens: torch.Tensor) -> dict:
-    config = ModelConfig.preset(args.preset, num_layers=args.layers).with_kernels(kernels)
+    config = ModelConfig.preset(args.preset, num_layers=args.layers, context_length=args.context).with_kernels(kernels)
     with torch.device(tokens.device):
         model = TransformerLM(config)
     row = Row("train", "bf16", compile_mode)
@@ -143,7 +143,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="xl", help="model preset whose width to use (default xl)")
     p.add_argument("--layers", type=int, default=12, help="blocks of the preset's width (default 12; xl has 48)")
-    p.add_argument("--batch", type=int, default=4, help="sequences of 512 tokens per step (default 4)")
+    p.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
+    p.add_argument("--context", type=int, default=512, help="tokens per sequence (default 512)")
     p.add_argument("--kernels", default="torch,fastlm", help="comma list (default torch,fastlm)")
     p.add_argument("--compile", default="compile,cudagraphs", help="comma list (default compile,cudagraphs)")
     p.add_argument("--optimizer", default="torch", help="comma list of torch, fastlm, fastlm-bf16 (default torch)")
@@ -152,7 +153,7 @@ def main() -> None:
     p.add_argument("--trace", type=Path, help="folder for gzipped Chrome traces (default: none)")
     args = p.parse_args()
     torch.manual_seed(0)
-    tokens = torch.randint(0, 10000, (args.batch, 512), device="cuda")
+    tokens = torch.randint(0, 10000, (args.batch, args.context), device="cuda")
     records = []
     for compile_mode in args.compile.split(","):
         for kernels in args.kernels.split(","):
