@@ -17,6 +17,7 @@ import torch
 from fastlm.cli import arguments, bench, bench_distributed, build_parser, main
 from fastlm.data import prepare, tokenizer
 from fastlm.train import config as train_config
+from fastlm.train import loop
 
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
 MISSING = "/nonexistent/fastlm/corpus.txt"
@@ -172,6 +173,21 @@ def test_bad_combination_is_one_sentence(argv, message, capsys, tmp_path):
 def test_train_without_data_is_one_sentence(capsys):
     """`fastlm train` checks --data after parsing, so that `fastlm train reward` need not give it."""
     assert _run(["train"], capsys) == (2, "fastlm train: error: --data is required\n")
+
+
+def test_a_parsing_mistake_is_one_line_and_options_are_spelled_out(capsys):
+    """No usage text (torchrun would print it once per process), and no option taken for a longer
+    one it abbreviates (`--gpu h100` is not `--gpus h100`)."""
+    assert _run(["analyze", "memory", "--gpu", "h100"], capsys) == (
+        2,
+        "fastlm: error: unrecognized arguments: --gpu h100 (see fastlm --help)\n",
+    )
+    with pytest.raises(SystemExit) as exit_:
+        loop.parse_args(["--data", "d", "--preset", "tinny"])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("python -m fastlm.train: error: argument --preset: invalid choice: 'tinny'")
+    assert error.endswith("(see python -m fastlm.train --help)\n") and len(error.splitlines()) == 1
 
 
 def test_console_script_refuses_data_that_is_not_prepared_without_a_traceback(tmp_path):

@@ -146,6 +146,52 @@ def test_an_unusable_out_is_one_line_before_any_work(corpus_data, tmp_path, caps
     assert _error(capsys).startswith(f"python -m fastlm.train: error: --out {out} ")
 
 
+def test_torchrun_without_parallel_and_out_in_the_data_folder_are_refused(corpus_data, tmp_path, capsys, monkeypatch):
+    """Processes that torchrun started with --parallel none would each train the whole run into
+    the same --out; an --out that is the data folder would mix the run's files with the data's."""
+    assert _main(corpus_data, corpus_data, "--steps", "1") == 2
+    assert _error(capsys).startswith("python -m fastlm.train: error: --out must be a folder of its own, not the --data")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert _main(corpus_data, tmp_path, "--steps", "1") == 2
+    assert "torchrun started 2 processes but --parallel is none: pass --parallel ddp" in _error(capsys)
+    assert not any(tmp_path.iterdir())
+
+
+def test_ctrl_c_says_how_to_go_on(corpus_data, tmp_path, capsys, monkeypatch):
+    """Ctrl-C ends the run with status 130 and one line instead of a traceback: --resume where a
+    checkpoint exists, --overwrite where none does yet. A resumed run says where it resumed from,
+    and a --warmup as long as the run says that the learning rate never reaches --lr."""
+    save = loop.save_checkpoint
+
+    def interrupt_after_the_first_checkpoint(config, *args):
+        if checkpoint.newest(checkpoint_dir(config)):
+            raise KeyboardInterrupt
+        save(config, *args)
+
+    monkeypatch.setattr(loop, "save_checkpoint", interrupt_after_the_first_checkpoint)
+    assert _main(corpus_data, tmp_path, "--steps", "6", "--checkpoint-every", "2") == 130
+    error = capsys.readouterr().err
+    assert error.strip() == (
+        "python -m fastlm.train: interrupted; the same command with --resume continues from its checkpoint of step 2"
+    )
+    monkeypatch.setattr(loop, "save_checkpoint", save)
+    assert _main(corpus_data, tmp_path, "--steps", "6", "--checkpoint-every", "2", "--resume") == 0
+    assert "resumed from the checkpoint of step 2 in" in capsys.readouterr().out
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "evaluate", interrupt)
+    fresh = tmp_path / "fresh"
+    assert _main(corpus_data, fresh, "--steps", "3", "--warmup", "5") == 130
+    captured = capsys.readouterr()
+    assert "--warmup 5 >= --steps 3: the learning rate never reaches --lr" in captured.out
+    assert captured.err.strip() == (
+        "python -m fastlm.train: interrupted before its first checkpoint (--checkpoint-every 1000): the same "
+        f"command with --overwrite starts it again in {fresh}"
+    )
+
+
 def test_a_checkpoint_of_an_older_version_resumes_with_what_it_did(corpus_data, tmp_path):
     """Checkpoints written before --documents, --window, --global-every and --reduce-dtype existed
     record none of them: they compare as the behaviour they had (attention across documents), so

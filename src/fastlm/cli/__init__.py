@@ -16,13 +16,14 @@ import os
 
 from fastlm.cli import analyze, ar, bench, data, inspect, output, profile, report, train
 from fastlm.utils.errors import UserError
+from fastlm.utils.parser import Parser
 
 GROUPS = (train, data, bench, profile, analyze, ar, inspect, report)
 
 
 @functools.cache  # parsing leaves the parser unchanged: one per process (main runs in-process in tests)
 def build_parser() -> argparse.ArgumentParser:
-    parser = output.Parser(prog="fastlm", description=__doc__.splitlines()[0])
+    parser = Parser(prog="fastlm", description=__doc__.splitlines()[0])
     groups = parser.add_subparsers(dest="group", required=True)
     for group in GROUPS:
         group.add_commands(groups)

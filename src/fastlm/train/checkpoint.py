@@ -51,6 +51,20 @@ def check_out(config: TrainConfig) -> None:
         raise UserError(f"--resume: {checkpoint_dir(config)} holds no checkpoint to continue{hint}")
 
 
+def after_interrupt(config: TrainConfig) -> str:
+    """What a run stopped by Ctrl-C leaves, and how to go on from it (one sentence)."""
+    try:
+        newest = checkpoint.newest(checkpoint_dir(config))
+    except CheckpointError as error:
+        return f"interrupted; {error}"
+    if newest is None:
+        return (
+            f"interrupted before its first checkpoint (--checkpoint-every {config.checkpoint_every}): "
+            f"the same command with --overwrite starts it again in {config.out}"
+        )
+    return f"interrupted; the same command with --resume continues from its checkpoint of step {newest['step']}"
+
+
 def training_state(model, optimizer, config: TrainConfig) -> dict:
     """{"model", "optimizer"} state dicts in the layout of an unsharded single-process run."""
     if config.parallel == "fsdp":

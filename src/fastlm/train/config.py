@@ -215,6 +215,8 @@ class TrainConfig(ModelOptions):
             )
         if self.reduce_dtype != "fp32" and self.parallel == "none":
             raise UserError("--reduce-dtype needs a --parallel mode: one process averages no gradients")
+        if self.out.resolve() == self.data.resolve():
+            raise UserError(f"--out must be a folder of its own, not the --data folder {self.data}")
         if self.override and not self.resume:
             raise UserError("--override needs --resume")
         if self.resume and self.overwrite:

@@ -51,7 +51,6 @@ unusable checkpoints too (status 1), on every rank.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -76,12 +75,20 @@ from fastlm.model.materialize import materialize
 from fastlm.model.precision import param_groups, precision_context
 from fastlm.optim import AdamW
 from fastlm.optim.schedule import warmup_cosine_lr
-from fastlm.train.checkpoint import check_out, checkpoint_dir, load_for_resume, restore, save_checkpoint
+from fastlm.train.checkpoint import (
+    after_interrupt,
+    check_out,
+    checkpoint_dir,
+    load_for_resume,
+    restore,
+    save_checkpoint,
+)
 from fastlm.train.config import TrainConfig, add_arguments
 from fastlm.train.log import Throughput, TrainLog, discard_set_aside, loss_plot, new_run_id, read_log, set_aside
 from fastlm.train.memory_fit import check_state_fits, out_of_memory_message, smallest_gpu
 from fastlm.utils.errors import UserError, is_out_of_memory
 from fastlm.utils.options import from_namespace
+from fastlm.utils.parser import Parser
 from fastlm.utils.records import with_environment
 
 PROG = "python -m fastlm.train"
@@ -95,6 +102,12 @@ BETAS = (0.9, 0.95)
 
 def _rank_and_world(config: TrainConfig) -> tuple[int, int]:
     if config.parallel == "none":
+        processes = int(os.environ.get("WORLD_SIZE", 1))
+        if processes > 1:  # each would train the whole run alone, into the same --out
+            raise UserError(
+                f"torchrun started {processes} processes but --parallel is none: pass --parallel ddp, fsdp "
+                "or another mode of --help, or run one process without torchrun"
+            )
         return 0, 1
     if "RANK" not in os.environ:
         raise UserError(f"--parallel {config.parallel} needs torchrun (RANK / WORLD_SIZE are not set)")
@@ -384,6 +397,10 @@ def _train_loop(
     result = {"losses": [], "eval": []}
     with log:
         log.note(_describe(config, model_cfg, world, accumulate, tokens_per_step, position, train_windows.count))
+        if step > 0:
+            log.note(f"resumed from the checkpoint of step {step} in {checkpoint_dir(config)}")
+        if config.warmup >= config.steps:
+            log.note(f"--warmup {config.warmup} >= --steps {config.steps}: the learning rate never reaches --lr")
         if aside is not None:
             log.note(f"--overwrite: the old run is in {aside} until this run saves its first checkpoint")
         if step == 0:
@@ -534,11 +551,16 @@ def check_config(config: TrainConfig, world: int) -> None:
 
 def run(config: TrainConfig, prog: str = PROG) -> int:
     """`fastlm train`; 0 when done, 2 after a one-line error for a mistake in the arguments or data
-    that does not fit them, 1 for an unusable checkpoint. Prints on every rank."""
+    that does not fit them, 1 for an unusable checkpoint (errors print on every rank), 130 after
+    Ctrl-C (one line from rank 0: what the run left and how to go on)."""
     try:
         config = config.resolved(gpu=torch.cuda.is_available())
         check_config(config, _rank_and_world(config)[1])
         train(config)
+    except KeyboardInterrupt:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"\n{prog}: {after_interrupt(config)}", file=sys.stderr, flush=True)
+        return 130
     except UserError as error:
         print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
         return 2
@@ -549,7 +571,7 @@ def run(config: TrainConfig, prog: str = PROG) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = Parser(prog=PROG, description=" ".join(__doc__.split("\n\n")[0].split()))
     add_arguments(parser)
     return from_namespace(TrainConfig, parser.parse_args(argv))
 
