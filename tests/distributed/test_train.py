@@ -4,6 +4,8 @@ nor continued by mistake; bad input ends in a one-line error."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -253,3 +255,19 @@ def test_a_corrupt_checkpoint_stops_every_rank_with_one_line(common, tmp_path):
         assert run.output(rank).splitlines() == [
             f"python -m fastlm.train: error: {written} is truncated: {size} of {size + 1} bytes"
         ]
+
+
+def test_under_torchrun_the_failure_summary_names_the_error(tmp_path):
+    """torchrun's summary of a failed run ends with a "Root Cause"; it shows the run's one-line error
+    (written to torchrun's error file) instead of a link to its documentation."""
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port())]
+        + ["-m", "fastlm.train", "--data", str(tmp_path / "missing"), "--parallel", "ddp", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode != 0
+    root_cause = done.stderr.split("Root Cause")[-1]
+    assert f"python -m fastlm.train: error: --data {tmp_path / 'missing'}" in root_cause, done.stderr
+    assert "To enable traceback" not in root_cause

@@ -56,8 +56,10 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -562,12 +564,22 @@ def run(config: TrainConfig, prog: str = PROG) -> int:
             print(f"\n{prog}: {after_interrupt(config)}", file=sys.stderr, flush=True)
         return 130
     except UserError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+        _report_error(f"{prog}: error: {error}")
         return 2
     except CheckpointError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+        _report_error(f"{prog}: error: {error}")
         return 1
     return 0
+
+
+def _report_error(line: str) -> None:
+    """The run's one-line error on stderr; under torchrun also in the error file it reads, so that
+    the "Root Cause" of its failure summary shows the line rather than a link to its docs."""
+    print(line, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
