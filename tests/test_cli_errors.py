@@ -154,6 +154,7 @@ SEMANTIC_CASES = [
         ["bench", "allreduce", "--backend", "nccl"], "--backend nccl needs one GPU per process", marks=NEEDS_NO_GPU
     ),
     pytest.param(["bench", "ddp", "--backend", "nccl"], "--backend nccl needs one GPU per process", marks=NEEDS_NO_GPU),
+    pytest.param(["bench", "hf", "--size", "1b"], "llama 1b (1.24B parameters) needs 19.8 GB", marks=NEEDS_NO_GPU),
     (["data", "prepare", "--input", "{binary}", "--out", "{out}"], "binary.bin"),
     (["data", "verify", "{out}"], "holds no prepared data"),
 ]
@@ -180,7 +181,7 @@ def test_a_parsing_mistake_is_one_line_and_options_are_spelled_out(capsys):
     one it abbreviates (`--gpu h100` is not `--gpus h100`)."""
     assert _run(["analyze", "memory", "--gpu", "h100"], capsys) == (
         2,
-        "fastlm: error: unrecognized arguments: --gpu h100 (see fastlm --help)\n",
+        "fastlm analyze memory: error: unrecognized arguments: --gpu h100 (see fastlm analyze memory --help)\n",
     )
     with pytest.raises(SystemExit) as exit_:
         loop.parse_args(["--data", "d", "--preset", "tinny"])

@@ -2,6 +2,7 @@
 ratios and missing baselines, and its one-line errors."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -23,7 +24,7 @@ def test_parameter_counts_match_the_built_model(family):
     assert model.config.num_hidden_layers == 3 and model.config.model_type == family
 
 
-def test_bench_hf_command_measures_every_patch_in_one_run(tmp_path):
+def test_bench_hf_command_measures_every_patch_in_one_run(tmp_path, capsys):
     args = [
         "bench",
         "hf",
@@ -47,6 +48,8 @@ def test_bench_hf_command_measures_every_patch_in_one_run(tmp_path):
         str(tmp_path),
     ]
     assert main(args) == 0
+    progress = [tuple(map(int, m)) for m in re.findall(r"hf (\d+)/(\d+)", capsys.readouterr().out)]
+    assert progress and progress[-1][0] == progress[-1][1], progress  # the count includes every step
     records = [json.loads(line) for line in (tmp_path / "results" / "hf.jsonl").read_text().splitlines()]
     by_name = {r["implementation"]: r for r in records}
     assert set(by_name) == {"hf", "hf+fastlm", "hf+liger"}

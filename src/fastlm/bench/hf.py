@@ -199,11 +199,14 @@ class HFBenchmark(Benchmark):
             if missing_patch(p) is None
         ]
 
-    def count(self, device: torch.device) -> int:
-        return len(self._subjects()) * len(self.rows) * self.rounds
+    def _missing(self) -> list[tuple[HFShape, str]]:
+        return [(s, p) for s in self.shapes for p in self.patches if missing_patch(p) is not None]
+
+    def count(self, device: torch.device) -> int:  # one more for the step that records the missing baselines
+        return len(self._subjects()) * len(self.rows) * self.rounds + bool(self._missing())
 
     def measurements(self, run: Run) -> Iterator[Measured]:
-        missing = [(s, p) for s in self.shapes for p in self.patches if missing_patch(p) is not None]
+        missing = self._missing()
         if missing:
             yield Measured(
                 "baselines not installed",

@@ -32,7 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; 2 (after one sentence on stderr) for a mistake in how it was called."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command that did not take them, with its --help
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     # torch.profiler's kineto logs every profiler start and stop to stderr at a severity only level 6
     # filters out: the profiling commands' piped output would be mostly that. A value set by the user
     # wins; worker processes inherit it.

@@ -187,7 +187,7 @@ def add_command(
         cpu, gpu = duration
         description += f" Expected duration with the defaults: on a 2-core CPU {cpu}; on a GPU {gpu}."
     parser = commands.add_parser(name, help=summary, description=description)
-    parser.set_defaults(func=handler)
+    parser.set_defaults(func=handler, command_parser=parser)  # command_parser: it reports unknown options
     return parser
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 
 from fastlm.analysis.model import MODES
 from fastlm.bench.options import HF_FAMILIES, HF_PATCHES, HF_SIZES
@@ -45,6 +46,8 @@ def cmd_bench_hf(args) -> None:
         shape = HFShape.of(args.family, size, context, **overrides)
     except ValueError as error:
         raise UserError(str(error)) from None
+    if not on_gpu:
+        _check_fits_host(shape)
     compile_modes = args.compile or (("eager", "compile") if on_gpu else ("eager",))
     benchmark = HFBenchmark(
         (shape,),
@@ -56,6 +59,20 @@ def cmd_bench_hf(args) -> None:
         rounds=args.rounds,
     )
     output.show_report(run_benchmark(benchmark, args.out, current_device()))
+
+
+def _check_fits_host(shape) -> None:
+    """On a CPU, stop before building a model whose fp32 weights, gradients and AdamW moments (16
+    bytes per parameter) would take more than half the host's memory: such a run swaps for minutes
+    before its first step."""
+    state = 16 * shape.num_parameters()
+    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if state > host / 2:
+        raise UserError(
+            f"on a CPU, {shape.family} {shape.size} ({shape.num_parameters() / 1e9:.2f}B parameters) needs "
+            f"{state / 1e9:.1f} GB for its fp32 weights, gradients and AdamW state, more than half of this "
+            f"machine's {host / 1e9:.1f} GB; use --size tiny, or fewer --layers and a smaller --d-model and --vocab"
+        )
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:

@@ -33,6 +33,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from fastlm.ops.common import DTYPES, check_flag
 from fastlm.ops.flash_attention import flash_attention, flash_attention_varlen
 from fastlm.ops.layer_norm import rms_norm
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy
@@ -414,8 +415,11 @@ def apply_fastlm(
     left as it was. Applying again first reverts the earlier patch, so the switches given last
     are the ones in force.
     """
+    switches = {"attention": attention, "norm": norm, "rope": rope, "mlp": mlp, "loss": loss}
+    attention, norm, rope, mlp, loss = (check_flag(name, value) for name, value in switches.items())
     base = _unwrap(model)
     prefix = _family_prefix(base)
+    _check_dtypes(base)
     revert_fastlm(base)
     replacements = {}
     if norm:
@@ -443,6 +447,16 @@ def apply_fastlm(
         base._fastlm_attn_implementation = base.config._attn_implementation
         base.config._attn_implementation = ATTN_IMPLEMENTATION
     return model
+
+
+def _check_dtypes(model) -> None:
+    """ValueError, before anything is patched, for floating-point weights the kernels do not take."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()} - set(DTYPES)
+    if dtypes:
+        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+        raise ValueError(
+            f"apply_fastlm needs float32, float16 or bfloat16 weights (its kernels take no other), got {names}"
+        )
 
 
 def revert_fastlm(model):
