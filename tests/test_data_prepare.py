@@ -109,6 +109,7 @@ BAD_INPUTS = {
     "binary": (lambda d: (d / "a.bin").write_bytes(b"PK\x03\x04\x00\x00"), "is not text: it holds NUL bytes"),
     "not UTF-8": (lambda d: (d / "a.txt").write_bytes("Gr\xf6\xdfe".encode("latin-1")), "is not UTF-8 text (byte 2"),
     "empty folder": (lambda d: None, "holds no files"),
+    "the --out folder": (lambda d: (d / "a.txt").write_text("text"), "lies in --out"),
 }
 
 
@@ -118,10 +119,12 @@ def test_unusable_input_is_a_one_line_error(case, tmp_path, capsys):
     folder.mkdir()
     make, message = BAD_INPUTS[case]
     make(folder)
-    assert _prepare_command(["--input", str(folder), "--out", str(tmp_path / "out"), "--tokenizer", "bytes"]) == 2
+    out = folder if case == "the --out folder" else tmp_path / "out"
+    assert _prepare_command(["--input", str(folder), "--out", str(out), "--tokenizer", "bytes"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("fastlm data prepare: error: ") and message in error and len(error.splitlines()) == 1
-    assert not (tmp_path / "out" / MANIFEST).exists()
+    assert not (out / MANIFEST).exists()
+    assert out == folder or not out.exists()  # a failed run leaves no folder and no shard behind
 
 
 @pytest.mark.parametrize(
@@ -137,6 +140,18 @@ def test_bad_arguments_are_one_line_errors(argv, message, tmp_path, capsys, monk
     assert _prepare_command([*argv, "--out", "out", "--tokenizer", "bytes"]) == 2
     error = capsys.readouterr().err
     assert message in error and len(error.splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_prepare_keeps_the_data_prepared_before(tmp_path, capsys):
+    out = tmp_path / "out"
+    first = prepare([CORPUS], out, "bytes", held_out=0.05, shard_tokens=3000)
+    files = sorted(p.name for p in out.iterdir())
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("too little")
+    with pytest.raises(DataError, match="held-out tokens"):
+        prepare([tiny], out, "bytes", held_out=0.05, shard_tokens=3000)
+    assert sorted(p.name for p in out.iterdir()) == files and TokenData(out).manifest == first
 
 
 @pytest.mark.skipif(HAS_TIKTOKEN, reason="tiktoken is installed")

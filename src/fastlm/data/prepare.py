@@ -89,6 +89,8 @@ def input_files(inputs: list[Path], out: Path) -> list[Path]:
             files.append(path)
         elif path.is_dir():
             found = [p for p in sorted(path.rglob("*")) if p.is_file() and not _hidden_or_output(p, path, out)]
+            if not found and (path.resolve() == out.resolve() or out.resolve() in path.resolve().parents):
+                raise DataError(f"--input {path} lies in --out {out}, whose files are never read; use another --out")
             if not found:
                 raise DataError(f"--input {path} holds no files")
             files += found
@@ -218,13 +220,52 @@ def prepare(
         print(f"training the {tokenizer} tokenizer on {len(files)} file(s)", flush=True)
     tokenizer = load_tokenizer(tokenizer, lambda: (read_document(f) for f in files))
     tag = hashlib.sha256(json.dumps([sources, settings]).encode()).hexdigest()[:12]
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer_file = None
-    if tokenizer.json is not None:
-        tokenizer_file = f"tokenizer-{tag}.json"
+    writer = _ShardWriter(out, tag, token_dtype(tokenizer.vocab_size), shard_tokens)
+    tokenizer_file = f"tokenizer-{tag}.json" if tokenizer.json is not None else None
+    try:
+        manifest = _write(out, files, tokenizer, tokenizer_file, writer, separator, held_out, sources, settings)
+    except BaseException:  # an error or Ctrl-C: nothing half-written stays (an earlier manifest's data does)
+        writer.close()
+        for name in [shard["file"] for shard in writer.shards] + ([tokenizer_file] if tokenizer_file else []):
+            for path in (out / name, out / f"{name}.tmp"):
+                path.unlink(missing_ok=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    temporary = out / f"{MANIFEST}.tmp"
+    temporary.write_text(json.dumps(manifest, indent=1))
+    os.replace(temporary, out / MANIFEST)  # the commit
+    named = {shard["file"] for shard in writer.shards} | {tokenizer_file}
+    for path in out.iterdir():
+        if _DATA_FILE.fullmatch(path.name) and path.name not in named:
+            path.unlink()
+    held = sum(r["stop"] - r["start"] for r in manifest["splits"]["val"])
+    print(
+        f"wrote {out}: {manifest['tokens']:,} tokens ({manifest['tokens'] - held:,} train, {held:,} held out), "
+        f"{manifest['documents']} document(s), {tokenizer.name} tokenizer (vocabulary {tokenizer.vocab_size:,})",
+        flush=True,
+    )
+    return manifest
+
+
+def _write(
+    out: Path,
+    files: list[Path],
+    tokenizer: Tokenizer,
+    tokenizer_file: str | None,
+    writer: _ShardWriter,
+    separator: str | None,
+    held_out: float,
+    sources: list[dict],
+    settings: dict,
+) -> dict:
+    """The tokenizer's file and the shards of ``files`` in ``out``, and the manifest that names
+    them (not written yet); DataError for text that cannot make a run's data."""
+    if tokenizer_file is not None:
         (out / f"{tokenizer_file}.tmp").write_text(tokenizer.json)
         os.replace(out / f"{tokenizer_file}.tmp", out / tokenizer_file)
-    writer = _ShardWriter(out, tag, token_dtype(tokenizer.vocab_size), shard_tokens)
     try:
         documents = _tokenize(files, tokenizer, writer, separator)
     finally:
@@ -257,18 +298,6 @@ def prepare(
             "val": _split_ranges(writer.shards, total - held, total),
         },
     }
-    temporary = out / f"{MANIFEST}.tmp"
-    temporary.write_text(json.dumps(manifest, indent=1))
-    os.replace(temporary, out / MANIFEST)  # the commit
-    named = {shard["file"] for shard in writer.shards} | {tokenizer_file}
-    for path in out.iterdir():
-        if _DATA_FILE.fullmatch(path.name) and path.name not in named:
-            path.unlink()
-    print(
-        f"wrote {out}: {total:,} tokens ({total - held:,} train, {held:,} held out), {documents} document(s), "
-        f"{tokenizer.name} tokenizer (vocabulary {tokenizer.vocab_size:,})",
-        flush=True,
-    )
     return manifest
 
 
