@@ -191,5 +191,5 @@ def add_command(
     return parser
 
 
-def add_out(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", type=folder, default=Path("fastlm-report"), help="folder for results/ and reports/")
+def add_out(parser: argparse.ArgumentParser, help: str = "folder for results/ and reports/") -> None:
+    parser.add_argument("--out", type=folder, default=Path("fastlm-report"), help=help)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from fastlm.cli import output
-from fastlm.cli.arguments import add_command, add_group, output_file, positive_int
+from fastlm.cli.arguments import add_command, add_group, add_out, positive_int
 from fastlm.devices import current_device
 from fastlm.utils.progress import print_line
 
@@ -16,7 +15,7 @@ def cmd_inspect_compiled_xent(args) -> None:
 
     device = current_device()
     print_line("compiling F.cross_entropy (forward and backward) with torch.compile")
-    path = write_compiled_cross_entropy(args.output, device)
+    path = write_compiled_cross_entropy(args.out / "compiled_cross_entropy.py", device)
     kind = "Triton" if device.type == "cuda" else "C++ (CPU; run on a GPU machine for the Triton kernels)"
     output.console.print(f"[bold]wrote[/] {kind} code generated for cross-entropy to {path}")
 
@@ -37,7 +36,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         cmd_inspect_compiled_xent,
         duration=("about 10 seconds", "under 10 minutes"),
     )
-    p.add_argument("--output", type=output_file, default=Path("compiled_cross_entropy.py"), help="file to write")
+    add_out(p, "folder for compiled_cross_entropy.py")
     p = add_command(
         commands,
         "autocast",
