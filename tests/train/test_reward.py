@@ -106,6 +106,7 @@ def test_a_second_run_never_replaces_the_first_without_overwrite(tmp_path, capsy
         "4",
     ]
     assert main(argv) == 0
+    assert "on 36 ranked prompt(s), 4 held out for the accuracy; 4 prompts drawn per step" in capsys.readouterr().out
     first_log = (out / "log.jsonl").read_text()
     assert main(argv) == 2
     assert "holds a reward run (log.jsonl, reward_model.pt)" in capsys.readouterr().err
@@ -113,6 +114,9 @@ def test_a_second_run_never_replaces_the_first_without_overwrite(tmp_path, capsy
     assert main([*argv, "--overwrite"]) == 0
     (aside,) = out.glob("previous-*")
     assert (aside / "log.jsonl").read_text() == first_log and (aside / reward.MODEL_FILE).exists()
+    capsys.readouterr()
+    assert main([*argv[:-1], "64", "--overwrite"]) == 0
+    assert "--batch 64 exceeds the 36 training prompt(s): each step repeats them" in capsys.readouterr().out
 
 
 def test_collate_pads_short_rankings_and_masks_them():

@@ -153,6 +153,13 @@ def train(config: RewardConfig) -> dict:
     losses, evals = [], []
     config.out.mkdir(parents=True, exist_ok=True)
     with TrainLog(config.out / "log.jsonl", config.steps, 0, True) as log:
+        log.note(
+            f"training a {preset} reward model ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+            f"{precision}) on {len(training)} ranked prompt(s), {held} held out for the accuracy; "
+            f"{config.batch} prompts drawn per step"
+        )
+        if config.batch > len(training):
+            log.note(f"--batch {config.batch} exceeds the {len(training)} training prompt(s): each step repeats them")
         for step in range(config.steps):
             lr = warmup_cosine_lr(
                 step, lr=config.lr, min_lr=config.lr * config.min_lr_ratio, warmup=config.warmup, steps=config.steps
