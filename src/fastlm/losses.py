@@ -117,9 +117,9 @@ def _check_dpo_options(beta, label_smoothing, loss_type: str) -> tuple[float, fl
     beta = check_number("beta", beta, positive=True)
     if loss_type not in DPO_LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, got {loss_type!r}")
-    if loss_type in ("hinge", "ipo"):
-        return beta, check_number("label_smoothing", label_smoothing, 0.0, 0.0)
     label_smoothing = check_number("label_smoothing", label_smoothing, 0.0, 0.5)
+    if loss_type in ("hinge", "ipo") and label_smoothing:
+        raise ValueError(f"loss_type {loss_type} takes no label_smoothing, got {label_smoothing}")
     if loss_type == "robust" and label_smoothing == 0.5:
         raise ValueError("label_smoothing must be below 0.5 for loss_type robust (it divides by 1 - 2 eps)")
     return beta, label_smoothing
