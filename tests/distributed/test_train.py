@@ -222,7 +222,9 @@ def test_resume_refuses_another_configuration_unless_overridden(two_steps, capsy
     )
     assert len(error.splitlines()) == 1
     assert loop.main([*argv, "--steps", "3", "--resume", "--d-model", "32"]) == 1
-    assert "d_model cannot change when resuming" in capsys.readouterr().err
+    assert "d_model (--d-model) cannot change when resuming" in capsys.readouterr().err
+    assert loop.main([*argv, "--steps", "3", "--resume", "--context", "8", "--eval-sequences", "8"]) == 1
+    assert "context_length (--context) cannot change when resuming" in capsys.readouterr().err
     assert checkpoint.newest(path)["step"] == 2
     # a deliberate change: the new learning rate is the one the optimizer uses from then on
     assert loop.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--override", "lr", "--override", "steps"]) == 0

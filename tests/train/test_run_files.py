@@ -207,5 +207,6 @@ def test_a_checkpoint_of_an_older_version_resumes_with_what_it_did(corpus_data, 
     checkpoint.save(checkpoint_dir(config), 2, older, {"model": {}})
     assert load_for_resume(config, record).step == 2
     config = config_of("--steps", "3", "--resume")
-    with pytest.raises(CheckpointError, match=r"\(documents False -> True\); documents cannot change when resuming"):
+    changed = r"\(documents False -> True\); documents \(--documents\) cannot change when resuming"
+    with pytest.raises(CheckpointError, match=changed):
         load_for_resume(config, config.run_record(1, data.sha256, data.tokenizer, data.vocab_size))

@@ -112,6 +112,17 @@ def save_checkpoint(
         raise CheckpointError(failure)
 
 
+# What sets the run record's fields whose option is not --<field>
+RECORD_SOURCES = {
+    "context_length": "--context",
+    "num_layers": "--layers",
+    "num_heads": "--heads",
+    "vocab_size": "the data's vocabulary",
+    "data": "the content of --data",
+    "world_size": "the number of processes",
+}
+
+
 def load_for_resume(config: TrainConfig, record: dict) -> checkpoint.Checkpoint:
     """The checkpoint --resume names, checked against the run's record and OUT's log."""
     newest = checkpoint.newest(checkpoint_dir(config))  # checked first: no --override makes this change possible
@@ -136,7 +147,8 @@ def load_for_resume(config: TrainConfig, record: dict) -> checkpoint.Checkpoint:
     except ConfigMismatchError as error:
         fixed = [f for f in error.fields if f not in OVERRIDABLE]
         if fixed:
-            raise CheckpointError(f"{error}; {', '.join(fixed)} cannot change when resuming") from None
+            named = ", ".join(f"{f} ({RECORD_SOURCES.get(f, '--' + f.replace('_', '-'))})" for f in fixed)
+            raise CheckpointError(f"{error}; {named} cannot change when resuming") from None
         flags = " ".join(f"--override {f}" for f in error.fields)
         raise CheckpointError(f"{error}; pass {flags} to continue with the change") from None
     if resumed.step > config.steps:
