@@ -6,6 +6,7 @@ type the table does not know fails the test until it gets bad values of its own.
 """
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastlm.cli import arguments, bench, bench_distributed, build_parser, main
+from fastlm.cli import arguments, bench, bench_distributed, bench_hf, build_parser, main
 from fastlm.data import prepare, tokenizer
 from fastlm.train import config as train_config
 from fastlm.train import loop
@@ -37,7 +38,6 @@ BAD_VALUES = {  # argparse type -> values it must refuse
     bench_distributed._optimizer_list: ("", "bogus", "adamw,bogus"),
     bench._rounds: ("0", "2", "two"),  # at least HOST_MIN_ROUNDS (3): a median and a spread
     arguments.folder: NOT_A_FOLDER,
-    arguments.output_file: (str(CORPUS.parent), str(CORPUS / "out.py")),  # a folder; a file under a file
     arguments.text_file: (MISSING, str(CORPUS.parent), "{empty}"),
 }
 # Options generated from a typed config (`fastlm.utils.options`: training's, and the model options of
@@ -154,7 +154,6 @@ SEMANTIC_CASES = [
         ["bench", "allreduce", "--backend", "nccl"], "--backend nccl needs one GPU per process", marks=NEEDS_NO_GPU
     ),
     pytest.param(["bench", "ddp", "--backend", "nccl"], "--backend nccl needs one GPU per process", marks=NEEDS_NO_GPU),
-    pytest.param(["bench", "hf", "--size", "1b"], "llama 1b (1.24B parameters) needs 19.8 GB", marks=NEEDS_NO_GPU),
     (["data", "prepare", "--input", "{binary}", "--out", "{out}"], "binary.bin"),
     (["data", "verify", "{out}"], "holds no prepared data"),
 ]
@@ -169,6 +168,14 @@ def test_bad_combination_is_one_sentence(argv, message, capsys, tmp_path):
     assert status == 2
     assert output.strip().splitlines()[-1].startswith(f"fastlm {argv[0]} {argv[1]}: error: "), output
     assert message in output and "Traceback" not in output
+
+
+@NEEDS_NO_GPU
+def test_bench_hf_on_a_cpu_refuses_a_model_the_host_cannot_hold(capsys, monkeypatch):
+    monkeypatch.setattr(bench_hf, "host_memory", lambda: 16 * 10**9)
+    status, output = _run(["bench", "hf", "--size", "1b", "--patches", "none,fastlm"], capsys)
+    assert status == 2
+    assert "2 model(s) of llama 1b (1.24B parameters each) need 39.5 GB" in output and "of the 16.0 GB here" in output
 
 
 def test_train_without_data_is_one_sentence(capsys):
@@ -189,6 +196,15 @@ def test_a_parsing_mistake_is_one_line_and_options_are_spelled_out(capsys):
     error = capsys.readouterr().err
     assert error.startswith("python -m fastlm.train: error: argument --preset: invalid choice: 'tinny'")
     assert error.endswith("(see python -m fastlm.train --help)\n") and len(error.splitlines()) == 1
+
+
+def test_under_torchrun_a_parsing_mistake_is_its_root_cause(tmp_path, monkeypatch, capsys):
+    """torchrun names each process's error file; its failure summary shows the message it holds."""
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    with pytest.raises(SystemExit):
+        loop.parse_args(["--data", "d", "--preset", "tinny"])
+    assert json.loads(error_file.read_text())["message"] == capsys.readouterr().err.strip()
 
 
 def test_console_script_refuses_data_that_is_not_prepared_without_a_traceback(tmp_path):

@@ -119,12 +119,12 @@ def test_unusable_input_is_a_one_line_error(case, tmp_path, capsys):
     folder.mkdir()
     make, message = BAD_INPUTS[case]
     make(folder)
-    out = folder if case == "the --out folder" else tmp_path / "out"
+    out = folder if case == "the --out folder" else tmp_path / "new" / "out"
     assert _prepare_command(["--input", str(folder), "--out", str(out), "--tokenizer", "bytes"]) == 2
     error = capsys.readouterr().err
     assert error.startswith("fastlm data prepare: error: ") and message in error and len(error.splitlines()) == 1
     assert not (out / MANIFEST).exists()
-    assert out == folder or not out.exists()  # a failed run leaves no folder and no shard behind
+    assert out == folder or not (tmp_path / "new").exists()  # a failed run leaves no folder and no shard behind
 
 
 @pytest.mark.parametrize(

@@ -350,7 +350,7 @@ def test_unsupported_model_is_an_error_and_stays_unpatched():
 
 def test_weights_the_kernels_do_not_take_and_non_bool_switches_are_errors():
     model = tiny_model("llama").double()
-    with pytest.raises(ValueError, match="float32, float16 or bfloat16 weights .* got float64"):
+    with pytest.raises(ValueError, match="weights of float32, float16, bfloat16 .* got float64"):
         apply_fastlm(model)
     assert instance_forwards(model) == []
     with pytest.raises(TypeError, match="attention must be True or False, got 'no'"):

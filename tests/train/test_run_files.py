@@ -16,7 +16,7 @@ from fastlm.data.tokens import TokenData
 from fastlm.train import loop
 from fastlm.train.checkpoint import checkpoint_dir, load_for_resume
 from fastlm.train.config import IMPLIED_BY_OLDER_RUNS
-from fastlm.train.log import read_log
+from fastlm.train.log import read_log, set_aside_runs
 
 SMALL = ["--preset", "tiny", "--context", "16", "--micro-batch", "2", "--log-every", "1", "--eval-sequences", "4"]
 
@@ -159,8 +159,9 @@ def test_torchrun_without_parallel_and_out_in_the_data_folder_are_refused(corpus
 
 def test_ctrl_c_says_how_to_go_on(corpus_data, tmp_path, capsys, monkeypatch):
     """Ctrl-C ends the run with status 130 and one line instead of a traceback: --resume where a
-    checkpoint exists, --overwrite where none does yet. A resumed run says where it resumed from,
-    and a --warmup as long as the run says that the learning rate never reaches --lr."""
+    checkpoint exists; where none does yet, --overwrite, or under --overwrite where the run it
+    replaces waits. A resumed run says where it resumed from, and a --warmup as long as the run
+    says that the learning rate never reaches --lr."""
     save = loop.save_checkpoint
 
     def interrupt_after_the_first_checkpoint(config, *args):
@@ -170,9 +171,8 @@ def test_ctrl_c_says_how_to_go_on(corpus_data, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(loop, "save_checkpoint", interrupt_after_the_first_checkpoint)
     assert _main(corpus_data, tmp_path, "--steps", "6", "--checkpoint-every", "2") == 130
-    error = capsys.readouterr().err
-    assert error.strip() == (
-        "python -m fastlm.train: interrupted; the same command with --resume continues from its checkpoint of step 2"
+    assert capsys.readouterr().err.strip() == (
+        "python -m fastlm.train: interrupted; --resume (without --overwrite) continues from the checkpoint of step 2"
     )
     monkeypatch.setattr(loop, "save_checkpoint", save)
     assert _main(corpus_data, tmp_path, "--steps", "6", "--checkpoint-every", "2", "--resume") == 0
@@ -181,15 +181,23 @@ def test_ctrl_c_says_how_to_go_on(corpus_data, tmp_path, capsys, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop, "evaluate", interrupt)
+    monkeypatch.setattr(loop, "evaluate", interrupt)  # stops each run below before its first step
+    assert _main(corpus_data, tmp_path, "--steps", "3", "--overwrite") == 130
+    (aside,) = set_aside_runs(tmp_path)
+    assert capsys.readouterr().err.strip() == (
+        f"python -m fastlm.train: interrupted before its first checkpoint; the run it replaces is in {aside} (move "
+        "its files back to keep it): the same command starts again, and deletes it once it saves a checkpoint"
+    )
     fresh = tmp_path / "fresh"
     assert _main(corpus_data, fresh, "--steps", "3", "--warmup", "5") == 130
     captured = capsys.readouterr()
     assert "--warmup 5 >= --steps 3: the learning rate never reaches --lr" in captured.out
     assert captured.err.strip() == (
-        "python -m fastlm.train: interrupted before its first checkpoint (--checkpoint-every 1000): the same "
-        f"command with --overwrite starts it again in {fresh}"
+        "python -m fastlm.train: interrupted before its first checkpoint (--checkpoint-every 1000): --overwrite "
+        "starts it again"
     )
+    assert _main(corpus_data, tmp_path / "none", "--steps", "3", "--checkpoint-every", "0") == 130
+    assert "with --checkpoint-every 0 it saved no checkpoint: --overwrite starts it again" in capsys.readouterr().err
 
 
 def test_a_checkpoint_of_an_older_version_resumes_with_what_it_did(corpus_data, tmp_path):

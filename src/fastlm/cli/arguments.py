@@ -144,15 +144,6 @@ def folder(text: str) -> Path:
     return Path(text)
 
 
-def output_file(text: str) -> Path:
-    """A file to write: not an existing folder, in a folder that can be written."""
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file")
-    folder(str(path.parent))
-    return path
-
-
 # ---------------------------------------------------------------------------------------------
 # Groups and commands
 # ---------------------------------------------------------------------------------------------

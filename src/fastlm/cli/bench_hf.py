@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastlm.analysis.model import MODES
 from fastlm.bench.options import HF_FAMILIES, HF_PATCHES, HF_SIZES
@@ -21,6 +23,9 @@ from fastlm.cli.arguments import (
 from fastlm.devices import current_device
 from fastlm.model.config import COMPILE_MODES, FP32_WEIGHT_PRECISIONS
 from fastlm.utils.errors import UserError
+
+if TYPE_CHECKING:  # fastlm.bench.hf imports torch, which `fastlm --help` does not
+    from fastlm.bench.hf import HFShape
 
 
 def cmd_bench_hf(args) -> None:
@@ -47,7 +52,7 @@ def cmd_bench_hf(args) -> None:
     except ValueError as error:
         raise UserError(str(error)) from None
     if not on_gpu:
-        _check_fits_host(shape)
+        _check_fits_host(shape, len(args.patches))
     compile_modes = args.compile or (("eager", "compile") if on_gpu else ("eager",))
     benchmark = HFBenchmark(
         (shape,),
@@ -61,18 +66,29 @@ def cmd_bench_hf(args) -> None:
     output.show_report(run_benchmark(benchmark, args.out, current_device()))
 
 
-def _check_fits_host(shape) -> None:
-    """On a CPU, stop before building a model whose fp32 weights, gradients and AdamW moments (16
-    bytes per parameter) would take more than half the host's memory: such a run swaps for minutes
-    before its first step."""
-    state = 16 * shape.num_parameters()
-    host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+def _check_fits_host(shape: HFShape, models: int) -> None:
+    """On a CPU, stop before building ``models`` models (interleaved rounds keep them all) whose fp32
+    weights, gradients and AdamW moments (16 bytes per parameter) would take more than half the
+    memory this process may use: such a run swaps for minutes before its first step."""
+    state = 16 * shape.num_parameters() * models
+    host = host_memory()
     if state > host / 2:
         raise UserError(
-            f"on a CPU, {shape.family} {shape.size} ({shape.num_parameters() / 1e9:.2f}B parameters) needs "
-            f"{state / 1e9:.1f} GB for its fp32 weights, gradients and AdamW state, more than half of this "
-            f"machine's {host / 1e9:.1f} GB; use --size tiny, or fewer --layers and a smaller --d-model and --vocab"
+            f"on a CPU, {models} model(s) of {shape.family} {shape.size} ({shape.num_parameters() / 1e9:.2f}B "
+            f"parameters each) need {state / 1e9:.1f} GB for their fp32 weights, gradients and AdamW state, more "
+            f"than half of the {host / 1e9:.1f} GB here; use --size tiny, or fewer --layers and a smaller "
+            "--d-model and --vocab"
         )
+
+
+def host_memory() -> int:
+    """Bytes of memory this process may use: the machine's, or its container's limit if lower."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return physical
+    return min(physical, int(limit)) if limit.isdigit() else physical
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:

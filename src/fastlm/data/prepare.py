@@ -220,22 +220,26 @@ def prepare(
         print(f"training the {tokenizer} tokenizer on {len(files)} file(s)", flush=True)
     tokenizer = load_tokenizer(tokenizer, lambda: (read_document(f) for f in files))
     tag = hashlib.sha256(json.dumps([sources, settings]).encode()).hexdigest()[:12]
-    created = not out.exists()
+    made = [p for p in (out, *out.parents) if not p.exists()]  # the folders this run creates, deepest first
     out.mkdir(parents=True, exist_ok=True)
     writer = _ShardWriter(out, tag, token_dtype(tokenizer.vocab_size), shard_tokens)
     tokenizer_file = f"tokenizer-{tag}.json" if tokenizer.json is not None else None
     try:
         manifest = _write(out, files, tokenizer, tokenizer_file, writer, separator, held_out, sources, settings)
-    except BaseException:  # an error or Ctrl-C: nothing half-written stays (an earlier manifest's data does)
+        temporary = out / f"{MANIFEST}.tmp"
+        temporary.write_text(json.dumps(manifest, indent=1))
+    except BaseException:  # an error or Ctrl-C: this run's files go, the files of the manifest in force stay
         writer.close()
-        for name in [shard["file"] for shard in writer.shards] + ([tokenizer_file] if tokenizer_file else []):
-            for path in (out / name, out / f"{name}.tmp"):
-                path.unlink(missing_ok=True)
-        if created and not any(out.iterdir()):
-            out.rmdir()
+        kept = _named_files(existing)
+        written = [shard["file"] for shard in writer.shards] + [tokenizer_file, MANIFEST]
+        for name in filter(None, written):
+            (out / f"{name}.tmp").unlink(missing_ok=True)
+            if name not in kept and name != MANIFEST:
+                (out / name).unlink(missing_ok=True)
+        for folder in made:
+            if not any(folder.iterdir()):
+                folder.rmdir()
         raise
-    temporary = out / f"{MANIFEST}.tmp"
-    temporary.write_text(json.dumps(manifest, indent=1))
     os.replace(temporary, out / MANIFEST)  # the commit
     named = {shard["file"] for shard in writer.shards} | {tokenizer_file}
     for path in out.iterdir():
@@ -248,6 +252,13 @@ def prepare(
         flush=True,
     )
     return manifest
+
+
+def _named_files(manifest: dict | None) -> set[str]:
+    """The shard and tokenizer files a manifest names (none without one)."""
+    if manifest is None:
+        return set()
+    return {shard["file"] for shard in manifest.get("shards", [])} | {manifest.get("tokenizer_file")} - {None}
 
 
 def _write(

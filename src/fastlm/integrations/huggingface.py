@@ -454,9 +454,8 @@ def _check_dtypes(model) -> None:
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()} - set(DTYPES)
     if dtypes:
         names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-        raise ValueError(
-            f"apply_fastlm needs float32, float16 or bfloat16 weights (its kernels take no other), got {names}"
-        )
+        takes = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+        raise ValueError(f"apply_fastlm needs weights of {takes} (its kernels take no other), got {names}")
 
 
 def revert_fastlm(model):

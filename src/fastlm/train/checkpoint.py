@@ -52,17 +52,25 @@ def check_out(config: TrainConfig) -> None:
 
 
 def after_interrupt(config: TrainConfig) -> str:
-    """What a run stopped by Ctrl-C leaves, and how to go on from it (one sentence)."""
+    """What a run stopped by Ctrl-C leaves in OUT, and how to go on from it (one sentence)."""
     try:
         newest = checkpoint.newest(checkpoint_dir(config))
     except CheckpointError as error:
         return f"interrupted; {error}"
-    if newest is None:
+    if newest is not None:
+        return f"interrupted; --resume (without --overwrite) continues from the checkpoint of step {newest['step']}"
+    aside = set_aside_runs(config.out)
+    if aside:  # --overwrite moved the old run there, and deletes it at the new run's first checkpoint
         return (
-            f"interrupted before its first checkpoint (--checkpoint-every {config.checkpoint_every}): "
-            f"the same command with --overwrite starts it again in {config.out}"
+            f"interrupted before its first checkpoint; the run it replaces is in {aside[-1]} (move its files "
+            "back to keep it): the same command starts again, and deletes it once it saves a checkpoint"
         )
-    return f"interrupted; the same command with --resume continues from its checkpoint of step {newest['step']}"
+    if config.checkpoint_every == 0:
+        return "interrupted; with --checkpoint-every 0 it saved no checkpoint: --overwrite starts it again"
+    return (
+        f"interrupted before its first checkpoint (--checkpoint-every {config.checkpoint_every}): --overwrite "
+        "starts it again"
+    )
 
 
 def training_state(model, optimizer, config: TrainConfig) -> dict:
@@ -112,14 +120,15 @@ def save_checkpoint(
         raise CheckpointError(failure)
 
 
-# What sets the run record's fields whose option is not --<field>
+# What sets the run record's fields that no option --<field> sets
 RECORD_SOURCES = {
     "context_length": "--context",
     "num_layers": "--layers",
     "num_heads": "--heads",
     "vocab_size": "the data's vocabulary",
-    "data": "the content of --data",
-    "world_size": "the number of processes",
+    "tokenizer": "the data's tokenizer",
+    "norm_eps": "--preset",
+    "rope_theta": "--preset",
 }
 
 

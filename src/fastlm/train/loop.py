@@ -56,10 +56,8 @@ import json
 import math
 import os
 import sys
-import time
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -88,7 +86,7 @@ from fastlm.train.checkpoint import (
 from fastlm.train.config import TrainConfig, add_arguments
 from fastlm.train.log import Throughput, TrainLog, discard_set_aside, loss_plot, new_run_id, read_log, set_aside
 from fastlm.train.memory_fit import check_state_fits, out_of_memory_message, smallest_gpu
-from fastlm.utils.errors import UserError, is_out_of_memory
+from fastlm.utils.errors import UserError, is_out_of_memory, report_error
 from fastlm.utils.options import from_namespace
 from fastlm.utils.parser import Parser
 from fastlm.utils.records import with_environment
@@ -564,22 +562,12 @@ def run(config: TrainConfig, prog: str = PROG) -> int:
             print(f"\n{prog}: {after_interrupt(config)}", file=sys.stderr, flush=True)
         return 130
     except UserError as error:
-        _report_error(f"{prog}: error: {error}")
+        report_error(f"{prog}: error: {error}")
         return 2
     except CheckpointError as error:
-        _report_error(f"{prog}: error: {error}")
+        report_error(f"{prog}: error: {error}")
         return 1
     return 0
-
-
-def _report_error(line: str) -> None:
-    """The run's one-line error on stderr; under torchrun also in the error file it reads, so that
-    the "Root Cause" of its failure summary shows the line rather than a link to its docs."""
-    print(line, file=sys.stderr, flush=True)
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file:
-        with contextlib.suppress(OSError):
-            Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:

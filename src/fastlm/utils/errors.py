@@ -2,9 +2,26 @@
 other, input that does not fit them. Commands print its message as one sentence, exit with status
 2 and never show a traceback for it."""
 
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
 
 class UserError(Exception):
     """A mistake in how fastlm was called, or input it cannot use; the message is one sentence."""
+
+
+def report_error(line: str) -> None:
+    """A command's one-line error on stderr; under torchrun also in the error file it reads, so that
+    the "Root Cause" of its failure summary shows the line rather than a link to its docs."""
+    print(line, file=sys.stderr, flush=True)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        with contextlib.suppress(OSError):
+            Path(error_file).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
 
 
 def is_out_of_memory(error: BaseException) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from fastlm.utils.errors import report_error
+
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """Every option's help ends with its default: "(default: X)" is added unless the help already
@@ -36,4 +38,5 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        report_error(f"{self.prog}: error: {message} (see {self.prog} --help)")
+        self.exit(2)
