@@ -97,3 +97,15 @@ def test_training_imports_nothing_of_the_benchmark_framework(corpus_data, tmp_pa
     done = subprocess.run([sys.executable, "-c", RUN_TRAINING, *argv], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
+def test_import_fastlm_is_light_and_reaches_its_subpackages():
+    """`import fastlm` loads no torch; fastlm.nn, fastlm.optim and fastlm.model are attributes
+    after it, as the docs use them (`import torch, fastlm` then `fastlm.nn.RMSNorm`)."""
+    code = (
+        "import sys, fastlm; light = 'torch' not in sys.modules; "
+        "print(light, fastlm.nn.RMSNorm.__name__, fastlm.optim.AdamW.__name__, fastlm.model.TransformerLM.__name__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "RMSNorm", "AdamW", "TransformerLM"]

@@ -26,11 +26,15 @@ _EXPORTS = {
     "sequence_logprobs": "fastlm.losses",
     "swiglu": "fastlm.ops.swiglu",
 }
+# Subpackages the docs reach as attributes after `import fastlm` (fastlm.nn.RMSNorm, fastlm.optim.AdamW)
+_SUBPACKAGES = ("nn", "optim", "model")
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"fastlm.{name}")  # which sets it as this module's attribute
     if name not in _EXPORTS:
         raise AttributeError(f"module 'fastlm' has no attribute {name!r}")
     value = getattr(importlib.import_module(_EXPORTS[name]), name)
@@ -39,4 +43,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *_EXPORTS, *_SUBPACKAGES})

@@ -31,12 +31,14 @@ def add_model_arguments(
     batch_flags: tuple[str, ...] = ("--batch",),
     batch_help: str = "sequences per step",
     single: bool = False,
+    attention_default: str = "the kernel set's",
 ) -> None:
     """Which model: presets (and dimensions replacing theirs), vocabulary, context, batch and kernel
     switches; ``gpu_preset`` is the default preset on a GPU machine (tiny without one), ``preset``
     the default on every machine instead (napkin math, which runs nothing). The batch
     (``args.batch``) is taken by ``batch_flags`` and described by ``batch_help``. ``single``: the
-    command takes one model (`single_model_config`), so the help offers one preset and kernel set."""
+    command takes one model (`single_model_config`), so the help offers one preset and kernel set;
+    ``attention_default`` says which attention runs without --attention."""
     p.set_defaults(gpu_preset=gpu_preset)
     listing = "one of" if single else "comma list of"
     presets = {
@@ -60,7 +62,10 @@ def add_model_arguments(
     )
     kernel_default = "(default: the kernel set's)"
     p.add_argument(
-        "--attention", choices=ATTENTION_KERNELS, default=None, help=f"override the attention kernel {kernel_default}"
+        "--attention",
+        choices=ATTENTION_KERNELS,
+        default=None,
+        help=f"override the attention kernel (default: {attention_default})",
     )
     p.add_argument("--norm", choices=NORM_KERNELS, default=None, help=f"override the norm kernel {kernel_default}")
     p.add_argument("--rope", choices=ROPE_KERNELS, default=None, help=f"override the RoPE kernel {kernel_default}")

@@ -103,7 +103,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         cmd_profile_model,
         duration=("about 30 seconds", "under 10 minutes"),
     )
-    add_model_arguments(p, single=True)
+    add_model_arguments(p, single=True, attention_default="naive, whose stages get ranges of their own, any --kernels")
     add_precision_option(p, FP32_WEIGHT_PRECISIONS, "bf16")
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untraced steps first")
     p.add_argument("--steps", type=positive_int, default=3, help="profiled steps per phase")
