@@ -70,11 +70,12 @@ def _check_fits_host(shape: HFShape, models: int) -> None:
     """On a CPU, stop before building ``models`` models (interleaved rounds keep them all) whose fp32
     weights, gradients and AdamW moments (16 bytes per parameter) would take more than half the
     memory this process may use: such a run swaps for minutes before its first step."""
-    state = 16 * shape.num_parameters() * models
+    parameters = shape.num_parameters()
+    state = 16 * parameters * models
     host = host_memory()
     if state > host / 2:
         raise UserError(
-            f"on a CPU, {models} model(s) of {shape.family} {shape.size} ({shape.num_parameters() / 1e9:.2f}B "
+            f"on a CPU, {models} model(s) of {shape.family} {shape.size} ({parameters / 1e9:.2f}B "
             f"parameters each) need {state / 1e9:.1f} GB for their fp32 weights, gradients and AdamW state, more "
             f"than half of the {host / 1e9:.1f} GB here; use --size tiny, or fewer --layers and a smaller "
             "--d-model and --vocab"

@@ -231,17 +231,17 @@ def prepare(
     except BaseException:  # an error or Ctrl-C: this run's files go, the files of the manifest in force stay
         writer.close()
         kept = _named_files(existing)
-        written = [shard["file"] for shard in writer.shards] + [tokenizer_file, MANIFEST]
-        for name in filter(None, written):
+        for name in filter(None, [*(shard["file"] for shard in writer.shards), tokenizer_file]):
             (out / f"{name}.tmp").unlink(missing_ok=True)
-            if name not in kept and name != MANIFEST:
+            if name not in kept:
                 (out / name).unlink(missing_ok=True)
+        (out / f"{MANIFEST}.tmp").unlink(missing_ok=True)
         for folder in made:
             if not any(folder.iterdir()):
                 folder.rmdir()
         raise
     os.replace(temporary, out / MANIFEST)  # the commit
-    named = {shard["file"] for shard in writer.shards} | {tokenizer_file}
+    named = _named_files(manifest)
     for path in out.iterdir():
         if _DATA_FILE.fullmatch(path.name) and path.name not in named:
             path.unlink()

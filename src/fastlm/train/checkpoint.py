@@ -15,6 +15,7 @@ from fastlm.model.config import stores_bf16_weights
 from fastlm.train.config import IMPLIED_BY_OLDER_RUNS, NEWEST, OVERRIDABLE, TrainConfig
 from fastlm.train.log import TrainLog, run_files, run_id, set_aside_runs
 from fastlm.utils.errors import UserError
+from fastlm.utils.options import flag
 from fastlm.utils.paths import check_writable_folder
 
 
@@ -156,7 +157,7 @@ def load_for_resume(config: TrainConfig, record: dict) -> checkpoint.Checkpoint:
     except ConfigMismatchError as error:
         fixed = [f for f in error.fields if f not in OVERRIDABLE]
         if fixed:
-            named = ", ".join(f"{f} ({RECORD_SOURCES.get(f, '--' + f.replace('_', '-'))})" for f in fixed)
+            named = ", ".join(f"{f} ({RECORD_SOURCES.get(f, flag(f))})" for f in fixed)
             raise CheckpointError(f"{error}; {named} cannot change when resuming") from None
         flags = " ".join(f"--override {f}" for f in error.fields)
         raise CheckpointError(f"{error}; pass {flags} to continue with the change") from None
