@@ -9,11 +9,13 @@ category by its name, and the table gives ms per step per category, the kernels 
 and the GPU's idle time per step (the step's span on the GPU timeline minus the union of its
 kernels). With --compile cudagraphs the host cost is gone, so the GPU time per step bounds what a
 faster kernel set can gain. --cpu-ops N prints the N CPU ops with the most self time per step for
-each configuration (where a host-bound step spends its time); --trace DIR writes each profile as
+each configuration (where a host-bound step spends its time), --gpu-kernels N the N GPU kernels with
+the most time per step and their categories (which kernels a category holds); --trace DIR writes each profile as
 a gzipped Chrome trace (bulky: keep DIR out of the repository).
 
 Usage: python benchmarks/profile_compiled_step.py [--preset xl] [--layers 12] [--batch 4] [--context 512]
-       [--compile compile,cudagraphs] [--optimizer torch,fastlm,fastlm-bf16] [--cpu-ops 25] [--trace DIR]
+       [--compile compile,cudagraphs] [--optimizer torch,fastlm,fastlm-bf16] [--cpu-ops 25] [--gpu-kernels 30]
+       [--trace DIR]
 Writes results/profile_compiled_step.jsonl and prints the table.
 """
 
@@ -80,6 +82,20 @@ def cpu_ops_table(prof: profile, steps: int, rows: int) -> str:
     return "\n".join(lines)
 
 
+def gpu_kernels_table(prof: profile, steps: int, rows: int) -> str:
+    """The ``rows`` GPU kernels with the most time, in us per step, with their launches per step and category."""
+    us: dict[str, float] = defaultdict(float)
+    launches: dict[str, int] = defaultdict(int)
+    for event in prof.events():
+        if event.device_type == DeviceType.CUDA and not event.is_user_annotation:
+            us[event.name] += event.device_time_total / steps
+            launches[event.name] += 1
+    lines = [f"{'us/step':>9} {'calls/step':>10}  {'category':<14} kernel"]
+    for name in sorted(us, key=lambda n: -us[n])[:rows]:
+        lines.append(f"{us[name]:9.1f} {launches[name] / steps:10.1f}  {category(name):<14} {name[:90]}")
+    return "\n".join(lines)
+
+
 def measure(kernels: str, compile_mode: str, optimizer: str, args: argparse.Namespace, tokens: torch.Tensor) -> dict:
     config = ModelConfig.preset(args.preset, num_layers=args.layers, context_length=args.context).with_kernels(kernels)
     with torch.device(tokens.device):
@@ -97,6 +113,8 @@ def measure(kernels: str, compile_mode: str, optimizer: str, args: argparse.Name
     name = f"{args.preset} {kernels} {compile_mode} {optimizer} AdamW"
     if args.cpu_ops:
         print(f"CPU ops of {name}:\n{cpu_ops_table(prof, profiled_steps, args.cpu_ops)}", flush=True)
+    if args.gpu_kernels:
+        print(f"GPU kernels of {name}:\n{gpu_kernels_table(prof, profiled_steps, args.gpu_kernels)}", flush=True)
     if args.trace:
         args.trace.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(args.trace / f"{name.replace(' ', '_')}.json.gz"))
@@ -150,6 +168,7 @@ def main() -> None:
     p.add_argument("--optimizer", default="torch", help="comma list of torch, fastlm, fastlm-bf16 (default torch)")
     p.add_argument("--out", type=Path, default=Path("benchmarks"), help="folder for results/ (default benchmarks)")
     p.add_argument("--cpu-ops", type=int, default=0, help="print this many CPU ops by self time (default 0)")
+    p.add_argument("--gpu-kernels", type=int, default=0, help="print this many GPU kernels by time (default 0)")
     p.add_argument("--trace", type=Path, help="folder for gzipped Chrome traces (default: none)")
     args = p.parse_args()
     torch.manual_seed(0)
