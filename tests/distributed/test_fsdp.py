@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from fastlm.distributed import wrappers
@@ -97,12 +98,14 @@ def test_sharding_units_group_consecutive_blocks_up_to_a_size():
     assert wrappers.sharding_units(blocks, 100 * block_mb, BF16) == [blocks]
 
 
-def _grouped_units_train_like_one_process(rank: int, recompute: bool) -> None:
+def _grouped_units_train_like_one_process(rank: int, recompute: bool, blocks_per_unit: int) -> None:
     torch.manual_seed(0)
-    model = TransformerLM(dataclasses.replace(CONFIG, num_layers=3, recompute=recompute))
+    model = TransformerLM(dataclasses.replace(CONFIG, num_layers=4, recompute=recompute))
     reference = copy.deepcopy(model)
-    unit_mb = sum(p.numel() for p in model.blocks[0].parameters()) * 4 / 1e6  # two fp32 blocks per unit
+    unit_mb = sum(p.numel() for p in model.blocks[0].parameters()) * 4 * blocks_per_unit / 1e6  # fp32 blocks
     root = wrap(model, ParallelSpec("fsdp", unit_mb), CPU).module
+    # all blocks in one unit: the stack is the FSDP module (the loop compiles it as one graph)
+    assert isinstance(model.blocks, FSDPModule) == (blocks_per_unit == 4)
     data = torch.randint(0, CONFIG.vocab_size, (2 * WORLD, CONFIG.context_length + 1))
     mine = slice(2 * rank, 2 * rank + 2)
     root(data[mine, :-1], data[mine, 1:]).backward()
@@ -111,7 +114,9 @@ def _grouped_units_train_like_one_process(rank: int, recompute: bool) -> None:
         torch.testing.assert_close(p.grad.full_tensor(), q.grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
+@pytest.mark.parametrize("blocks_per_unit", [2, 4], ids=["two-units", "the-stack"])
 @pytest.mark.parametrize("recompute", [False, True], ids=["stored", "recomputed"])
-def test_grouped_units_give_the_gradients_of_one_process(recompute):
-    """Also with activation checkpointing, whose backward runs the units' forwards again."""
-    spawn(_grouped_units_train_like_one_process, WORLD, recompute, backend="gloo", timeout_s=120)
+def test_grouped_units_give_the_gradients_of_one_process(recompute, blocks_per_unit):
+    """Two units of two blocks, or all four blocks as one unit (the stack
+    module itself); also with activation checkpointing, whose backward runs the forwards again."""
+    spawn(_grouped_units_train_like_one_process, WORLD, recompute, blocks_per_unit, backend="gloo", timeout_s=120)

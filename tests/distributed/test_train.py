@@ -100,11 +100,12 @@ def test_parallel_training_matches_one_process(mode, common, single_process, tmp
     assert json.loads((tmp_path / "run.json").read_text())["bucket_mb"] == expected
 
 
-@pytest.mark.parametrize("mode", ["fsdp", "ddp"])
+@pytest.mark.parametrize("mode", [["fsdp"], ["fsdp", "--bucket-mb", "0.001"], ["ddp"]], ids=" ".join)
 def test_compiled_training_matches_one_process(mode, common, single_process, tmp_path):
-    """Compiled (fsdp: each block on its own, before sharding; ddp: the wrapped model), the same
-    training as one eager process, up to the compiled kernels' summation order."""
-    _torchrun_like([*common, "--steps", "3", "--parallel", mode, "--compile", "compile", "--out", str(tmp_path)])
+    """Compiled (fsdp: the blocks' stack as one graph where it is one unit, as the tiny model is in
+    the default units, else each block on its own; ddp: the wrapped model), the same training as
+    one eager process, up to the compiled kernels' summation order."""
+    _torchrun_like([*common, "--steps", "3", "--parallel", *mode, "--compile", "compile", "--out", str(tmp_path)])
     weights, losses = single_process
     for name, value in _weights(tmp_path).items():
         torch.testing.assert_close(value, weights[name], rtol=1e-4, atol=1e-4, msg=name)

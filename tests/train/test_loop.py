@@ -328,3 +328,19 @@ def test_training_stops_before_building_a_model_the_gpu_cannot_hold(corpus_data,
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1, error
     assert "with --parallel none each process would hold" in error and "more than the GPU's 1.0 GB" in error
+
+
+@pytest.mark.parametrize("bucket_mb", [[], ["--bucket-mb", "0.001"]], ids=["one-unit", "a-unit-per-block"])
+def test_fsdp_compiles_the_blocks_as_one_graph_where_they_are_one_unit(bucket_mb, monkeypatch, tmp_path):
+    """The tiny model's blocks fit the default unit size: the stack's forward is compiled (FSDP's
+    hooks stay outside the graph); in units of one block, each block is."""
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: compiled.append(fn) or fn)
+    monkeypatch.setenv("RANK", "0")  # as torchrun sets them
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    config = loop.parse_args(
+        ["--data", str(tmp_path), *SMALL, "--parallel", "fsdp", "--compile", "compile", *bucket_mb]
+    )
+    model = TransformerLM(config.model_config(257))
+    loop._compile(model, config)
+    assert [fn.__self__ for fn in compiled] == (list(model.blocks) if bucket_mb else [model.blocks])

@@ -138,6 +138,11 @@ def _gathered_bytes(module, compute_dtype) -> int:
     return sum(p.numel() * (compute_dtype or p.dtype).itemsize for p in module.parameters())
 
 
+def stack_is_one_unit(model, spec: ParallelSpec, compute_dtype) -> bool:
+    """Whether fsdp shards ``model.blocks`` as one unit (`sharding_units` groups all blocks)."""
+    return len(sharding_units(list(model.blocks), spec.bucket_mb, compute_dtype)) == 1
+
+
 def sharding_units(blocks: list, unit_mb: float | None, compute_dtype) -> list[list]:
     """Consecutive blocks grouped into units of at least ``unit_mb`` MB of weights in
     ``compute_dtype`` (None: their own), the last unit taking what is left; None: one block each.
@@ -161,7 +166,8 @@ def sharding_units(blocks: list, unit_mb: float | None, compute_dtype) -> list[l
 
 
 def _fsdp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
-    """One FSDP unit per group of blocks (`sharding_units`), then the root (embedding, final norm,
+    """One FSDP unit per group of blocks (`sharding_units`; when one group holds all of them, the
+    `BlockStack` itself, so that it compiles as one graph), then the root (embedding, final norm,
     LM head).
 
     - Blocks all-gather their weights in ``compute_dtype``: under autocast every matmul would cast
@@ -185,14 +191,17 @@ def _fsdp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     units = sharding_units(list(model.blocks), spec.bucket_mb, compute_dtype)
+    if len(units) == 1:  # the stack itself: the loop compiles it as one graph, FSDP's hooks outside it
+        units = [model.blocks]
     gathered = keeps_gathered(model, compute_dtype)
     reduce_dtype = spec.torch_reduce_dtype() or torch.float32
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)
     for index, unit in enumerate(units):
         fully_shard(unit, mp_policy=policy, reshard_after_forward=not gathered and index < len(units) - 1)
     root = fully_shard(model, mp_policy=MixedPrecisionPolicy(reduce_dtype=reduce_dtype))  # fp32 weights
-    # a unit's modules share one FSDP state: its first module stands for it
-    for unit, following in itertools.pairwise([root, *(unit[0] for unit in units)]):  # the forward order
+    # a unit of several modules shares one FSDP state: its first module stands for it
+    firsts = [unit if isinstance(unit, torch.nn.Module) else unit[0] for unit in units]
+    for unit, following in itertools.pairwise([root, *firsts]):  # the forward order
         unit.set_modules_to_forward_prefetch([following])
     return Wrapped(root, lambda: None)
 

@@ -293,13 +293,45 @@ class Block(nn.Module):
         return x + self.ffn(self.ffn_norm(x))
 
 
+class BlockStack(nn.Module):
+    """The blocks, run in order: a module of its own (not a ModuleList: FSDP2 shards only modules
+    with a forward) so that fsdp can shard all of them as one unit and compile them as one graph;
+    its children are named "0", "1", ... as a ModuleList's, so state-dict keys stay blocks.<i>.*."""
+
+    def __init__(self, blocks) -> None:
+        super().__init__()
+        for index, block in enumerate(blocks):
+            self.add_module(str(index), block)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __getitem__(self, index: int) -> Block:
+        return list(self._modules.values())[index]
+
+    def forward(
+        self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, masks: dict | None, recompute: bool
+    ) -> torch.Tensor:
+        """recompute: keep only each block's input for backward, which runs the block again."""
+        for block in self:
+            x = (
+                checkpoint(block, x, cu_seqlens, masks, use_reentrant=False)
+                if recompute
+                else block(x, cu_seqlens, masks)
+            )
+        return x
+
+
 class TransformerLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         self.embedding = Embedding(config.vocab_size, config.d_model)
         rope = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta, config.rope)
-        self.blocks = nn.ModuleList(Block(config, rope, config.layer_window(i)) for i in range(config.num_layers))
+        self.blocks = BlockStack(Block(config, rope, config.layer_window(i)) for i in range(config.num_layers))
         self.final_norm = RMSNorm(config.d_model, config.norm_eps, config.norm)
         self.lm_head = Linear(config.d_model, config.vocab_size)
 
@@ -341,13 +373,7 @@ class TransformerLM(nn.Module):
             _check_cu_seqlens(cu_seqlens, tokens)
         x = self.embedding(tokens)
         masks = self.attention_masks(cu_seqlens, *tokens.shape, tokens.device)
-        recompute = self.config.recompute and torch.is_grad_enabled()
-        for block in self.blocks:
-            x = (
-                checkpoint(block, x, cu_seqlens, masks, use_reentrant=False)
-                if recompute
-                else block(x, cu_seqlens, masks)
-            )
+        x = self.blocks(x, cu_seqlens, masks, self.config.recompute and torch.is_grad_enabled())
         return self.final_norm(x)
 
     def attention_masks(self, cu_seqlens, batch: int, length: int, device) -> dict | None:

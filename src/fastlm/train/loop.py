@@ -68,7 +68,7 @@ from fastlm.data.documents import cu_seqlens
 from fastlm.data.tokens import EpochOrder, TokenData, Windows
 from fastlm.devices import current_device_name
 from fastlm.distributed import ShardedOptimizer
-from fastlm.distributed.wrappers import ParallelSpec, Wrapped, bucket_mb_in_use, wrap
+from fastlm.distributed.wrappers import ParallelSpec, Wrapped, bucket_mb_in_use, stack_is_one_unit, wrap
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.model.materialize import materialize
@@ -127,11 +127,17 @@ def _setup(config: TrainConfig) -> torch.device:
 
 
 def _wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> Wrapped:
-    """The model wrapped for --parallel (the registry of `fastlm.distributed.wrappers`); fsdp
-    all-gathers the blocks' weights in the forward's autocast dtype."""
-    compute_dtype = torch.bfloat16 if autocasts(config.precision) else None
-    bucket_mb = bucket_mb_in_use(config.parallel, config.bucket_mb)
-    return wrap(model, ParallelSpec(config.parallel, bucket_mb, config.reduce_dtype), device, compute_dtype)
+    """The model wrapped for --parallel (the registry of `fastlm.distributed.wrappers`)."""
+    return wrap(model, _parallel_spec(config), device, _compute_dtype(config))
+
+
+def _parallel_spec(config: TrainConfig) -> ParallelSpec:
+    return ParallelSpec(config.parallel, bucket_mb_in_use(config.parallel, config.bucket_mb), config.reduce_dtype)
+
+
+def _compute_dtype(config: TrainConfig) -> torch.dtype | None:
+    """The forward's autocast dtype, in which fsdp all-gathers the blocks' weights; None: no autocast."""
+    return torch.bfloat16 if autocasts(config.precision) else None
 
 
 def _gradient_sync(model: torch.nn.Module, config: TrainConfig, sync: bool) -> contextlib.AbstractContextManager:
@@ -151,16 +157,24 @@ def _materialize(model: torch.nn.Module, config: TrainConfig, device: torch.devi
 
 
 def _compile(model: TransformerLM, config: TrainConfig) -> None:
-    """Compile in place (state-dict keys stay those of the eager model): each block under fsdp,
-    before sharding (the graphs stop at FSDP's hooks between blocks), else the whole model. One graph
-    hands every gradient to ddp's and bucketed's hooks at the end of backward, so their all-reduces
-    do not overlap it; compiling block by block would let them, but measured slower for ddp (the
-    host, with a compiled call per block and a hook per gradient, falls behind the GPUs:
-    docs/notes/distributed.md). torch-ddp splits its graph at its buckets by itself."""
+    """Compile in place (state-dict keys stay those of the eager model). Under fsdp, before sharding:
+    the blocks' stack as one graph where fsdp shards it as one unit (its forward: FSDP's hooks run
+    around the graph; small models, whose step is bound by the host's per-graph and per-hook work:
+    docs/notes/distributed.md), else each block (the graphs stop at FSDP's hooks between units).
+    Otherwise the whole model: one graph hands every gradient to ddp's and bucketed's hooks at the
+    end of backward, so their all-reduces do not overlap it; compiling block by block would let
+    them, but measured slower for ddp (the host, with a compiled call per block and a hook per
+    gradient, falls behind the GPUs). torch-ddp splits its graph at its buckets by itself."""
     if config.compile == "eager":
         return
-    for module in model.blocks if config.parallel == "fsdp" else [model]:
-        module.compile(mode=TORCH_COMPILE_MODE[config.compile])
+    mode = TORCH_COMPILE_MODE[config.compile]
+    if config.parallel != "fsdp":
+        model.compile(mode=mode)
+    elif stack_is_one_unit(model, _parallel_spec(config), _compute_dtype(config)):
+        model.blocks.forward = torch.compile(model.blocks.forward, mode=mode)
+    else:
+        for block in model.blocks:
+            block.compile(mode=mode)
 
 
 def _optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
