@@ -143,10 +143,15 @@ def test_nan_and_inf_follow_torch(run, device):
 
 
 def test_functional_3d_4d_scale_and_noncontiguous(device):
-    """(B, N, H, D) memory viewed as (B, H, N, D): kernels follow strides; explicit scale honoured."""
+    """(B, N, H, D) memory viewed as (B, H, N, D): kernels follow strides, and the results keep them;
+    explicit scale honoured."""
     q, k, v = (torch.randn(2, 50, 3, 32, device=device).transpose(1, 2).requires_grad_(True) for _ in range(3))
     assert not q.is_contiguous()
     check_attention(lambda *a: fastlm.flash_attention(*a, causal=True, scale=0.3), q, k, v, True, scale=0.3)
+    # the output and gradients laid out as the inputs: their transpose back to (B, N, H * D) is a view
+    out = fastlm.flash_attention(q, k, v, causal=True)
+    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert [t.stride() for t in (out, *grads)] == [q.stride()] * 4
     q3, k3, v3 = (torch.randn(3, 40, 16, device=device, requires_grad=True) for _ in range(3))
     check_attention(lambda *a: fastlm.flash_attention(*a), q3, k3, v3, False)
 

@@ -76,11 +76,10 @@ def _backward_op(
     window_right: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     packing = dict(window=(window_left, window_right), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    if runs_triton(q):  # O and L as the op's caller passes them: the kernels index them as contiguous
+    if runs_triton(q):  # O and L as the op's caller passes them: the kernels need O's unit stride along D, L contiguous
         config = _kernel_config(q, k, cu_seqlens_q is not None, max_seqlen_k)
-        return _launch_backward(
-            grad_out, q, k, v, o.contiguous(), lse.contiguous(), causal, scale, config, traced=True, **packing
-        )
+        o = o if o.stride(-1) == 1 else o.contiguous()
+        return _launch_backward(grad_out, q, k, v, o, lse.contiguous(), causal, scale, config, traced=True, **packing)
     return _tiled_backward(grad_out, q, k, v, o, lse, causal, scale, TORCH_TILE, **packing)
 
 

@@ -461,7 +461,7 @@ def _dq_tiles(
 @triton.jit
 def _flash_backward_dq_kernel(
     Q, K, V,  # as in the forward
-    Out,  # output of the forward, q's shape, contiguous
+    Out,  # output of the forward, q's shape, unit stride along D
     DO,  # its gradient, q's shape, any strides
     LSE,  # L of the forward, fp32, LSE's layout in the forward
     DELTA,  # Dlt = rowsum(dO * O), fp32, laid out as LSE, written for the dK/dV kernel launched next

@@ -46,6 +46,20 @@ def _packed_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return 0, stride[1], stride[0], stride[2]
 
 
+def _empty_like_rows(t: torch.Tensor) -> torch.Tensor:
+    """Uninitialized, ``t``'s shape and dtype, laid out as ``t`` where ``t`` is dense with unit stride
+    along D (the model's (B, H, N, D) views of (B, N, H, D) projections: its transpose back to
+    (B, N, H * D) for the output projection is then a view, not a 2-byte-per-element copy each
+    way), else contiguous."""
+    out = torch.empty_like(t)  # keeps the strides of a tensor without gaps or overlaps, else contiguous
+    return out if out.stride(-1) == 1 else t.new_empty(t.shape)
+
+
+def _empty_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Uninitialized, ``t``'s shape and strides: a gradient the kernels index with ``t``'s strides."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=t.device)
+
+
 def _problem(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor | None):
     """(Z, H, Hkv, M, N, D, strides): batch entries (packed: documents), query and key/value heads,
     query and key rows (packed: totals), head dim, and the function giving a tensor's kernel strides."""
@@ -102,10 +116,11 @@ def _launch_forward(
     cu_seqlens_k=None,
     traced: bool = False,
 ):
-    """-> O (q's shape and dtype, contiguous), L (fp32, contiguous: q.shape[:-1], packed (H, total_q))."""
+    """-> O (q's shape and dtype, laid out as q where `_empty_like_rows` can), L (fp32, contiguous:
+    q.shape[:-1], packed (H, total_q))."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
     packed = cu_seqlens_q is not None
-    o = q.new_empty(q.shape)
+    o = _empty_like_rows(q)
     lse = q.new_empty((H, M) if packed else q.shape[:-1], dtype=torch.float32)
     if Z * H * M == 0:
         return o, lse
@@ -161,11 +176,14 @@ def _launch_backward(
     cu_seqlens_k=None,
     traced: bool = False,
 ):
-    """Gradients (dq, dk, dv), contiguous, in the inputs' dtype, from the forward's O and L (both
-    contiguous, as the forward makes them). Two launches: dQ (which stores Dlt), then dK/dV."""
+    """Gradients (dq, dk, dv) in the inputs' dtype, from the forward's O (unit stride along D) and L
+    (contiguous, as the forward makes it); dq laid out as O (the dQ kernel indexes both with O's
+    strides), dk as k where `_empty_like_rows` can, dv as dk (one set of strides for both). Two
+    launches: dQ (which stores Dlt), then dK/dV."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
     packed = cu_seqlens_q is not None
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dq, dk = _empty_as(o, q.dtype), _empty_like_rows(k)
+    dv = _empty_as(dk, v.dtype)
     if Z * H * M == 0 or N == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
