@@ -100,7 +100,9 @@ def test_parallel_training_matches_one_process(mode, common, single_process, tmp
     assert json.loads((tmp_path / "run.json").read_text())["bucket_mb"] == expected
 
 
-@pytest.mark.parametrize("mode", [["fsdp"], ["fsdp", "--bucket-mb", "0.001"], ["ddp"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "mode", [["fsdp"], ["fsdp", "--recompute"], ["fsdp", "--bucket-mb", "0.001"], ["ddp"]], ids=" ".join
+)
 def test_compiled_training_matches_one_process(mode, common, single_process, tmp_path):
     """Compiled (fsdp: the blocks' stack as one graph where it is one unit, as the tiny model is in
     the default units, else each block on its own; ddp: the wrapped model), the same training as

@@ -24,6 +24,7 @@ from fastlm.ops.flash_attention import (
     attention_config,
     flash_attention_ref,
 )
+from fastlm.ops.flash_attention.api import _backward_op, _forward_op
 from fastlm.ops.flash_attention.kernels import (
     _flash_backward_dkdv_kernel,
     _flash_backward_dq_kernel,
@@ -143,17 +144,38 @@ def test_nan_and_inf_follow_torch(run, device):
 
 
 def test_functional_3d_4d_scale_and_noncontiguous(device):
-    """(B, N, H, D) memory viewed as (B, H, N, D): kernels follow strides, and the results keep them;
-    explicit scale honoured."""
+    """(B, N, H, D) memory viewed as (B, H, N, D): kernels follow strides; results in (B, N, H, D)
+    memory; explicit scale honoured."""
     q, k, v = (torch.randn(2, 50, 3, 32, device=device).transpose(1, 2).requires_grad_(True) for _ in range(3))
     assert not q.is_contiguous()
     check_attention(lambda *a: fastlm.flash_attention(*a, causal=True, scale=0.3), q, k, v, True, scale=0.3)
-    # the output and gradients laid out as the inputs: their transpose back to (B, N, H * D) is a view
-    out = fastlm.flash_attention(q, k, v, causal=True)
-    grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-    assert [t.stride() for t in (out, *grads)] == [q.stride()] * 4
+    # the output and gradients in (B, N, H, D) memory whatever the inputs' layout (here strided and
+    # contiguous, with grouped heads): the model's transpose back to (B, N, H * D) is a view
+    for inputs in ((q, k, v), make_qkv(2, 4, 2, 50, 50, 32, torch.float32, device)):
+        out = fastlm.flash_attention(*inputs, causal=True)
+        grads = torch.autograd.grad(out, inputs, torch.randn_like(out))
+        assert all(t.transpose(1, 2).is_contiguous() for t in (out, *grads))
     q3, k3, v3 = (torch.randn(3, 40, 16, device=device, requires_grad=True) for _ in range(3))
     check_attention(lambda *a: fastlm.flash_attention(*a), q3, k3, v3, False)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 20, 16), (2, 20, 16)], ids=["4d-grouped", "3d"])
+def test_traced_results_have_the_kernels_layouts(shape, device):
+    """torch.compile sizes the ops' results from a traced run (fake tensors: the tiled twin on a CPU,
+    the launchers on a GPU); their shapes and strides must be those the kernels return."""
+    q = torch.randn(shape, device=device)
+    k, v = (
+        torch.randn(*shape[:-3], 1, *shape[-2:], device=device)
+        if len(shape) == 4
+        else torch.randn(shape, device=device)
+        for _ in range(2)
+    )
+    causal = (None, None, 20, True, 0.25, 19, 0)  # no documents, 20 keys, causal, scale, window (19, 0)
+    torch.library.opcheck(_forward_op, (q, k, v, *causal), test_utils=("test_faketensor",))
+    o, lse = _forward_op(q, k, v, *causal)
+    torch.library.opcheck(
+        _backward_op, (torch.randn_like(o), q, k, v, o, lse, *causal), test_utils=("test_faketensor",)
+    )
 
 
 def test_head_dim_256_and_odd_dims(device):

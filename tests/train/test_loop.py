@@ -332,10 +332,16 @@ def test_training_stops_before_building_a_model_the_gpu_cannot_hold(corpus_data,
 
 @pytest.mark.parametrize("bucket_mb", [[], ["--bucket-mb", "0.001"]], ids=["one-unit", "a-unit-per-block"])
 def test_fsdp_compiles_the_blocks_as_one_graph_where_they_are_one_unit(bucket_mb, monkeypatch, tmp_path):
-    """The tiny model's blocks fit the default unit size: the stack's forward is compiled (FSDP's
-    hooks stay outside the graph); in units of one block, each block is."""
-    compiled = []
-    monkeypatch.setattr(torch, "compile", lambda fn, **_: compiled.append(fn) or fn)
+    """The tiny model's blocks fit the default unit size: the stack's forward is compiled and
+    replaced by the compiled one (FSDP's hooks stay outside the graph); in units of one block, each
+    block is compiled."""
+    compiled = {}  # what was compiled -> what the compile returned
+
+    def compile(fn, **_):
+        compiled[fn] = lambda *args, **kwargs: fn(*args, **kwargs)
+        return compiled[fn]
+
+    monkeypatch.setattr(torch, "compile", compile)
     monkeypatch.setenv("RANK", "0")  # as torchrun sets them
     monkeypatch.setenv("WORLD_SIZE", "2")
     config = loop.parse_args(
@@ -344,3 +350,5 @@ def test_fsdp_compiles_the_blocks_as_one_graph_where_they_are_one_unit(bucket_mb
     model = TransformerLM(config.model_config(257))
     loop._compile(model, config)
     assert [fn.__self__ for fn in compiled] == (list(model.blocks) if bucket_mb else [model.blocks])
+    if not bucket_mb:
+        assert model.blocks.forward is next(iter(compiled.values()))

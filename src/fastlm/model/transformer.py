@@ -294,8 +294,8 @@ class Block(nn.Module):
 
 
 class BlockStack(nn.Module):
-    """The blocks, run in order: a module of its own (not a ModuleList: FSDP2 shards only modules
-    with a forward) so that fsdp can shard all of them as one unit and compile them as one graph;
+    """The blocks, run in order: a module with a forward of its own (FSDP2's `fully_shard` refuses a
+    ModuleList, which has none) so that fsdp can shard all of them as one unit and compile them as one graph;
     its children are named "0", "1", ... as a ModuleList's, so state-dict keys stay blocks.<i>.*."""
 
     def __init__(self, blocks) -> None:

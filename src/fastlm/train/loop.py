@@ -27,8 +27,9 @@ parameters, gradients and optimizer state sharded; clipping and AdamW work on th
 `fastlm.distributed.local_shards`); `--reduce-dtype bf16` averages the gradients in
 bf16. `--shard-optimizer` wraps AdamW in `ShardedOptimizer`. `--recompute` checkpoints activations.
 Micro-batches before the last skip the gradient synchronization. `--compile compile` compiles the
-model (each block under fsdp), `cudagraphs` also replays it as CUDA graphs (one process, no
-accumulation: a graph's gradients are overwritten by its next replay).
+model (under fsdp the blocks as one graph when they are one unit, else each block), `cudagraphs`
+also replays it as CUDA graphs (one process, no accumulation: a graph's gradients are overwritten
+by its next replay).
 
 Host synchronization happens only at log intervals (--log-every, evaluations, checkpoints): the
 losses and gradient norms stay on the device until then, and the next micro-batch is copied while

@@ -21,7 +21,7 @@ from fastlm.ops.common import (
     runs_triton,
 )
 from fastlm.ops.flash_attention.config import MAX_HEAD_DIM, AttentionConfig, attention_config
-from fastlm.ops.flash_attention.launchers import _launch_backward, _launch_forward
+from fastlm.ops.flash_attention.launchers import _launch_backward, _launch_forward, kernel_ready_output
 from fastlm.ops.flash_attention.masks import check_window, visible, window_bounds
 from fastlm.ops.flash_attention.tiled import TORCH_TILE, _tiled_backward, _tiled_forward, as_4d, expand_kv
 
@@ -76,10 +76,10 @@ def _backward_op(
     window_right: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     packing = dict(window=(window_left, window_right), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
-    if runs_triton(q):  # O and L as the op's caller passes them: the kernels need O's unit stride along D, L contiguous
+    if runs_triton(q):  # O and L as the op's caller passes them, made safe for the kernels' indexing
         config = _kernel_config(q, k, cu_seqlens_q is not None, max_seqlen_k)
-        o = o if o.stride(-1) == 1 else o.contiguous()
-        return _launch_backward(grad_out, q, k, v, o, lse.contiguous(), causal, scale, config, traced=True, **packing)
+        o, lse = kernel_ready_output(o), lse.contiguous()
+        return _launch_backward(grad_out, q, k, v, o, lse, causal, scale, config, traced=True, **packing)
     return _tiled_backward(grad_out, q, k, v, o, lse, causal, scale, TORCH_TILE, **packing)
 
 

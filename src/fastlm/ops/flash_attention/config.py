@@ -60,8 +60,9 @@ SM90_TILES = {
 # the presets' shapes, 4 x 12 and 16 x 25 heads x 512 tokens, head dim 64 (both shapes picked the
 # same dK/dV and dQ tiles; benchmarks/results/attention_tuning_h100.jsonl). At 8 x 12 heads x 2048
 # tokens (the training shape of the small preset) the same sweep picked these dK/dV tiles too (the
-# backward 6% faster than with the long-sequence ones) and dQ tiles within 2% of these. Entries it
-# lacks fall back to SM90_TILES.
+# backward 6% faster than with the long-sequence ones) and dQ tiles within 2% of these; wider grids
+# at 2048 keys (more batch entries or heads) were not measured. Entries it lacks fall back to
+# SM90_TILES.
 SHORT_SEQ = 2048
 SM90_SHORT_TILES = {
     (64, 2): _entry((64, 64, 4, 3), (32, 64, 4, 3), (64, 32, 4, 3)),

@@ -46,13 +46,23 @@ def _packed_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     return 0, stride[1], stride[0], stride[2]
 
 
-def _empty_like_rows(t: torch.Tensor) -> torch.Tensor:
-    """Uninitialized, ``t``'s shape and dtype, laid out as ``t`` where ``t`` is dense with unit stride
-    along D (the model's (B, H, N, D) views of (B, N, H, D) projections: its transpose back to
-    (B, N, H * D) for the output projection is then a view, not a 2-byte-per-element copy each
-    way), else contiguous."""
-    out = torch.empty_like(t)  # keeps the strides of a tensor without gaps or overlaps, else contiguous
-    return out if out.stride(-1) == 1 else t.new_empty(t.shape)
+def _empty_token_major(t: torch.Tensor) -> torch.Tensor:
+    """Uninitialized, ``t``'s shape and dtype: a 4-D (Z, H, rows, D) result in (Z, rows, H, D)
+    memory whatever ``t``'s layout, so that its transpose to (Z, rows, H * D), what the model's
+    output projection reads, is a view (as with SDPA's output) and not a copy each way; 3-D
+    results (dense (Z, rows, D), packed (total, H, D)) contiguous, already row-major."""
+    if t.dim() == 4:
+        z, heads, rows, d = t.shape
+        return t.new_empty(z, rows, heads, d).transpose(1, 2)
+    return t.new_empty(t.shape)
+
+
+def kernel_ready_output(o: torch.Tensor) -> torch.Tensor:
+    """O for the backward, whose dQ takes O's strides: as the forward made it (token-major or
+    contiguous), else a contiguous copy (an O with gaps, overlaps or strided D)."""
+    if o.is_contiguous() or (o.dim() == 4 and o.transpose(1, 2).is_contiguous()):
+        return o
+    return o.contiguous()
 
 
 def _empty_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -116,11 +126,11 @@ def _launch_forward(
     cu_seqlens_k=None,
     traced: bool = False,
 ):
-    """-> O (q's shape and dtype, laid out as q where `_empty_like_rows` can), L (fp32, contiguous:
-    q.shape[:-1], packed (H, total_q))."""
+    """-> O (q's shape and dtype, `_empty_token_major`), L (fp32, contiguous: q.shape[:-1], packed
+    (H, total_q))."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
     packed = cu_seqlens_q is not None
-    o = _empty_like_rows(q)
+    o = _empty_token_major(q)
     lse = q.new_empty((H, M) if packed else q.shape[:-1], dtype=torch.float32)
     if Z * H * M == 0:
         return o, lse
@@ -176,13 +186,13 @@ def _launch_backward(
     cu_seqlens_k=None,
     traced: bool = False,
 ):
-    """Gradients (dq, dk, dv) in the inputs' dtype, from the forward's O (unit stride along D) and L
-    (contiguous, as the forward makes it); dq laid out as O (the dQ kernel indexes both with O's
-    strides), dk as k where `_empty_like_rows` can, dv as dk (one set of strides for both). Two
-    launches: dQ (which stores Dlt), then dK/dV."""
+    """Gradients (dq, dk, dv) in the inputs' dtype, from the forward's O (`kernel_ready_output`) and
+    L (contiguous, as the forward makes it); dq laid out as O (the dQ kernel indexes both with O's
+    strides), dk `_empty_token_major`, dv as dk (one set of strides for both). Two launches: dQ
+    (which stores Dlt), then dK/dV."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
     packed = cu_seqlens_q is not None
-    dq, dk = _empty_as(o, q.dtype), _empty_like_rows(k)
+    dq, dk = _empty_as(o, q.dtype), _empty_token_major(k)
     dv = _empty_as(dk, v.dtype)
     if Z * H * M == 0 or N == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()

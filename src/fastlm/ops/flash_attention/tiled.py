@@ -96,10 +96,11 @@ def _batched(t: torch.Tensor, packed: bool) -> torch.Tensor:
 
 
 def _unbatched(t: torch.Tensor, like: torch.Tensor, packed: bool) -> torch.Tensor:
-    """`_batched` undone for a result laid out as ``like``, contiguous as the launchers' results."""
+    """`_batched` undone for a result of ``like``'s shape, laid out as the launchers' results: 4-D in
+    (Z, rows, H, D) memory, 3-D contiguous."""
     if packed:
         return t[0].transpose(0, 1).contiguous()
-    return t.squeeze(1) if like.dim() == 3 else t
+    return t.squeeze(1) if like.dim() == 3 else t.transpose(1, 2).contiguous().transpose(1, 2)
 
 
 def _forward_tiles(q, k, v, mask: _Mask, scale: float, tile: int):
