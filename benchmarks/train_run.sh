@@ -6,7 +6,7 @@
 #                (default 2; "2 4" for both) torchrun with that many processes under each of MODES,
 #                at the same per-process batch; then `fastlm bench model` of the same step.
 #                Steady-state tokens/s and MFU per run, the scaling is tokens/s(P) / tokens/s(1) of
-#                the same round
+#                the same round; each run's record is appended as soon as it finishes
 #   PART=loss    LOSS_STEPS steps (default 200) at one global batch (MICRO windows on each of the
 #                largest count of PROCS): one process (accumulating micro-batches), each count of
 #                PROCS under each of LOSS_MODES (default ddp), and one process with the fastlm
@@ -38,9 +38,14 @@ export PYTHONUNBUFFERED=1
 # path: the plain causal one, as the earlier records measured
 COMMON=(--data "$WORK/data" --preset "$PRESET" --context "$CONTEXT" --micro-batch "$MICRO" --checkpoint-every 0
         --eval-every 0 --eval-sequences $((MICRO * MOST)) --no-documents --kernels "$KERNELS")
-summary() {  # a table of the runs given, their curves' plot, their records appended
-  python3 benchmarks/train_records.py "$@" --plot "$OUT/train_$PART.png" --results "$OUT/train.jsonl" \
-    | tee -a "$OUT/train_$PART.md"
+table() {  # a table of the runs given and their curves' plot
+  python3 benchmarks/train_records.py "$@" --plot "$OUT/train_$PART.png" | tee -a "$OUT/train_$PART.md"
+}
+summary() {  # the table, and the runs' records appended
+  table "$@" --results "$OUT/train.jsonl"
+}
+record() {  # one finished run's record appended at once: a later run cut off or failing loses nothing before it
+  python3 benchmarks/train_records.py "$1" --results "$OUT/train.jsonl" > /dev/null
 }
 case ${PART:?set PART to data, speed, loss, links, independent, profile or precision} in
 data)
@@ -69,16 +74,18 @@ speed)
   for round in ${ROUNDS:-1 2 3}; do
     python3 -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --out "$WORK/speed-$KERNELS-r$round-1" | tail -2
     runs+=("$WORK/speed-$KERNELS-r$round-1")
+    record "${runs[-1]}"
     for procs in $PROCS; do
       for mode in ${MODES:-ddp fsdp}; do
         torchrun --nproc-per-node "$procs" -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --parallel "$mode" \
           --out "$WORK/speed-$KERNELS-r$round-$procs$mode" 2>&1 \
           | grep -v "^W.*torch/distributed/run.py" | tail -2
         runs+=("$WORK/speed-$KERNELS-r$round-$procs$mode")
+        record "${runs[-1]}"
       done
     done
   done
-  summary "${runs[@]}"
+  table "${runs[@]}"
   [ "${BENCH_MODEL:-1}" = 0 ] && exit 0
   python3 -m fastlm bench model --preset "$PRESET" --context "$CONTEXT" --batch "$MICRO" --vocab 320 --mode train \
     --precision bf16 --compile compile --rounds "$(wc -w <<< "${ROUNDS:-1 2 3}")" --out "$WORK" 2>&1 | grep -E "tokens/s|\| fastlm" \
