@@ -269,9 +269,10 @@ def test_gpu_matches_reference(dim, dtype, causal, window, cross):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("length", [4096, 1031])  # above SHORT_SEQ (long-sequence tiles) and below
-def test_gpu_one_document_runs_as_dense(length):
+@pytest.mark.parametrize("head_dim", [128, 64])  # 64 has short-sequence tiles of its own, 128 has not
+def test_gpu_one_document_runs_as_dense(length, head_dim):
     """One packed document gives the dense kernels' bits: same tiles, same order of every sum."""
-    (q, k, v), cu, _ = make_packed([length], [length], 8, 2, 128, torch.bfloat16, "cuda")
+    (q, k, v), cu, _ = make_packed([length], [length], 8, 2, head_dim, torch.bfloat16, "cuda")
     grad_out = torch.randn(q.shape, device="cuda", dtype=torch.bfloat16)
     packed = fastlm.flash_attention_varlen(q, k, v, cu, cu, length, length, causal=True, window=(700, -1))
     packed_grads = torch.autograd.grad(packed, (q, k, v), grad_out)
