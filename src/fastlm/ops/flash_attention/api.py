@@ -21,7 +21,8 @@ from fastlm.ops.common import (
     runs_triton,
 )
 from fastlm.ops.flash_attention.config import MAX_HEAD_DIM, AttentionConfig, attention_config
-from fastlm.ops.flash_attention.launchers import _launch_backward, _launch_forward, kernel_ready_output
+from fastlm.ops.flash_attention.launchers import _launch_backward, _launch_forward
+from fastlm.ops.flash_attention.layout import kernel_ready_output
 from fastlm.ops.flash_attention.masks import check_window, visible, window_bounds
 from fastlm.ops.flash_attention.tiled import TORCH_TILE, _tiled_backward, _tiled_forward, as_4d, expand_kv
 

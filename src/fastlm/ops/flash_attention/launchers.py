@@ -19,6 +19,7 @@ from fastlm.ops.flash_attention.kernels import (
     _flash_backward_dq_kernel,
     _flash_forward_kernel,
 )
+from fastlm.ops.flash_attention.layout import empty_token_major
 from fastlm.ops.flash_attention.masks import UNBOUNDED, window_bounds
 from fastlm.ops.launch import launcher
 
@@ -44,30 +45,6 @@ def _packed_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     each document by its first row)."""
     stride = t.stride()
     return 0, stride[1], stride[0], stride[2]
-
-
-def _empty_token_major(t: torch.Tensor) -> torch.Tensor:
-    """Uninitialized, ``t``'s shape and dtype: a 4-D (Z, H, rows, D) result in (Z, rows, H, D)
-    memory whatever ``t``'s layout, so that its transpose to (Z, rows, H * D), what the model's
-    output projection reads, is a view (as with SDPA's output) and not a copy each way; 3-D
-    results (dense (Z, rows, D), packed (total, H, D)) contiguous, already row-major."""
-    if t.dim() == 4:
-        z, heads, rows, d = t.shape
-        return t.new_empty(z, rows, heads, d).transpose(1, 2)
-    return t.new_empty(t.shape)
-
-
-def kernel_ready_output(o: torch.Tensor) -> torch.Tensor:
-    """O for the backward, whose dQ takes O's strides: as the forward made it (token-major or
-    contiguous), else a contiguous copy (an O with gaps, overlaps or strided D)."""
-    if o.is_contiguous() or (o.dim() == 4 and o.transpose(1, 2).is_contiguous()):
-        return o
-    return o.contiguous()
-
-
-def _empty_as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Uninitialized, ``t``'s shape and strides: a gradient the kernels index with ``t``'s strides."""
-    return torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=t.device)
 
 
 def _problem(q: torch.Tensor, k: torch.Tensor, cu_seqlens_q: torch.Tensor | None):
@@ -126,11 +103,11 @@ def _launch_forward(
     cu_seqlens_k=None,
     traced: bool = False,
 ):
-    """-> O (q's shape and dtype, `_empty_token_major`), L (fp32, contiguous: q.shape[:-1], packed
+    """-> O (q's shape and dtype, `empty_token_major`), L (fp32, contiguous: q.shape[:-1], packed
     (H, total_q))."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
     packed = cu_seqlens_q is not None
-    o = _empty_token_major(q)
+    o = empty_token_major(q)
     lse = q.new_empty((H, M) if packed else q.shape[:-1], dtype=torch.float32)
     if Z * H * M == 0:
         return o, lse
@@ -188,12 +165,12 @@ def _launch_backward(
 ):
     """Gradients (dq, dk, dv) in the inputs' dtype, from the forward's O (`kernel_ready_output`) and
     L (contiguous, as the forward makes it); dq laid out as O (the dQ kernel indexes both with O's
-    strides), dk `_empty_token_major`, dv as dk (one set of strides for both). Two launches: dQ
+    strides), dk `empty_token_major`, dv as dk (one set of strides for both). Two launches: dQ
     (which stores Dlt), then dK/dV."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
     packed = cu_seqlens_q is not None
-    dq, dk = _empty_as(o, q.dtype), _empty_token_major(k)
-    dv = _empty_as(dk, v.dtype)
+    dq = torch.empty_strided(o.shape, o.stride(), dtype=q.dtype, device=q.device)
+    dk, dv = empty_token_major(k), empty_token_major(k, v.dtype)
     if Z * H * M == 0 or N == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from fastlm.ops.flash_attention.layout import empty_token_major
 from fastlm.ops.flash_attention.masks import UNBOUNDED, visible, window_bounds
 
 TORCH_TILE = 32  # tile edge of FlashAttentionTorch
@@ -96,11 +97,13 @@ def _batched(t: torch.Tensor, packed: bool) -> torch.Tensor:
 
 
 def _unbatched(t: torch.Tensor, like: torch.Tensor, packed: bool) -> torch.Tensor:
-    """`_batched` undone for a result of ``like``'s shape, laid out as the launchers' results: 4-D in
-    (Z, rows, H, D) memory, 3-D contiguous."""
+    """`_batched` undone for a result of ``like``'s shape, laid out as the launchers' results
+    (`empty_token_major`)."""
     if packed:
-        return t[0].transpose(0, 1).contiguous()
-    return t.squeeze(1) if like.dim() == 3 else t.transpose(1, 2).contiguous().transpose(1, 2)
+        t = t[0].transpose(0, 1)
+    elif like.dim() == 3:
+        t = t.squeeze(1)
+    return empty_token_major(t).copy_(t)
 
 
 def _forward_tiles(q, k, v, mask: _Mask, scale: float, tile: int):
