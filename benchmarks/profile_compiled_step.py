@@ -62,16 +62,23 @@ def category(kernel_name: str) -> str:
     return next((name for name, pattern in CATEGORIES if pattern.search(kernel_name)), "other")
 
 
-def gpu_time_by_category(prof: profile, steps: int) -> tuple[dict[str, float], float]:
-    """(ms per step per category, kernels launched per step) from the profiler's GPU events."""
-    ms: dict[str, float] = defaultdict(float)
-    count = 0
+def gpu_kernels(prof: profile, steps: int) -> dict[str, tuple[float, float]]:
+    """Each GPU kernel's (us per step, launches per step) from the profiler's GPU events."""
+    us: dict[str, float] = defaultdict(float)
+    launches: dict[str, int] = defaultdict(int)
     for event in prof.events():
-        if event.device_type != DeviceType.CUDA or event.is_user_annotation:  # ranges, not kernels
-            continue
-        ms[category(event.name)] += event.device_time_total / 1e3 / steps
-        count += 1
-    return dict(ms), count / steps
+        if event.device_type == DeviceType.CUDA and not event.is_user_annotation:  # kernels, not ranges
+            us[event.name] += event.device_time_total / steps
+            launches[event.name] += 1
+    return {name: (us[name], launches[name] / steps) for name in us}
+
+
+def gpu_time_by_category(kernels: dict[str, tuple[float, float]]) -> tuple[dict[str, float], float]:
+    """(ms per step per category, kernels launched per step) from `gpu_kernels`."""
+    ms: dict[str, float] = defaultdict(float)
+    for name, (us, _) in kernels.items():
+        ms[category(name)] += us / 1e3
+    return dict(ms), sum(launches for _, launches in kernels.values())
 
 
 def cpu_ops_table(prof: profile, steps: int, rows: int) -> str:
@@ -82,17 +89,12 @@ def cpu_ops_table(prof: profile, steps: int, rows: int) -> str:
     return "\n".join(lines)
 
 
-def gpu_kernels_table(prof: profile, steps: int, rows: int) -> str:
-    """The ``rows`` GPU kernels with the most time, in us per step, with their launches per step and category."""
-    us: dict[str, float] = defaultdict(float)
-    launches: dict[str, int] = defaultdict(int)
-    for event in prof.events():
-        if event.device_type == DeviceType.CUDA and not event.is_user_annotation:
-            us[event.name] += event.device_time_total / steps
-            launches[event.name] += 1
+def gpu_kernels_table(kernels: dict[str, tuple[float, float]], rows: int) -> str:
+    """The ``rows`` GPU kernels of `gpu_kernels` with the most time, in us per step, with their
+    launches per step and category."""
     lines = [f"{'us/step':>9} {'calls/step':>10}  {'category':<14} kernel"]
-    for name in sorted(us, key=lambda n: -us[n])[:rows]:
-        lines.append(f"{us[name]:9.1f} {launches[name] / steps:10.1f}  {category(name):<14} {name[:90]}")
+    for name, (us, launches) in sorted(kernels.items(), key=lambda item: -item[1][0])[:rows]:
+        lines.append(f"{us:9.1f} {launches:10.1f}  {category(name):<14} {name[:90]}")
     return "\n".join(lines)
 
 
@@ -109,12 +111,13 @@ def measure(kernels: str, compile_mode: str, optimizer: str, args: argparse.Name
         for _ in range(profiled_steps):
             step()
         torch.cuda.synchronize()
-    gpu_ms, kernels_per_step = gpu_time_by_category(prof, profiled_steps)
+    kernels_run = gpu_kernels(prof, profiled_steps)
+    gpu_ms, kernels_per_step = gpu_time_by_category(kernels_run)
     name = f"{args.preset} {kernels} {compile_mode} {optimizer} AdamW"
     if args.cpu_ops:
         print(f"CPU ops of {name}:\n{cpu_ops_table(prof, profiled_steps, args.cpu_ops)}", flush=True)
     if args.gpu_kernels:
-        print(f"GPU kernels of {name}:\n{gpu_kernels_table(prof, profiled_steps, args.gpu_kernels)}", flush=True)
+        print(f"GPU kernels of {name}:\n{gpu_kernels_table(kernels_run, args.gpu_kernels)}", flush=True)
     if args.trace:
         args.trace.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(args.trace / f"{name.replace(' ', '_')}.json.gz"))

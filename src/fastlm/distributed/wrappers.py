@@ -190,9 +190,9 @@ def _fsdp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    # one unit: the stack itself, which the loop compiles as one graph (FSDP's hooks outside it)
-    one_unit = stack_is_one_unit(model, spec, compute_dtype)
-    units = [model.blocks] if one_unit else sharding_units(list(model.blocks), spec.bucket_mb, compute_dtype)
+    units = sharding_units(list(model.blocks), spec.bucket_mb, compute_dtype)
+    if len(units) == 1:  # `stack_is_one_unit`: the stack itself, which the loop compiles as one graph
+        units = [model.blocks]
     gathered = keeps_gathered(model, compute_dtype)
     reduce_dtype = spec.torch_reduce_dtype() or torch.float32
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype, cast_forward_inputs=False)

@@ -100,9 +100,9 @@ def _unbatched(t: torch.Tensor, like: torch.Tensor, packed: bool) -> torch.Tenso
     """`_batched` undone for a result of ``like``'s shape, laid out as the launchers' results
     (`empty_token_major`)."""
     if packed:
-        t = t[0].transpose(0, 1)
-    elif like.dim() == 3:
-        t = t.squeeze(1)
+        return t[0].transpose(0, 1).contiguous()
+    if like.dim() == 3:
+        return t.squeeze(1)  # (Z, 1, rows, D) contiguous: already row-major
     return empty_token_major(t).copy_(t)
 
 
