@@ -6,6 +6,10 @@ Dense inputs: q (Z, H, M, D) and k, v (Z, Hkv, N, D), or 3-D (Z, M, D), (Z, N, D
 (total_k, Hkv, D), Z documents delimited by int32 cumulative lengths (Z + 1,). Any strides. Each
 kernel launches through its `fastlm.ops.launch.launcher`: directly in eager calls, from Inductor's
 generated code inside the triton_ops (``traced``).
+
+Dense launches pass None for the cumulative lengths, not a stand-in tensor: the kernels hand those
+pointers to helper functions, and torch.compile's analysis of a launch counts every tensor handed to
+a helper whose result reaches a store as written, so it would copy a stand-in before each launch.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from fastlm.ops.flash_attention.kernels import (
     _flash_backward_dq_kernel,
     _flash_forward_kernel,
 )
-from fastlm.ops.flash_attention.layout import empty_token_major
+from fastlm.ops.flash_attention.layout import empty_like_output, empty_token_major
 from fastlm.ops.flash_attention.masks import UNBOUNDED, window_bounds
 from fastlm.ops.launch import launcher
 
@@ -68,13 +72,6 @@ def _grid(rows: int, block: int, heads: int, batch: int, packed: bool) -> tuple[
     return (rows // block + batch, heads, 1) if packed else (cdiv(rows, block), heads, batch)
 
 
-def _cu_seqlens(q: torch.Tensor, cu_seqlens_q: torch.Tensor | None, cu_seqlens_k: torch.Tensor | None) -> tuple:
-    """The kernels' CU_SEQLENS_Q and CU_SEQLENS_K: the offsets when packed; dense, where no kernel
-    reads them, q, which no kernel writes. (A stand-in that aliases a written output, such as L,
-    makes Inductor's functionalization of the launch hand back an unwritten copy of that output.)"""
-    return (cu_seqlens_q, cu_seqlens_k) if cu_seqlens_q is not None else (q, q)
-
-
 def _mask(causal: bool, window: tuple[int, int], queries: int, keys: int) -> tuple[int, int, bool, bool]:
     """The kernels' (window_left, window_right, BOUNDED_LEFT, BOUNDED_RIGHT). A side is bounded only
     where it can hide a key: a left bound >= keys - 1 hides none, nor a right bound >= queries - 1
@@ -121,7 +118,8 @@ def _launch_forward(
         v,
         o,
         lse,
-        *_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k),
+        cu_seqlens_q,  # None when dense (see the module's docstring)
+        cu_seqlens_k,
         *strides(q),
         *strides(k),
         *strides(v),
@@ -169,14 +167,14 @@ def _launch_backward(
     (which stores Dlt), then dK/dV."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
     packed = cu_seqlens_q is not None
-    dq = torch.empty_strided(o.shape, o.stride(), dtype=q.dtype, device=q.device)
+    dq = empty_like_output(o, q.dtype)
     dk, dv = empty_token_major(k), empty_token_major(k, v.dtype)
     if Z * H * M == 0 or N == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
     delta = lse.new_empty(lse.shape)
     # the arguments both kernels take, in their order
-    inputs = (*_cu_seqlens(q, cu_seqlens_q, cu_seqlens_k), *strides(q), *strides(k), *strides(v), *strides(grad_out))
+    inputs = (cu_seqlens_q, cu_seqlens_k, *strides(q), *strides(k), *strides(v), *strides(grad_out))
     rows = (0, M) if packed else (H * M, M)  # L's and Dlt's strides
     sizes = (*((0, 0, Z) if packed else (M, N, 0)), scale, left, right)
     common = dict(

@@ -15,13 +15,25 @@ import torch
 def empty_token_major(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Uninitialized, ``t``'s shape (``dtype``, default ``t``'s): 4-D (Z, H, rows, D) in
     (Z, rows, H, D) memory; 3-D (dense (Z, rows, D), packed (total, H, D)) contiguous, already
-    row-major. A tensor of its own, not a view, so a kernel writing it mutates a plain buffer."""
+    row-major.
+
+    Allocated with ``torch.empty`` (4-D: a transposed view of one), never ``empty_strided``: under
+    torch.compile, common-subexpression elimination merges identical ``empty_strided`` calls (it
+    spares only ``empty``), so every layer's result would share one buffer and each kernel launch
+    that writes it would first get a full copy of it."""
     dtype = dtype or t.dtype
     if t.dim() != 4:
         return torch.empty(t.shape, dtype=dtype, device=t.device)
     z, heads, rows, d = t.shape
-    strides = (rows * heads * d, d, heads * d, 1)
-    return torch.empty_strided(t.shape, strides, dtype=dtype, device=t.device)
+    return torch.empty((z, rows, heads, d), dtype=dtype, device=t.device).transpose(1, 2)
+
+
+def empty_like_output(o: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Uninitialized, with the strides of an O from `kernel_ready_output` (contiguous or
+    token-major): dQ, which the dQ kernel indexes with O's strides."""
+    if o.is_contiguous():
+        return torch.empty(o.shape, dtype=dtype, device=o.device)
+    return empty_token_major(o, dtype)
 
 
 def kernel_ready_output(o: torch.Tensor) -> torch.Tensor:
