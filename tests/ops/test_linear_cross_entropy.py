@@ -258,6 +258,32 @@ def test_torch_compile_matches_eager(reduction, backend, device):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_traced_logits_rows_are_128_byte_aligned(monkeypatch, device):
+    """The registered op (what torch.compile traces) computes each chunk's logits with a row stride
+    of a multiple of 128 bytes (V = 131 in fp32: 160), the stride Inductor gives a matmul's output,
+    so its launches need no copy into another layout; losses and gradients equal the eager path's."""
+    strides = []
+
+    def spy(logits, *args, **kwargs):
+        strides.append(logits.stride(0))
+        return fused(logits, *args, **kwargs)
+
+    fused = lce._fused
+    monkeypatch.setattr(lce, "_fused", spy)
+    hidden, weight, bias, targets = make_inputs(device=device)
+    options = lce.LossOptions(-100, 0.1, 1e-3, None)
+    losses, *eager = lce._chunked_gradients(hidden, weight, bias, targets, None, (True,) * 3, options, 8)
+    assert strides == [V] * 3
+    strides.clear()
+    traced = torch.ops.fastlm.linear_cross_entropy_gradients(
+        hidden, weight, targets, bias, None, True, True, True, *options, 8
+    )
+    assert strides == [160] * 3
+    torch.testing.assert_close(traced[0], losses.sum(), rtol=1e-6, atol=1e-6)
+    for got, want in zip(traced[1:], eager, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_registered_ops_pass_opcheck(device):
     """Schema, fake-tensor and autograd registration of the two ops torch.compile traces (9 rows in
     chunks of 4: opcheck runs each op several times)."""

@@ -110,9 +110,30 @@ class LossOptions(NamedTuple):
     softcap: float | None
 
 
-def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """(C, d) @ (V, d).T (+ bias) -> (C, V) by cuBLAS, in the inputs' (compute) dtype."""
-    return torch.mm(hidden, weight.t()) if bias is None else torch.addmm(bias, hidden, weight.t())
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """(C, d) @ (V', d).T (+ bias) -> (C, V) by cuBLAS, in the inputs' (compute) dtype: the first
+    ``vocab`` columns, a view whose row stride is V' where `_row_aligned` appended rows."""
+    logits = torch.mm(hidden, weight.t()) if bias is None else torch.addmm(bias, hidden, weight.t())
+    return logits[:, :vocab]
+
+
+LOGITS_ROW_BYTES = 128  # the row alignment Inductor gives a matmul's output (its padding_alignment_bytes)
+
+
+def _row_aligned(weight: torch.Tensor, bias: torch.Tensor | None, traced: bool) -> tuple:
+    """(weight, bias) for `_logits`: traced (under torch.compile), with zero rows appended up to a
+    multiple of 128 bytes of logits per row, so the logits' row stride is one Inductor keeps as is.
+    Inductor pads an unaligned row stride of a matmul's output (V = 50257 in bf16: 50304), while the
+    traced kernel launches take the unpadded one, so it would copy every chunk of logits into the
+    traced layout, once per kernel argument (about 0.3 ms per 16384 x 10000 chunk on an H100).
+    The appended rows add at most 63 columns of logits, which no kernel reads and no gradient takes.
+    Eager calls and shapes traced as symbols keep the weight as it is."""
+    vocab = weight.shape[0]
+    per_row = LOGITS_ROW_BYTES // weight.element_size()
+    if not traced or type(vocab) is not int or vocab % per_row == 0:
+        return weight, bias
+    extra = -vocab % per_row
+    return F.pad(weight, (0, 0, 0, extra)), None if bias is None else F.pad(bias, (0, extra))
 
 
 def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bool, traced: bool) -> None:
@@ -146,12 +167,15 @@ def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate
         out.copy_(a.float() @ b.float())
 
 
-def _chunk_dlogits(hidden, weight, bias, targets, row_scale, options: LossOptions, traced: bool):
+def _chunk_dlogits(hidden, weight, bias, vocab, targets, row_scale, options: LossOptions, traced: bool):
     """(losses, G) of one chunk, both scaled per row by ``row_scale`` (None: 1): G = d loss / d
     logits (C, V) in the compute dtype, written by the fused cross-entropy kernel over the
-    logits' own buffer (with softcap over the capped logits', then times 1 - tanh^2)."""
+    logits' own buffer (with softcap over the capped logits', then times 1 - tanh^2). ``weight``
+    and ``bias`` may carry rows past ``vocab`` (`_row_aligned`); G then is a view of stride V'.
+    (The softcap's capped logits are a new buffer of their own, whose row stride Inductor may
+    still pad.)"""
     ignore_index, label_smoothing, z_loss, softcap = options
-    logits = _logits(hidden, weight, bias)
+    logits = _logits(hidden, weight, bias, vocab)
     if softcap is None:
         return _fused(logits, targets, row_scale, ignore_index, label_smoothing, z_loss, False, logits, traced=traced)
     tanh = logits.div_(softcap).tanh_()
@@ -171,11 +195,11 @@ def _chunked_losses(hidden, weight, bias, targets, options: LossOptions, chunk_r
     chunk = _chunk_rows(hidden, weight.shape[0], chunk_rows)
     ignore_index, label_smoothing, z_loss, softcap = options
     with torch.autocast(hidden.device.type, enabled=False):  # the matmuls run in hidden's dtype, as cast
-        weight = weight.to(hidden.dtype)
-        bias = None if bias is None else bias.to(hidden.dtype)
+        vocab = weight.shape[0]
+        weight, bias = _row_aligned(weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype), traced)
         for start in range(0, rows_total, chunk):
             rows = slice(start, start + chunk)
-            logits = _logits(hidden[rows], weight, bias)
+            logits = _logits(hidden[rows], weight, bias, vocab)
             if softcap is not None:
                 logits.div_(softcap).tanh_().mul_(softcap)
             losses[rows] = _forward(logits, targets[rows], ignore_index, label_smoothing, z_loss, traced=traced)[0]
@@ -201,11 +225,12 @@ def _chunked_gradients(hidden, weight, bias, targets, row_scale, needs, options:
     with torch.autocast(device.type, enabled=False):  # the matmuls run in hidden's dtype, as cast
         compute_weight = weight.to(hidden.dtype)
         compute_bias = None if bias is None else bias.to(hidden.dtype)
+        logits_weight, logits_bias = _row_aligned(compute_weight, compute_bias, traced)
         for start in range(0, rows_total, chunk):
             rows = slice(start, start + chunk)
             scale = None if row_scale is None else row_scale[rows]
             losses[rows], dlogits = _chunk_dlogits(
-                hidden[rows], compute_weight, compute_bias, targets[rows], scale, options, traced
+                hidden[rows], logits_weight, logits_bias, vocab, targets[rows], scale, options, traced
             )
             if need_hidden:
                 torch.mm(dlogits, compute_weight, out=grad_hidden[rows])

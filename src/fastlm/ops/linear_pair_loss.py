@@ -97,7 +97,9 @@ class LinearPairLossFunction(torch.autograd.Function):
             k = pairs.stop - pairs.start
             rows_hidden = _pair_rows(hidden, pairs, rejected)  # (2kT, d)
             rows_targets = _pair_rows(targets, pairs, rejected)
-            losses, dlogits = _chunk_dlogits(rows_hidden, compute_weight, None, rows_targets, None, options, False)
+            losses, dlogits = _chunk_dlogits(
+                rows_hidden, compute_weight, None, compute_weight.shape[0], rows_targets, None, options, False
+            )
             counts = torch.cat((tokens[pairs], tokens[rejected])).clamp(min=1)
             sums = -losses.view(2 * k, length).sum(1)
             seq = sums / counts if average else sums
