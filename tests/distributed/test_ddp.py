@@ -119,6 +119,43 @@ def test_buckets_follow_reverse_parameter_order():
     _spawn(_buckets)
 
 
+class MixedDtypes(nn.Module):
+    """An fp32 linear layer and a bf16 scale: one bucket holds both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.scale = nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        return self.linear(x) * self.scale.float()
+
+
+def _bucket_gradients(rank: int) -> None:
+    torch.manual_seed(0)
+    model = MixedDtypes()
+    reference = copy.deepcopy(model)
+    wrapped = BucketedDDP(model, bucket_size_mb=100)  # one bucket: fp32 and bf16 parameters
+    data = torch.randn(WORLD, 3, 4, generator=torch.Generator().manual_seed(1))
+    wrapped(data[rank]).square().sum().backward()
+    wrapped.finish_gradient_synchronization()
+    local = []  # each rank's own gradients, computed here for both
+    for batch in data:
+        reference.zero_grad(set_to_none=True)
+        reference(batch).square().sum().backward()
+        local.append([p.grad.float() for p in reference.parameters()])
+    for (name, param), *grads in zip(model.named_parameters(), *local, strict=True):
+        assert param.grad.dtype == param.dtype, name
+        # reduced in fp32, the bucket's widest dtype, then rounded to the parameter's
+        torch.testing.assert_close(param.grad, (sum(grads) / WORLD).to(param.dtype), msg=name)
+    # the fp32 gradients are views of the bucket's reduced buffer, not copies of it
+    assert model.linear.weight.grad.untyped_storage().data_ptr() == model.linear.bias.grad.untyped_storage().data_ptr()
+
+
+def test_bucket_reduces_in_its_widest_dtype_and_hands_out_views():
+    _spawn(_bucket_gradients)
+
+
 def _dropped_wrappers_free_their_model(rank: int) -> None:
     for make in (DDP, lambda m: BucketedDDP(m, 1)):
         model = nn.Linear(4, 4)

@@ -21,13 +21,20 @@ Both wrappers broadcast parameters and buffers from rank 0 at construction, afte
 every rank built the same model (a mismatch would otherwise hang in a collective); handle frozen
 and tied parameters (`parameters()` lists a shared tensor once, and its hook fires once per backward
 after all its uses have accumulated); offer `no_sync()` for gradient accumulation; and need
-`finish_gradient_synchronization()` after backward, which waits for the all-reduces and divides by
-the world size.
+`finish_gradient_synchronization()` after backward, which waits for the all-reduces and averages.
+
+Averaging: NCCL's all-reduce averages in the reduction itself (``ReduceOp.AVG``), so no pass over
+the gradients divides them afterwards; gloo has no AVG, so it sums and the gradients are divided.
+`BucketedDDP` hands each parameter a view of its bucket's reduced buffer as its gradient when the
+buffer is in the gradient's dtype, rather than copying the buffer back: of the passes over the
+gradients' memory a bucketed step used to make (flatten, divide, copy back) only the copy into the
+bucket is left, 1.8 GB less memory traffic per step for a 114M-parameter model in fp32.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from collections.abc import Iterator
 
@@ -39,6 +46,14 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 def _world() -> int:
     return dist.get_world_size()
+
+
+def _averaging() -> tuple[dist.ReduceOp, bool]:
+    """(the all-reduce op that averages, whether the result must still be divided by the world
+    size): NCCL's AVG, else (gloo) a sum."""
+    if dist.get_backend() == "nccl":
+        return dist.ReduceOp.AVG, False
+    return dist.ReduceOp.SUM, True
 
 
 def _wire(tensor: torch.Tensor, reduce_dtype: torch.dtype | None) -> torch.Tensor:
@@ -96,6 +111,7 @@ class _DataParallel(nn.Module):
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call dist.init_process_group first")
         self.module, self.reduce_dtype = module, reduce_dtype
+        self._op, self._divide = _averaging()
         _check_same_model(module)
         _broadcast_state(module)
         self._sync = True
@@ -139,15 +155,15 @@ class DDP(_DataParallel):
     def _on_gradient(self, param: torch.Tensor) -> None:
         if self._sync:
             sent = _wire(param.grad, self.reduce_dtype)
-            self._pending.append((dist.all_reduce(sent, async_op=True), sent, param.grad))
+            self._pending.append((dist.all_reduce(sent, op=self._op, async_op=True), sent, param.grad))
 
     def finish_gradient_synchronization(self) -> None:
-        """Wait for the all-reduces started during backward and average."""
+        """Wait for the all-reduces started during backward; average where they summed."""
         for work, _, _ in self._pending:
             work.wait()
         if self._pending:
-            sent = [s for _, s, _ in self._pending]
-            torch._foreach_div_(sent, _world())  # one launch, not one per gradient
+            if self._divide:
+                torch._foreach_div_([s for _, s, _ in self._pending], _world())  # one launch, not one per gradient
             copied = [(g, s) for _, s, g in self._pending if s is not g]
             if copied:
                 torch._foreach_copy_([g for g, _ in copied], [s for _, s in copied])
@@ -155,29 +171,52 @@ class DDP(_DataParallel):
 
 
 class _Bucket:
+    """Parameters whose gradients are reduced together, flat in one buffer of the wire dtype:
+    ``reduce_dtype``, else the widest of the parameters' (bf16 matmul weights next to fp32 norms
+    are reduced in fp32)."""
+
     def __init__(self, params: list[nn.Parameter], reduce_dtype: torch.dtype | None) -> None:
-        self.params, self.reduce_dtype = params, reduce_dtype
+        self.params = params
+        self.dtype = reduce_dtype or functools.reduce(torch.promote_types, (p.dtype for p in params))
         self.ready = 0
         self.buffer: torch.Tensor | None = None
         self.work: dist.Work | None = None
 
-    def launch(self) -> None:
-        """Flatten the bucket's gradients (zeros for any that backward did not produce) and start
-        their all-reduce."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        self.buffer = _wire(_flatten_dense_tensors(grads), self.reduce_dtype)
-        self.work = dist.all_reduce(self.buffer, async_op=True)
+    def _views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's slice of the flat ``buffer``, in the parameter's shape."""
+        sizes = [p.numel() for p in self.params]
+        return [view.view(p.shape) for view, p in zip(buffer.split(sizes), self.params, strict=True)]
 
-    def finish(self) -> None:
-        self.work.wait()
-        self.buffer /= _world()
-        averaged = _unflatten_dense_tensors(self.buffer, self.params)
-        present = [(p.grad, a) for p, a in zip(self.params, averaged, strict=True) if p.grad is not None]
+    def launch(self, op: dist.ReduceOp) -> None:
+        """Copy the bucket's gradients into a new flat buffer (one launch, cast to the wire dtype on
+        the way; zeros for any that backward did not produce) and start their all-reduce."""
+        first = self.params[0]
+        self.buffer = torch.empty(sum(p.numel() for p in self.params), dtype=self.dtype, device=first.device)
+        views = self._views(self.buffer)
+        present = [(view, p.grad) for view, p in zip(views, self.params, strict=True) if p.grad is not None]
         if present:
-            torch._foreach_copy_([grad for grad, _ in present], [a for _, a in present])  # one launch per bucket
-        for param, value in zip(self.params, averaged, strict=True):
+            torch._foreach_copy_([view for view, _ in present], [grad for _, grad in present])
+        for view, param in zip(views, self.params, strict=True):
             if param.grad is None:
-                param.grad = value.to(param.dtype, copy=True)  # never a view of the buffer
+                view.zero_()
+        self.work = dist.all_reduce(self.buffer, op=op, async_op=True)
+
+    def finish(self, divide: bool) -> None:
+        """Wait for the all-reduce; each gradient becomes its view of the averaged buffer when the
+        dtypes agree (no copy back), else a copy of it in the gradient's dtype."""
+        self.work.wait()
+        if divide:
+            self.buffer /= _world()
+        averaged = self._views(self.buffer)
+        copied = [(p.grad, value) for p, value in zip(self.params, averaged, strict=True)
+                  if p.grad is not None and p.grad.dtype != value.dtype]  # fmt: skip
+        if copied:
+            torch._foreach_copy_([grad for grad, _ in copied], [value for _, value in copied])  # one launch
+        for param, value in zip(self.params, averaged, strict=True):
+            if value.dtype == param.dtype:
+                param.grad = value
+            elif param.grad is None:
+                param.grad = value.to(param.dtype)
         self.ready, self.buffer, self.work = 0, None, None
 
 
@@ -217,15 +256,15 @@ class BucketedDDP(_DataParallel):
         bucket = self._bucket_of[id(param)]
         bucket.ready += 1
         if bucket.ready == len(bucket.params):
-            bucket.launch()
+            bucket.launch(self._op)
 
     def finish_gradient_synchronization(self) -> None:
         """Launch any bucket some of whose parameters got no gradient, wait for all, average."""
         for bucket in self.buckets:
             if bucket.work is None:
-                bucket.launch()
+                bucket.launch(self._op)
         for bucket in self.buckets:
-            bucket.finish()
+            bucket.finish(self._divide)
 
 
 def bf16_reduce_hook(process_group, bucket):  # no annotation: PyTorch checks a string one against a type
