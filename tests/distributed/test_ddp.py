@@ -120,12 +120,13 @@ def test_buckets_follow_reverse_parameter_order():
 
 
 class MixedDtypes(nn.Module):
-    """An fp32 linear layer and a bf16 scale: one bucket holds both."""
+    """An fp32 linear layer and a bf16 scale, of sizes that pack unaligned (3, 3, 12): one bucket
+    holds all."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.linear = nn.Linear(4, 4)
-        self.scale = nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+        self.linear = nn.Linear(4, 3)
+        self.scale = nn.Parameter(torch.ones(3, dtype=torch.bfloat16))
 
     def forward(self, x):
         return self.linear(x) * self.scale.float()
@@ -146,13 +147,15 @@ def _bucket_gradients(rank: int) -> None:
         local.append([p.grad.float() for p in reference.parameters()])
     for (name, param), *grads in zip(model.named_parameters(), *local, strict=True):
         assert param.grad.dtype == param.dtype, name
-        # reduced in fp32, the bucket's widest dtype, then rounded to the parameter's
+        # reduced in fp32, the bucket's promoted dtype, then rounded to the parameter's
         torch.testing.assert_close(param.grad, (sum(grads) / WORLD).to(param.dtype), msg=name)
-    # the fp32 gradients are views of the bucket's reduced buffer, not copies of it
-    assert model.linear.weight.grad.untyped_storage().data_ptr() == model.linear.bias.grad.untyped_storage().data_ptr()
+    # the fp32 gradients are views of the bucket's reduced buffer, not copies of it, each aligned
+    weight, bias = model.linear.weight.grad, model.linear.bias.grad
+    assert weight.untyped_storage().data_ptr() == bias.untyped_storage().data_ptr()
+    assert weight.data_ptr() % 16 == 0 and bias.data_ptr() % 16 == 0
 
 
-def test_bucket_reduces_in_its_widest_dtype_and_hands_out_views():
+def test_bucket_reduces_in_its_promoted_dtype_and_hands_out_aligned_views():
     _spawn(_bucket_gradients)
 
 

@@ -117,16 +117,19 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return logits[:, :vocab]
 
 
-LOGITS_ROW_BYTES = 128  # the row alignment Inductor gives a matmul's output (its padding_alignment_bytes)
+# Inductor's padding_alignment_bytes (torch._inductor.config): the two must agree for the traced
+# logits to keep their layout
+LOGITS_ROW_BYTES = 128
 
 
 def _row_aligned(weight: torch.Tensor, bias: torch.Tensor | None, traced: bool) -> tuple:
     """(weight, bias) for `_logits`: traced (under torch.compile), with zero rows appended up to a
     multiple of 128 bytes of logits per row, so the logits' row stride is one Inductor keeps as is.
-    Inductor pads an unaligned row stride of a matmul's output (V = 50257 in bf16: 50304), while the
-    traced kernel launches take the unpadded one, so it would copy every chunk of logits into the
-    traced layout, once per kernel argument (about 0.3 ms per 16384 x 10000 chunk on an H100).
-    The appended rows add at most 63 columns of logits, which no kernel reads and no gradient takes.
+    Inductor pads an unaligned row stride of a GPU matmul's output when it is at least 1024
+    elements (V = 50257 in bf16: 50304), while the traced kernel launches take the unpadded one, so
+    it would copy every chunk of logits into the traced layout, once per kernel argument (about
+    0.3 ms per 16384 x 10000 chunk on an H100). The appended rows add at most 63 columns of logits,
+    which no kernel reads and no gradient takes (a narrower vocabulary pays them for nothing).
     Eager calls and shapes traced as symbols keep the weight as it is."""
     vocab = weight.shape[0]
     per_row = LOGITS_ROW_BYTES // weight.element_size()
@@ -171,15 +174,14 @@ def _chunk_dlogits(hidden, weight, bias, vocab, targets, row_scale, options: Los
     """(losses, G) of one chunk, both scaled per row by ``row_scale`` (None: 1): G = d loss / d
     logits (C, V) in the compute dtype, written by the fused cross-entropy kernel over the
     logits' own buffer (with softcap over the capped logits', then times 1 - tanh^2). ``weight``
-    and ``bias`` may carry rows past ``vocab`` (`_row_aligned`); G then is a view of stride V'.
-    (The softcap's capped logits are a new buffer of their own, whose row stride Inductor may
-    still pad.)"""
+    and ``bias`` may carry rows past ``vocab`` (`_row_aligned`); G then is a view of stride V'."""
     ignore_index, label_smoothing, z_loss, softcap = options
     logits = _logits(hidden, weight, bias, vocab)
     if softcap is None:
         return _fused(logits, targets, row_scale, ignore_index, label_smoothing, z_loss, False, logits, traced=traced)
-    tanh = logits.div_(softcap).tanh_()
-    capped = tanh * softcap
+    # tanh in a buffer of its own, the capped logits over the logits' (row-aligned) one
+    tanh = torch.div(logits, softcap).tanh_()
+    capped = torch.mul(tanh, softcap, out=logits)
     losses, grad = _fused(
         capped, targets, row_scale, ignore_index, label_smoothing, z_loss, False, capped, traced=traced
     )
@@ -190,12 +192,11 @@ def _chunk_dlogits(hidden, weight, bias, vocab, targets, row_scale, options: Los
 
 def _chunked_losses(hidden, weight, bias, targets, options: LossOptions, chunk_rows, traced=False):
     """Per-row losses (N,) fp32, one chunk of logits at a time; no gradient."""
-    rows_total = hidden.shape[0]
+    rows_total, vocab = hidden.shape[0], weight.shape[0]
     losses = torch.empty(rows_total, device=hidden.device, dtype=torch.float32)
-    chunk = _chunk_rows(hidden, weight.shape[0], chunk_rows)
+    chunk = _chunk_rows(hidden, vocab, chunk_rows)
     ignore_index, label_smoothing, z_loss, softcap = options
     with torch.autocast(hidden.device.type, enabled=False):  # the matmuls run in hidden's dtype, as cast
-        vocab = weight.shape[0]
         weight, bias = _row_aligned(weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype), traced)
         for start in range(0, rows_total, chunk):
             rows = slice(start, start + chunk)
@@ -223,9 +224,10 @@ def _chunked_gradients(hidden, weight, bias, targets, row_scale, needs, options:
     grad_bias = torch.zeros(vocab, device=device, dtype=torch.float32) if need_bias else None
     chunk = _chunk_rows(hidden, vocab, chunk_rows)
     with torch.autocast(device.type, enabled=False):  # the matmuls run in hidden's dtype, as cast
-        compute_weight = weight.to(hidden.dtype)
-        compute_bias = None if bias is None else bias.to(hidden.dtype)
-        logits_weight, logits_bias = _row_aligned(compute_weight, compute_bias, traced)
+        logits_weight, logits_bias = _row_aligned(
+            weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype), traced
+        )
+        compute_weight = logits_weight[:vocab]  # one copy of the weight in the compute dtype, not two
         for start in range(0, rows_total, chunk):
             rows = slice(start, start + chunk)
             scale = None if row_scale is None else row_scale[rows]

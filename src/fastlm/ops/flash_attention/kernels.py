@@ -209,7 +209,7 @@ def _flash_forward_kernel(
     Q, K, V,  # (Z, H, M, D), (Z, Hkv, N, D), (Z, Hkv, N, D), any strides; packed (total_q, H, D), (total_k, Hkv, D)
     Out,  # q's shape, written
     LSE,  # (Z, H, M), packed (H, total_q): fp32 logsumexp of the scaled scores (natural log), written
-    CU_SEQLENS_Q, CU_SEQLENS_K,  # packed: (docs + 1,) int32 cumulative lengths; dense: dummies
+    CU_SEQLENS_Q, CU_SEQLENS_K,  # packed: (docs + 1,) int32 cumulative lengths; dense: None
     stride_qz, stride_qh, stride_qm, stride_qd,  # packed: batch stride 0, the row stride as stride_qm
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
