@@ -132,12 +132,13 @@ class MixedDtypes(nn.Module):
         return self.linear(x) * self.scale.float()
 
 
-def _bucket_gradients(rank: int) -> None:
+def _averaged_gradients(rank: int, make_wrapper, backend: str) -> None:
+    device = torch.device("cuda", rank) if backend == "nccl" else CPU
     torch.manual_seed(0)
-    model = MixedDtypes()
+    model = MixedDtypes().to(device)
     reference = copy.deepcopy(model)
-    wrapped = BucketedDDP(model, bucket_size_mb=100)  # one bucket: fp32 and bf16 parameters
-    data = torch.randn(WORLD, 3, 4, generator=torch.Generator().manual_seed(1))
+    wrapped = make_wrapper(model)
+    data = torch.randn(WORLD, 3, 4, generator=torch.Generator().manual_seed(1)).to(device)
     wrapped(data[rank]).square().sum().backward()
     wrapped.finish_gradient_synchronization()
     local = []  # each rank's own gradients, computed here for both
@@ -147,16 +148,30 @@ def _bucket_gradients(rank: int) -> None:
         local.append([p.grad.float() for p in reference.parameters()])
     for (name, param), *grads in zip(model.named_parameters(), *local, strict=True):
         assert param.grad.dtype == param.dtype, name
-        # reduced in fp32, the bucket's promoted dtype, then rounded to the parameter's
+        # averaged in fp32 (a bucket's promoted dtype; ddp reduces each gradient in its own, and the
+        # bf16 sum of two bf16 gradients, halved, is the fp32 mean rounded once), then rounded
         torch.testing.assert_close(param.grad, (sum(grads) / WORLD).to(param.dtype), msg=name)
-    # the fp32 gradients are views of the bucket's reduced buffer, not copies of it, each aligned
-    weight, bias = model.linear.weight.grad, model.linear.bias.grad
-    assert weight.untyped_storage().data_ptr() == bias.untyped_storage().data_ptr()
-    assert weight.data_ptr() % 16 == 0 and bias.data_ptr() % 16 == 0
+    if isinstance(wrapped, BucketedDDP):  # fp32 gradients: aligned views of the bucket's reduced buffer
+        weight, bias = model.linear.weight.grad, model.linear.bias.grad
+        assert weight.untyped_storage().data_ptr() == bias.untyped_storage().data_ptr()
+        assert weight.data_ptr() % 16 == 0 and bias.data_ptr() % 16 == 0
 
 
-def test_bucket_reduces_in_its_promoted_dtype_and_hands_out_aligned_views():
-    _spawn(_bucket_gradients)
+def _one_bucket(model):
+    return BucketedDDP(model, bucket_size_mb=100)  # fp32 and bf16 parameters in one bucket
+
+
+@pytest.mark.parametrize("make_wrapper", [DDP, _one_bucket], ids=["ddp", "bucketed"])
+def test_mixed_dtypes_average_and_buckets_hand_out_aligned_views(make_wrapper):
+    _spawn(_averaged_gradients, make_wrapper, "gloo")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < WORLD, reason=f"needs {WORLD} GPUs")
+@pytest.mark.parametrize("make_wrapper", [DDP, _one_bucket], ids=["ddp", "bucketed"])
+def test_gpu_nccl_averages_in_the_all_reduce(make_wrapper):
+    """NCCL averages in the reduction itself (no division after it): the same means as gloo's sums."""
+    spawn(_averaged_gradients, WORLD, make_wrapper, "nccl", backend="nccl", timeout_s=120)
 
 
 def _dropped_wrappers_free_their_model(rank: int) -> None:
