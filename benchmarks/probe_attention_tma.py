@@ -10,8 +10,13 @@ against fastlm's first, then prints one JSON line per variant (median ms by do_b
 causal count 2 B H N^2 D). The same for the backward's dK/dV kernel (`--backward`): fastlm's
 `_flash_backward_dkdv_kernel` launched alone against a TMA twin (TFLOP/s by 4 of the backward's
 matmuls, 4 B H N^2 D causal), and (`--inductor`) whether torch.compile takes a `triton_op` whose
-kernel gets TensorDescriptor arguments. A probe, not a kernel of the package: dense causal
-self-attention, H = Hkv, N a multiple of the tiles.
+kernel gets TensorDescriptor arguments. The "device tma" variants build their descriptors inside
+the kernel (`tl.make_tensor_descriptor`, one per (batch, head) over its (N, D) rows at the input's
+strides: the model's token-major views, and N that is no multiple of the tiles, whose rows past N
+TMA zero-fills and clips), which needs Triton's scratch allocator in eager mode and Inductor's
+support for a user kernel's global scratch under torch.compile (`--inductor` checks both kinds). A
+probe, not a kernel of the package: dense causal self-attention, H = Hkv; the host-descriptor
+variants need N a multiple of the tiles.
 Usage: python benchmarks/probe_attention_tma.py [--shapes 8,16,4096,128 ...] [--backward] [--inductor]
 """
 
@@ -76,6 +81,83 @@ def tma_forward(q, k, v, block_m: int, block_n: int, warps: int, stages: int):
 
 
 @triton.jit
+def _device_tma_forward_kernel(
+    Q, K, V, Out,  # (B, H, N, D), any strides with D's 1 and the others 16-byte multiples
+    LSE,  # (B, H, N) fp32 contiguous
+    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn,
+    stride_vz, stride_vh, stride_vn, stride_oz, stride_oh, stride_om,
+    H, N, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """`_tma_forward_kernel`'s loop with descriptors made here, one per tensor over this (batch,
+    head)'s (N, D) rows: keys past N come back as zeros, which the causal mask hides from every row
+    below N; O's rows past N are clipped by the store."""
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # the longest programs first
+    z, h = tl.program_id(2), tl.program_id(1)
+    desc_q = tl.make_tensor_descriptor(
+        Q + z * stride_qz + h * stride_qh,
+        shape=[N, HEAD_DIM],
+        strides=[stride_qm, 1],
+        block_shape=[BLOCK_M, HEAD_DIM],
+    )
+    desc_k = tl.make_tensor_descriptor(
+        K + z * stride_kz + h * stride_kh,
+        shape=[N, HEAD_DIM],
+        strides=[stride_kn, 1],
+        block_shape=[BLOCK_N, HEAD_DIM],
+    )
+    desc_v = tl.make_tensor_descriptor(
+        V + z * stride_vz + h * stride_vh,
+        shape=[N, HEAD_DIM],
+        strides=[stride_vn, 1],
+        block_shape=[BLOCK_N, HEAD_DIM],
+    )
+    desc_o = tl.make_tensor_descriptor(
+        Out + z * stride_oz + h * stride_oh,
+        shape=[N, HEAD_DIM],
+        strides=[stride_om, 1],
+        block_shape=[BLOCK_M, HEAD_DIM],
+    )
+    qk_scale = sm_scale * LOG2E
+    q = desc_q.load([start_m, 0])
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), -3.0e38, dtype=tl.float32)
+    full_end = start_m // BLOCK_N * BLOCK_N  # key tiles every row sees whole; then the diagonal, masked
+    for start_n in range(0, start_m + BLOCK_M, BLOCK_N):
+        k = desc_k.load([start_n, 0])
+        v = desc_v.load([start_n, 0])
+        s = tl.dot(q, tl.trans(k))
+        if start_n >= full_end:
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    acc = acc / l_i[:, None]
+    desc_o.store([start_m, 0], acc.to(Out.dtype.element_ty))
+    tl.store(LSE + (z * H + h) * N + offs_m, (m_i + tl.math.log2(l_i)) * LN2, mask=offs_m < N)
+
+
+def device_tma_forward(q, k, v, block_m: int, block_n: int, warps: int, stages: int, launch=None):
+    """O (q's strides) and L of `_device_tma_forward_kernel`; ``launch`` wraps the kernel (e.g.
+    ``wrap_triton`` inside a triton_op)."""
+    B, H, N, D = q.shape
+    o = torch.empty_like(q)
+    lse = torch.empty(B, H, N, device=q.device, dtype=torch.float32)
+    kernel = (launch or (lambda fn: fn))(_device_tma_forward_kernel)
+    kernel[(triton.cdiv(N, block_m), H, B)](
+        q, k, v, o, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], H, N, D**-0.5,
+        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return o, lse
+
+
+@triton.jit
 def _tma_dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv,  # (B H N, D) views; blocks BLOCK_M (q, do), BLOCK_N
     LSE, DELTA,  # (B H N,) fp32
@@ -126,7 +208,7 @@ def fastlm_dkdv(q, k, v, do, lse, delta, tiles: fa.AttentionTiles):
     B, H, N, D = q.shape
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     _flash_backward_dkdv_kernel[(N // tiles.block_n, H, B)](
-        q, k, v, do, lse, delta, dk, dv, q, q, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
+        q, k, v, do, lse, delta, dk, dv, None, None, *q.stride(), *k.stride(), *v.stride(), *do.stride(),
         *dk.stride()[:3], H * N, N, H, 1, N, N, 0, D**-0.5, 0, 0,
         BOUNDED_LEFT=False, BOUNDED_RIGHT=True, VARLEN=False, HEAD_DIM=D, BLOCK_D=D, PRECISION="ieee",
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
@@ -173,14 +255,23 @@ def probe_inductor() -> None:
         )  # fmt: skip
         return o
 
+    @triton_op("probe::device_tma_forward", mutates_args=())
+    def device_tma_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return device_tma_forward(q, k, v, 128, 128, 8, 3, launch=wrap_triton)[0]
+
     q, k, v = (torch.randn(2, 4, 1024, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    try:
-        eager = tma_op(q, k, v)
-        compiled = torch.compile(lambda q, k, v: tma_op(q * 1, k, v), fullgraph=True)(q, k, v)
-        result = {"equal": bool(torch.equal(eager, compiled))}
-    except Exception as failure:
-        result = {"error": f"{type(failure).__name__}: {str(failure).splitlines()[0][:300]}"}
-    print(json.dumps({"variant": "inductor triton_op with TensorDescriptor arguments", **result}), flush=True)
+    for name, op in (
+        ("inductor triton_op with TensorDescriptor arguments", tma_op),
+        ("inductor triton_op with descriptors made in the kernel", device_tma_op),
+    ):
+        try:
+            eager = op(q, k, v)
+            torch._dynamo.reset()
+            compiled = torch.compile(lambda q, k, v, op=op: op(q * 1, k, v), fullgraph=True)(q, k, v)
+            result = {"equal": bool(torch.equal(eager, compiled))}
+        except Exception as failure:
+            result = {"error": f"{type(failure).__name__}: {str(failure).splitlines()[0][:300]}"}
+        print(json.dumps({"variant": name, **result}), flush=True)
 
 
 TMA_TILES = [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3)]
@@ -191,11 +282,18 @@ def probe(B: int, H: int, N: int, D: int, arch: int) -> None:
     if N % 128:  # a tile past a head's end would read the next head's rows through the 2-D views
         raise SystemExit(f"N must be a multiple of 128, got {N}")
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    # the model's layout: (B, H, N, D) views of (B, N, H, D) projections
+    tq, tk, tv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     config = fa.attention_config(arch, torch.bfloat16, D, N)
     reference, _ = fa._launch_forward(q, k, v, True, D**-0.5, config)
-    variants = {"fastlm": lambda: fa._launch_forward(q, k, v, True, D**-0.5, config)}
+    variants = {
+        "fastlm": lambda: fa._launch_forward(q, k, v, True, D**-0.5, config),
+        "fastlm token-major": lambda: fa._launch_forward(tq, tk, tv, True, D**-0.5, config),
+    }
     for tiles in TMA_TILES:
         variants[f"tma {tiles}"] = lambda tiles=tiles: tma_forward(q, k, v, *tiles)
+    for tiles in TMA_TILES:
+        variants[f"device tma token-major {tiles}"] = lambda tiles=tiles: device_tma_forward(tq, tk, tv, *tiles)
     for name, run in variants.items():
         try:
             out, _ = run()
@@ -214,6 +312,8 @@ def main():
     parser.add_argument("--inductor", action="store_true", help="also torch.compile of a triton_op with descriptors")
     args = parser.parse_args()
     arch = device_arch(torch.device("cuda"))
+    # descriptors made in a kernel live in global scratch memory, which eager launches take from here
+    triton.set_allocator(lambda size, alignment, stream: torch.empty(size, device="cuda", dtype=torch.int8))
     if args.inductor:
         probe_inductor()
     for shape in args.shapes:
