@@ -35,16 +35,13 @@ from fastlm.ops.flash_attention.kernels import _flash_backward_dkdv_kernel
 
 
 @triton.jit
-def _tma_forward_kernel(
-    desc_q, desc_k, desc_v, desc_o,  # descriptors of (B H N, D) views, blocks (BLOCK_M | BLOCK_N, D)
-    LSE,  # (B H N,) fp32
-    N, sm_scale,
+def _causal_rows(
+    q, desc_k, desc_v,  # q: the query tile (BLOCK_M, D); K, V descriptors of blocks (BLOCK_N, D)
+    row0, start_m, sm_scale,  # the head's first row in the descriptors' rows; the tile's first query
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # the longest programs first
-    row0 = tl.program_id(1) * N  # this (batch, head)'s first row in the 2-D views
+    """The online-softmax loop of both probe forwards: (O of the tile, L of its rows)."""
     qk_scale = sm_scale * LOG2E
-    q = desc_q.load([row0 + start_m, 0])
     offs_m = start_m + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -63,9 +60,23 @@ def _tma_forward_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
-    acc = acc / l_i[:, None]
+    return acc / l_i[:, None], (m_i + tl.math.log2(l_i)) * LN2
+
+
+@triton.jit
+def _tma_forward_kernel(
+    desc_q, desc_k, desc_v, desc_o,  # descriptors of (B H N, D) views, blocks (BLOCK_M | BLOCK_N, D)
+    LSE,  # (B H N,) fp32
+    N, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # the longest programs first
+    row0 = tl.program_id(1) * N  # this (batch, head)'s first row in the 2-D views
+    q = desc_q.load([row0 + start_m, 0])
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    acc, lse = _causal_rows(q, desc_k, desc_v, row0, start_m, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N)
     desc_o.store([row0 + start_m, 0], acc.to(tl.bfloat16))
-    tl.store(LSE + row0 + offs_m, (m_i + tl.math.log2(l_i)) * LN2)
+    tl.store(LSE + row0 + offs_m, lse)
 
 
 def tma_forward(q, k, v, block_m: int, block_n: int, warps: int, stages: int):
@@ -94,53 +105,18 @@ def _device_tma_forward_kernel(
     below N; O's rows past N are clipped by the store."""
     start_m = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # the longest programs first
     z, h = tl.program_id(2), tl.program_id(1)
-    desc_q = tl.make_tensor_descriptor(
-        Q + z * stride_qz + h * stride_qh,
-        shape=[N, HEAD_DIM],
-        strides=[stride_qm, 1],
-        block_shape=[BLOCK_M, HEAD_DIM],
-    )
-    desc_k = tl.make_tensor_descriptor(
-        K + z * stride_kz + h * stride_kh,
-        shape=[N, HEAD_DIM],
-        strides=[stride_kn, 1],
-        block_shape=[BLOCK_N, HEAD_DIM],
-    )
-    desc_v = tl.make_tensor_descriptor(
-        V + z * stride_vz + h * stride_vh,
-        shape=[N, HEAD_DIM],
-        strides=[stride_vn, 1],
-        block_shape=[BLOCK_N, HEAD_DIM],
-    )
-    desc_o = tl.make_tensor_descriptor(
-        Out + z * stride_oz + h * stride_oh,
-        shape=[N, HEAD_DIM],
-        strides=[stride_om, 1],
-        block_shape=[BLOCK_M, HEAD_DIM],
-    )
-    qk_scale = sm_scale * LOG2E
+    q_rows, o_rows = Q + z * stride_qz + h * stride_qh, Out + z * stride_oz + h * stride_oh
+    k_rows, v_rows = K + z * stride_kz + h * stride_kh, V + z * stride_vz + h * stride_vh
+    # (base, shape, strides, block shape)
+    desc_q = tl.make_tensor_descriptor(q_rows, [N, HEAD_DIM], [stride_qm, 1], [BLOCK_M, HEAD_DIM])
+    desc_k = tl.make_tensor_descriptor(k_rows, [N, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM])
+    desc_v = tl.make_tensor_descriptor(v_rows, [N, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
+    desc_o = tl.make_tensor_descriptor(o_rows, [N, HEAD_DIM], [stride_om, 1], [BLOCK_M, HEAD_DIM])
     q = desc_q.load([start_m, 0])
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    m_i = tl.full((BLOCK_M,), -3.0e38, dtype=tl.float32)
-    full_end = start_m // BLOCK_N * BLOCK_N  # key tiles every row sees whole; then the diagonal, masked
-    for start_n in range(0, start_m + BLOCK_M, BLOCK_N):
-        k = desc_k.load([start_n, 0])
-        v = desc_v.load([start_n, 0])
-        s = tl.dot(q, tl.trans(k))
-        if start_n >= full_end:
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
-    acc = acc / l_i[:, None]
+    acc, lse = _causal_rows(q, desc_k, desc_v, 0, start_m, sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N)
     desc_o.store([start_m, 0], acc.to(Out.dtype.element_ty))
-    tl.store(LSE + (z * H + h) * N + offs_m, (m_i + tl.math.log2(l_i)) * LN2, mask=offs_m < N)
+    tl.store(LSE + (z * H + h) * N + offs_m, lse, mask=offs_m < N)
 
 
 def device_tma_forward(q, k, v, block_m: int, block_n: int, warps: int, stages: int, launch=None):
