@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from fastlm.distributed.launch import spawn
-from fastlm.distributed.wrappers import MODES, ParallelSpec, wrap
+from fastlm.distributed.wrappers import (
+    COMPILED_BUCKETED_MB,
+    DEFAULT_BUCKET_MB,
+    MODES,
+    ParallelSpec,
+    bucket_mb_in_use,
+    wrap,
+)
 from fastlm.model import ModelConfig, TransformerLM
 
 WORLD = 2
@@ -41,6 +48,21 @@ SYNCHRONIZING = [
 def test_a_bad_spec_is_one_sentence(mode, bucket_mb, message):
     with pytest.raises(ValueError, match=message):
         ParallelSpec(mode, bucket_mb)
+
+
+@pytest.mark.parametrize(
+    ("mode", "bucket_mb", "compiled", "expected"),
+    [
+        ("bucketed", None, False, DEFAULT_BUCKET_MB["bucketed"]),  # eager: buckets overlap backward
+        ("bucketed", None, True, COMPILED_BUCKETED_MB),  # one graph: nothing to overlap, fewer calls
+        ("bucketed", 10.0, True, 10.0),  # a size given always wins
+        ("torch-ddp", None, True, DEFAULT_BUCKET_MB["torch-ddp"]),  # splits its graph at its buckets
+        ("fsdp", None, True, DEFAULT_BUCKET_MB["fsdp"]),
+        ("ddp", None, True, None),
+    ],
+)
+def test_bucket_sizes_in_use(mode, bucket_mb, compiled, expected):
+    assert bucket_mb_in_use(mode, bucket_mb, compiled) == expected
 
 
 def test_the_command_line_parses_a_spec_without_torch():

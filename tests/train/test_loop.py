@@ -2,7 +2,9 @@
 it learns and writes its log and plot; gradient accumulation, the learning-rate schedule and
 clipping do what they say; an interrupted run resumes on the same tokens, bit for bit."""
 
+import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.transformer import linear_weights
 from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.train import loop, memory_fit
+from fastlm.train.config import TrainConfig
 from fastlm.train.log import read_log
 from fastlm.utils.errors import UserError
 
@@ -352,3 +355,13 @@ def test_fsdp_compiles_the_blocks_as_one_graph_where_they_are_one_unit(bucket_mb
     assert [fn.__self__ for fn in compiled] == (list(model.blocks) if bucket_mb else [model.blocks])
     if not bucket_mb:
         assert model.blocks.forward is next(iter(compiled.values()))
+
+
+@pytest.mark.parametrize(("compile_mode", "expected"), [("eager", 25.0), ("compile", 500.0), ("cudagraphs", 500.0)])
+def test_bucketed_takes_one_large_bucket_when_the_model_is_one_graph(compile_mode, expected):
+    """Compiled, all gradients reach bucketed's hooks at the end of backward: its default buckets are
+    large (fewer all-reduce calls); eager, small ones overlap the backward."""
+    config = TrainConfig(data=Path("d"), parallel="bucketed", compile=compile_mode).resolved(gpu=False)
+    assert loop._parallel_spec(config).bucket_mb == expected
+    given = dataclasses.replace(config, bucket_mb=7.0)
+    assert loop._parallel_spec(given).bucket_mb == 7.0

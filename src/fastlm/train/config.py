@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB, MODES, REDUCE_DTYPES
+from fastlm.distributed.wrappers import COMPILED_BUCKETED_MB, DEFAULT_BUCKET_MB, MODES, REDUCE_DTYPES
 from fastlm.model.config import (
     COMPILE_MEANINGS,
     COMPILE_MODES,
@@ -125,7 +125,8 @@ class TrainConfig(ModelOptions):
         None,
         "bucket size of --parallel bucketed and torch-ddp; with fsdp the least MB of gathered weights "
         "per sharding unit of consecutive blocks (default: "
-        f"{DEFAULT_BUCKET_MB['bucketed']:g} for bucketed and torch-ddp, {DEFAULT_BUCKET_MB['fsdp']:g} for fsdp)",
+        f"{DEFAULT_BUCKET_MB['bucketed']:g} for bucketed and torch-ddp, {COMPILED_BUCKETED_MB:g} for bucketed "
+        f"under --compile, {DEFAULT_BUCKET_MB['fsdp']:g} for fsdp)",
         limit="positive",
     )
     reduce_dtype: str = option(

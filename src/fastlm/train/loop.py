@@ -133,7 +133,12 @@ def _wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> 
 
 
 def _parallel_spec(config: TrainConfig) -> ParallelSpec:
-    return ParallelSpec(config.parallel, bucket_mb_in_use(config.parallel, config.bucket_mb), config.reduce_dtype)
+    return ParallelSpec(config.parallel, _bucket_mb(config), config.reduce_dtype)
+
+
+def _bucket_mb(config: TrainConfig) -> float | None:
+    """--bucket-mb or the mode's default for this run (bucketed's depends on compilation: `_compile`)."""
+    return bucket_mb_in_use(config.parallel, config.bucket_mb, compiled=config.compile != "eager")
 
 
 def _compute_dtype(config: TrainConfig) -> torch.dtype | None:
@@ -532,7 +537,7 @@ def _write_run_file(
             "parameters": model_cfg.num_parameters(),
             "world_size": world,
             # not in the record: a resumed run may change it
-            "bucket_mb": bucket_mb_in_use(config.parallel, config.bucket_mb),
+            "bucket_mb": _bucket_mb(config),
             "device": str(device),
             "argv": sys.argv,
             "result": result,
