@@ -81,20 +81,25 @@ def markdown(rows: list[dict], title: str, note: str = "") -> str:
 
 
 def plot(rows: list[dict], path: Path, title: str) -> Path:
+    """Horizontal bars (one per multi-process row, top to bottom in the table's order) so that long
+    labels stay readable; dotted lines at the ideal scaling of each process count."""
     import matplotlib.pyplot as plt
 
     multi = [row for row in rows if row["procs"] > 1]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    labels = [f"{row['procs']} GPUs\n{row['parallel']}\n{row['kernels']}" for row in multi]
+    fig, ax = plt.subplots(figsize=(8, 1.2 + 0.35 * len(multi)))
+    labels = [f"{row['procs']} GPUs {row['parallel']} ({row['kernels']})" for row in multi]
     medians = [statistics.median(row["ratios"]) for row in multi]
     low = [m - min(row["ratios"]) for m, row in zip(medians, multi, strict=True)]
     high = [max(row["ratios"]) - m for m, row in zip(medians, multi, strict=True)]
     colors = ["tab:blue" if row["kernels"] == "torch" else "tab:orange" for row in multi]
-    ax.bar(range(len(multi)), medians, yerr=[low, high], capsize=3, color=colors)
+    positions = range(len(multi) - 1, -1, -1)
+    ax.barh(positions, medians, xerr=[low, high], capsize=3, color=colors)
+    for y, median, row in zip(positions, medians, multi, strict=True):  # past the range's bar
+        ax.text(max(row["ratios"]) + 0.04, y, f"{median:.2f}x", va="center", fontsize=7)
     for procs in sorted({row["procs"] for row in multi}):
-        ax.axhline(procs, color="gray", linestyle=":", linewidth=1)
-    ax.set_xticks(range(len(multi)), labels, fontsize=7)
-    ax.set_ylabel("tokens/s vs one GPU (median, range)")
+        ax.axvline(procs, color="gray", linestyle=":", linewidth=1)
+    ax.set_yticks(list(positions), labels, fontsize=8)
+    ax.set_xlabel("tokens/s vs one GPU (median, range)")
     ax.set_title(title, fontsize=10)
     return save_figure(fig, path, dpi=120)
 
