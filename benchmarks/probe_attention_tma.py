@@ -41,7 +41,7 @@ def _causal_rows(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """The online-softmax loop of both probe forwards: (O of the tile, L of its rows)."""
-    qk_scale = sm_scale * LOG2E
+    qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E  # fp64 under torch.compile
     offs_m = start_m + tl.arange(0, BLOCK_M)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -143,7 +143,7 @@ def _tma_dkdv_kernel(
     """One program per key tile of one (batch, head): dK and dV over the query tiles that see it."""
     start_n = tl.program_id(0) * BLOCK_N
     row0 = tl.program_id(1) * N
-    qk_scale = sm_scale * LOG2E
+    qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E  # fp64 under torch.compile
     k = desc_k.load([row0 + start_n, 0])
     v = desc_v.load([row0 + start_n, 0])
     offs_n = start_n + tl.arange(0, BLOCK_N)
