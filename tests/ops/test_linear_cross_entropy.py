@@ -263,11 +263,13 @@ def test_torch_compile_matches_eager(reduction, backend, device):
 def test_traced_logits_rows_are_128_byte_aligned(bias, softcap, monkeypatch, device):
     """The registered op (what torch.compile traces) computes each chunk's logits with a row stride
     of a multiple of 128 bytes (V = 131 in fp32: 160), the stride Inductor gives a matmul's output,
-    so its launches need no copy into another layout; losses and gradients equal the eager path's."""
-    strides = []
+    and hands the fused kernel that whole buffer with the vocabulary's size, not a view of its
+    first V columns (Inductor clones a view a user kernel writes before the launch): no copy on
+    either count. Losses and gradients equal the eager path's."""
+    launches = []
 
     def spy(logits, *args, **kwargs):
-        strides.append(logits.stride(0))
+        launches.append((tuple(logits.shape), logits.stride(0), logits._base is None, kwargs["vocab"]))
         return fused(logits, *args, **kwargs)
 
     fused = lce._fused
@@ -276,10 +278,11 @@ def test_traced_logits_rows_are_128_byte_aligned(bias, softcap, monkeypatch, dev
     options = lce.LossOptions(-100, 0.1, 1e-3, softcap)
     needs = (True, True, bias is not None)
     losses, *eager = lce._chunked_gradients(hidden, weight, bias, targets, None, needs, options, 8)
-    assert strides == [V] * 3
-    strides.clear()
+    chunks = (8, 8, N - 16)
+    assert launches == [((rows, V), V, True, V) for rows in chunks]
+    launches.clear()
     traced = torch.ops.fastlm.linear_cross_entropy_gradients(hidden, weight, targets, bias, None, *needs, *options, 8)
-    assert strides == [160] * 3
+    assert launches == [((rows, 160), 160, True, V) for rows in chunks]
     torch.testing.assert_close(traced[0], losses.sum(), rtol=1e-6, atol=1e-6)
     for got, want in zip(traced[1:], eager, strict=True):
         if want is not None:

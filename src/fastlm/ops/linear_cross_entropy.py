@@ -110,11 +110,11 @@ class LossOptions(NamedTuple):
     softcap: float | None
 
 
-def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, vocab: int) -> torch.Tensor:
-    """(C, d) @ (V', d).T (+ bias) -> (C, V) by cuBLAS, in the inputs' (compute) dtype: the first
-    ``vocab`` columns, a view whose row stride is V' where `_row_aligned` appended rows."""
-    logits = torch.mm(hidden, weight.t()) if bias is None else torch.addmm(bias, hidden, weight.t())
-    return logits[:, :vocab]
+def _logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """(C, d) @ (V', d).T (+ bias) -> (C, V') by cuBLAS, in the inputs' (compute) dtype; V' > V
+    where `_row_aligned` appended rows. The kernels take the whole buffer and the vocabulary's
+    size: a view of its first V columns that a traced kernel writes would be cloned first."""
+    return torch.mm(hidden, weight.t()) if bias is None else torch.addmm(bias, hidden, weight.t())
 
 
 # Inductor's padding_alignment_bytes (torch._inductor.config): the two must agree for the traced
@@ -176,18 +176,16 @@ def _chunk_dlogits(hidden, weight, bias, vocab, targets, row_scale, options: Los
     logits' own buffer (with softcap over the capped logits', then times 1 - tanh^2). ``weight``
     and ``bias`` may carry rows past ``vocab`` (`_row_aligned`); G then is a view of stride V'."""
     ignore_index, label_smoothing, z_loss, softcap = options
-    logits = _logits(hidden, weight, bias, vocab)
-    if softcap is None:
-        return _fused(logits, targets, row_scale, ignore_index, label_smoothing, z_loss, False, logits, traced=traced)
-    # tanh in a buffer of its own, the capped logits over the logits' (row-aligned) one
-    tanh = torch.div(logits, softcap).tanh_()
-    capped = torch.mul(tanh, softcap, out=logits)
+    logits = _logits(hidden, weight, bias)
+    if softcap is not None:  # tanh in a buffer of its own, the capped logits over the logits' one
+        tanh = torch.div(logits, softcap).tanh_()
+        logits = torch.mul(tanh, softcap, out=logits)
     losses, grad = _fused(
-        capped, targets, row_scale, ignore_index, label_smoothing, z_loss, False, capped, traced=traced
+        logits, targets, row_scale, ignore_index, label_smoothing, z_loss, False, logits, traced=traced, vocab=vocab
     )
-    # grad *= 1 - tanh^2 in place, computed in fp32 exactly as PyTorch's backward of tanh
-    torch.ops.aten.tanh_backward.grad_input(grad, tanh, grad_input=grad)
-    return losses, grad
+    if softcap is not None:  # grad *= 1 - tanh^2 in place, in fp32 exactly as PyTorch's backward of tanh
+        torch.ops.aten.tanh_backward.grad_input(grad, tanh, grad_input=grad)
+    return losses, grad[:, :vocab]
 
 
 def _chunked_losses(hidden, weight, bias, targets, options: LossOptions, chunk_rows, traced=False):
@@ -200,10 +198,12 @@ def _chunked_losses(hidden, weight, bias, targets, options: LossOptions, chunk_r
         weight, bias = _row_aligned(weight.to(hidden.dtype), None if bias is None else bias.to(hidden.dtype), traced)
         for start in range(0, rows_total, chunk):
             rows = slice(start, start + chunk)
-            logits = _logits(hidden[rows], weight, bias, vocab)
+            logits = _logits(hidden[rows], weight, bias)
             if softcap is not None:
                 logits.div_(softcap).tanh_().mul_(softcap)
-            losses[rows] = _forward(logits, targets[rows], ignore_index, label_smoothing, z_loss, traced=traced)[0]
+            losses[rows] = _forward(
+                logits, targets[rows], ignore_index, label_smoothing, z_loss, traced=traced, vocab=vocab
+            )[0]
             del logits  # before the next chunk's are allocated: one (C, V) buffer alive, not two
     return losses
 

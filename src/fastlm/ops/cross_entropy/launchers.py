@@ -23,12 +23,12 @@ _launch_cross_entropy_fused = launcher(_cross_entropy_fused_kernel)
 _launch_scale_rows = launcher(_scale_rows_kernel)
 
 
-def _forward(logits, targets, ignore_index, label_smoothing, z_loss, config=None, traced=False):
+def _forward(logits, targets, ignore_index, label_smoothing, z_loss, config=None, traced=False, vocab=None):
     """(losses (B,), stats (2, B): each row's m and s), fp32; ``config`` None picks it; ``traced``
-    inside the triton_op."""
+    inside the triton_op; ``vocab``: the first columns that are the vocabulary (None: all)."""
+    batch, vocab = logits.shape[0], logits.shape[1] if vocab is None else vocab
     if not runs_triton(logits):
-        return _reference_forward(logits, targets, ignore_index, label_smoothing, z_loss)
-    batch, vocab = logits.shape
+        return _reference_forward(logits[:, :vocab], targets, ignore_index, label_smoothing, z_loss)
     losses = torch.empty(batch, device=logits.device, dtype=torch.float32)
     stats = torch.empty((2, batch), device=logits.device, dtype=torch.float32)
     if batch == 0:
@@ -89,16 +89,33 @@ def _backward(logits, targets, stats, grad_losses, ignore_index, label_smoothing
 
 
 def _fused(
-    logits, targets, row_scale, ignore_index, label_smoothing, z_loss, mean, grad=None, config=None, traced=False
+    logits,
+    targets,
+    row_scale,
+    ignore_index,
+    label_smoothing,
+    z_loss,
+    mean,
+    grad=None,
+    config=None,
+    traced=False,
+    vocab=None,
 ):
     """(losses, dlogits) in one kernel, both multiplied per row by ``row_scale`` (B,) if given, or
     by 1 / n_valid with ``mean``. ``grad`` is the output buffer (may be ``logits``: in place; None:
-    a new contiguous one)."""
+    a new contiguous one). ``vocab``: the first columns that are the vocabulary (None: all); the
+    columns past it are neither read nor written, and ``grad`` comes back whole. A buffer wider
+    than the vocabulary, rather than a view of its first columns, is what a traced in-place launch
+    needs: Inductor clones a view that a user kernel writes before the launch."""
     if grad is None:
         grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+    batch, vocab = logits.shape[0], logits.shape[1] if vocab is None else vocab
     if not runs_triton(logits):
-        return _reference_fused(logits, targets, row_scale, ignore_index, label_smoothing, z_loss, mean, grad)
-    batch, vocab = logits.shape
+        columns = slice(0, vocab)
+        losses, _ = _reference_fused(
+            logits[:, columns], targets, row_scale, ignore_index, label_smoothing, z_loss, mean, grad[:, columns]
+        )
+        return losses, grad
     losses = torch.empty(batch, device=logits.device, dtype=torch.float32)
     if batch == 0:
         return losses, grad
