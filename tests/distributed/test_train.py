@@ -16,7 +16,9 @@ from fastlm.data.tokens import TokenData
 from fastlm.distributed.launch import exit_process, free_port
 from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB
 from fastlm.train import loop
+from fastlm.train.config import TrainConfig
 from fastlm.train.log import read_log
+from fastlm.utils.errors import UserError
 
 from .train_processes import TrainRun
 
@@ -173,6 +175,8 @@ BAD_ARGUMENTS = [
     (["--precision", "bf16-weights", "--parallel", "fsdp"], "--precision bf16-weights does not combine"),
     (["--precision", "bf16-weights", "--shard-optimizer"], "--precision bf16-weights does not combine"),
     (["--parallel", "ddp"], "--parallel ddp needs torchrun"),
+    (["--shard-optimizer"], "--shard-optimizer needs a --parallel mode"),
+    (["--bucket-mb", "10"], "--bucket-mb sizes the buckets of --parallel bucketed and torch-ddp and the units of fsdp"),
 ]
 
 
@@ -186,6 +190,19 @@ def test_bad_arguments_are_one_line_errors(argv, message, capsys, tmp_path, monk
     error = capsys.readouterr().err
     assert error.startswith("python -m fastlm.train: error: ") and len(error.splitlines()) == 1
     assert message in error
+
+
+@pytest.mark.parametrize("mode", ["ddp", "naive", "flat"])
+def test_bucket_mb_of_a_mode_without_buckets_is_refused(mode, tmp_path):
+    config = TrainConfig(data=tmp_path, parallel=mode, bucket_mb=10.0).resolved(gpu=False)
+    with pytest.raises(UserError, match=f"--parallel {mode} has none"):
+        config.check(world=2)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU takes CUDA graphs")
+def test_cuda_graphs_without_a_gpu_are_refused(tmp_path, capsys):
+    assert loop.main(["--data", str(tmp_path), "--compile", "cudagraphs"]) == 2
+    assert "--compile cudagraphs needs a GPU (CUDA graphs)" in capsys.readouterr().err
 
 
 def test_unprepared_or_too_small_data_is_a_one_line_error(common, tmp_path, capsys):

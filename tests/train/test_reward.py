@@ -162,3 +162,12 @@ def test_bad_line_is_one_sentence_naming_it(line, what, tmp_path, capsys):
     assert main(["train", "reward", "--data", str(data), "--out", str(tmp_path / "run")]) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("fastlm train reward: error: --data") and what in error
+
+
+def test_lm_options_before_reward_are_refused(tmp_path, capsys):
+    """`fastlm train --lr 5 reward ...` would train with reward's own --lr: refused, naming them."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--parallel", "ddp", "--lr", "5", "reward", "--data", str(tmp_path / "x.jsonl")])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("fastlm train: error: --lr, --parallel before 'reward' would be ignored")

@@ -24,6 +24,23 @@ def cmd_train_reward(args) -> int:
     return reward.run(from_namespace(RewardConfig, args))
 
 
+class _Tasks(argparse._SubParsersAction):
+    """`fastlm train`'s tasks (reward), refusing options of the LM loop typed before the task's name:
+    the task's parser would silently replace them with its own defaults."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = [
+            action.option_strings[-1]
+            for action in parser._actions
+            if action.option_strings and getattr(namespace, action.dest, action.default) != action.default
+        ]
+        if given:
+            parser.error(
+                f"{', '.join(given)} before {values[0]!r} would be ignored: give {values[0]}'s options after it"
+            )
+        super().__call__(parser, namespace, values, option_string)
+
+
 def add_kernel_comparison_arguments(p: argparse.ArgumentParser) -> None:
     """The options of `fastlm train`, with --kernels a comma list of kernel sets to compare."""
     add_arguments(
@@ -50,7 +67,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     # --data is checked after parsing (TrainConfig.check): argparse would also demand it of `train reward`
     add_arguments(p, overrides={"data": {"required": False}})
     p.set_defaults(prog=p.prog)
-    tasks = p.add_subparsers(dest="command", title="other tasks", metavar="{reward}")
+    tasks = p.add_subparsers(dest="command", title="other tasks", metavar="{reward}", action=_Tasks)
     reward = add_command(
         tasks,
         "reward",

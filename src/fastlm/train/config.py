@@ -12,7 +12,13 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastlm.distributed.wrappers import COMPILED_BUCKETED_MB, DEFAULT_BUCKET_MB, MODES, REDUCE_DTYPES
+from fastlm.distributed.wrappers import (
+    BUCKETED_MODES,
+    COMPILED_BUCKETED_MB,
+    DEFAULT_BUCKET_MB,
+    MODES,
+    REDUCE_DTYPES,
+)
 from fastlm.model.config import (
     COMPILE_MEANINGS,
     COMPILE_MODES,
@@ -216,6 +222,15 @@ class TrainConfig(ModelOptions):
             )
         if self.reduce_dtype != "fp32" and self.parallel == "none":
             raise UserError("--reduce-dtype needs a --parallel mode: one process averages no gradients")
+        if self.shard_optimizer and self.parallel == "none":
+            raise UserError(
+                "--shard-optimizer needs a --parallel mode: one process has no others to share AdamW's state"
+            )
+        if self.bucket_mb is not None and self.parallel not in BUCKETED_MODES:
+            raise UserError(
+                f"--bucket-mb sizes the buckets of --parallel bucketed and torch-ddp and the units of fsdp; "
+                f"--parallel {self.parallel} has none"
+            )
         if self.out.resolve() == self.data.resolve():
             raise UserError(f"--out must be a folder of its own, not the --data folder {self.data}")
         if self.override and not self.resume:

@@ -422,7 +422,8 @@ def _train_loop(
         if config.warmup >= config.steps:
             log.note(f"--warmup {config.warmup} >= --steps {config.steps}: the learning rate never reaches --lr")
         if aside is not None:
-            log.note(f"--overwrite: the old run is in {aside} until this run saves its first checkpoint")
+            until = "saves its first checkpoint" if config.checkpoint_every else "ends"
+            log.note(f"--overwrite: the old run is in {aside} until this run {until}")
         if step == 0:
             loss = evaluate(model, held_out, eval_count, config, rank, world, device, autocast, boundary)
             log.write({"step": 0, "eval_loss": loss})
@@ -566,6 +567,8 @@ def check_config(config: TrainConfig, world: int) -> None:
     """UserError, one sentence, for options that do not fit together and for an OUT that cannot
     take the run: before any work (``config`` resolved)."""
     config.check(world)
+    if config.compile == "cudagraphs" and not torch.cuda.is_available():
+        raise UserError("--compile cudagraphs needs a GPU (CUDA graphs); without one use --compile compile")
     check_out(config)
 
 
