@@ -60,7 +60,7 @@ def main() -> None:
             f"{result['eval'][-1][1]:.4f} | {max_diff:.3%} | {tail_diff:.3%} |"
         )
     if args.plot:
-        title = f"{len(runs)} runs · {runs[args.runs[0]]['gpu']}"
+        title = f"{len(runs)} run{'s' * (len(runs) > 1)} · {runs[args.runs[0]]['gpu']}"
         loss_plot(args.plot, {out.name: read_log(out / "log.jsonl") for out in runs}, title)
         print(f"wrote {args.plot}")
     if args.results:
