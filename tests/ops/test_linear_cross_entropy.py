@@ -6,6 +6,8 @@ checks at real sizes and check what only a GPU has (cuBLAS's fp32 accumulation, 
 the memory the chunks save).
 """
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -269,6 +271,8 @@ def test_traced_logits_rows_are_128_byte_aligned(bias, softcap, monkeypatch, dev
     launches = []
 
     def spy(logits, *args, **kwargs):
+        written = args[6]  # the gradient's buffer: the logits' own, whole (no view: Inductor would clone it)
+        assert written is logits
         launches.append((tuple(logits.shape), logits.stride(0), logits._base is None, kwargs["vocab"]))
         return fused(logits, *args, **kwargs)
 
@@ -415,6 +419,28 @@ def test_gpu_inductor_launches_the_kernels_from_its_code():
         (hidden, weight, bias),
         FP32_ALLOWANCE,
     )
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_logits_are_never_copied():
+    """At a vocabulary whose logits rows are not 128-byte aligned (1000 bf16; the traced path pads
+    the weight to 1024 rows), no kernel Inductor generates moves a chunk of logits (128 x 1000 or
+    128 x 1024 elements): the traced launches get row-aligned buffers, whole (a view they write
+    would be cloned first)."""
+    from torch._inductor.utils import run_and_get_code
+
+    rows, width, vocab, chunk = 512, 64, 1000, 128
+    hidden = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = torch.randn(vocab, width, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, vocab, (rows,), device="cuda")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda h, w: fastlm.linear_cross_entropy(h, w, targets, chunk_rows=chunk), fullgraph=True)
+    _, code = run_and_get_code(lambda: compiled(hidden, weight).backward())
+    launches = re.findall(r"(triton_\w+)\.run\(([^\n]*)\)", "\n".join(code))
+    sizes = {str(chunk * vocab), str(chunk * 1024)}
+    copies = [name for name, args in launches if sizes & set(re.split(r"[ ,]+", args))]
+    assert not copies, f"Inductor moves chunks of logits: {copies}"
+    assert hidden.grad is not None and weight.grad is not None
 
 
 @pytest.mark.gpu

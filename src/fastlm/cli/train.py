@@ -26,7 +26,8 @@ def cmd_train_reward(args) -> int:
 
 class _Tasks(argparse._SubParsersAction):
     """`fastlm train`'s tasks (reward), refusing options of the LM loop typed before the task's name:
-    the task's parser would silently replace them with its own defaults."""
+    the task's parser would silently replace them with its own defaults. Seen by their values, so an
+    option typed with its default value passes unnoticed."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = [

@@ -132,7 +132,7 @@ class TrainConfig(ModelOptions):
         "bucket size of --parallel bucketed and torch-ddp; with fsdp the least MB of gathered weights "
         "per sharding unit of consecutive blocks (default: "
         f"{DEFAULT_BUCKET_MB['bucketed']:g} for bucketed and torch-ddp, {COMPILED_BUCKETED_MB:g} for bucketed "
-        f"under --compile, {DEFAULT_BUCKET_MB['fsdp']:g} for fsdp)",
+        f"when compiled (the default on a GPU), {DEFAULT_BUCKET_MB['fsdp']:g} for fsdp)",
         limit="positive",
     )
     reduce_dtype: str = option(

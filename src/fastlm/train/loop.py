@@ -138,7 +138,7 @@ def _parallel_spec(config: TrainConfig) -> ParallelSpec:
 
 def _bucket_mb(config: TrainConfig) -> float | None:
     """--bucket-mb or the mode's default for this run (bucketed's depends on compilation: `_compile`)."""
-    return bucket_mb_in_use(config.parallel, config.bucket_mb, compiled=config.compile != "eager")
+    return bucket_mb_in_use(config.parallel, config.bucket_mb, compiled=config.compile in TORCH_COMPILE_MODE)
 
 
 def _compute_dtype(config: TrainConfig) -> torch.dtype | None:

@@ -75,8 +75,10 @@ def _row_block(vocab, widest: int):
     return widest if vocab > widest // 2 else next_power_of_2(vocab)
 
 
-def _picked_config(logits: torch.Tensor) -> XentConfig:
-    vocab = logits.shape[1]
+def _picked_config(logits: torch.Tensor, vocab=None) -> XentConfig:
+    """The config for ``logits`` (B, V') of which the first ``vocab`` columns (None: all) are the
+    vocabulary."""
+    vocab = logits.shape[1] if vocab is None else vocab
     # Inside a triton_op traced with dynamic shapes the vocab is a SymInt, which cannot key the
     # cache; a trace picks once, so it calls the function uncached.
     pick = cross_entropy_config if type(vocab) is int else cross_entropy_config.__wrapped__

@@ -33,7 +33,7 @@ def _forward(logits, targets, ignore_index, label_smoothing, z_loss, config=None
     stats = torch.empty((2, batch), device=logits.device, dtype=torch.float32)
     if batch == 0:
         return losses, stats
-    config = _picked_config(logits) if config is None else config
+    config = _picked_config(logits, vocab) if config is None else config
     # runtime arguments positionally, constexprs and options by keyword: the direct launch needs that
     _launch_cross_entropy_forward(traced)[(batch,)](
         logits,
@@ -119,7 +119,7 @@ def _fused(
     losses = torch.empty(batch, device=logits.device, dtype=torch.float32)
     if batch == 0:
         return losses, grad
-    config = _picked_config(logits) if config is None else config
+    config = _picked_config(logits, vocab) if config is None else config
     # a few programs per SM, each striding over the rows; one per row in the interpreter
     programs = batch
     if logits.is_cuda:
