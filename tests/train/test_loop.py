@@ -362,6 +362,6 @@ def test_bucketed_takes_one_large_bucket_when_the_model_is_one_graph(compile_mod
     """Compiled, all gradients reach bucketed's hooks at the end of backward: its default buckets are
     large (fewer all-reduce calls); eager, small ones overlap the backward."""
     config = TrainConfig(data=Path("d"), parallel="bucketed", compile=compile_mode).resolved(gpu=False)
-    assert loop._parallel_spec(config).bucket_mb == expected
+    assert config.parallel_spec().bucket_mb == expected
     given = dataclasses.replace(config, bucket_mb=7.0)
-    assert loop._parallel_spec(given).bucket_mb == 7.0
+    assert given.parallel_spec().bucket_mb == 7.0

@@ -18,6 +18,8 @@ from fastlm.distributed.wrappers import (
     DEFAULT_BUCKET_MB,
     MODES,
     REDUCE_DTYPES,
+    ParallelSpec,
+    bucket_mb_in_use,
 )
 from fastlm.model.config import (
     COMPILE_MEANINGS,
@@ -26,6 +28,7 @@ from fastlm.model.config import (
     KERNEL_SETS,
     PRECISION_MEANINGS,
     PRECISIONS,
+    TORCH_COMPILE_MODE,
     ModelConfig,
     choices_help,
     stores_bf16_weights,
@@ -237,6 +240,12 @@ class TrainConfig(ModelOptions):
             raise UserError("--override needs --resume")
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite exclude each other: continue the checkpoint's run, or replace it")
+
+    def parallel_spec(self) -> ParallelSpec:
+        """The --parallel mode as `fastlm.distributed.wrappers` takes it: --bucket-mb or the mode's
+        default, bucketed's depending on whether the model is compiled (on a `resolved` config)."""
+        compiled = self.compile in TORCH_COMPILE_MODE
+        return ParallelSpec(self.parallel, bucket_mb_in_use(self.parallel, self.bucket_mb, compiled), self.reduce_dtype)
 
     def batch_tokens_of(self, world: int) -> int:
         """The global batch in tokens: --batch-tokens, or one micro-batch per process."""

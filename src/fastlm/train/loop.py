@@ -69,7 +69,7 @@ from fastlm.data.documents import cu_seqlens
 from fastlm.data.tokens import EpochOrder, TokenData, Windows
 from fastlm.devices import current_device_name
 from fastlm.distributed import ShardedOptimizer
-from fastlm.distributed.wrappers import ParallelSpec, Wrapped, bucket_mb_in_use, stack_is_one_unit, wrap
+from fastlm.distributed.wrappers import Wrapped, stack_is_one_unit, wrap
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.model.materialize import materialize
@@ -129,16 +129,7 @@ def _setup(config: TrainConfig) -> torch.device:
 
 def _wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> Wrapped:
     """The model wrapped for --parallel (the registry of `fastlm.distributed.wrappers`)."""
-    return wrap(model, _parallel_spec(config), device, _compute_dtype(config))
-
-
-def _parallel_spec(config: TrainConfig) -> ParallelSpec:
-    return ParallelSpec(config.parallel, _bucket_mb(config), config.reduce_dtype)
-
-
-def _bucket_mb(config: TrainConfig) -> float | None:
-    """--bucket-mb or the mode's default for this run (bucketed's depends on compilation: `_compile`)."""
-    return bucket_mb_in_use(config.parallel, config.bucket_mb, compiled=config.compile in TORCH_COMPILE_MODE)
+    return wrap(model, config.parallel_spec(), device, _compute_dtype(config))
 
 
 def _compute_dtype(config: TrainConfig) -> torch.dtype | None:
@@ -176,7 +167,7 @@ def _compile(model: TransformerLM, config: TrainConfig) -> None:
     mode = TORCH_COMPILE_MODE[config.compile]
     if config.parallel != "fsdp":
         model.compile(mode=mode)
-    elif stack_is_one_unit(model, _parallel_spec(config), _compute_dtype(config)):
+    elif stack_is_one_unit(model, config.parallel_spec(), _compute_dtype(config)):
         model.blocks.forward = torch.compile(model.blocks.forward, mode=mode)
     else:
         for block in model.blocks:
@@ -538,7 +529,7 @@ def _write_run_file(
             "parameters": model_cfg.num_parameters(),
             "world_size": world,
             # not in the record: a resumed run may change it
-            "bucket_mb": _bucket_mb(config),
+            "bucket_mb": config.parallel_spec().bucket_mb,
             "device": str(device),
             "argv": sys.argv,
             "result": result,
