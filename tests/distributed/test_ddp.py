@@ -2,6 +2,7 @@
 
 import copy
 import gc
+import math
 import os
 import weakref
 
@@ -172,6 +173,45 @@ def test_mixed_dtypes_average_and_buckets_hand_out_aligned_views(make_wrapper):
 def test_gpu_nccl_averages_in_the_all_reduce(make_wrapper):
     """NCCL averages in the reduction itself (no division after it): the same means as gloo's sums."""
     spawn(_averaged_gradients, WORLD, make_wrapper, "nccl", backend="nccl", timeout_s=120)
+
+
+def _clipped_on_the_way_out(rank: int) -> None:
+    """finish_gradient_synchronization(max_norm) leaves the gradients and returns the norm that
+    synchronizing and then clipping gives, on every path out of a bucket: views of an fp32 buffer,
+    one cast of a bf16 buffer into fp32 gradients, and a bucket of mixed dtypes."""
+    data = torch.randn(WORLD, 3, 4, generator=torch.Generator().manual_seed(1))
+    for reduce_dtype in (None, torch.bfloat16):
+        for max_norm in (0.05, 1e6, math.inf):  # clips, does not, only measures
+            torch.manual_seed(0)
+            model = MixedDtypes()
+            reference = copy.deepcopy(model)
+            fused, plain = (BucketedDDP(m, bucket_size_mb=100, reduce_dtype=reduce_dtype) for m in (model, reference))
+            fused(data[rank]).square().sum().backward()
+            norm = fused.finish_gradient_synchronization(max_norm)
+            plain(data[rank]).square().sum().backward()
+            plain.finish_gradient_synchronization()
+            grads = [p.grad for p in reference.parameters()]
+            expected = torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads]))
+            if max_norm != math.inf:
+                torch._foreach_mul_(grads, torch.clamp(max_norm / (expected + 1e-6), max=1.0))
+            case = f"reduce {reduce_dtype}, max_norm {max_norm}"
+            assert norm.dtype == torch.float32 and norm.dim() == 0, case
+            torch.testing.assert_close(norm, expected, msg=case)
+            for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+                assert p.grad.dtype == p.dtype, f"{case}: {name}"
+                torch.testing.assert_close(p.grad, q.grad, msg=f"{case}: {name}")
+        # fp32 weights alone over a bf16 wire: every gradient a view of one fp32 buffer cast in one pass
+        model = nn.Linear(4, 3)
+        wrapped = BucketedDDP(model, bucket_size_mb=100, reduce_dtype=reduce_dtype)
+        wrapped(data[rank]).square().sum().backward()
+        wrapped.finish_gradient_synchronization(0.05)
+        weight, bias = model.weight.grad, model.bias.grad
+        assert weight.dtype == torch.float32
+        assert weight.untyped_storage().data_ptr() == bias.untyped_storage().data_ptr()
+
+
+def test_clipping_on_the_way_out_of_the_buckets_equals_clipping_after():
+    _spawn(_clipped_on_the_way_out)
 
 
 def _dropped_wrappers_free_their_model(rank: int) -> None:

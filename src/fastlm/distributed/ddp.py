@@ -28,12 +28,16 @@ the gradients divides them afterwards; gloo has no AVG, so it sums and the gradi
 `BucketedDDP` hands each parameter a view of its bucket's reduced buffer as its gradient when the
 buffer is in the gradient's dtype, rather than copying the buffer back: one pass over the
 gradients' memory per step (the copy into the bucket), not three (with a division and a copy back).
+With a bf16 wire and fp32 weights, `finish_gradient_synchronization(max_norm)` also clips: the norm
+is read from the bf16 buffers and the scale applied in the one cast back to fp32, where clipping
+after synchronizing reads the fp32 gradients twice (norm, scale) and writes them once more.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import weakref
 from collections.abc import Iterator
 
@@ -170,6 +174,11 @@ class DDP(_DataParallel):
         self._pending.clear()
 
 
+def _widens(narrow: torch.dtype, wide: torch.dtype) -> bool:
+    """Whether every ``narrow`` value is exactly a ``wide`` one (bf16 in fp32), and they differ."""
+    return narrow != wide and torch.promote_types(narrow, wide) == wide
+
+
 GRADIENT_ALIGN_BYTES = 128  # each gradient's slice of a bucket starts at a multiple: vectorized loads, fused optimizers
 
 
@@ -191,6 +200,9 @@ class _Bucket:
         self.ready = 0
         self.buffer: torch.Tensor | None = None
         self.views: list[torch.Tensor] = []  # each parameter's slice of the buffer, in its shape
+        # the parameters' one dtype where it is wider than the wire's: the cast back is exact
+        dtypes = {param.dtype for param in params}
+        self.wider = next(iter(dtypes)) if len(dtypes) == 1 and _widens(self.dtype, *dtypes) else None
         self.work: dist.Work | None = None
 
     def launch(self, op: dist.ReduceOp) -> None:
@@ -207,25 +219,36 @@ class _Bucket:
         for view, param in zip(self.views, self.params, strict=True):
             if param.grad is None:
                 view.zero_()
+            param.grad = None  # the bucket holds it now; `hand_out` gives every parameter a new one
         self.work = dist.all_reduce(self.buffer, op=op, async_op=True)
 
-    def finish(self, divide: bool) -> None:
-        """Wait for the all-reduce; each gradient becomes its view of the averaged buffer when the
-        dtypes agree (no copy back), else a copy of it in the gradient's dtype."""
+    def wait(self, divide: bool) -> None:
+        """Wait for the all-reduce (and divide by the world size where it summed)."""
         self.work.wait()
         if divide:
             self.buffer /= _world()
-        converted = []  # (gradient, averaged value) pairs of another dtype: one copy launch for all
-        for param, value in zip(self.params, self.views, strict=True):
-            if value.dtype == param.dtype:
-                param.grad = value
-            elif param.grad is None:
-                param.grad = value.to(param.dtype)
+
+    def hand_out(self, scale: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """Give each parameter its averaged gradient, times ``scale`` (a 0-dim fp32 tensor) when
+        given, and return them: views of the buffer where the dtypes agree (no copy), casts where
+        they differ. Where every parameter has one dtype wider than the wire's (`wider`: fp32
+        weights, bf16 wire), views of one buffer of it, cast and scaled in one pass."""
+        if self.wider is not None:
+            # a one-element tensor, unlike a 0-dim one, takes part in type promotion: the bf16
+            # buffer is read as fp32 and each product rounded once, as a cast then a multiply would
+            if scale is None:
+                flat = self.buffer.to(self.wider)
             else:
-                converted.append((param.grad, value))
-        if converted:
-            torch._foreach_copy_([grad for grad, _ in converted], [value for _, value in converted])
+                flat = torch.mul(self.buffer, scale.to(self.wider).reshape(1))
+            grads = [flat[o : o + p.numel()].view(p.shape) for o, p in zip(self.offsets, self.params, strict=True)]
+        else:
+            grads = [v if v.dtype == p.dtype else v.to(p.dtype) for v, p in zip(self.views, self.params, strict=True)]
+            if scale is not None:
+                torch._foreach_mul_(grads, scale)
+        for param, grad in zip(self.params, grads, strict=True):
+            param.grad = grad
         self.ready, self.buffer, self.views, self.work = 0, None, [], None
+        return grads
 
 
 class BucketedDDP(_DataParallel):
@@ -266,13 +289,35 @@ class BucketedDDP(_DataParallel):
         if bucket.ready == len(bucket.params):
             bucket.launch(self._op)
 
-    def finish_gradient_synchronization(self) -> None:
-        """Launch any bucket some of whose parameters got no gradient, wait for all, average."""
+    def finish_gradient_synchronization(self, max_norm: float | None = None) -> torch.Tensor | None:
+        """Launch any bucket some of whose parameters got no gradient, wait for all, average. With
+        ``max_norm``, also clip: the gradients' global 2-norm (a 0-dim fp32 tensor, returned) is
+        taken from the averaged buckets, and the gradients leave them scaled by
+        min(1, max_norm / (norm + 1e-6)), as `torch.nn.utils.clip_grad_norm_` would scale them
+        (inf: measured, not scaled). With a bf16 wire and fp32 weights that reads the bf16 buffers
+        for the norm and writes each gradient once, where synchronizing and then clipping reads
+        the fp32 gradients twice and writes them twice."""
         for bucket in self.buckets:
             if bucket.work is None:
                 bucket.launch(self._op)
         for bucket in self.buckets:
-            bucket.finish(self._divide)
+            bucket.wait(self._divide)
+        if max_norm is None:
+            for bucket in self.buckets:
+                bucket.hand_out()
+            return None
+        # buckets cast exactly into a wider dtype are measured before they hand out (their buffer
+        # holds the same values) and scaled in the cast; the others' gradients as handed out
+        casting = [bucket for bucket in self.buckets if bucket.wider is not None]
+        held = [grad for bucket in self.buckets if bucket.wider is None for grad in bucket.hand_out()]
+        measured = held + [view for bucket in casting for view in bucket.views]
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(measured, 2.0, dtype=torch.float32)))
+        scale = None if max_norm == math.inf else torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        if scale is not None and held:
+            torch._foreach_mul_(held, scale)
+        for bucket in casting:
+            bucket.hand_out(scale)
+        return norm
 
 
 def bf16_reduce_hook(process_group, bucket):  # no annotation: PyTorch checks a string one against a type

@@ -93,6 +93,9 @@ class ParallelSpec:
 class Wrapped:
     module: Any  # torch.nn.Module: what the training step calls
     synchronize: Callable[[], None]  # after backward: finishes averaging the gradients over the ranks
+    # bucketed: the same synchronization clipping the gradients to a global norm (inf: none) on their
+    # way out of the buckets, returning the norm before (a tensor); None: clip after `synchronize`
+    synchronize_and_clip: Callable[[float], Any] | None = None
 
 
 def _none(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
@@ -117,7 +120,7 @@ def _bucketed(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:
     from fastlm.distributed.ddp import BucketedDDP
 
     wrapped = BucketedDDP(model, spec.bucket_mb, spec.torch_reduce_dtype())
-    return Wrapped(wrapped, wrapped.finish_gradient_synchronization)
+    return Wrapped(wrapped, wrapped.finish_gradient_synchronization, wrapped.finish_gradient_synchronization)
 
 
 def _torch_ddp(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:

@@ -439,8 +439,11 @@ def _train_loop(
                     (loss / accumulate).backward()
                 # a new tensor, not the graph output that the next replay of a CUDA graph overwrites
                 step_loss = loss.detach() / accumulate if step_loss is None else step_loss + loss.detach() / accumulate
-            wrapped.synchronize()  # the wrappers that average after backward do it here
-            norm = _clip_gradients(model, config)
+            if wrapped.synchronize_and_clip is not None:  # clipped on the gradients' way out of the buckets
+                norm = wrapped.synchronize_and_clip(config.grad_clip or math.inf)
+            else:
+                wrapped.synchronize()  # the wrappers that average after backward do it here
+                norm = _clip_gradients(model, config)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             step += 1
