@@ -46,6 +46,8 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from fastlm.ops.scaled_cast import scaled_cast
+
 
 def _world() -> int:
     return dist.get_world_size()
@@ -234,12 +236,7 @@ class _Bucket:
         they differ. Where every parameter has one dtype wider than the wire's (`wider`: fp32
         weights, bf16 wire), views of one buffer of it, cast and scaled in one pass."""
         if self.wider is not None:
-            # a one-element tensor, unlike a 0-dim one, takes part in type promotion: the bf16
-            # buffer is read as fp32 and each product rounded once, as a cast then a multiply would
-            if scale is None:
-                flat = self.buffer.to(self.wider)
-            else:
-                flat = torch.mul(self.buffer, scale.to(self.wider).reshape(1))
+            flat = scaled_cast(self.buffer, self.wider, scale)
             grads = [flat[o : o + p.numel()].view(p.shape) for o, p in zip(self.offsets, self.params, strict=True)]
         else:
             grads = [v if v.dtype == p.dtype else v.to(p.dtype) for v, p in zip(self.views, self.params, strict=True)]
@@ -273,7 +270,27 @@ class BucketedDDP(_DataParallel):
             size += nbytes
         if current:
             self._add_bucket(current, reduce_dtype)
+        # the order `torch.nn.utils.clip_grad_norm_` sums per-tensor norms in: grouped by dtype in
+        # order of first appearance, parameter order within a group
+        params = [p for p in module.parameters() if p.requires_grad]
+        first = {}
+        for param in params:
+            first.setdefault(param.dtype, len(first))
+        self._clip_order = sorted(params, key=lambda p: first[p.dtype])
         super().__init__(module, reduce_dtype)
+
+    def _total_norm(self, measured: list[tuple[nn.Parameter, torch.Tensor]]) -> torch.Tensor:
+        """The 2-norm of the (parameter, gradient values) pairs' values, in fp32: one multi-tensor
+        launch per dtype, the per-tensor norms combined in `_clip_order`, so that the result is
+        bitwise the norm clipping after synchronizing computes."""
+        by_dtype: dict[torch.dtype, list[tuple[nn.Parameter, torch.Tensor]]] = {}
+        for param, values in measured:
+            by_dtype.setdefault(values.dtype, []).append((param, values))
+        norm_of = {}
+        for pairs in by_dtype.values():
+            norms = torch._foreach_norm([values for _, values in pairs], 2.0, dtype=torch.float32)
+            norm_of.update((id(param), n) for (param, _), n in zip(pairs, norms, strict=True))
+        return torch.linalg.vector_norm(torch.stack([norm_of[id(param)] for param in self._clip_order]))
 
     def _add_bucket(self, params: list[nn.Parameter], reduce_dtype: torch.dtype | None) -> None:
         bucket = _Bucket(params, reduce_dtype)
@@ -309,12 +326,11 @@ class BucketedDDP(_DataParallel):
         # buckets cast exactly into a wider dtype are measured before they hand out (their buffer
         # holds the same values) and scaled in the cast; the others' gradients as handed out
         casting = [bucket for bucket in self.buckets if bucket.wider is not None]
-        held = [grad for bucket in self.buckets if bucket.wider is None for grad in bucket.hand_out()]
-        measured = held + [view for bucket in casting for view in bucket.views]
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(measured, 2.0, dtype=torch.float32)))
+        held = [pair for b in self.buckets if b.wider is None for pair in zip(b.params, b.hand_out(), strict=True)]
+        norm = self._total_norm(held + [pair for b in casting for pair in zip(b.params, b.views, strict=True)])
         scale = None if max_norm == math.inf else torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         if scale is not None and held:
-            torch._foreach_mul_(held, scale)
+            torch._foreach_mul_([grad for _, grad in held], scale)
         for bucket in casting:
             bucket.hand_out(scale)
         return norm
