@@ -6,8 +6,9 @@ the median and range over rounds; one bar chart of the medians with the ranges a
         --md benchmarks/reports/train_scaling.md --plot benchmarks/reports/train_scaling.png
 
 A run belongs to a round by its folder's name as train_run.sh writes it,
-speed-<kernels>-r<round>-<processes><parallel> (speed-<kernels>-r<round>-1 for one process); the
-records of one table come from one machine start (one --sha and one GPU), so its rows share their
+speed-<kernels>-r<round>-<processes><parallel> (speed-<kernels>-r<round>-1 for one process; the r
+may be left out). The records of one table come from one machine start (one GPU; --sha names its
+commits, several where one start compared commits in the same rounds), so its rows share their
 baselines' conditions.
 """
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from fastlm.utils.plots import save_figure
 from fastlm.utils.records import read_records
 
-RUN_NAME = re.compile(r"speed-(?P<kernels>\w+)-r(?P<round>\w+)-(?P<procs>\d+)(?P<parallel>[\w-]*)$")
+RUN_NAME = re.compile(r"speed-(?P<kernels>\w+)-r?(?P<round>\w+)-(?P<procs>\d+)(?P<parallel>[\w-]*)$")
 
 
 def scaling_rows(records: list[dict]) -> list[dict]:
@@ -100,19 +101,22 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
         ax.axvline(procs, color="gray", linestyle=":", linewidth=1)
     ax.set_yticks(list(positions), labels, fontsize=8)
     ax.set_xlabel("tokens/s vs one GPU (median, range)")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title.replace(" · git ", "\ngit "), fontsize=9)  # long sha lists on a line of their own
     return save_figure(fig, path, dpi=120)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records", type=Path, help="train.jsonl of train_run.sh / train_records.py")
-    parser.add_argument("--sha", required=True, help="the git sha of the records to take (one machine start)")
+    parser.add_argument(
+        "--sha", required=True, help="the git sha of the records to take, or a comma list (one machine start's runs)"
+    )
     parser.add_argument("--md", type=Path, default=None, help="write the table here (default: print only)")
     parser.add_argument("--plot", type=Path, default=None, help="write the bar chart here (default: none)")
     parser.add_argument("--note", default="", help="a paragraph under the table's title (how the runs differ)")
     args = parser.parse_args()
-    records = [r for r in read_records(args.records) if r.get("git_sha") == args.sha]
+    shas = args.sha.split(",")
+    records = [r for r in read_records(args.records) if r.get("git_sha") in shas]
     if not records:
         raise SystemExit(f"no records of git {args.sha} in {args.records}")
     machines = sorted({(r["gpu"], r["torch"], r["triton"]) for r in records})
