@@ -2,6 +2,7 @@
 
 import copy
 import gc
+import itertools
 import math
 import os
 import weakref
@@ -14,6 +15,7 @@ from torch import nn
 from fastlm.distributed import DDP, BucketedDDP
 from fastlm.distributed.launch import spawn
 from fastlm.distributed.wrappers import ParallelSpec, wrap
+from fastlm.optim.clip import grad_norm
 
 WORLD = 2
 CPU = torch.device("cpu")
@@ -175,39 +177,72 @@ def test_gpu_nccl_averages_in_the_all_reduce(make_wrapper):
     spawn(_averaged_gradients, WORLD, make_wrapper, "nccl", backend="nccl", timeout_s=120)
 
 
+def _clip_after(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """What `fastlm train` does after synchronizing: PyTorch's clip for gradients of one dtype, the
+    fp32 norm (`grad_norm`) for mixed ones."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if len({p.dtype for p in params}) == 1:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norm = grad_norm([p.grad for p in params])
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
+
+
 def _clipped_on_the_way_out(rank: int) -> None:
     """finish_gradient_synchronization(max_norm) leaves the gradients and returns the norm that
-    synchronizing and then clipping gives, on every path out of a bucket: views of an fp32 buffer,
-    one cast of a bf16 buffer into fp32 gradients, and a bucket of mixed dtypes."""
-    data = torch.randn(WORLD, 3, 4, generator=torch.Generator().manual_seed(1))
-    for reduce_dtype in (None, torch.bfloat16):
-        for max_norm in (0.05, 1e6, math.inf):  # clips, does not, only measures
-            torch.manual_seed(0)
-            model = MixedDtypes()
-            reference = copy.deepcopy(model)
-            fused, plain = (BucketedDDP(m, bucket_size_mb=100, reduce_dtype=reduce_dtype) for m in (model, reference))
-            fused(data[rank]).square().sum().backward()
-            norm = fused.finish_gradient_synchronization(max_norm)
-            plain(data[rank]).square().sum().backward()
-            plain.finish_gradient_synchronization()
-            grads = [p.grad for p in reference.parameters()]
-            expected = torch.linalg.vector_norm(torch.stack([g.float().norm() for g in grads]))
-            if max_norm != math.inf:
-                torch._foreach_mul_(grads, torch.clamp(max_norm / (expected + 1e-6), max=1.0))
-            case = f"reduce {reduce_dtype}, max_norm {max_norm}"
-            assert norm.dtype == torch.float32 and norm.dim() == 0, case
-            torch.testing.assert_close(norm, expected, msg=case)
-            for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-                assert p.grad.dtype == p.dtype, f"{case}: {name}"
-                torch.testing.assert_close(p.grad, q.grad, msg=f"{case}: {name}")
-        # fp32 weights alone over a bf16 wire: every gradient a view of one fp32 buffer cast in one pass
-        model = nn.Linear(4, 3)
-        wrapped = BucketedDDP(model, bucket_size_mb=100, reduce_dtype=reduce_dtype)
-        wrapped(data[rank]).square().sum().backward()
-        wrapped.finish_gradient_synchronization(0.05)
-        weight, bias = model.weight.grad, model.bias.grad
-        assert weight.dtype == torch.float32
-        assert weight.untyped_storage().data_ptr() == bias.untyped_storage().data_ptr()
+    synchronizing and then clipping gives, bitwise, on every path out of a bucket: views of the
+    buffer (fp32 wire), one cast of a bf16 buffer into fp32 gradients (bf16 wire), buckets of
+    mixed dtypes; one bucket or one per parameter; tied, frozen and unused parameters; after a
+    micro-batch accumulated under no_sync."""
+    tokens = torch.randint(0, 11, (WORLD, 2, 5), generator=torch.Generator().manual_seed(1))
+    inputs = torch.randn(WORLD, 3, 4, generator=torch.Generator().manual_seed(1))
+    models = {"tied fp32": (TiedModel, tokens), "mixed dtypes": (MixedDtypes, inputs)}
+    for (name, (make, data)), reduce_dtype, bucket_mb, max_norm in itertools.product(
+        models.items(), (None, torch.bfloat16), (0.0001, 100), (0.05, 1e6, math.inf)
+    ):
+        case = f"{name}, reduce {reduce_dtype}, {bucket_mb} MB buckets, max_norm {max_norm}"
+        torch.manual_seed(0)
+        model = make()
+        reference = copy.deepcopy(model)
+        fused, plain = (BucketedDDP(m, bucket_mb, reduce_dtype) for m in (model, reference))
+        for wrapped in (fused, plain):
+            with wrapped.no_sync():
+                wrapped(data[rank]).square().sum().backward()
+            wrapped(data[rank].flip(0)).square().sum().backward()
+        for bucket in fused.buckets:  # a launched bucket that casts back has freed the old gradients
+            if bucket.work is not None and bucket.wider is not None:
+                assert all(p.grad is None for p in bucket.params), case
+        norm = fused.finish_gradient_synchronization(max_norm)
+        plain.finish_gradient_synchronization()
+        expected = _clip_after(reference, max_norm)
+        assert norm.dtype == torch.float32 and norm.dim() == 0, case
+        assert torch.equal(norm, expected), f"{case}: norm {norm} != {expected}"
+        for (param_name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            if q.grad is None:
+                assert p.grad is None, f"{case}: {param_name}"
+                continue
+            assert p.grad.dtype == p.dtype and torch.equal(p.grad, q.grad), f"{case}: {param_name}"
+    # fp32 weights alone over a bf16 wire: every gradient a view of one fp32 buffer cast in one pass
+    model = nn.Linear(4, 3)
+    wrapped = BucketedDDP(model, bucket_size_mb=100, reduce_dtype=torch.bfloat16)
+    assert wrapped.buckets[0].wider == torch.float32
+    wrapped(inputs[rank]).square().sum().backward()
+    wrapped.finish_gradient_synchronization(0.05)
+    weight, bias = model.weight.grad, model.bias.grad
+    assert weight.dtype == torch.float32
+    assert weight.untyped_storage().data_ptr() == bias.untyped_storage().data_ptr()
+
+
+def _fp64_weights_stay_fp64(rank: int) -> None:
+    model = nn.Linear(4, 3).double()
+    wrapped = BucketedDDP(model, bucket_size_mb=100, reduce_dtype=torch.bfloat16)
+    wrapped(torch.randn(3, 4, dtype=torch.float64)).square().sum().backward()
+    norm = wrapped.finish_gradient_synchronization(0.05)
+    assert model.weight.grad.dtype == torch.float64 and norm.dtype == torch.float64
+
+
+def test_fp64_weights_over_a_bf16_wire():
+    _spawn(_fp64_weights_stay_fp64)
 
 
 def test_clipping_on_the_way_out_of_the_buckets_equals_clipping_after():

@@ -102,6 +102,23 @@ def test_parallel_training_matches_one_process(mode, common, single_process, tmp
     assert json.loads((tmp_path / "run.json").read_text())["bucket_mb"] == expected
 
 
+def test_bucketed_clips_a_bf16_wire_as_flat_clips_after(common, tmp_path):
+    """bucketed clips while it casts its bf16 buckets back to fp32 (`Wrapped.synchronize_and_clip`);
+    flat averages the same bf16 values and the loop clips after: the same steps, bitwise."""
+    runs = []
+    for mode in (["flat"], ["bucketed", "--bucket-mb", "0.01"], ["bucketed"]):  # a bucket per tensor; one
+        out = tmp_path / "-".join(mode)
+        _torchrun_like([*common, "--steps", "3", "--reduce-dtype", "bf16", "--parallel", *mode, "--out", str(out)])
+        norms = [r["grad_norm"] for r in read_log(out / "log.jsonl") if "grad_norm" in r]
+        runs.append((mode, _weights(out), _losses(out), norms))
+    _, weights, losses, norms = runs[0]
+    assert max(norms) > 1.0, "the gradients were never clipped"  # --grad-clip's default is 1
+    for mode, other_weights, other_losses, other_norms in runs[1:]:
+        assert other_norms == norms and other_losses == losses, mode
+        for name, value in other_weights.items():
+            assert torch.equal(value, weights[name]), f"{mode}: {name}"
+
+
 @pytest.mark.parametrize(
     "mode", [["fsdp"], ["fsdp", "--recompute"], ["fsdp", "--bucket-mb", "0.001"], ["ddp"]], ids=" ".join
 )

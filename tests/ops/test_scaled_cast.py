@@ -1,4 +1,5 @@
-"""The scaled cast: bitwise the cast then the multiply, every dtype pair, partial blocks, errors."""
+"""The scaled cast: bitwise the cast then the multiply, for each widening the gradients take (and
+the identity), partial blocks, errors."""
 
 import pytest
 import torch
@@ -33,6 +34,7 @@ def test_empty(device):
         (torch.ones(4), torch.bfloat16, None, "at least as wide"),
         (torch.ones(4, dtype=torch.int32), torch.float32, None, "at least as wide"),
         (torch.ones(4), torch.float32, torch.ones(2), "one element"),
+        (torch.ones(4), torch.float32, torch.ones(1, device="meta"), "one element on cpu"),
     ],
 )
 def test_bad_inputs(x, dtype, scale, message):

@@ -28,16 +28,18 @@ the gradients divides them afterwards; gloo has no AVG, so it sums and the gradi
 `BucketedDDP` hands each parameter a view of its bucket's reduced buffer as its gradient when the
 buffer is in the gradient's dtype, rather than copying the buffer back: one pass over the
 gradients' memory per step (the copy into the bucket), not three (with a division and a copy back).
-With a bf16 wire and fp32 weights, `finish_gradient_synchronization(max_norm)` also clips: the norm
-is read from the bf16 buffers and the scale applied in the one cast back to fp32, where clipping
-after synchronizing reads the fp32 gradients twice (norm, scale) and writes them once more.
+With a bf16 wire and fp32 weights, the gradients are views of one fp32 buffer cast from the bf16
+one in a single pass (`fastlm.ops.scaled_cast`); the old gradients are freed when their bucket
+launches, so between a bucket's launch and `finish_gradient_synchronization` its parameters'
+``grad`` is None. `finish_gradient_synchronization(max_norm)` also clips the gradients, as clipping
+after it would; in that case by the bf16 buffers' norm and in the cast, where clipping after the
+cast reads the fp32 gradients twice (norm, scale) and writes them once more.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import weakref
 from collections.abc import Iterator
 
@@ -46,7 +48,9 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from fastlm.ops.common import DTYPES
 from fastlm.ops.scaled_cast import scaled_cast
+from fastlm.optim.clip import grad_norm
 
 
 def _world() -> int:
@@ -177,8 +181,9 @@ class DDP(_DataParallel):
 
 
 def _widens(narrow: torch.dtype, wide: torch.dtype) -> bool:
-    """Whether every ``narrow`` value is exactly a ``wide`` one (bf16 in fp32), and they differ."""
-    return narrow != wide and torch.promote_types(narrow, wide) == wide
+    """Whether every ``narrow`` value is exactly a ``wide`` one (bf16 in fp32), they differ, and
+    `scaled_cast` takes ``wide``."""
+    return narrow != wide and torch.promote_types(narrow, wide) == wide and wide in DTYPES
 
 
 GRADIENT_ALIGN_BYTES = 128  # each gradient's slice of a bucket starts at a multiple: vectorized loads, fused optimizers
@@ -202,14 +207,17 @@ class _Bucket:
         self.ready = 0
         self.buffer: torch.Tensor | None = None
         self.views: list[torch.Tensor] = []  # each parameter's slice of the buffer, in its shape
-        # the parameters' one dtype where it is wider than the wire's: the cast back is exact
+        # the parameters' one dtype where it is wider than the wire's (fp32 weights, bf16 wire): the
+        # bucket casts its buffer back into one new buffer of it, exactly, scaled on the way if asked
         dtypes = {param.dtype for param in params}
         self.wider = next(iter(dtypes)) if len(dtypes) == 1 and _widens(self.dtype, *dtypes) else None
         self.work: dist.Work | None = None
 
     def launch(self, op: dist.ReduceOp) -> None:
         """Copy the bucket's gradients into a new flat buffer (one launch, cast to the wire dtype on
-        the way; zeros for any that backward did not produce) and start their all-reduce."""
+        the way; zeros for any that backward did not produce) and start their all-reduce. A bucket
+        that casts back into new gradients (`wider`) frees the old ones here, so that they do not
+        stay allocated beside the buffer: its parameters' ``grad`` is None until `cast_out`."""
         self.buffer = torch.empty(self.numel, dtype=self.dtype, device=self.params[0].device)
         self.views = [
             self.buffer[offset : offset + p.numel()].view(p.shape)
@@ -221,7 +229,8 @@ class _Bucket:
         for view, param in zip(self.views, self.params, strict=True):
             if param.grad is None:
                 view.zero_()
-            param.grad = None  # the bucket holds it now; `hand_out` gives every parameter a new one
+            elif self.wider is not None:
+                param.grad = None
         self.work = dist.all_reduce(self.buffer, op=op, async_op=True)
 
     def wait(self, divide: bool) -> None:
@@ -230,22 +239,34 @@ class _Bucket:
         if divide:
             self.buffer /= _world()
 
-    def hand_out(self, scale: torch.Tensor | None = None) -> list[torch.Tensor]:
-        """Give each parameter its averaged gradient, times ``scale`` (a 0-dim fp32 tensor) when
-        given, and return them: views of the buffer where the dtypes agree (no copy), casts where
-        they differ. Where every parameter has one dtype wider than the wire's (`wider`: fp32
-        weights, bf16 wire), views of one buffer of it, cast and scaled in one pass."""
-        if self.wider is not None:
-            flat = scaled_cast(self.buffer, self.wider, scale)
-            grads = [flat[o : o + p.numel()].view(p.shape) for o, p in zip(self.offsets, self.params, strict=True)]
-        else:
-            grads = [v if v.dtype == p.dtype else v.to(p.dtype) for v, p in zip(self.views, self.params, strict=True)]
-            if scale is not None:
-                torch._foreach_mul_(grads, scale)
-        for param, grad in zip(self.params, grads, strict=True):
-            param.grad = grad
+    def hand_out(self) -> list[torch.Tensor]:
+        """Give each parameter its averaged gradient and return them (a bucket that is not `wider`):
+        a view of the buffer where the dtypes agree (no copy), else a copy in the parameter's dtype,
+        into its existing gradient where it has one (one launch for all)."""
+        converted = []  # (gradient, averaged value) pairs of another dtype
+        for param, value in zip(self.params, self.views, strict=True):
+            if value.dtype == param.dtype:
+                param.grad = value
+            elif param.grad is None:
+                param.grad = value.to(param.dtype)
+            else:
+                converted.append((param.grad, value))
+        if converted:
+            torch._foreach_copy_([grad for grad, _ in converted], [value for _, value in converted])
+        return self._done()
+
+    def cast_out(self, scale: torch.Tensor | None) -> list[torch.Tensor]:
+        """Give each parameter of a `wider` bucket its averaged gradient, times ``scale`` (a 0-dim
+        tensor) when given, and return them: views of one new buffer of their dtype, cast (and
+        scaled) in one pass over the bucket."""
+        flat = scaled_cast(self.buffer, self.wider, scale)
+        for offset, param in zip(self.offsets, self.params, strict=True):
+            param.grad = flat[offset : offset + param.numel()].view(param.shape)
+        return self._done()
+
+    def _done(self) -> list[torch.Tensor]:
         self.ready, self.buffer, self.views, self.work = 0, None, [], None
-        return grads
+        return [param.grad for param in self.params]
 
 
 class BucketedDDP(_DataParallel):
@@ -270,27 +291,8 @@ class BucketedDDP(_DataParallel):
             size += nbytes
         if current:
             self._add_bucket(current, reduce_dtype)
-        # the order `torch.nn.utils.clip_grad_norm_` sums per-tensor norms in: grouped by dtype in
-        # order of first appearance, parameter order within a group
-        params = [p for p in module.parameters() if p.requires_grad]
-        first = {}
-        for param in params:
-            first.setdefault(param.dtype, len(first))
-        self._clip_order = sorted(params, key=lambda p: first[p.dtype])
+        self._params = [p for p in module.parameters() if p.requires_grad]  # in the order the norm sums them
         super().__init__(module, reduce_dtype)
-
-    def _total_norm(self, measured: list[tuple[nn.Parameter, torch.Tensor]]) -> torch.Tensor:
-        """The 2-norm of the (parameter, gradient values) pairs' values, in fp32: one multi-tensor
-        launch per dtype, the per-tensor norms combined in `_clip_order`, so that the result is
-        bitwise the norm clipping after synchronizing computes."""
-        by_dtype: dict[torch.dtype, list[tuple[nn.Parameter, torch.Tensor]]] = {}
-        for param, values in measured:
-            by_dtype.setdefault(values.dtype, []).append((param, values))
-        norm_of = {}
-        for pairs in by_dtype.values():
-            norms = torch._foreach_norm([values for _, values in pairs], 2.0, dtype=torch.float32)
-            norm_of.update((id(param), n) for (param, _), n in zip(pairs, norms, strict=True))
-        return torch.linalg.vector_norm(torch.stack([norm_of[id(param)] for param in self._clip_order]))
 
     def _add_bucket(self, params: list[nn.Parameter], reduce_dtype: torch.dtype | None) -> None:
         bucket = _Bucket(params, reduce_dtype)
@@ -308,12 +310,12 @@ class BucketedDDP(_DataParallel):
 
     def finish_gradient_synchronization(self, max_norm: float | None = None) -> torch.Tensor | None:
         """Launch any bucket some of whose parameters got no gradient, wait for all, average. With
-        ``max_norm``, also clip: the gradients' global 2-norm (a 0-dim fp32 tensor, returned) is
-        taken from the averaged buckets, and the gradients leave them scaled by
-        min(1, max_norm / (norm + 1e-6)), as `torch.nn.utils.clip_grad_norm_` would scale them
-        (inf: measured, not scaled). With a bf16 wire and fp32 weights that reads the bf16 buffers
-        for the norm and writes each gradient once, where synchronizing and then clipping reads
-        the fp32 gradients twice and writes them twice."""
+        ``max_norm`` (inf: no limit), also clip as `fastlm train` clips after synchronizing
+        (`torch.nn.utils.clip_grad_norm_`; in fp32 for bf16 gradients, `fastlm.optim.clip.grad_norm`):
+        scale the gradients by min(1, max_norm / (norm + 1e-6)) and return the norm before, a 0-dim
+        tensor. A `wider` bucket (fp32 weights, bf16 wire) is measured on its bf16 buffer, which
+        holds the same values, and scaled in its cast back: for the norm and the scale it reads 2
+        bytes per gradient, where clipping after the cast reads 8 and writes 4 more."""
         for bucket in self.buckets:
             if bucket.work is None:
                 bucket.launch(self._op)
@@ -321,18 +323,29 @@ class BucketedDDP(_DataParallel):
             bucket.wait(self._divide)
         if max_norm is None:
             for bucket in self.buckets:
-                bucket.hand_out()
+                if bucket.wider is not None:
+                    bucket.cast_out(None)
+                else:
+                    bucket.hand_out()
             return None
-        # buckets cast exactly into a wider dtype are measured before they hand out (their buffer
-        # holds the same values) and scaled in the cast; the others' gradients as handed out
-        casting = [bucket for bucket in self.buckets if bucket.wider is not None]
-        held = [pair for b in self.buckets if b.wider is None for pair in zip(b.params, b.hand_out(), strict=True)]
-        norm = self._total_norm(held + [pair for b in casting for pair in zip(b.params, b.views, strict=True)])
-        scale = None if max_norm == math.inf else torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        if scale is not None and held:
-            torch._foreach_mul_([grad for _, grad in held], scale)
-        for bucket in casting:
-            bucket.hand_out(scale)
+        values = {}  # id(parameter) -> its averaged gradient's values
+        held = []  # the gradients already handed out, scaled below
+        for bucket in self.buckets:
+            if bucket.wider is None:
+                held += bucket.hand_out()
+                values.update((id(p), p.grad) for p in bucket.params)
+            else:
+                values.update((id(p), view) for p, view in zip(bucket.params, bucket.views, strict=True))
+        norm = grad_norm([values[id(p)] for p in self._params], [p.dtype for p in self._params])
+        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}  # one multiply launch per dtype
+        for grad in held:
+            by_dtype.setdefault(grad.dtype, []).append(grad)
+        for grads in by_dtype.values():
+            torch._foreach_mul_(grads, scale)
+        for bucket in self.buckets:
+            if bucket.wider is not None:
+                bucket.cast_out(scale)
         return norm
 
 

@@ -12,9 +12,10 @@
 
 A mode is given as a `ParallelSpec`; `wrap(model, spec, device, compute_dtype)` returns the module
 to call and the synchronization to run after backward (nothing for the wrappers that synchronize
-inside backward). ``compute_dtype`` is the autocast dtype the forward runs under (None: no
-autocast); only fsdp uses it, to all-gather the blocks' weights in that dtype. Importing this
-module needs no torch, so the command line parses a spec without it; `wrap` imports the wrappers.
+inside backward), for bucketed also one that clips the gradients while it hands them out.
+``compute_dtype`` is the autocast dtype the forward runs under (None: no autocast); only fsdp uses
+it, to all-gather the blocks' weights in that dtype. Importing this module needs no torch, so the
+command line parses a spec without it; `wrap` imports the wrappers.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class Wrapped:
     synchronize: Callable[[], None]  # after backward: finishes averaging the gradients over the ranks
     # bucketed: the same synchronization clipping the gradients to a global norm (inf: none) on their
     # way out of the buckets, returning the norm before (a tensor); None: clip after `synchronize`
-    synchronize_and_clip: Callable[[float], Any] | None = None
+    synchronize_and_clip: Callable[[float], torch.Tensor] | None = None
 
 
 def _none(model, spec: ParallelSpec, device, compute_dtype) -> Wrapped:

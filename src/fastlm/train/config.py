@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,6 +247,10 @@ class TrainConfig(ModelOptions):
         default, bucketed's depending on whether the model is compiled (on a `resolved` config)."""
         compiled = self.compile in TORCH_COMPILE_MODE
         return ParallelSpec(self.parallel, bucket_mb_in_use(self.parallel, self.bucket_mb, compiled), self.reduce_dtype)
+
+    def max_grad_norm(self) -> float:
+        """The global gradient norm clipping scales down to: --grad-clip, whose 0 means no limit."""
+        return self.grad_clip or math.inf
 
     def batch_tokens_of(self, world: int) -> int:
         """The global batch in tokens: --batch-tokens, or one micro-batch per process."""

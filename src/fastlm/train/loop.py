@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import sys
 from collections.abc import Iterator
@@ -75,6 +74,7 @@ from fastlm.model.config import TORCH_COMPILE_MODE, autocasts, stores_bf16_weigh
 from fastlm.model.materialize import materialize
 from fastlm.model.precision import param_groups, precision_context
 from fastlm.optim import AdamW
+from fastlm.optim.clip import grad_norm
 from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.train.checkpoint import (
     after_interrupt,
@@ -195,9 +195,9 @@ def _optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device
 def _clip_gradients(model: torch.nn.Module, config: TrainConfig) -> torch.Tensor:
     """Scale the gradients to a global norm of at most --grad-clip (0: no limit); the norm before,
     a plain tensor. fsdp: on the local shards (`local_shards.clip_grad_norm_`). bf16-weights: every
-    gradient's norm summed in fp32 (PyTorch's clip_grad_norm_ returns a bf16 gradient's norm in
-    bf16, 0.1% off, and clips by that)."""
-    max_norm = config.grad_clip or math.inf
+    gradient's norm summed in fp32 (`fastlm.optim.clip.grad_norm`). bucketed clips inside its
+    synchronization instead (`Wrapped.synchronize_and_clip`), to the same result."""
+    max_norm = config.max_grad_norm()
     if config.parallel == "fsdp":
         from fastlm.distributed import local_shards
 
@@ -205,11 +205,7 @@ def _clip_gradients(model: torch.nn.Module, config: TrainConfig) -> torch.Tensor
     if not stores_bf16_weights(config.precision):
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     params = [p for p in model.parameters() if p.grad is not None]
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}  # one multi-tensor launch per dtype, as PyTorch's
-    for p in params:
-        by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
-    norms = [n for grads in by_dtype.values() for n in torch._foreach_norm(grads, 2.0, dtype=torch.float32)]
-    norm = torch.linalg.vector_norm(torch.stack(norms))
+    norm = grad_norm([p.grad for p in params])
     torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
     return norm
 
@@ -440,7 +436,7 @@ def _train_loop(
                 # a new tensor, not the graph output that the next replay of a CUDA graph overwrites
                 step_loss = loss.detach() / accumulate if step_loss is None else step_loss + loss.detach() / accumulate
             if wrapped.synchronize_and_clip is not None:  # clipped on the gradients' way out of the buckets
-                norm = wrapped.synchronize_and_clip(config.grad_clip or math.inf)
+                norm = wrapped.synchronize_and_clip(config.max_grad_norm())
             else:
                 wrapped.synchronize()  # the wrappers that average after backward do it here
                 norm = _clip_gradients(model, config)
