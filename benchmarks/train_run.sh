@@ -24,7 +24,9 @@
 #                and fastlm: throughput and the curves' relative differences against bf16 / torch
 # Sizes: PRESET (default small), CONTEXT (default 2048), MICRO (sequences per process per
 # micro-batch, default 8), SPEED_STEPS (default 150). PART=speed: MODES (default "ddp fsdp"),
-# KERNELS (default torch), BENCH_MODEL=0 skips the `fastlm bench model` row. On a GPU the loop's defaults are bf16 and
+# KERNELS (default torch), PARALLEL_ARGS (more options of the multi-process runs, e.g.
+# "--reduce-dtype bf16"; their folders then end in TAG, default "-args"), ROUNDS (default "1 2 3"),
+# BENCH_MODEL=0 skips the `fastlm bench model` row. On a GPU the loop's defaults are bf16 and
 # compile. CPU-sized: PRESET=tiny CONTEXT=128 MICRO=8 SPEED_STEPS=60 LOSS_STEPS=100 ROUNDS=1.
 # Everything lands in $WORK (default /tmp/fastlm-train); the records, tables and plots in $OUT.
 set -euo pipefail
@@ -77,10 +79,11 @@ speed)
     record "${runs[-1]}"
     for procs in $PROCS; do
       for mode in ${MODES:-ddp fsdp}; do
+        name="speed-$KERNELS-r$round-$procs$mode${PARALLEL_ARGS:+${TAG:--args}}"
+        # shellcheck disable=SC2086  # PARALLEL_ARGS: several options, split on purpose
         torchrun --nproc-per-node "$procs" -m fastlm.train "${COMMON[@]}" "${STEPS[@]}" --parallel "$mode" \
-          --out "$WORK/speed-$KERNELS-r$round-$procs$mode" 2>&1 \
-          | grep -v "^W.*torch/distributed/run.py" | tail -2
-        runs+=("$WORK/speed-$KERNELS-r$round-$procs$mode")
+          ${PARALLEL_ARGS:-} --out "$WORK/$name" 2>&1 | grep -v "^W.*torch/distributed/run.py" | tail -2
+        runs+=("$WORK/$name")
         record "${runs[-1]}"
       done
     done
