@@ -219,6 +219,15 @@ def test_communication_per_step():
     assert backward.bytes_per_step == 3 / 4 * 2 * 49 * ten_b.num_block_parameters()  # all but the last unit
 
 
+def test_bf16_reduction_halves_the_gradients_bytes():
+    (all_reduce,) = communication(TrainStep(SMALL, gpus=4, parallel="ddp", reduce_dtype="bf16"))
+    assert all_reduce.bytes_per_step == 2 * 3 / 4 * 2 * P and "bf16" in all_reduce.what
+    fp32, bf16 = (communication(TrainStep(SMALL, gpus=2, parallel="fsdp", reduce_dtype=r)) for r in ("fp32", "bf16"))
+    assert bf16[-1].bytes_per_step == fp32[-1].bytes_per_step / 2 and bf16[:-1] == fp32[:-1]  # gathers unchanged
+    with pytest.raises(ValueError, match="reduce_dtype must stay fp32"):
+        TrainStep(SMALL, reduce_dtype="bf16")
+
+
 def test_the_linear_cross_entropy_chunk_is_the_kernels():
     from fastlm.ops import linear_cross_entropy
 
@@ -257,6 +266,7 @@ def test_command_prints_the_terms_the_peak_and_communication(capsys):
     [
         (["--gpus", "2"], "--parallel none runs one process: --gpus must be 1, got 2"),
         (["--bucket-mb", "60"], "--bucket-mb sizes fsdp's sharding units: it needs --parallel fsdp, got none"),
+        (["--reduce-dtype", "bf16"], "--parallel none averages no gradients: --reduce-dtype must stay fp32"),
         (["--attention", "naive"], "--attention naive materializes the scores"),
     ],
 )

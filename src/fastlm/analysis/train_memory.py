@@ -71,7 +71,10 @@ Assumptions, all of them:
   per step. ddp: one all-reduce of the fp32 gradients, 2 (N - 1) / N x 4 P. fsdp: per micro-batch
   an all-gather of the blocks' bf16 weights in the forward, and again in the backward for the
   units resharded after forward (all but the last, unless kept gathered); the fp32 root gathered
-  once per micro-batch; one reduce-scatter of all fp32 gradients per step.
+  once per micro-batch; one reduce-scatter of all fp32 gradients per step. With reduce_dtype bf16
+  (--reduce-dtype bf16) the gradients cross the wire in bf16: half the all-reduce's or the
+  reduce-scatter's bytes. The memory terms stay those of fp32 reduction (bf16 changes only
+  transients at the end of the backward: fsdp's reduce-scatter input, the DDP variants' buckets).
 Measured against: tests/analysis/test_train_memory.py (the records of `fastlm train` and `fastlm
 bench model` in benchmarks/results/).
 """
@@ -87,7 +90,7 @@ from types import SimpleNamespace
 from rich.table import Table
 
 from fastlm.analysis.tables import add_columns, gib
-from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB, keeps_gathered, sharding_units
+from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB, REDUCE_DTYPES, keeps_gathered, sharding_units
 from fastlm.model.config import ModelConfig
 
 PARALLEL_MODES = ("none", "ddp", "fsdp")  # the `fastlm train --parallel` modes counted here
@@ -115,6 +118,7 @@ class TrainStep:
     compile: str = "compile"
     accumulation: int = 1
     bucket_mb: float = DEFAULT_BUCKET_MB["fsdp"]
+    reduce_dtype: str = "fp32"  # what the gradients are averaged in (fastlm train --reduce-dtype)
 
     def __post_init__(self) -> None:
         for name in ("micro_batch", "gpus", "accumulation"):
@@ -129,6 +133,10 @@ class TrainStep:
             raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.parallel == "none" and self.gpus != 1:
             raise ValueError(f"parallel none runs one process: gpus must be 1, got {self.gpus}")
+        if self.reduce_dtype not in REDUCE_DTYPES:
+            raise ValueError(f"reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}, got {self.reduce_dtype!r}")
+        if self.reduce_dtype != "fp32" and self.parallel == "none":
+            raise ValueError("parallel none averages no gradients: reduce_dtype must stay fp32")
         if self.config.attention == "naive":
             raise ValueError("attention naive materializes the scores, not counted here: use sdpa or fastlm")
         if self.config.window is not None and self.config.attention != "fastlm":
@@ -326,8 +334,10 @@ def communication(step: TrainStep) -> list[Transfer]:
     config, n, a = step.config, step.gpus, step.accumulation
     ring = (n - 1) / n
     p = config.num_parameters()
+    wire, wire_bytes = step.reduce_dtype, FP32 if step.reduce_dtype == "fp32" else BF16
     if step.parallel == "ddp":
-        return [Transfer("all-reduce of the fp32 gradients", "2 (N-1)/N x 4 P", 2 * ring * FP32 * p)]
+        all_reduce = 2 * ring * wire_bytes * p
+        return [Transfer(f"all-reduce of the {wire} gradients", f"2 (N-1)/N x {wire_bytes} P", all_reduce)]
     if step.parallel == "none":
         return []
     units = fsdp_units(config, step.bucket_mb)
@@ -344,7 +354,7 @@ def communication(step: TrainStep) -> list[Transfer]:
         Transfer(
             "all-gather fp32 root", f"{per_micro_batch}(N-1)/N x 4 P_root", a * ring * FP32 * root_parameters(config)
         ),
-        Transfer("reduce-scatter fp32 gradients", "(N-1)/N x 4 P", ring * FP32 * p),
+        Transfer(f"reduce-scatter {wire} gradients", f"(N-1)/N x {wire_bytes} P", ring * wire_bytes * p),
     ]
 
 
@@ -363,6 +373,8 @@ def _describe(step: TrainStep, name: str) -> str:
     extras = ["recompute"] if config.recompute else []
     if step.parallel == "fsdp":
         extras.append(f"{step.bucket_mb:g} MB units")
+    if step.reduce_dtype != "fp32":
+        extras.append(f"gradients averaged in {step.reduce_dtype}")
     kernels = f"attention {config.attention}, norm {config.norm}, loss {config.loss}"
     return f"{name} · {config.num_parameters():,} parameters · {mode} · {batch} · " + ", ".join(
         [*extras, step.compile, "bf16", kernels]

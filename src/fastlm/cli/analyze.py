@@ -15,7 +15,7 @@ from fastlm.cli import output
 from fastlm.cli.arguments import add_command, add_compile_option, add_group, int_list, positive_float, positive_int
 from fastlm.cli.models import add_model_arguments, check_heads, single_model_config
 from fastlm.devices import DEVICES, device_spec
-from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB, bucket_mb_in_use
+from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB, REDUCE_DTYPES, bucket_mb_in_use
 from fastlm.train.config import TrainConfig
 from fastlm.utils.errors import UserError
 
@@ -57,9 +57,11 @@ def cmd_analyze_memory(args) -> None:
             compile=args.compile,
             accumulation=args.accumulation,
             bucket_mb=bucket_mb_in_use("fsdp", args.bucket_mb),
+            reduce_dtype=args.reduce_dtype,
         )
     except ValueError as error:  # the fields named as the options that set them
-        raise UserError(re.sub(r"\b(gpus|parallel|attention|window)\b", r"--\1", str(error))) from None
+        message = re.sub(r"\b(gpus|parallel|attention|window)\b", r"--\1", str(error))
+        raise UserError(message.replace("reduce_dtype", "--reduce-dtype")) from None
     output.print_each(memory_tables(step, preset, args.contexts or ()))
 
 
@@ -132,6 +134,12 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--accumulation", type=positive_int, default=1, help="micro-batches per optimizer step (gradient accumulation)"
+    )
+    p.add_argument(
+        "--reduce-dtype",
+        choices=REDUCE_DTYPES,
+        default="fp32",
+        help="fastlm train --reduce-dtype: the dtype gradients cross the wire in (bf16 halves the bytes)",
     )
     add_compile_option(p, COMPILE_MODES, "compile", note="default: compile, as fastlm train on a GPU")
     p.add_argument(
