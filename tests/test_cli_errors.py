@@ -154,6 +154,7 @@ SEMANTIC_CASES = [
         ["bench", "allreduce", "--backend", "nccl"], "--backend nccl needs one GPU per process", marks=NEEDS_NO_GPU
     ),
     pytest.param(["bench", "ddp", "--backend", "nccl"], "--backend nccl needs one GPU per process", marks=NEEDS_NO_GPU),
+    pytest.param(["bench", "model", "--compile", "cudagraphs"], "--compile cudagraphs needs a GPU", marks=NEEDS_NO_GPU),
     (["data", "prepare", "--input", "{binary}", "--out", "{out}"], "binary.bin"),
     (["data", "verify", "{out}"], "holds no prepared data"),
 ]

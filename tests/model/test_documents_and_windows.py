@@ -118,6 +118,12 @@ def test_bad_cu_seqlens_raise_one_clear_error(bounds, message):
         model(torch.randint(0, 60, (2, 8)), cu_seqlens=bounds)
 
 
+def test_numpy_cu_seqlens_are_named_as_such():
+    """`fastlm.data.documents.cu_seqlens` returns numpy: the error says to convert it."""
+    with pytest.raises(TypeError, match=r"got ndarray \(from numpy: torch.from_numpy"):
+        TransformerLM(TINY)(torch.randint(0, 60, (2, 8)), cu_seqlens=np.array([0, 8, 16], dtype=np.int32))
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -129,6 +129,11 @@ def cmd_bench_model(args) -> None:
             args.compile or SWEEP_COMPILE_MODES,
         )
     row_list = rows(args.mode or ("train",), args.precision or ("bf16",), args.compile or ("eager",))
+    if not args.sweep and "cudagraphs" in (args.compile or ()):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError("--compile cudagraphs needs a GPU (CUDA graphs); without one use --compile compile")
     configs = model_configs(args)
     if args.hf:
         _check_hf_installed()

@@ -392,6 +392,11 @@ class TransformerLM(nn.Module):
 
 def _check_cu_seqlens(cu_seqlens: torch.Tensor, tokens: torch.Tensor) -> None:
     """Type, shape and device always; the values off the GPU (where reading them costs no wait)."""
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise TypeError(
+            f"cu_seqlens must be a torch.Tensor on tokens' device, got {type(cu_seqlens).__name__} "
+            "(from numpy: torch.from_numpy(cu_seqlens).to(tokens.device))"
+        )
     if cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or len(cu_seqlens) < 2:
         raise ValueError(
             f"cu_seqlens must be int32 (documents + 1,) cumulative lengths, got {tuple(cu_seqlens.shape)} "
