@@ -38,7 +38,7 @@ from fastlm.cli.arguments import (
 from fastlm.cli.models import add_model_arguments, model_configs
 from fastlm.cli.train import add_kernel_comparison_arguments
 from fastlm.devices import current_device
-from fastlm.model.config import PRESETS
+from fastlm.model.config import CUDAGRAPHS_NEED_A_GPU, PRESETS
 from fastlm.utils.errors import UserError
 
 _host_ops = choice_list(HOST_OPS, "op")
@@ -133,7 +133,7 @@ def cmd_bench_model(args) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise UserError("--compile cudagraphs needs a GPU (CUDA graphs); without one use --compile compile")
+            raise UserError(CUDAGRAPHS_NEED_A_GPU)
     configs = model_configs(args)
     if args.hf:
         _check_hf_installed()

@@ -239,10 +239,10 @@ class _Bucket:
         if divide:
             self.buffer /= _world()
 
-    def hand_out(self) -> list[torch.Tensor]:
-        """Give each parameter its averaged gradient and return them (a bucket that is not `wider`):
-        a view of the buffer where the dtypes agree (no copy), else a copy in the parameter's dtype,
-        into its existing gradient where it has one (one launch for all)."""
+    def hand_out(self) -> None:
+        """Give each parameter of a bucket that is not `wider` its averaged gradient: a view of the
+        buffer where the dtypes agree (no copy), else a copy in the parameter's dtype, into its
+        existing gradient where it has one (one launch for all)."""
         converted = []  # (gradient, averaged value) pairs of another dtype
         for param, value in zip(self.params, self.views, strict=True):
             if value.dtype == param.dtype:
@@ -253,20 +253,19 @@ class _Bucket:
                 converted.append((param.grad, value))
         if converted:
             torch._foreach_copy_([grad for grad, _ in converted], [value for _, value in converted])
-        return self._done()
+        self._done()
 
-    def cast_out(self, scale: torch.Tensor | None) -> list[torch.Tensor]:
+    def cast_out(self, scale: torch.Tensor | None) -> None:
         """Give each parameter of a `wider` bucket its averaged gradient, times ``scale`` (a 0-dim
-        tensor) when given, and return them: views of one new buffer of their dtype, cast (and
-        scaled) in one pass over the bucket."""
+        tensor) when given: views of one new buffer of their dtype, cast (and scaled) in one pass
+        over the bucket."""
         flat = scaled_cast(self.buffer, self.wider, scale)
         for offset, param in zip(self.offsets, self.params, strict=True):
             param.grad = flat[offset : offset + param.numel()].view(param.shape)
-        return self._done()
+        self._done()
 
-    def _done(self) -> list[torch.Tensor]:
+    def _done(self) -> None:
         self.ready, self.buffer, self.views, self.work = 0, None, [], None
-        return [param.grad for param in self.params]
 
 
 class BucketedDDP(_DataParallel):
@@ -292,6 +291,7 @@ class BucketedDDP(_DataParallel):
         if current:
             self._add_bucket(current, reduce_dtype)
         self._params = [p for p in module.parameters() if p.requires_grad]  # in the order the norm sums them
+        self._dtypes = [p.dtype for p in self._params]
         super().__init__(module, reduce_dtype)
 
     def _add_bucket(self, params: list[nn.Parameter], reduce_dtype: torch.dtype | None) -> None:
@@ -321,31 +321,22 @@ class BucketedDDP(_DataParallel):
                 bucket.launch(self._op)
         for bucket in self.buckets:
             bucket.wait(self._divide)
+        held = [bucket for bucket in self.buckets if bucket.wider is None]
+        for bucket in held:
+            bucket.hand_out()
+        casting = [bucket for bucket in self.buckets if bucket.wider is not None]
         if max_norm is None:
-            for bucket in self.buckets:
-                if bucket.wider is not None:
-                    bucket.cast_out(None)
-                else:
-                    bucket.hand_out()
+            for bucket in casting:
+                bucket.cast_out(None)
             return None
-        values = {}  # id(parameter) -> its averaged gradient's values
-        held = []  # the gradients already handed out, scaled below
-        for bucket in self.buckets:
-            if bucket.wider is None:
-                held += bucket.hand_out()
-                values.update((id(p), p.grad) for p in bucket.params)
-            else:
-                values.update((id(p), view) for p, view in zip(bucket.params, bucket.views, strict=True))
-        norm = grad_norm([values[id(p)] for p in self._params], [p.dtype for p in self._params])
-        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}  # one multiply launch per dtype
-        for grad in held:
-            by_dtype.setdefault(grad.dtype, []).append(grad)
-        for grads in by_dtype.values():
-            torch._foreach_mul_(grads, scale)
-        for bucket in self.buckets:
-            if bucket.wider is not None:
-                bucket.cast_out(scale)
+        # a casting bucket is measured on its buffer (the same values), the others as handed out
+        values = {id(p): p.grad for bucket in held for p in bucket.params}
+        values.update((id(p), view) for bucket in casting for p, view in zip(bucket.params, bucket.views, strict=True))
+        norm = grad_norm([values[id(p)] for p in self._params], self._dtypes)
+        torch.nn.utils.clip_grads_with_norm_([p for bucket in held for p in bucket.params], max_norm, norm)
+        scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # clip_grads_with_norm_'s coefficient
+        for bucket in casting:
+            bucket.cast_out(scale)
         return norm
 
 

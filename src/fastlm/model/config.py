@@ -28,6 +28,8 @@ COMPILE_MEANINGS = {
     "cudagraphs": "cudagraphs (torch.compile(mode='reduce-overhead'): CUDA graphs)",
 }
 COMPILE_MODES = tuple(COMPILE_MEANINGS)
+# the one-line refusal of --compile cudagraphs where no GPU is visible (CUDA graphs capture GPU work)
+CUDAGRAPHS_NEED_A_GPU = "--compile cudagraphs needs a GPU (CUDA graphs); without one use --compile compile"
 TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}  # torch.compile(mode=...) of each
 # How a step's numbers are stored (fastlm.model.precision says what each means for a step)
 PRECISION_MEANINGS = {

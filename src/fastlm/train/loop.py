@@ -70,7 +70,7 @@ from fastlm.devices import current_device_name
 from fastlm.distributed import ShardedOptimizer
 from fastlm.distributed.wrappers import Wrapped, stack_is_one_unit, wrap
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.model.config import TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
+from fastlm.model.config import CUDAGRAPHS_NEED_A_GPU, TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.model.materialize import materialize
 from fastlm.model.precision import param_groups, precision_context
 from fastlm.optim import AdamW
@@ -558,7 +558,7 @@ def check_config(config: TrainConfig, world: int) -> None:
     take the run: before any work (``config`` resolved)."""
     config.check(world)
     if config.compile == "cudagraphs" and not torch.cuda.is_available():
-        raise UserError("--compile cudagraphs needs a GPU (CUDA graphs); without one use --compile compile")
+        raise UserError(CUDAGRAPHS_NEED_A_GPU)
     check_out(config)
 
 
