@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastlm.cli import arguments, bench, bench_distributed, bench_hf, build_parser, main
+from fastlm.cli import arguments, bench, bench_distributed, build_parser, main
 from fastlm.data import prepare, tokenizer
 from fastlm.train import config as train_config
 from fastlm.train import loop
+from fastlm.utils import host_memory
 
 CORPUS = Path(__file__).parent / "data" / "corpus.txt"
 MISSING = "/nonexistent/fastlm/corpus.txt"
@@ -173,10 +174,11 @@ def test_bad_combination_is_one_sentence(argv, message, capsys, tmp_path):
 
 @NEEDS_NO_GPU
 def test_bench_hf_on_a_cpu_refuses_a_model_the_host_cannot_hold(capsys, monkeypatch):
-    monkeypatch.setattr(bench_hf, "host_memory", lambda: 16 * 10**9)
+    monkeypatch.setattr(host_memory, "host_memory", lambda: 16 * 10**9)
     status, output = _run(["bench", "hf", "--size", "1b", "--patches", "none,fastlm"], capsys)
     assert status == 2
-    assert "2 model(s) of llama 1b (1.24B parameters each) need 39.5 GB" in output and "of the 16.0 GB here" in output
+    assert "the training state of 2 model(s) of llama 1b (1.24B parameters each: fp32 weights" in output
+    assert "needs about 39.5 GB, more than half of the 16.0 GB here" in output
 
 
 def test_train_without_data_is_one_sentence(capsys):

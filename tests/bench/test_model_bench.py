@@ -12,6 +12,8 @@ from fastlm.bench import model_report
 from fastlm.cli import main
 from fastlm.harness.runner import run_benchmark
 from fastlm.model import ModelConfig
+from fastlm.utils import host_memory
+from fastlm.utils.errors import UserError
 
 TINY = ModelConfig.preset("tiny", vocab_size=50, context_length=16)
 HF = model_bench.IMPLEMENTATIONS[1]
@@ -319,15 +321,33 @@ def test_the_schedule_falls_back_to_back_to_back_when_the_models_do_not_fit():
     subjects = [model_bench.Subject("xl", xl.with_kernels(kernels)) for kernels in ("torch", "fastlm")]
     subjects.append(model_bench.Subject("xl", xl, HF))
     rows = model_bench.rows(("train",), ("bf16",), ("eager", "compile", "cudagraphs"))
-    h100 = 85_029_158_912  # bytes of an H100 80GB HBM3
+    h100 = int(0.9 * 85_029_158_912)  # the budget on an H100 80GB HBM3: 90% of its bytes
     # measured alone: xl trains in 33.6 GiB at batch 4 (H100, benchmarks/results/model.jsonl); the estimate is above
-    alone = model_bench.row_memory_estimate(xl, rows[0], 4) + 4 * xl.num_parameters()
+    alone = model_bench.model_memory_estimate(xl, rows[:1], 4)
     assert 33.6 * 2**30 < alone < 1.3 * 33.6 * 2**30
     assert model_bench.choose_schedule(subjects, rows, 4, h100, None)[0] == "interleaved"
     schedule, why = model_bench.choose_schedule(subjects, rows, 16, h100, None)
-    assert schedule == "back to back" and "of 85 GB" in why
+    assert schedule == "back to back" and "of the 77 GB a run may use" in why
     assert model_bench.choose_schedule(subjects, rows, 16, h100, True)[0] == "interleaved"  # --interleave wins
-    assert model_bench.choose_schedule(subjects, rows, 4, None, None)[0] == "interleaved"  # CPU
+    assert model_bench.choose_schedule(subjects, rows, 4, None, None)[0] == "interleaved"  # no budget
+
+
+def test_a_cpu_run_that_would_not_fit_the_host_is_refused_before_building(monkeypatch):
+    monkeypatch.setattr(host_memory, "host_memory", lambda: 64 * 10**9)
+    built = []
+    monkeypatch.setattr(model_bench, "TransformerLM", lambda config: built.append(config))
+    rows = model_bench.rows(("train",), ("fp32",), ("eager",))
+    big = model_bench.Subject("xl", ModelConfig.preset("xl"))
+    expected = r"the xl model alone at batch 4 needs about \d+\.\d GB, more than half of the 64.0 GB here"
+    with pytest.raises(UserError, match=expected):
+        measure([big], rows, batch=4, rounds=1)
+    tiny = [model_bench.Subject("tiny", TORCH_KERNELS), model_bench.Subject("tiny", FASTLM_KERNELS)]
+    monkeypatch.setattr(host_memory, "host_memory", lambda: 10**6)  # not even one tiny model fits 0.5 MB
+    with pytest.raises(UserError, match="every model of the run kept at batch 2 needs .*, or --no-interleave$"):
+        measure(tiny, rows, batch=2, rounds=1, interleave=True)
+    with pytest.raises(UserError, match="the tiny model alone at batch 2"):  # auto: back to back, still too big
+        measure(tiny, rows, batch=2, rounds=1)
+    assert built == []
 
 
 def test_report_shows_median_spread_and_paired_ratios(monkeypatch, tmp_path):

@@ -18,6 +18,7 @@ from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.train import loop, memory_fit
 from fastlm.train.config import TrainConfig
 from fastlm.train.log import read_log
+from fastlm.utils import host_memory
 from fastlm.utils.errors import UserError
 
 SMALL = ["--preset", "tiny", "--context", "16", "--log-every", "1", "--eval-sequences", "4"]
@@ -310,6 +311,41 @@ def test_a_replicated_model_whose_state_exceeds_the_gpu_is_refused(corpus_data):
         memory_fit.check_state_fits(sharded, {"vocab_size": 257}, 2, capacity=1)
     fsdp = loop.parse_args([*argv[:-1], "fsdp"])  # sharded: its state is divided, not checked here
     memory_fit.check_state_fits(fsdp, {"vocab_size": 257}, 2, capacity=1)
+
+
+def test_training_on_a_cpu_stops_before_building_a_model_the_host_cannot_hold(
+    corpus_data, tmp_path, capsys, monkeypatch
+):
+    """`fastlm train --preset 10b` on a CPU: one line before anything is built (it would swap for
+    minutes, then be killed); the state counted is every process's on this host."""
+    monkeypatch.setattr(host_memory, "host_memory", lambda: 64 * 10**9)
+    monkeypatch.setattr(loop, "_setup", lambda config: torch.device("cpu"))  # also on a GPU machine
+
+    def loop_must_not_run(*_):
+        raise AssertionError("the training loop ran")
+
+    monkeypatch.setattr(loop, "_train_loop", loop_must_not_run)
+    argv = ["--data", str(corpus_data), *SMALL, "--preset", "10b", "--micro-batch", "4", "--out", str(tmp_path / "run")]
+    assert loop.main(argv) == 2
+    parameters = loop.parse_args(["--data", "d", "--preset", "10b"]).model_config(257).num_parameters()
+    billions, gb = parameters / 1e9, 16 * parameters / 1e9
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            f"on a CPU, the training state of 1 process(es) (weights, gradients and AdamW moments of {billions:.2f}B "
+            f"parameters) needs about {gb:.1f} GB, more than half of the 64.0 GB here; use a smaller model (--preset, "
+            "--d-model, --layers) or fewer processes"
+        )
+    )
+    config = loop.parse_args(["--data", "d", "--preset", "small", "--parallel", "fsdp"])
+    small = config.model_config(257).num_parameters()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # four processes on this host, each with a quarter of the state
+    monkeypatch.setattr(host_memory, "host_memory", lambda: 2 * 16 * small)
+    memory_fit.check_state_fits_host(config, {"vocab_size": 257}, 4)  # all of it: fits the budget exactly
+    monkeypatch.setattr(host_memory, "host_memory", lambda: 2 * 16 * small - 2)
+    with pytest.raises(UserError, match=r"of 4 process\(es\)"):
+        memory_fit.check_state_fits_host(config, {"vocab_size": 257}, 4)
 
 
 def test_training_stops_before_building_a_model_the_gpu_cannot_hold(corpus_data, tmp_path, capsys, monkeypatch):

@@ -45,6 +45,7 @@ from fastlm.harness.steps import LossFn, Row, make_optimizer, make_step, time_st
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.config import COMPILE_MODES, TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.utils.errors import is_out_of_memory
+from fastlm.utils.host_memory import check_fits_host, host_budget
 from fastlm.utils.records import read_records, with_environment
 
 SWEEP_PRECISIONS = ("fp32", "bf16")
@@ -220,6 +221,11 @@ def row_memory_estimate(config: ModelConfig, row: Row, batch: int) -> int:
     return weights * parameters + activations + 8 * tokens * config.vocab_size
 
 
+def model_memory_estimate(config: ModelConfig, row_list: Sequence[Row], batch: int) -> int:
+    """Napkin bytes of one model measured alone: its fp32 parameters and its largest row's memory."""
+    return 4 * config.num_parameters() + max(row_memory_estimate(config, row, batch) for row in row_list)
+
+
 def interleaved_memory_estimate(subject_list: Sequence[Subject], row_list: Sequence[Row], batch: int) -> int:
     """Napkin bytes of an interleaved run: every model's fp32 parameters (kept across rounds), the
     largest row's own memory, and, with CUDA graphs, one pool holding a step's gradients and
@@ -239,20 +245,42 @@ def choose_schedule(
     subject_list: Sequence[Subject],
     row_list: Sequence[Row],
     batch: int,
-    device_memory_bytes: int | None,
+    budget_bytes: int | None,
     interleave: bool | None,
 ) -> tuple[str, str]:
     """("interleaved" | "back to back", why). ``interleave`` None: interleave where the memory
-    estimate fits in 90% of the device's memory; always without a device memory (CPU, where the
-    timings are not the point)."""
+    estimate fits in ``budget_bytes`` (90% of a GPU's memory, half of a CPU host's: `memory_budget`);
+    always without a budget."""
     if interleave is not None:
         return ("interleaved", "--interleave") if interleave else ("back to back", "--no-interleave")
-    if device_memory_bytes is None or len(subject_list) < 2:
+    if budget_bytes is None or len(subject_list) < 2:
         return "interleaved", "auto"
-    need, have = interleaved_memory_estimate(subject_list, row_list, batch) / 1e9, device_memory_bytes / 1e9
-    if need <= 0.9 * have:
-        return "interleaved", f"auto: every model kept needs about {need:.0f} of {have:.0f} GB"
-    return "back to back", f"auto: every model kept would need about {need:.0f} of {have:.0f} GB"
+    need, have = interleaved_memory_estimate(subject_list, row_list, batch) / 1e9, budget_bytes / 1e9
+    if need <= have:
+        return "interleaved", f"auto: every model kept needs about {need:.0f} of the {have:.0f} GB a run may use"
+    return "back to back", f"auto: every model kept would need about {need:.0f} of the {have:.0f} GB a run may use"
+
+
+def memory_budget(device: torch.device) -> int:
+    """Bytes a run's memory estimate may reach: 90% of a GPU's memory, `host_budget` on a CPU."""
+    if device.type == "cuda":
+        return int(0.9 * torch.cuda.get_device_properties(device).total_memory)
+    return host_budget()
+
+
+def check_fits_cpu(subject_list: Sequence[Subject], row_list: Sequence[Row], batch: int, schedule: str) -> None:
+    """On a CPU, refuse a run whose estimate under ``schedule`` does not fit the host: there it
+    would swap or be killed, where on a GPU a configuration that does not fit is recorded as out of
+    memory and the run goes on."""
+    if schedule == "interleaved" and len(subject_list) > 1:
+        need, what = interleaved_memory_estimate(subject_list, row_list, batch), "every model of the run kept"
+        remedy = ", or --no-interleave"
+    else:
+        need, preset = max((model_memory_estimate(s.config, row_list, batch), s.preset) for s in subject_list)
+        what, remedy = f"the {preset} model alone", ""
+    check_fits_host(
+        need, f"{what} at batch {batch}", f"use a smaller --preset, --batch or --context, or --mode fwd{remedy}"
+    )
 
 
 @contextlib.contextmanager
@@ -291,8 +319,9 @@ def measure_rounds(
     memory is not retried in later rounds; its record says "out of memory". With
     ``errors_as_status``, so does one that raises any other RuntimeError (a third-party model that
     fails to compile, say): its record says "error: " and the message's first line."""
-    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-    schedule, why = choose_schedule(subject_list, row_list, batch, memory, interleave)
+    schedule, why = choose_schedule(subject_list, row_list, batch, memory_budget(device), interleave)
+    if device.type == "cpu":
+        check_fits_cpu(subject_list, row_list, batch, schedule)
     if schedule == "interleaved":
         plan = [(r, s, row) for r in range(rounds) for s in range(len(subject_list)) for row in row_list]
     else:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastlm.analysis.model import MODES
@@ -23,6 +21,7 @@ from fastlm.cli.arguments import (
 from fastlm.devices import current_device
 from fastlm.model.config import COMPILE_MODES, FP32_WEIGHT_PRECISIONS
 from fastlm.utils.errors import UserError
+from fastlm.utils.host_memory import check_fits_host
 
 if TYPE_CHECKING:  # fastlm.bench.hf imports torch, which `fastlm --help` does not
     from fastlm.bench.hf import HFShape
@@ -68,28 +67,14 @@ def cmd_bench_hf(args) -> None:
 
 def _check_fits_host(shape: HFShape, models: int) -> None:
     """On a CPU, stop before building ``models`` models (interleaved rounds keep them all) whose fp32
-    weights, gradients and AdamW moments (16 bytes per parameter) would take more than half the
-    memory this process may use: such a run swaps for minutes before its first step."""
+    weights, gradients and AdamW moments (16 bytes per parameter) would not fit the host."""
     parameters = shape.num_parameters()
-    state = 16 * parameters * models
-    host = host_memory()
-    if state > host / 2:
-        raise UserError(
-            f"on a CPU, {models} model(s) of {shape.family} {shape.size} ({parameters / 1e9:.2f}B "
-            f"parameters each) need {state / 1e9:.1f} GB for their fp32 weights, gradients and AdamW state, more "
-            f"than half of the {host / 1e9:.1f} GB here; use --size tiny, or fewer --layers and a smaller "
-            "--d-model and --vocab"
-        )
-
-
-def host_memory() -> int:
-    """Bytes of memory this process may use: the machine's, or its container's limit if lower."""
-    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-    except OSError:
-        return physical
-    return min(physical, int(limit)) if limit.isdigit() else physical
+    check_fits_host(
+        16 * parameters * models,
+        f"the training state of {models} model(s) of {shape.family} {shape.size} ({parameters / 1e9:.2f}B "
+        "parameters each: fp32 weights, gradients and AdamW moments)",
+        "use --size tiny, or fewer --layers and a smaller --d-model and --vocab",
+    )
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:

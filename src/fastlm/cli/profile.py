@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from fastlm.cli import output
@@ -19,6 +20,7 @@ from fastlm.cli.arguments import (
 from fastlm.cli.models import add_model_arguments, single_model_config
 from fastlm.devices import current_device
 from fastlm.model.config import FP32_WEIGHT_PRECISIONS, ModelConfig
+from fastlm.utils.host_memory import check_fits_host
 from fastlm.utils.progress import progress_steps
 
 
@@ -45,10 +47,27 @@ def run_model_profile(
     return write_report(out / "reports" / "profile_model.md", "Model profile", model_profile.render(profiles, records))
 
 
+def _check_fits_cpu(preset: str, config: ModelConfig, modes, precisions, batch: int, context_option: str) -> None:
+    """On a CPU, refuse a profile whose napkin memory (`fastlm.bench.model`'s estimate of its largest
+    step) does not fit the host, before building the model."""
+    if current_device().type != "cpu":
+        return
+    from fastlm.bench.model import model_memory_estimate
+    from fastlm.harness.steps import Row
+
+    rows = [Row(mode, precision, "eager") for mode in modes for precision in precisions]
+    check_fits_host(
+        model_memory_estimate(config, rows, batch),
+        f"the {preset} model at batch {batch} and context {config.context_length}",
+        f"use a smaller --preset, --batch or {context_option}",
+    )
+
+
 def cmd_profile_model(args) -> None:
     if args.attention is None:
         args.attention = "naive"  # the path with per-stage ranges inside attention
     preset, config = single_model_config(args)
+    _check_fits_cpu(preset, config, ("fwd", "train"), (args.precision,), args.batch, "--context")
     report = run_model_profile(
         args.out,
         preset,
@@ -67,6 +86,8 @@ def cmd_profile_memory(args) -> None:
     from fastlm.profile import memory
 
     preset, config = single_model_config(args)
+    longest = dataclasses.replace(config, context_length=max(args.contexts))
+    _check_fits_cpu(preset, longest, args.mode, args.precision, args.batch, "--contexts")
     device = current_device()
     with progress_steps("memory", len(args.mode) * len(args.precision) * len(args.contexts)) as step:
         records, timelines = memory.run(

@@ -2,12 +2,15 @@
 
 Outside fsdp every process holds the whole model's weights, gradients and AdamW state.
 `check_state_fits` stops a run before anything is built when that state alone exceeds the smallest
-GPU of the run. A run that passes may still run out of memory later on its activations; then
-`out_of_memory_message` turns the allocator's error into one sentence that says what each process
-holds and what would shrink it.
+GPU of the run; `check_state_fits_host` does the same on a CPU, where the processes share the
+host's memory and a run that does not fit swaps or is killed rather than raising. A run that
+passes may still run out of memory later on its activations; then `out_of_memory_message` turns
+the allocator's error into one sentence that says what each process holds and what would shrink it.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.distributed as dist
@@ -15,6 +18,7 @@ import torch.distributed as dist
 from fastlm.model.config import stores_bf16_weights
 from fastlm.train.config import TrainConfig
 from fastlm.utils.errors import UserError
+from fastlm.utils.host_memory import check_fits_host
 
 
 def replicated_state_bytes(config: TrainConfig, record: dict, world: int) -> tuple[int, int]:
@@ -67,4 +71,21 @@ def check_state_fits(config: TrainConfig, record: dict, world: int, capacity: in
         f"with --parallel {config.parallel} each process would hold {state / 1e9:.1f} GB of weights, gradients "
         f"and AdamW state ({parameters / 1e9:.2f}B parameters), more than the GPU's {capacity / 1e9:.1f} GB; "
         f"use --parallel fsdp, which shards all of it across processes (torchrun){shard}, or a smaller model"
+    )
+
+
+def check_state_fits_host(config: TrainConfig, record: dict, world: int) -> None:
+    """On a CPU, stop before building when the weights, gradients and AdamW state of this host's
+    processes (torchrun's LOCAL_WORLD_SIZE of them; fsdp's each hold 1/world of it) do not fit it."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if config.parallel == "fsdp":
+        parameters = config.model_config(record["vocab_size"]).num_parameters()
+        state = 16 * parameters // world  # fp32 weights, gradients and AdamW's two moments, sharded
+    else:
+        parameters, state = replicated_state_bytes(config, record, world)
+    check_fits_host(
+        local * state,
+        f"the training state of {local} process(es) (weights, gradients and AdamW moments of "
+        f"{parameters / 1e9:.2f}B parameters)",
+        "use a smaller model (--preset, --d-model, --layers) or fewer processes",
     )
