@@ -268,3 +268,14 @@ def test_the_long_commands_state_their_duration():
     assert {command for command, duration in durations.items() if duration} == LONG_COMMANDS
     for command in LONG_COMMANDS:
         assert re.fullmatch(r" with the defaults: on a 2-core CPU .+; on a GPU .+\.", durations[command]), command
+
+
+@pytest.mark.parametrize("option", ["--parallel", "--resume", "--overwrite", "--override", "--checkpoint-every"])
+def test_bench_train_offers_no_option_it_would_ignore_or_refuse(option, capsys):
+    """Each kernel set trains a fresh run in one process without checkpoints: its --help lists
+    none of these, and giving one is a parsing error."""
+    status, output = _run(["bench", "train", "--help"], capsys)
+    listed = re.findall(r"^\s+(--[\w-]+)", output, re.MULTILINE)  # the options, one per help entry
+    assert status == 0 and "--kernels" in listed and option not in listed
+    status, output = _run(["bench", "train", "--data", str(CORPUS), option], capsys)
+    assert status == 2 and f"unrecognized arguments: {option}" in output

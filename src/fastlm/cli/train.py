@@ -42,10 +42,28 @@ class _Tasks(argparse._SubParsersAction):
         super().__call__(parser, namespace, values, option_string)
 
 
+# options of `fastlm train` that `fastlm bench train` does not take: each kernel set trains a fresh
+# run in one process, without checkpoints (`fastlm.bench.train_kernels`)
+NOT_BENCHED = (
+    "parallel",
+    "bucket_mb",
+    "reduce_dtype",
+    "shard_optimizer",
+    "timeout_s",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "resume",
+    "overwrite",
+    "override",
+)
+
+
 def add_kernel_comparison_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `fastlm train`, with --kernels a comma list of kernel sets to compare."""
+    """The options of `fastlm train` but those of several processes, checkpoints and resuming, with
+    --kernels a comma list of kernel sets to compare."""
     add_arguments(
         p,
+        exclude=NOT_BENCHED,
         overrides={
             "kernels": {
                 "type": choice_list(KERNEL_SETS, "kernel set"),
