@@ -97,6 +97,11 @@ def newest(directory: Path) -> dict | None:
     return entries[-1] if entries else None
 
 
+def steps(directory: Path) -> list[int]:
+    """The steps of the committed checkpoints in ``directory``, oldest first (none: empty)."""
+    return [entry["step"] for entry in _read_manifest(Path(directory))]
+
+
 def save(directory: Path, step: int, config: dict, state: dict, *, keep: int = 2) -> Path:
     """Write the checkpoint of ``step`` into ``directory`` and commit it; returns its file.
 

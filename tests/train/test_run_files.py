@@ -101,8 +101,10 @@ def test_a_damaged_newest_checkpoint_names_the_intact_one_and_resume_takes_it(co
     error = _error(capsys)
     assert f"{newest} is corrupt" in error
     assert error.rstrip().endswith("the older checkpoint of step 2 is intact; pass --resume 2 to continue from it")
-    assert _main(corpus_data, out, *argv, "--resume", "9") == 1
-    assert "holds no checkpoint of step 9 (it holds steps 2, 3)" in _error(capsys)
+    assert _main(corpus_data, out, *argv, "--resume", "9") == 2  # a step not kept: a mistake in the arguments
+    assert (
+        ": --resume 9: " in (error := _error(capsys)) and "holds no checkpoint of step 9 (it keeps steps 2, 3;" in error
+    )
     assert _main(corpus_data, out, *argv, "--resume", "2") == 0
     untimed = [{k: r[k] for k in ("step", "loss", "eval_loss") if k in r} for r in read_log(out / "log.jsonl")]
     straight = [

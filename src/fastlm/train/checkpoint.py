@@ -25,7 +25,7 @@ def checkpoint_dir(config: TrainConfig) -> Path:
 
 def check_out(config: TrainConfig) -> None:
     """UserError unless OUT can take the run: a writable folder; holding no other run's files
-    unless --resume or --overwrite; a checkpoint to continue with --resume."""
+    unless --resume or --overwrite; a checkpoint to continue with --resume (of its STEP if given)."""
     try:
         check_writable_folder(config.out)
     except ValueError as error:
@@ -50,6 +50,12 @@ def check_out(config: TrainConfig) -> None:
         aside = set_aside_runs(config.out)
         hint = f" (the run --overwrite replaced is in {aside[-1]}: move its files back to continue it)" if aside else ""
         raise UserError(f"--resume: {checkpoint_dir(config)} holds no checkpoint to continue{hint}")
+    kept = checkpoint.steps(checkpoint_dir(config)) if config.resume not in (None, NEWEST) else []
+    if kept and config.resume not in kept:
+        raise UserError(
+            f"--resume {config.resume}: {checkpoint_dir(config)} holds no checkpoint of step {config.resume} "
+            f"(it keeps steps {', '.join(map(str, kept))}; --keep-checkpoints sets how many)"
+        )
 
 
 def after_interrupt(config: TrainConfig) -> str:
