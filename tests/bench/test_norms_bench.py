@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastlm.bench.bandwidth import CPU_NOTE
-from fastlm.bench.norms import norm_bytes
+from fastlm.bench.norms import NormsBenchmark, norm_bytes
 from fastlm.cli import main
 
 
@@ -37,3 +37,12 @@ def test_command_runs_on_cpu(tmp_path, capsys):
     }
     assert all(r["fwd_bwd_gbps"] > 0 for r in ok)
     assert (tmp_path / "reports" / "norms_fwd_bwd_gbps.png").stat().st_size > 0
+    # on a busy CPU a step can time below its own forward: the table's status says why
+    for r in ok:
+        r.update(fwd_ms=10.0, fwd_p20_ms=9.0, fwd_bwd_ms=15.0, fwd_bwd_p80_ms=16.0)
+    ok[0].update(fwd_bwd_ms=5.0, fwd_bwd_p80_ms=6.0)  # p20-p80 ranges apart
+    (tmp_path / "results" / "norms.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    report = NormsBenchmark().render(tmp_path / "results", tmp_path / "reports")
+    noted = [line for line in report.splitlines() if "fwd+bwd < fwd" in line]
+    assert len(noted) == 1 and "ranges apart: the load changed between the stages, rerun" in noted[0]
+    assert f"| {ok[0]['implementation']} |" in noted[0]

@@ -40,7 +40,7 @@ from fastlm.analysis.attention import BACKWARD_FLOPS_RATIO, attention_forward_fl
 from fastlm.bench.attention_report import CPU_NOTE, render
 from fastlm.bench.options import ATTENTION_SWEEPS
 from fastlm.harness.benchmark import Benchmark, Implementation, Run
-from fastlm.harness.timing import measure, measure_after_setup, measure_graph_replay
+from fastlm.harness.timing import measure, measure_after_setup, measure_graph_replay, stage_times
 from fastlm.utils.records import read_records
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -397,9 +397,9 @@ def _bench_timings(fn: AttentionFn, q, k, v, device, flops: float) -> dict:
         torch.cuda.synchronize()
         peak_mb = torch.cuda.max_memory_allocated() / 2**20
     return {
-        "fwd_ms": fwd.median_ms,
+        **stage_times("fwd", fwd),
         "bwd_ms": bwd.median_ms,
-        "fwd_bwd_ms": step.median_ms,
+        **stage_times("fwd_bwd", step),
         "fwd_tflops": flops / fwd.median_ms / 1e9,
         "bwd_tflops": BACKWARD_FLOPS_RATIO * flops / bwd.median_ms / 1e9,
         "fwd_bwd_tflops": (1 + BACKWARD_FLOPS_RATIO) * flops / step.median_ms / 1e9,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fastlm.harness.timing import noted_status
 from fastlm.utils.plots import line_plot
 from fastlm.utils.tables import device_line, markdown_table, present_columns
 
@@ -121,6 +122,11 @@ def _tflops_plot(records: list[dict], reports_dir: Path, name: str, title: str) 
     return line_plot(reports_dir / name, panels, xlabel="sequence length", ylabel="TFLOP/s", title=title, logx=True)
 
 
+def _noted(records: list[dict]) -> list[dict]:
+    """The records with `noted_status`: a fwd+bwd timed below its forward says why."""
+    return [{**r, "status": noted_status(r)} for r in records]
+
+
 def render(records: list[dict], reports_dir: Path) -> str:
     """Markdown for the latest run of each sweep in ``records``; writes the PNG plots."""
     sections = []
@@ -139,7 +145,7 @@ def render(records: list[dict], reports_dir: Path) -> str:
             "## Model shapes (`--sweep model`)",
             device_line(first) + " · tokens per batch fixed, so B = tokens / N · causal, bf16",
             *([CPU_NOTE] if first["gpu"] == "cpu" else []),
-            markdown_table(model, present_columns(model, BENCH_COLUMNS)),
+            markdown_table(_noted(model), present_columns(model, BENCH_COLUMNS)),
         ]
         measured_ratios = present_columns(ratios, RATIO_COLUMNS[4:])  # after B, H, D and N, which every row has
         if measured_ratios:
@@ -162,7 +168,7 @@ def render(records: list[dict], reports_dir: Path) -> str:
         sections += [
             "## Lengths and head dims (`--sweep flash`)",
             device_line(flash[0]),
-            markdown_table(flash, present_columns(flash, BENCH_COLUMNS)),
+            markdown_table(_noted(flash), present_columns(flash, BENCH_COLUMNS)),
         ]
         if plot is not None:
             sections.append(f"![TFLOP/s vs sequence length]({plot.name})")
@@ -173,14 +179,14 @@ def render(records: list[dict], reports_dir: Path) -> str:
             "## Packed documents (`--sweep varlen`)",
             device_line(first) + f" · {first['batch']} x {first['seq']}-token rows, {first['heads']} "
             "heads, causal within each document, bf16 · TFLOP/s of the real (per-document) work",
-            markdown_table(varlen, present_columns(varlen, VARLEN_COLUMNS)),
+            markdown_table(_noted(varlen), present_columns(varlen, VARLEN_COLUMNS)),
         ]
     window = latest_sweep(records, "window")
     if window:
         sections += [
             "## Sliding window (`--sweep window`)",
             device_line(window[0]) + " · causal, bf16 · TFLOP/s of the work each mask shows",
-            markdown_table(window, present_columns(window, WINDOW_COLUMNS)),
+            markdown_table(_noted(window), present_columns(window, WINDOW_COLUMNS)),
         ]
     naive, compiled = latest_sweep(records, "naive"), latest_sweep(records, "compile")
     if naive or compiled:

@@ -19,7 +19,15 @@ from pathlib import Path
 import torch
 
 from fastlm.harness.benchmark import Benchmark, Implementation, Run, failure_status
-from fastlm.harness.timing import Timing, drop_grads, measure, measure_after_setup, measure_graph_replay
+from fastlm.harness.timing import (
+    Timing,
+    drop_grads,
+    measure,
+    measure_after_setup,
+    measure_graph_replay,
+    noted_status,
+    stage_times,
+)
 from fastlm.utils.plots import grouped_bar_plot
 from fastlm.utils.tables import device_line, markdown_table, present_columns
 
@@ -75,7 +83,7 @@ def measure_stages(
 
 def _stage_fields(stage: str, timing: Timing, nbytes: int, copy_gbps: float) -> dict:
     gbps = nbytes / (timing.median_ms * 1e-3) / 1e9
-    return {f"{stage}_ms": timing.median_ms, f"{stage}_gbps": gbps, f"{stage}_fraction_of_copy": gbps / copy_gbps}
+    return {**stage_times(stage, timing), f"{stage}_gbps": gbps, f"{stage}_fraction_of_copy": gbps / copy_gbps}
 
 
 BANDWIDTH_COLUMNS = [
@@ -114,8 +122,7 @@ def render_bandwidth(
             for stage in ("fwd_graph", "fwd_bwd_graph")
             if f"{stage}_status" in r
         ]
-        if failed:
-            row["status"] = "; ".join([r["status"], *failed])
+        row["status"] = "; ".join([noted_status(r), *failed])
         rows.append(row)
     groups = list(dict.fromkeys(case_label(r) for r in rows))
     implementations = list(dict.fromkeys(r["implementation"] for r in rows))

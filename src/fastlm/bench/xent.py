@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import fastlm
 from fastlm.analysis.xent import CrossEntropyCost
 from fastlm.harness.benchmark import Benchmark, Implementation, Run
-from fastlm.harness.timing import Timing, measure, measure_after_setup
+from fastlm.harness.timing import Timing, measure, measure_after_setup, noted_status, stage_times
 from fastlm.utils.plots import bar_series, grouped_bar_plot
 from fastlm.utils.tables import device_line, markdown_table
 
@@ -136,19 +136,9 @@ def table_rows(records: list[dict]) -> list[dict]:
             row["fwd_percent_of_copy"] = 100 * r["fwd_fraction_of_copy"]
             if r["vocab"] in eager:
                 row["speedup"] = eager[r["vocab"]]["fwd_bwd_ms"] / r["fwd_bwd_ms"]
-            if r["fwd_bwd_ms"] < r["fwd_ms"]:
-                row["status"] = f"ok; {_shorter_step_note(r)}"
+            row["status"] = noted_status(r)
         rows.append(row)
     return rows
-
-
-def _shorter_step_note(record: dict) -> str:
-    """Why fwd+bwd, which runs the forward too, timed below the forward alone. On an idle machine it
-    does not (the fused path's backward adds little, but something): the stages' p20-p80 ranges
-    overlap (noise), or they lie apart and the machine's load changed between the stages."""
-    if record["fwd_bwd_p80_ms"] >= record["fwd_p20_ms"]:
-        return "fwd+bwd < fwd within timing noise (p20-p80 ranges overlap)"
-    return "fwd+bwd < fwd with p20-p80 ranges apart: the load changed between the stages, rerun"
 
 
 @dataclass(frozen=True)
@@ -198,9 +188,7 @@ class CrossEntropyBenchmark(Benchmark):
             gbps = stage_bytes[stage] / (timing.median_ms * 1e-3) / 1e9
             result.update(
                 {
-                    f"{stage}_ms": timing.median_ms,
-                    f"{stage}_p20_ms": timing.p20_ms,
-                    f"{stage}_p80_ms": timing.p80_ms,
+                    **stage_times(stage, timing),
                     f"{stage}_gbps": gbps,
                     f"{stage}_fraction_of_copy": gbps / copy_gbps,
                 }

@@ -136,3 +136,27 @@ def measure_after_setup(
 def _summarize(samples: list[float]) -> Timing:
     deciles = statistics.quantiles(samples, n=10)
     return Timing(statistics.median(samples), deciles[1], deciles[7])
+
+
+def stage_times(stage: str, timing: Timing) -> dict:
+    """A record's fields of one timed stage: ``{stage}_ms`` (median), ``{stage}_p20_ms``, ``{stage}_p80_ms``."""
+    return {f"{stage}_ms": timing.median_ms, f"{stage}_p20_ms": timing.p20_ms, f"{stage}_p80_ms": timing.p80_ms}
+
+
+def shorter_step_note(record: dict) -> str | None:
+    """Why a record's fwd+bwd, which runs the forward too, timed below its forward alone; None when it
+    did not. The stages are timed one after the other: their p20-p80 ranges overlap (noise, common
+    where the backward adds little), or they lie apart and the machine's load changed between them
+    (a CPU shared with other processes)."""
+    fwd, step = record.get("fwd_ms"), record.get("fwd_bwd_ms")
+    if fwd is None or step is None or step >= fwd:
+        return None
+    if record.get("fwd_bwd_p80_ms", step) >= record.get("fwd_p20_ms", fwd):
+        return "fwd+bwd < fwd within timing noise (p20-p80 ranges overlap)"
+    return "fwd+bwd < fwd with p20-p80 ranges apart: the load changed between the stages, rerun"
+
+
+def noted_status(record: dict) -> str:
+    """The record's status, with `shorter_step_note` appended where it applies."""
+    note = shorter_step_note(record) if record.get("status") == "ok" else None
+    return f"{record['status']}; {note}" if note else record["status"]
