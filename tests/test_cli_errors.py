@@ -237,7 +237,7 @@ def test_help_shows_defaults_and_the_expected_duration(capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "--epochs EPOCHS passes over the training sequences per depth (default: 50)" in text
     assert "--layers LAYERS comma list of depths, e.g. 1,2,3,4 (default: 2)" in text
-    assert "Expected duration with the defaults: on a 2-core CPU" in text and "on a GPU" in text
+    assert "Expected duration with the defaults: on an idle 2-core CPU" in text and "on a GPU" in text
 
 
 # The commands that take more than a few seconds: each states its wall time with the defaults.
@@ -267,7 +267,7 @@ def test_the_long_commands_state_their_duration():
     }
     assert {command for command, duration in durations.items() if duration} == LONG_COMMANDS
     for command in LONG_COMMANDS:
-        assert re.fullmatch(r" with the defaults: on a 2-core CPU .+; on a GPU .+\.", durations[command]), command
+        assert re.fullmatch(r" with the defaults: on an idle 2-core CPU .+; on a GPU .+\.", durations[command]), command
 
 
 @pytest.mark.parametrize("option", ["--parallel", "--resume", "--overwrite", "--override", "--checkpoint-every"])

@@ -176,7 +176,7 @@ def add_command(
     description = _sentence(summary)
     if duration:
         cpu, gpu = duration
-        description += f" Expected duration with the defaults: on a 2-core CPU {cpu}; on a GPU {gpu}."
+        description += f" Expected duration with the defaults: on an idle 2-core CPU {cpu}; on a GPU {gpu}."
     parser = commands.add_parser(name, help=summary, description=description)
     parser.set_defaults(func=handler, command_parser=parser)  # command_parser: it reports unknown options
     return parser
