@@ -8,8 +8,9 @@ online-softmax loop with Q, K, V loaded and O stored through `TensorDescriptor`s
 2-D (B H N, D) view per tensor), at the same tiles and a few others. It checks the probe's output
 against fastlm's first, then prints one JSON line per variant (median ms by do_bench, TFLOP/s by the
 causal count 2 B H N^2 D). The same for the backward's dK/dV kernel (`--backward`): fastlm's
-`_flash_backward_dkdv_kernel` launched alone against a TMA twin (TFLOP/s by 4 of the backward's
-matmuls, 4 B H N^2 D causal), and (`--inductor`) whether torch.compile takes a `triton_op` whose
+`_flash_backward_dkdv_kernel` launched alone against a TMA twin with host descriptors and one with
+descriptors made in the kernel over token-major views (TFLOP/s by 4 of the backward's matmuls,
+4 B H N^2 D causal), and (`--inductor`) whether torch.compile takes a `triton_op` whose
 kernel gets TensorDescriptor arguments. The "device tma" variants build their descriptors inside
 the kernel (`tl.make_tensor_descriptor`, one per (batch, head) over its (N, D) rows at the input's
 strides: the model's token-major views, and N that is no multiple of the tiles, whose rows past N
@@ -179,6 +180,74 @@ def tma_dkdv(q, k, v, do, lse, delta, block_m: int, block_n: int, warps: int, st
     return dk, dv
 
 
+@triton.jit
+def _device_tma_dkdv_kernel(
+    Q, K, V, DO, DK, DV,  # (B, H, N, D), any strides with D's 1 and the others 16-byte multiples
+    LSE, DELTA,  # (B, H, N) fp32 contiguous
+    stride_qz, stride_qh, stride_qm, stride_kz, stride_kh, stride_kn, stride_vz, stride_vh, stride_vn,
+    stride_doz, stride_doh, stride_dom, stride_dkz, stride_dkh, stride_dkn, stride_dvz, stride_dvh, stride_dvn,
+    H, N, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """`_tma_dkdv_kernel`'s loop with descriptors made here, one per tensor over this (batch, head)'s
+    (N, D) rows, so that it reads the model's token-major views (N a multiple of the tiles)."""
+    start_n = tl.program_id(0) * BLOCK_N
+    z, h = tl.program_id(2), tl.program_id(1)
+    qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E
+    # (base, shape, strides, block shape)
+    desc_q = tl.make_tensor_descriptor(
+        Q + z * stride_qz + h * stride_qh, [N, HEAD_DIM], [stride_qm, 1], [BLOCK_M, HEAD_DIM]
+    )
+    desc_do = tl.make_tensor_descriptor(
+        DO + z * stride_doz + h * stride_doh, [N, HEAD_DIM], [stride_dom, 1], [BLOCK_M, HEAD_DIM]
+    )
+    desc_k = tl.make_tensor_descriptor(
+        K + z * stride_kz + h * stride_kh, [N, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM]
+    )
+    desc_v = tl.make_tensor_descriptor(
+        V + z * stride_vz + h * stride_vh, [N, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM]
+    )
+    desc_dk = tl.make_tensor_descriptor(
+        DK + z * stride_dkz + h * stride_dkh, [N, HEAD_DIM], [stride_dkn, 1], [BLOCK_N, HEAD_DIM]
+    )
+    desc_dv = tl.make_tensor_descriptor(
+        DV + z * stride_dvz + h * stride_dvh, [N, HEAD_DIM], [stride_dvn, 1], [BLOCK_N, HEAD_DIM]
+    )
+    row0 = (z * H + h) * N  # this head's first row of LSE and DELTA
+    k = desc_k.load([start_n, 0])
+    v = desc_v.load([start_n, 0])
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    full_start = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M  # query tiles past it see the key tile whole
+    for start_m in range(start_n // BLOCK_M * BLOCK_M, N, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = desc_q.load([start_m, 0])
+        do = desc_do.load([start_m, 0])
+        lse = tl.load(LSE + row0 + offs_m)
+        delta = tl.load(DELTA + row0 + offs_m)
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * LOG2E)[None, :])
+        if start_m < full_start:
+            p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    desc_dk.store([start_n, 0], (dk * sm_scale).to(tl.bfloat16))
+    desc_dv.store([start_n, 0], dv.to(tl.bfloat16))
+
+
+def device_tma_dkdv(q, k, v, do, lse, delta, block_m: int, block_n: int, warps: int, stages: int):
+    """dK and dV (k's and v's strides) of `_device_tma_dkdv_kernel`."""
+    B, H, N, D = q.shape
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    _device_tma_dkdv_kernel[(N // block_n, H, B)](
+        q, k, v, do, dk, dv, lse, delta, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
+        *dk.stride()[:3], *dv.stride()[:3], H, N, D**-0.5,
+        HEAD_DIM=D, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return dk, dv
+
+
 def fastlm_dkdv(q, k, v, do, lse, delta, tiles: fa.AttentionTiles):
     """fastlm's dK/dV kernel alone, with the arguments `_launch_backward` gives it (dense, causal)."""
     B, H, N, D = q.shape
@@ -198,9 +267,19 @@ def probe_backward(B: int, H: int, N: int, D: int, arch: int) -> None:
     o, lse = fa._launch_forward(q, k, v, True, D**-0.5, config)
     delta = (o.float() * do.float()).sum(-1)
     _, want_dk, want_dv = fa._launch_backward(do, q, k, v, o, lse, True, D**-0.5, config)
-    variants = {"fastlm dkdv": lambda: fastlm_dkdv(q, k, v, do, lse, delta, config.dkdv)}
-    for tiles in [(64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 8, 3)]:
+    # the model's layout: (B, H, N, D) views of (B, N, H, D) projections
+    tq, tk, tv, tdo = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v, do))
+    variants = {
+        "fastlm dkdv": lambda: fastlm_dkdv(q, k, v, do, lse, delta, config.dkdv),
+        "fastlm dkdv token-major": lambda: fastlm_dkdv(tq, tk, tv, tdo, lse, delta, config.dkdv),
+    }
+    tiles_list = [(64, 128, 8, 3), (64, 128, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 8, 3)]
+    for tiles in tiles_list:
         variants[f"tma dkdv {tiles}"] = lambda tiles=tiles: tma_dkdv(q, k, v, do, lse, delta, *tiles)
+    for tiles in tiles_list:
+        variants[f"device tma dkdv token-major {tiles}"] = lambda tiles=tiles: device_tma_dkdv(
+            tq, tk, tv, tdo, lse, delta, *tiles
+        )
     for name, run in variants.items():
         try:
             dk, dv = run()
