@@ -39,4 +39,11 @@ def test_kernel_sets_train_alike(corpus_data, tmp_path, capsys):
     assert fastlm_run["final_loss"] == pytest.approx(torch_run["final_loss"], rel=1e-4)
     assert fastlm_run["eval_loss"] == pytest.approx(torch_run["eval_loss"], rel=1e-4)
     assert (tmp_path / "kernels.png").stat().st_size > 0 and (tmp_path / "fastlm" / "log.jsonl").exists()
-    assert "fastlm kernels: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "fastlm kernels: " in out
+    # each kernel set's first-call costs are paid before any timed run, in a folder that is gone after
+    assert out.index("warming up the fastlm kernels") < out.index("\ntorch kernels: ")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fastlm", "kernels.png", "results", "torch"]
+    args.kernels = ("torch", "torch")
+    assert train_kernels.run(args) == 2
+    assert "--kernels torch,torch names a kernel set twice" in capsys.readouterr().err

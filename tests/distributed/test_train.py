@@ -251,16 +251,16 @@ def test_an_existing_checkpoint_is_replaced_only_with_overwrite(two_steps, capsy
 
 def test_resume_refuses_another_configuration_unless_overridden(two_steps, capsys):
     path, argv = two_steps
-    assert loop.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--batch-tokens", "128"]) == 1
+    assert loop.main([*argv, "--steps", "3", "--resume", "--lr", "0.1", "--batch-tokens", "128"]) == 2
     error = capsys.readouterr().err
     assert (
         "batch_tokens 64 -> 128, lr 0.01 -> 0.1, steps 2 -> 3); pass --override batch_tokens --override lr "
         "--override steps" in error
     )
     assert len(error.splitlines()) == 1
-    assert loop.main([*argv, "--steps", "3", "--resume", "--d-model", "32"]) == 1
+    assert loop.main([*argv, "--steps", "3", "--resume", "--d-model", "32"]) == 2
     assert "d_model (--d-model) cannot change when resuming" in capsys.readouterr().err
-    assert loop.main([*argv, "--steps", "3", "--resume", "--context", "8", "--eval-sequences", "8"]) == 1
+    assert loop.main([*argv, "--steps", "3", "--resume", "--context", "8", "--eval-sequences", "8"]) == 2
     assert "context_length (--context) cannot change when resuming" in capsys.readouterr().err
     assert checkpoint.newest(path)["step"] == 2
     # a deliberate change: the new learning rate is the one the optimizer uses from then on
@@ -275,7 +275,7 @@ def test_resume_at_or_past_the_last_step(two_steps, capsys):
     committed = checkpoint.newest(path)
     assert loop.main([*argv, "--steps", "2", "--resume"]) == 0
     assert "at step 2 of 2: nothing to train" in capsys.readouterr().out
-    assert loop.main([*argv, "--steps", "1", "--resume", "--override", "steps"]) == 1
+    assert loop.main([*argv, "--steps", "1", "--resume", "--override", "steps"]) == 2
     assert "is at step 2, past --steps 1" in capsys.readouterr().err
     assert checkpoint.newest(path) == committed
 

@@ -172,7 +172,7 @@ def test_precision_cannot_change_to_or_from_bf16_weights_on_resume(corpus_data, 
                     "bf16-weights",
                 ]
             )
-            == 1
+            == 2
         )
         assert "cannot change to or from bf16-weights" in capsys.readouterr().err
 

@@ -12,6 +12,7 @@ from fastlm.model.config import ModelConfig
 from fastlm.model.transformer import RewardModel
 from fastlm.train import reward
 from fastlm.train.log import read_log
+from fastlm.utils import host_memory
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -171,3 +172,19 @@ def test_lm_options_before_reward_are_refused(tmp_path, capsys):
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("fastlm train: error: --lr, --parallel before 'reward' would be ignored")
+
+
+def test_a_cpu_run_stops_before_building_a_model_the_host_cannot_hold(tmp_path, capsys, monkeypatch):
+    """`fastlm train reward --preset 10b` on a CPU: one line before the model is built."""
+    if torch.cuda.is_available():
+        pytest.skip("the check is a CPU run's")
+    data = tmp_path / "prefs.jsonl"
+    write_jsonl(data, synthetic_rankings(10))
+    monkeypatch.setattr(host_memory, "host_memory", lambda: 64 * 10**9)
+    monkeypatch.setattr(reward, "RewardModel", lambda config: pytest.fail("the model was built"))
+    argv = ["train", "reward", "--data", str(data), "--out", str(tmp_path / "run"), "--preset", "10b"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1
+    assert "on a CPU, the training state of the reward model (weights, gradients and AdamW moments of " in error
+    assert "more than half of the 64.0 GB here; use a smaller model (--preset, --d-model, --layers)" in error

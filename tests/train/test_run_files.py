@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from fastlm import checkpoint
-from fastlm.checkpoint import CheckpointError
 from fastlm.data.manifest import MANIFEST, sample_sha256
 from fastlm.data.tokens import TokenData
 from fastlm.train import loop
 from fastlm.train.checkpoint import checkpoint_dir, load_for_resume
 from fastlm.train.config import IMPLIED_BY_OLDER_RUNS
 from fastlm.train.log import read_log, set_aside_runs
+from fastlm.utils.errors import UserError
 
 SMALL = ["--preset", "tiny", "--context", "16", "--micro-batch", "2", "--log-every", "1", "--eval-sequences", "4"]
 
@@ -218,5 +218,5 @@ def test_a_checkpoint_of_an_older_version_resumes_with_what_it_did(corpus_data, 
     assert load_for_resume(config, record).step == 2
     config = config_of("--steps", "3", "--resume")
     changed = r"\(documents False -> True\); documents \(--documents\) cannot change when resuming"
-    with pytest.raises(CheckpointError, match=changed):
+    with pytest.raises(UserError, match=changed):
         load_for_resume(config, config.run_record(1, data.sha256, data.tokenizer, data.vocab_size))

@@ -70,7 +70,11 @@ def add_kernel_comparison_arguments(p: argparse.ArgumentParser) -> None:
                 "choices": None,
                 "default": KERNEL_SETS,
                 "help": "comma list of kernel sets, each trained from the same start",
-            }
+            },
+            "out": {
+                "help": "folder of the comparison: OUT/<kernels>/ per kernel set (log.jsonl, loss.png; replaced by a "
+                "later comparison), OUT/kernels.png, records appended to OUT/results/train_kernels.jsonl",
+            },
         },
     )
     p.set_defaults(prog=p.prog)

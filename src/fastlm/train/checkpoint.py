@@ -140,11 +140,13 @@ RECORD_SOURCES = {
 
 
 def load_for_resume(config: TrainConfig, record: dict) -> checkpoint.Checkpoint:
-    """The checkpoint --resume names, checked against the run's record and OUT's log."""
+    """The checkpoint --resume names, checked against the run's record and OUT's log: UserError for
+    options that do not fit it (fixed by changing them or by --override), CheckpointError for a
+    checkpoint that cannot be used (damaged, unreadable)."""
     newest = checkpoint.newest(checkpoint_dir(config))  # checked first: no --override makes this change possible
     saved = newest["config"].get("precision") if newest else None
     if saved not in (None, config.precision) and stores_bf16_weights(saved) != stores_bf16_weights(config.precision):
-        raise CheckpointError(
+        raise UserError(
             f"{checkpoint_dir(config)} holds a checkpoint of precision {saved}; a run cannot change "
             f"to or from bf16-weights (the optimizer state then holds fp32 masters and one more "
             f"param group)"
@@ -164,11 +166,11 @@ def load_for_resume(config: TrainConfig, record: dict) -> checkpoint.Checkpoint:
         fixed = [f for f in error.fields if f not in OVERRIDABLE]
         if fixed:
             named = ", ".join(f"{f} ({RECORD_SOURCES.get(f, flag(f))})" for f in fixed)
-            raise CheckpointError(f"{error}; {named} cannot change when resuming") from None
+            raise UserError(f"{error}; {named} cannot change when resuming") from None
         flags = " ".join(f"--override {f}" for f in error.fields)
-        raise CheckpointError(f"{error}; pass {flags} to continue with the change") from None
+        raise UserError(f"{error}; pass {flags} to continue with the change") from None
     if resumed.step > config.steps:
-        raise CheckpointError(f"{checkpoint_dir(config)} is at step {resumed.step}, past --steps {config.steps}")
+        raise UserError(f"{checkpoint_dir(config)} is at step {resumed.step}, past --steps {config.steps}")
     logged, saved = run_id(config.out), resumed.state.get("run_id")  # older versions' checkpoints hold none
     if None not in (logged, saved) and logged != saved:
         raise UserError(

@@ -571,7 +571,8 @@ def check_config(config: TrainConfig, world: int) -> None:
 
 def run(config: TrainConfig, prog: str = PROG) -> int:
     """`fastlm train`; 0 when done, 2 after a one-line error for a mistake in the arguments or data
-    that does not fit them, 1 for an unusable checkpoint (errors print on every rank), 130 after
+    that does not fit them (options a resumed checkpoint does not take included), 1 for an unusable
+    checkpoint (damaged or unreadable; errors print on every rank), 130 after
     Ctrl-C (one line from rank 0: what the run left and how to go on)."""
     try:
         config = config.resolved(gpu=torch.cuda.is_available())

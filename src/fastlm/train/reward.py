@@ -37,6 +37,7 @@ from fastlm.train.config import RewardConfig
 from fastlm.train.log import TrainLog, run_files, set_aside
 from fastlm.train.loop import BETAS
 from fastlm.utils.errors import UserError
+from fastlm.utils.host_memory import check_fits_host
 from fastlm.utils.options import check_limits
 from fastlm.utils.paths import check_writable_folder
 
@@ -144,6 +145,14 @@ def train(config: RewardConfig) -> dict:
     torch.manual_seed(config.seed)
     preset = config.preset or ("small" if device.type == "cuda" else "tiny")
     model_config = config.model_config(preset, load_tokenizer("bytes").vocab_size)
+    if device.type == "cpu":
+        parameters = model_config.num_parameters()
+        check_fits_host(
+            16 * parameters,  # fp32 weights and gradients, AdamW's two moments
+            f"the training state of the reward model (weights, gradients and AdamW moments of "
+            f"{parameters / 1e9:.2f}B parameters)",
+            "use a smaller model (--preset, --d-model, --layers)",
+        )
     model = RewardModel(model_config).to(device)
     optimizer = torch.optim.AdamW(
         param_groups(model, precision, config.weight_decay), lr=config.lr, betas=BETAS, fused=device.type == "cuda"
