@@ -135,6 +135,45 @@ def device_tma_forward(q, k, v, block_m: int, block_n: int, warps: int, stages: 
 
 
 @triton.jit
+def _dkdv_rows(
+    desc_q, desc_k, desc_v, desc_do,  # blocks of BLOCK_M rows (q, do) and BLOCK_N rows (k, v)
+    lse_rows, delta_rows,  # this head's (N,) fp32 logsumexp and rowsum(dO * O)
+    row0, start_n, N, qk_scale,  # the head's first row in the descriptors' rows; the key tile's first key
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """The dK (unscaled) and dV, fp32, of one key tile over the query tiles that see it: the diagonal
+    one (masked), then those that see it whole. The loop of both probe dK/dV kernels."""
+    k = desc_k.load([row0 + start_n, 0])
+    v = desc_v.load([row0 + start_n, 0])
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
+    full_start = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M  # query tiles past it see the key tile whole
+    for start_m in range(start_n // BLOCK_M * BLOCK_M, N, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        q = desc_q.load([row0 + start_m, 0])
+        do = desc_do.load([row0 + start_m, 0])
+        lse = tl.load(lse_rows + offs_m)
+        delta = tl.load(delta_rows + offs_m)
+        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * LOG2E)[None, :])
+        if start_m < full_start:
+            p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)
+        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
+def _head_rows(base, stride_z, stride_h, stride_row, z, h, N, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    """A descriptor over the (N, D) rows of head h of batch entry z of a (B, H, N, D) tensor, loading
+    and storing blocks of BLOCK rows."""
+    return tl.make_tensor_descriptor(
+        base + z * stride_z + h * stride_h, [N, HEAD_DIM], [stride_row, 1], [BLOCK, HEAD_DIM]
+    )
+
+
+@triton.jit
 def _tma_dkdv_kernel(
     desc_q, desc_k, desc_v, desc_do, desc_dk, desc_dv,  # (B H N, D) views; blocks BLOCK_M (q, do), BLOCK_N
     LSE, DELTA,  # (B H N,) fp32
@@ -145,25 +184,21 @@ def _tma_dkdv_kernel(
     start_n = tl.program_id(0) * BLOCK_N
     row0 = tl.program_id(1) * N
     qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E  # fp64 under torch.compile
-    k = desc_k.load([row0 + start_n, 0])
-    v = desc_v.load([row0 + start_n, 0])
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
-    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
-    first = start_n // BLOCK_M * BLOCK_M
-    full_start = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M  # query tiles past it see the key tile whole
-    for start_m in range(first, N, BLOCK_M):  # the diagonal (masked), then tiles that see it whole
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = desc_q.load([row0 + start_m, 0])
-        do = desc_do.load([row0 + start_m, 0])
-        lse = tl.load(LSE + row0 + offs_m)
-        delta = tl.load(DELTA + row0 + offs_m)
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * LOG2E)[None, :])
-        if start_m < full_start:
-            p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    dk, dv = _dkdv_rows(
+        desc_q,
+        desc_k,
+        desc_v,
+        desc_do,
+        LSE + row0,
+        DELTA + row0,
+        row0,
+        start_n,
+        N,
+        qk_scale,
+        HEAD_DIM,
+        BLOCK_M,
+        BLOCK_N,
+    )
     desc_dk.store([row0 + start_n, 0], (dk * sm_scale).to(tl.bfloat16))
     desc_dv.store([row0 + start_n, 0], dv.to(tl.bfloat16))
 
@@ -194,44 +229,16 @@ def _device_tma_dkdv_kernel(
     start_n = tl.program_id(0) * BLOCK_N
     z, h = tl.program_id(2), tl.program_id(1)
     qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E
-    # (base, shape, strides, block shape)
-    desc_q = tl.make_tensor_descriptor(
-        Q + z * stride_qz + h * stride_qh, [N, HEAD_DIM], [stride_qm, 1], [BLOCK_M, HEAD_DIM]
-    )
-    desc_do = tl.make_tensor_descriptor(
-        DO + z * stride_doz + h * stride_doh, [N, HEAD_DIM], [stride_dom, 1], [BLOCK_M, HEAD_DIM]
-    )
-    desc_k = tl.make_tensor_descriptor(
-        K + z * stride_kz + h * stride_kh, [N, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM]
-    )
-    desc_v = tl.make_tensor_descriptor(
-        V + z * stride_vz + h * stride_vh, [N, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM]
-    )
-    desc_dk = tl.make_tensor_descriptor(
-        DK + z * stride_dkz + h * stride_dkh, [N, HEAD_DIM], [stride_dkn, 1], [BLOCK_N, HEAD_DIM]
-    )
-    desc_dv = tl.make_tensor_descriptor(
-        DV + z * stride_dvz + h * stride_dvh, [N, HEAD_DIM], [stride_dvn, 1], [BLOCK_N, HEAD_DIM]
-    )
+    desc_q = _head_rows(Q, stride_qz, stride_qh, stride_qm, z, h, N, HEAD_DIM, BLOCK_M)
+    desc_do = _head_rows(DO, stride_doz, stride_doh, stride_dom, z, h, N, HEAD_DIM, BLOCK_M)
+    desc_k = _head_rows(K, stride_kz, stride_kh, stride_kn, z, h, N, HEAD_DIM, BLOCK_N)
+    desc_v = _head_rows(V, stride_vz, stride_vh, stride_vn, z, h, N, HEAD_DIM, BLOCK_N)
+    desc_dk = _head_rows(DK, stride_dkz, stride_dkh, stride_dkn, z, h, N, HEAD_DIM, BLOCK_N)
+    desc_dv = _head_rows(DV, stride_dvz, stride_dvh, stride_dvn, z, h, N, HEAD_DIM, BLOCK_N)
     row0 = (z * H + h) * N  # this head's first row of LSE and DELTA
-    k = desc_k.load([start_n, 0])
-    v = desc_v.load([start_n, 0])
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    dk = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
-    dv = tl.zeros((BLOCK_N, HEAD_DIM), dtype=tl.float32)
-    full_start = tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M  # query tiles past it see the key tile whole
-    for start_m in range(start_n // BLOCK_M * BLOCK_M, N, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        q = desc_q.load([start_m, 0])
-        do = desc_do.load([start_m, 0])
-        lse = tl.load(LSE + row0 + offs_m)
-        delta = tl.load(DELTA + row0 + offs_m)
-        p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - (lse * LOG2E)[None, :])
-        if start_m < full_start:
-            p_t = tl.where(offs_n[:, None] <= offs_m[None, :], p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)
-        ds_t = p_t * (tl.dot(v, tl.trans(do)) - delta[None, :])
-        dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    dk, dv = _dkdv_rows(
+        desc_q, desc_k, desc_v, desc_do, LSE + row0, DELTA + row0, 0, start_n, N, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N
+    )
     desc_dk.store([start_n, 0], (dk * sm_scale).to(tl.bfloat16))
     desc_dv.store([start_n, 0], dv.to(tl.bfloat16))
 

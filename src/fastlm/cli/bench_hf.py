@@ -21,7 +21,7 @@ from fastlm.cli.arguments import (
 from fastlm.devices import current_device
 from fastlm.model.config import COMPILE_MODES, FP32_WEIGHT_PRECISIONS
 from fastlm.utils.errors import UserError
-from fastlm.utils.host_memory import check_fits_host
+from fastlm.utils.host_memory import ADAMW_STATE_BYTES, check_fits_host
 
 if TYPE_CHECKING:  # fastlm.bench.hf imports torch, which `fastlm --help` does not
     from fastlm.bench.hf import HFShape
@@ -70,7 +70,7 @@ def _check_fits_host(shape: HFShape, models: int) -> None:
     weights, gradients and AdamW moments (16 bytes per parameter) would not fit the host."""
     parameters = shape.num_parameters()
     check_fits_host(
-        16 * parameters * models,
+        ADAMW_STATE_BYTES * parameters * models,
         f"the training state of {models} model(s) of {shape.family} {shape.size} ({parameters / 1e9:.2f}B "
         "parameters each: fp32 weights, gradients and AdamW moments)",
         "use --size tiny, or fewer --layers and a smaller --d-model and --vocab",

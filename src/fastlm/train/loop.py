@@ -86,12 +86,7 @@ from fastlm.train.checkpoint import (
 )
 from fastlm.train.config import TrainConfig, add_arguments
 from fastlm.train.log import Throughput, TrainLog, discard_set_aside, loss_plot, new_run_id, read_log, set_aside
-from fastlm.train.memory_fit import (
-    check_state_fits,
-    check_state_fits_host,
-    out_of_memory_message,
-    smallest_gpu,
-)
+from fastlm.train.memory_fit import check_state_fits_device, out_of_memory_message
 from fastlm.utils.errors import UserError, is_out_of_memory, report_error
 from fastlm.utils.options import from_namespace
 from fastlm.utils.parser import Parser
@@ -330,10 +325,7 @@ def train(config: TrainConfig) -> dict:
         }
     device = _setup(config)
     try:
-        if device.type == "cuda":
-            check_state_fits(config, record, world, smallest_gpu(device, world))
-        else:
-            check_state_fits_host(config, record, world)
+        check_state_fits_device(config, record, world, device)
         # The loop's model, wrapper and optimizer are freed when it returns, while the process group
         # is still registered. Freed after destroy_process_group, PyTorch DDP's reducer would drop the
         # group's last reference, and the group's destructor joins gloo threads that wait for the GIL

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from fastlm.model.config import stores_bf16_weights
 from fastlm.train.config import TrainConfig
 from fastlm.utils.errors import UserError
-from fastlm.utils.host_memory import check_fits_host
+from fastlm.utils.host_memory import ADAMW_STATE_BYTES, check_fits_host
 
 
 def replicated_state_bytes(config: TrainConfig, record: dict, world: int) -> tuple[int, int]:
@@ -56,6 +56,14 @@ def smallest_gpu(device: torch.device, world: int) -> int:
     return int(smallest.item())
 
 
+def check_state_fits_device(config: TrainConfig, record: dict, world: int, device: torch.device) -> None:
+    """`check_state_fits` against the smallest GPU of the run, or `check_state_fits_host` on a CPU."""
+    if device.type == "cuda":
+        check_state_fits(config, record, world, smallest_gpu(device, world))
+    else:
+        check_state_fits_host(config, record, world)
+
+
 def check_state_fits(config: TrainConfig, record: dict, world: int, capacity: int) -> None:
     """Stop at once, before building and compiling, when each process's weights, gradients and
     AdamW state alone exceed its GPU's ``capacity`` bytes (a replicated 10b model: 204 GB); runs
@@ -80,7 +88,7 @@ def check_state_fits_host(config: TrainConfig, record: dict, world: int) -> None
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if config.parallel == "fsdp":
         parameters = config.model_config(record["vocab_size"]).num_parameters()
-        state = 16 * parameters // world  # fp32 weights, gradients and AdamW's two moments, sharded
+        state = ADAMW_STATE_BYTES * parameters // world  # sharded
     else:
         parameters, state = replicated_state_bytes(config, record, world)
     check_fits_host(

@@ -37,7 +37,7 @@ from fastlm.train.config import RewardConfig
 from fastlm.train.log import TrainLog, run_files, set_aside
 from fastlm.train.loop import BETAS
 from fastlm.utils.errors import UserError
-from fastlm.utils.host_memory import check_fits_host
+from fastlm.utils.host_memory import ADAMW_STATE_BYTES, check_fits_host
 from fastlm.utils.options import check_limits
 from fastlm.utils.paths import check_writable_folder
 
@@ -148,7 +148,7 @@ def train(config: RewardConfig) -> dict:
     if device.type == "cpu":
         parameters = model_config.num_parameters()
         check_fits_host(
-            16 * parameters,  # fp32 weights and gradients, AdamW's two moments
+            ADAMW_STATE_BYTES * parameters,
             f"the training state of the reward model (weights, gradients and AdamW moments of "
             f"{parameters / 1e9:.2f}B parameters)",
             "use a smaller model (--preset, --d-model, --layers)",
