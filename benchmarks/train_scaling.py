@@ -8,8 +8,8 @@ the median and range over rounds; one bar chart of the medians with the ranges a
 A run belongs to a round by its folder's name as train_run.sh writes it,
 speed-<kernels>-r<round>-<processes><parallel> (speed-<kernels>-r<round>-1 for one process; the r
 may be left out). The records of one table come from one machine start (one GPU; --sha names its
-commits, several where one start compared commits in the same rounds), so its rows share their
-baselines' conditions.
+commits, several where one start compared commits in the same rounds; --after / --before pick one
+start's runs where one commit ran on two), so its rows share their baselines' conditions.
 """
 
 from __future__ import annotations
@@ -111,12 +111,18 @@ def main() -> None:
     parser.add_argument(
         "--sha", required=True, help="the git sha of the records to take, or a comma list (one machine start's runs)"
     )
+    parser.add_argument("--after", default="", help="only records dated from this ISO time on (UTC)")
+    parser.add_argument("--before", default="", help="only records dated before this ISO time (UTC)")
     parser.add_argument("--md", type=Path, default=None, help="write the table here (default: print only)")
     parser.add_argument("--plot", type=Path, default=None, help="write the bar chart here (default: none)")
     parser.add_argument("--note", default="", help="a paragraph under the table's title (how the runs differ)")
     args = parser.parse_args()
     shas = args.sha.split(",")
-    records = [r for r in read_records(args.records) if r.get("git_sha") in shas]
+    records = [
+        r
+        for r in read_records(args.records)
+        if r.get("git_sha") in shas and args.after <= r["date"] and (not args.before or r["date"] < args.before)
+    ]
     if not records:
         raise SystemExit(f"no records of git {args.sha} in {args.records}")
     machines = sorted({(r["gpu"], r["torch"], r["triton"]) for r in records})
