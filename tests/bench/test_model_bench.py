@@ -332,21 +332,24 @@ def test_the_schedule_falls_back_to_back_to_back_when_the_models_do_not_fit():
     assert model_bench.choose_schedule(subjects, rows, 4, None, None)[0] == "interleaved"  # no budget
 
 
-def test_a_cpu_run_that_would_not_fit_the_host_is_refused_before_building(monkeypatch):
+def test_a_cpu_run_that_would_not_fit_the_host_is_refused_before_building(monkeypatch, tmp_path, capsys):
+    def benchmark(configs, batch, interleave=None):
+        rows = model_bench.rows(("train",), ("fp32",), ("eager",))
+        return model_bench.ModelBenchmark(tuple(configs), tuple(rows), batch, 1, 1, interleave=interleave)
+
     monkeypatch.setattr(host_memory, "host_memory", lambda: 64 * 10**9)
     built = []
     monkeypatch.setattr(model_bench, "TransformerLM", lambda config: built.append(config))
-    rows = model_bench.rows(("train",), ("fp32",), ("eager",))
-    big = model_bench.Subject("xl", ModelConfig.preset("xl"))
     expected = r"the xl model alone at batch 4 needs about \d+\.\d GB, more than half of the 64.0 GB here"
     with pytest.raises(UserError, match=expected):
-        measure([big], rows, batch=4, rounds=1)
-    tiny = [model_bench.Subject("tiny", TORCH_KERNELS), model_bench.Subject("tiny", FASTLM_KERNELS)]
+        run_benchmark(benchmark([("xl", ModelConfig.preset("xl"))], 4), tmp_path, torch.device("cpu"))
+    assert capsys.readouterr().out == ""  # refused before the run's notes and progress
+    tiny = [("tiny", TORCH_KERNELS), ("tiny", FASTLM_KERNELS)]
     monkeypatch.setattr(host_memory, "host_memory", lambda: 10**6)  # not even one tiny model fits 0.5 MB
     with pytest.raises(UserError, match="every model of the run kept at batch 2 needs .*, or --no-interleave$"):
-        measure(tiny, rows, batch=2, rounds=1, interleave=True)
+        benchmark(tiny, 2, interleave=True).preflight(torch.device("cpu"))
     with pytest.raises(UserError, match="the tiny model alone at batch 2"):  # auto: back to back, still too big
-        measure(tiny, rows, batch=2, rounds=1)
+        benchmark(tiny, 2).preflight(torch.device("cpu"))
     assert built == []
 
 

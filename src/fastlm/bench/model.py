@@ -320,8 +320,6 @@ def measure_rounds(
     ``errors_as_status``, so does one that raises any other RuntimeError (a third-party model that
     fails to compile, say): its record says "error: " and the message's first line."""
     schedule, why = choose_schedule(subject_list, row_list, batch, memory_budget(device), interleave)
-    if device.type == "cpu":
-        check_fits_cpu(subject_list, row_list, batch, schedule)
     if schedule == "interleaved":
         plan = [(r, s, row) for r in range(rounds) for s in range(len(subject_list)) for row in row_list]
     else:
@@ -408,6 +406,12 @@ class ModelBenchmark(Benchmark):
 
     def cases(self, device: torch.device) -> list[Subject]:
         return subjects(self.configs, IMPLEMENTATIONS if self.hf else IMPLEMENTATIONS[:1])
+
+    def preflight(self, device: torch.device) -> None:
+        if device.type == "cpu":
+            cases = self.cases(device)
+            schedule, _ = choose_schedule(cases, self.rows, self.batch, memory_budget(device), self.interleave)
+            check_fits_cpu(cases, self.rows, self.batch, schedule)
 
     def count(self, device: torch.device) -> int:
         return len(self.cases(device)) * len(self.rows) * self.rounds

@@ -69,6 +69,9 @@ class Benchmark:
         """The records of this benchmark's latest run under ``results_dir``: a table never mixes runs."""
         return latest_run(read_records(results_dir / self.results_file))
 
+    def preflight(self, device: torch.device) -> None:
+        """Raise (`UserError`) for a run that cannot go on ``device``, before anything is printed."""
+
     def note(self, device: torch.device) -> str | None:
         """Said before the run starts."""
         return self.cpu_note if device.type != "cuda" else None

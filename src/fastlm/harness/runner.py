@@ -1,7 +1,7 @@
 """The benchmark runner: every `fastlm bench ...` command and `fastlm report` run a benchmark
 through `run_benchmark`.
 
-    note (what a CPU run does not measure) -> ceilings -> measurements, each appended to
+    preflight (a run that cannot go stops here) -> note (what a CPU run does not measure) -> ceilings -> measurements, each appended to
     <out>/results/<name>.jsonl as it is finished, with the progress line -> <out>/reports/<name>.md
 """
 
@@ -20,6 +20,7 @@ from fastlm.utils.records import append_records
 def run_benchmark(benchmark: Benchmark, out: Path, device: torch.device) -> Path:
     """Measure ``benchmark`` on ``device`` and write its report; returns the report's path."""
     results_dir, reports_dir = out / "results", out / "reports"
+    benchmark.preflight(device)
     note = benchmark.note(device)
     if note is not None:
         print_line(note)
