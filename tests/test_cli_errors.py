@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fastlm.cli import arguments, bench, bench_distributed, build_parser, main
+from fastlm.cli.train import add_kernel_comparison_arguments
 from fastlm.data import prepare, tokenizer
 from fastlm.train import config as train_config
 from fastlm.train import loop
@@ -253,6 +254,7 @@ LONG_COMMANDS = {
     "bench ddp",
     "bench swiglu",
     "bench hf",
+    "bench train",
     "profile model",
     "profile memory",
     "ar train",
@@ -279,3 +281,11 @@ def test_bench_train_offers_no_option_it_would_ignore_or_refuse(option, capsys):
     assert status == 0 and "--kernels" in listed and option not in listed
     status, output = _run(["bench", "train", "--data", str(CORPUS), option], capsys)
     assert status == 2 and f"unrecognized arguments: {option}" in output
+
+
+def test_bench_train_help_speaks_of_one_process():
+    """Its options' texts come from `fastlm train`; none may speak of processes or parallel modes."""
+    parser = argparse.ArgumentParser()
+    add_kernel_comparison_arguments(parser)
+    texts = " ".join(action.help or "" for action in parser._actions)
+    assert "--micro-batch" in parser.format_help() and not re.search(r"process|fsdp|--parallel|--shard", texts)

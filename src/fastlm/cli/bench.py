@@ -319,5 +319,6 @@ def _add_model_command(commands: argparse._SubParsersAction) -> None:
         "train",
         "the training loop of fastlm train once per kernel set, from the same start: time, tokens/s, MFU, loss curves",
         cmd_bench_train,
+        duration=("about 10 minutes", "under 10 minutes"),
     )
     add_kernel_comparison_arguments(p)

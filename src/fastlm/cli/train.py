@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from fastlm.cli.arguments import add_command, choice_list
-from fastlm.model.config import KERNEL_SETS
+from fastlm.model.config import KERNEL_SETS, PRECISION_MEANINGS, PRECISIONS, choices_help
 from fastlm.train.config import RewardConfig, TrainConfig, add_arguments
 from fastlm.utils.options import add_options, from_namespace
 
@@ -74,6 +74,15 @@ def add_kernel_comparison_arguments(p: argparse.ArgumentParser) -> None:
             "out": {
                 "help": "folder of the comparison: OUT/<kernels>/ per kernel set (log.jsonl, loss.png; replaced by a "
                 "later comparison), OUT/kernels.png, records appended to OUT/results/train_kernels.jsonl",
+            },
+            # one process: the texts of `fastlm train` without its processes and parallel modes
+            "micro_batch": {"help": "sequences per forward and backward"},
+            "batch_tokens": {
+                "help": "batch in tokens, a multiple of --context x --micro-batch, reached by gradient accumulation "
+                "(default: --context x --micro-batch, no accumulation)"
+            },
+            "precision": {
+                "help": f"{choices_help(PRECISION_MEANINGS, PRECISIONS)} (default: bf16 on a GPU, fp32 without one)"
             },
         },
     )

@@ -1,8 +1,9 @@
 """The benchmark runner: every `fastlm bench ...` command and `fastlm report` run a benchmark
 through `run_benchmark`.
 
-    preflight (a run that cannot go stops here) -> note (what a CPU run does not measure) -> ceilings -> measurements, each appended to
-    <out>/results/<name>.jsonl as it is finished, with the progress line -> <out>/reports/<name>.md
+    preflight (a run that cannot go stops here) -> note (what a CPU run does not measure) -> ceilings
+    -> measurements, each appended to <out>/results/<name>.jsonl as it is finished, with the progress
+    line -> <out>/reports/<name>.md
 """
 
 from __future__ import annotations
