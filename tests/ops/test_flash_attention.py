@@ -14,6 +14,7 @@ import torch
 import triton
 
 import fastlm
+from fastlm.ops.common import device_arch
 from fastlm.ops.flash_attention import (
     MAX_HEAD_DIM,
     SHORT_SEQ,
@@ -193,6 +194,63 @@ def test_backward_is_deterministic(device):
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
+# (batch, heads, kv heads, Nq, Nk, causal, window, layout) at head dim 128, where the 16-bit forward
+# loads through TMA descriptors: partial last tiles both ways (Nq < Nk, and Nq > Nk with rows that
+# see no key), grouped heads, a window, token-major views, 3-D inputs, and inputs one element off
+# 16-byte alignment (these take the pointer loads).
+DESCRIPTOR_CASES = [
+    pytest.param(1, 2, 1, 70, 300, True, None, "contiguous", id="nq<nk-gqa2"),
+    pytest.param(1, 1, 1, 200, 150, True, None, "contiguous", id="nq>nk"),
+    pytest.param(2, 2, 2, 131, 131, False, (20, 5), "token-major", id="window-token-major"),
+    pytest.param(2, 1, 1, 131, 131, True, None, "3d", id="3d"),
+    pytest.param(1, 2, 2, 70, 70, True, None, "misaligned", id="misaligned"),
+]
+
+
+def descriptor_inputs(batch, heads, kv_heads, nq, nk, layout, dtype, device):
+    def one(rows, h):
+        if layout == "3d":
+            return torch.randn(batch, rows, 128, device=device, dtype=dtype)
+        if layout == "misaligned":
+            memory = torch.randn(batch * h * rows * 128 + 1, device=device, dtype=dtype)[1:]
+            return memory.view(batch, h, rows, 128)
+        if layout == "token-major":
+            return torch.randn(batch, rows, h, 128, device=device, dtype=dtype).transpose(1, 2)
+        return torch.randn(batch, h, rows, 128, device=device, dtype=dtype)
+
+    return [one(rows, h).requires_grad_(True) for rows, h in ((nq, heads), (nk, kv_heads), (nk, kv_heads))]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch,heads,kv_heads,nq,nk,causal,window,layout", DESCRIPTOR_CASES)
+def test_forward_through_descriptors_gives_the_pointer_forwards_bits(
+    batch, heads, kv_heads, nq, nk, causal, window, layout, dtype, device, monkeypatch
+):
+    """The default 16-bit head-dim-128 config loads the forward's tiles through descriptors where the
+    inputs allow: the same bits as the pointer loads at the same tiles, gradients as the reference."""
+    from fastlm.ops.flash_attention import launchers
+
+    q, k, v = descriptor_inputs(batch, heads, kv_heads, nq, nk, layout, dtype, device)
+    with_descriptors = attention_config(device_arch(q.device), dtype, 128)
+    if not with_descriptors.forward_descriptors:
+        pytest.skip("this GPU has no TMA")
+    pointers = dataclasses.replace(with_descriptors, forward_descriptors=False)
+    fits, real_fit = [], launchers._descriptors_fit
+
+    def recorded_fit(*args):
+        fits.append(real_fit(*args))
+        return fits[-1]
+
+    monkeypatch.setattr(launchers, "_descriptors_fit", recorded_fit)
+
+    def attend(config):
+        return lambda *a: FlashAttentionTriton.apply(*a, causal, None, config, window)
+
+    assert torch.equal(attend(with_descriptors)(q, k, v), attend(pointers)(q, k, v))
+    assert fits == [layout != "misaligned"]  # asked once: the pointer config never asks
+    check_attention(attend(with_descriptors), q, k, v, causal, window=window)
+
+
 # Tiles far smaller than the defaults: at 200 x 150 every kernel runs several whole, diagonal and
 # partial tiles, with different tile shapes in each direction (fp32 tl.dot needs edges >= 16).
 SMALL_TILES = AttentionConfig(
@@ -280,15 +338,19 @@ def test_window_never_reads_tiles_outside_it(device):
 
 def test_attention_config_covers_every_arch_dtype_and_head_dim():
     """Other GPUs (80, 120) and the interpreter (0) get the sm90 tiles, never an error, for long and
-    short sequences alike; cached."""
+    short sequences alike, and GPUs without TMA (80) a forward through pointers; cached."""
     for arch in (0, 80, 90, 120):
         for dtype in (torch.float32, torch.float16, torch.bfloat16):
             for dim in range(1, MAX_HEAD_DIM + 1):
                 for keys in (None, 1, SHORT_SEQ, SHORT_SEQ + 1):
-                    config = attention_config(arch, dtype, dim, keys)
-                    assert config == attention_config(90, dtype, dim, keys) and isinstance(config, AttentionConfig)
+                    config, sm90 = attention_config(arch, dtype, dim, keys), attention_config(90, dtype, dim, keys)
+                    if arch == 80:
+                        sm90 = dataclasses.replace(sm90, forward_descriptors=False)
+                    assert config == sm90 and isinstance(config, AttentionConfig)
     assert attention_config(90, torch.bfloat16, 128) is attention_config(90, torch.bfloat16, 128)
     assert attention_config(90, torch.bfloat16, 128).forward == AttentionTiles(128, 128, 8, 3)  # tuned on sm90
+    assert attention_config(90, torch.bfloat16, 128).forward_descriptors
+    assert not attention_config(90, torch.bfloat16, 64).forward_descriptors
     long = attention_config(90, torch.bfloat16, 64, SHORT_SEQ + 1)
     assert attention_config(90, torch.bfloat16, 64) is long
     assert attention_config(90, torch.bfloat16, 64, SHORT_SEQ) == SM90_SHORT_TILES.get((64, 2), long)

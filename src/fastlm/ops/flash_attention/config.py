@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -29,11 +29,14 @@ class AttentionConfig:
     forward: AttentionTiles  # _flash_forward_kernel
     dkdv: AttentionTiles  # _flash_backward_dkdv_kernel
     dq: AttentionTiles  # _flash_backward_dq_kernel (which also forms Dlt)
+    # the forward's tiles through TMA descriptors where the inputs allow (dense, aligned rows, a head
+    # dim that is a power of two: launchers._descriptors_fit), else through pointers
+    forward_descriptors: bool = False
 
 
-def _entry(forward: tuple, dkdv: tuple, dq: tuple) -> AttentionConfig:
+def _entry(forward: tuple, dkdv: tuple, dq: tuple, forward_descriptors: bool = False) -> AttentionConfig:
     """A table entry from each kernel's (block_m, block_n, num_warps, num_stages)."""
-    return AttentionConfig(AttentionTiles(*forward), AttentionTiles(*dkdv), AttentionTiles(*dq))
+    return AttentionConfig(AttentionTiles(*forward), AttentionTiles(*dkdv), AttentionTiles(*dq), forward_descriptors)
 
 
 # sm90 (H100 / H200), by (padded head dim, bytes per element), each kernel's tiles as (BLOCK_M,
@@ -41,12 +44,14 @@ def _entry(forward: tuple, dkdv: tuple, dq: tuple) -> AttentionConfig:
 # measured by benchmarks/tune_attention.py on an H200 (B=8, H=16, N=4096, causal;
 # benchmarks/results/attention_tuning_h200.jsonl); dQ shares the dK/dV tiles except where that sweep
 # found better ones (bf16/fp16, head dim <= 128). The other entries are scaled from them to fit
-# registers and shared memory, and are checked by the GPU tests, not tuned.
+# registers and shared memory, and are checked by the GPU tests, not tuned. The forward loads its
+# tiles through TMA descriptors at head dim 128 (16-bit), where they ran faster than pointers at
+# the same tiles (benchmarks/probe_attention_tma.py; at 64 they ran slower).
 SM90_TILES = {
     (16, 2): _entry((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3)),
     (32, 2): _entry((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3)),
     (64, 2): _entry((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3)),
-    (128, 2): _entry((128, 128, 8, 3), (64, 128, 8, 3), (128, 64, 8, 3)),
+    (128, 2): _entry((128, 128, 8, 3), (64, 128, 8, 3), (128, 64, 8, 3), forward_descriptors=True),
     (256, 2): _entry((64, 32, 4, 2), (32, 32, 4, 1), (32, 32, 4, 1)),
     (16, 4): _entry((32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
     (32, 4): _entry((32, 64, 8, 2), (32, 32, 4, 2), (32, 32, 4, 2)),
@@ -69,7 +74,9 @@ SM90_SHORT_TILES = {
 }
 # Tables by compute capability, (long, short). Other GPUs, and 0 (the interpreter, where tiles only
 # set which masking paths the tests exercise), take the sm90 tiles: no other architecture was measured.
+# GPUs before sm90 have no TMA: their forward loads through pointers.
 TILES_BY_ARCH = {90: (SM90_TILES, SM90_SHORT_TILES)}
+FIRST_TMA_ARCH = 90
 
 
 @functools.cache
@@ -91,4 +98,7 @@ def attention_config(arch: int, dtype: torch.dtype, head_dim: int, keys: int | N
 def _table_config(arch: int, dtype: torch.dtype, block_d: int, short: bool) -> AttentionConfig:
     long_tiles, short_tiles = TILES_BY_ARCH.get(arch, TILES_BY_ARCH[90])
     key = (block_d, min(dtype.itemsize, 4))
-    return short_tiles.get(key, long_tiles[key]) if short else long_tiles[key]
+    config = short_tiles.get(key, long_tiles[key]) if short else long_tiles[key]
+    if 0 < arch < FIRST_TMA_ARCH and config.forward_descriptors:
+        return replace(config, forward_descriptors=False)
+    return config

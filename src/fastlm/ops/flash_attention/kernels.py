@@ -169,7 +169,8 @@ def _visible_range(
 def _forward_tiles(
     acc, l_i, m_i,  # (BLOCK_M, BLOCK_D) fp32 output accumulator, (BLOCK_M,) running sum and max (log2)
     q,  # (BLOCK_M, BLOCK_D) query tile
-    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    k_rows, v_rows,  # pointers to this head's first key / value row, or with TMA their descriptors
+    stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m,  # (BLOCK_M,) query rows
     start, stop,  # key range to visit, start a multiple of BLOCK_N
     N,  # number of keys
@@ -177,16 +178,21 @@ def _forward_tiles(
     qk_scale,  # scale * log2(e): scores in log2 units
     MASKED: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(
-            k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N, MASKED, HEAD_DIM, BLOCK_D
-        )
-        v = _load_tile(
-            v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, MASKED, HEAD_DIM, BLOCK_D
-        )
+        if TMA:  # rows past N come back as zeros, as the masked pointer loads give them
+            k = k_rows.load([start_n, 0])
+            v = v_rows.load([start_n, 0])
+        else:
+            k = _load_tile(
+                k_rows + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, offs_n, N, MASKED, HEAD_DIM, BLOCK_D
+            )
+            v = _load_tile(
+                v_rows + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, MASKED, HEAD_DIM, BLOCK_D
+            )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32, unscaled
         if MASKED:
             visible = offs_n[None, :] < N
@@ -224,12 +230,18 @@ def _flash_forward_kernel(
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    TMA: tl.constexpr,  # dense, HEAD_DIM == BLOCK_D, 16-byte aligned rows (launchers._descriptors_fit)
 ):  # fmt: skip
     """One program per (query tile, head, batch entry); grid (cdiv(M, BLOCK_M), H, Z), packed
     (total_q // BLOCK_M + docs, H, 1).
 
     Query tiles run last-first: under a causal mask the last tiles see the most keys, and
     starting the longest programs first keeps the GPU busy to the end of the grid.
+
+    TMA: Q, K, V and O move through tensor descriptors that each program makes over its head's
+    (rows, D) rows (Hopper's TMA engine; the descriptors live in a global scratch of 128 bytes each
+    per program) instead of pointer tiles; the same arithmetic. Faster at D=128 on sm90
+    (docs/notes/attention.md, section 14), slower at D=64, so the tile tables choose it.
     """
     qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E  # scores in log2 units; fp64 under torch.compile
     z, q0, k0, M, N, start_m = _locate(
@@ -246,9 +258,15 @@ def _flash_forward_kernel(
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = _load_tile(
-        q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, M, True, HEAD_DIM, BLOCK_D
-    )
+    if TMA:  # descriptors of (base, shape, strides, block shape)
+        q = tl.make_tensor_descriptor(q_base, [M, HEAD_DIM], [stride_qm, 1], [BLOCK_M, HEAD_DIM]).load([start_m, 0])
+        k_rows = tl.make_tensor_descriptor(k_base, [N, HEAD_DIM], [stride_kn, 1], [BLOCK_N, HEAD_DIM])
+        v_rows = tl.make_tensor_descriptor(v_base, [N, HEAD_DIM], [stride_vn, 1], [BLOCK_N, HEAD_DIM])
+    else:
+        q = _load_tile(
+            q_base + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd, offs_m, M, True, HEAD_DIM, BLOCK_D
+        )
+        k_rows, v_rows = k_base, v_base
 
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -266,32 +284,36 @@ def _flash_forward_kernel(
         BOUNDED_RIGHT,
         BLOCK_N,
     )
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
                                    offs_m, start, full_start, N, lowest, highest, qk_scale,
                                    True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                   PRECISION)  # fmt: skip
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                                   PRECISION, TMA)  # fmt: skip
+    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
                                    offs_m, full_start, full_end, N, lowest, highest, qk_scale,
                                    False, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                   PRECISION)  # fmt: skip
-    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                                   PRECISION, TMA)  # fmt: skip
+    acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
                                    offs_m, full_end, end, N, lowest, highest, qk_scale,
                                    True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                   PRECISION)  # fmt: skip
+                                   PRECISION, TMA)  # fmt: skip
 
     empty = l_i == 0.0  # rows that see no key: output 0, L = -inf
     l_safe = tl.where(empty, 1.0, l_i)
     acc = acc / l_safe[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     o_base = Out + z * stride_oz + h * stride_oh + q0 * stride_om
-    _store_tile(
-        o_base + offs_m[:, None] * stride_om + offs_d[None, :],
-        acc.to(Out.dtype.element_ty),
-        offs_m,
-        M,
-        HEAD_DIM,
-        BLOCK_D,
-    )
+    if TMA:  # rows past M are clipped
+        desc_o = tl.make_tensor_descriptor(o_base, [M, HEAD_DIM], [stride_om, 1], [BLOCK_M, HEAD_DIM])
+        desc_o.store([start_m, 0], acc.to(Out.dtype.element_ty))
+    else:
+        _store_tile(
+            o_base + offs_m[:, None] * stride_om + offs_d[None, :],
+            acc.to(Out.dtype.element_ty),
+            offs_m,
+            M,
+            HEAD_DIM,
+            BLOCK_D,
+        )
     tl.store(LSE + z * stride_lz + h * stride_lh + q0 + offs_m, lse, mask=offs_m < M)
 
 

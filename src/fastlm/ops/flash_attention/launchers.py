@@ -15,6 +15,7 @@ a helper whose result reaches a store as written, so it would copy a stand-in be
 from __future__ import annotations
 
 import torch
+from triton.runtime import _allocation
 
 from fastlm.ops.common import cdiv
 from fastlm.ops.flash_attention.config import AttentionConfig, padded_head_dim
@@ -82,6 +83,25 @@ def _mask(causal: bool, window: tuple[int, int], queries: int, keys: int) -> tup
     return left if bounded_left else 0, right if bounded_right else 0, bounded_left, bounded_right
 
 
+def _descriptors_fit(traced: bool, *tensors: torch.Tensor) -> bool:
+    """Whether TMA descriptors can cover these dense tensors' (rows, D) per head: unit stride along
+    D, every other stride and the first element 16-byte aligned (a trace checks the storage offset;
+    Inductor aligns the storage itself and copies inputs that are not)."""
+    for t in tensors:
+        size = t.element_size()
+        if t.stride(-1) != 1 or any(stride * size % 16 for stride in t.stride()[:-1]):
+            return False
+        if (t.storage_offset() * size % 16) if traced else (t.data_ptr() % 16):
+            return False
+    return True
+
+
+def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Triton's global scratch for the descriptors a kernel makes: 128 bytes per descriptor and
+    program, from torch's caching allocator (so CUDA-graph capture takes it from the graph's pool)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _precision(dtype: torch.dtype) -> str:
     """fp32 inputs follow torch's matmul setting: TF32 only when the user allowed it."""
     return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
@@ -112,36 +132,47 @@ def _launch_forward(
         return o.zero_(), lse.fill_(float("-inf"))
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
     tiles = config.forward
-    _launch_flash_forward(traced)[_grid(M, tiles.block_m, H, Z, packed)](
-        q,
-        k,
-        v,
-        o,
-        lse,
-        cu_seqlens_q,  # None when dense (see the module's docstring)
-        cu_seqlens_k,
-        *strides(q),
-        *strides(k),
-        *strides(v),
-        *strides(o)[:3],
-        *((0, M) if packed else (H * M, M)),
-        H,
-        H // Hkv,
-        *((0, 0, Z) if packed else (M, N, 0)),
-        scale,
-        left,
-        right,
-        BOUNDED_LEFT=bounded_left,
-        BOUNDED_RIGHT=bounded_right,
-        VARLEN=packed,
-        HEAD_DIM=D,
-        BLOCK_D=padded_head_dim(D),
-        BLOCK_M=tiles.block_m,
-        BLOCK_N=tiles.block_n,
-        PRECISION=_precision(q.dtype),
-        num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
-    )
+    block_d = padded_head_dim(D)
+    tma = config.forward_descriptors and not packed and D == block_d and _descriptors_fit(traced, q, k, v, o)
+    # An eager launch of a kernel that makes descriptors takes their scratch from the allocator in
+    # Triton's context variable: set for this launch only (a user's own `triton.set_allocator` is
+    # back in place after it). Inductor's launches allocate the scratch themselves.
+    scratch = _allocation._allocator.set(_scratch) if tma and not traced else None
+    try:
+        _launch_flash_forward(traced)[_grid(M, tiles.block_m, H, Z, packed)](
+            q,
+            k,
+            v,
+            o,
+            lse,
+            cu_seqlens_q,  # None when dense (see the module's docstring)
+            cu_seqlens_k,
+            *strides(q),
+            *strides(k),
+            *strides(v),
+            *strides(o)[:3],
+            *((0, M) if packed else (H * M, M)),
+            H,
+            H // Hkv,
+            *((0, 0, Z) if packed else (M, N, 0)),
+            scale,
+            left,
+            right,
+            BOUNDED_LEFT=bounded_left,
+            BOUNDED_RIGHT=bounded_right,
+            VARLEN=packed,
+            HEAD_DIM=D,
+            BLOCK_D=block_d,
+            BLOCK_M=tiles.block_m,
+            BLOCK_N=tiles.block_n,
+            PRECISION=_precision(q.dtype),
+            TMA=tma,
+            num_warps=tiles.num_warps,
+            num_stages=tiles.num_stages,
+        )
+    finally:
+        if scratch is not None:
+            _allocation._allocator.reset(scratch)
     return o, lse
 
 
