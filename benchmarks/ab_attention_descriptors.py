@@ -17,6 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from fastlm.ops.common import device_arch
 from fastlm.ops.flash_attention import FlashAttentionTriton, attention_config
+from fastlm.ops.flash_attention.launchers import _descriptors_fit
 from fastlm.utils.records import with_environment
 
 SHAPES = ((8, 16, 4096, 128), (2, 16, 16384, 128), (1, 32, 1024, 128))  # (B, H, N, D)
@@ -26,6 +27,7 @@ ROUNDS = 3
 def variants(q, k, v):
     """name -> forward on (q, k, v), causal."""
     descriptors = attention_config(device_arch(q.device), q.dtype, q.shape[-1], k.shape[-2])
+    assert descriptors.forward_descriptors, "this GPU's forward at this head dim loads through pointers"
     pointers = dataclasses.replace(descriptors, forward_descriptors=False)
 
     def cudnn():
@@ -51,6 +53,7 @@ def main() -> None:
             )
             grad_out = torch.randn_like(q)
             runs = variants(q, k, v)
+            assert _descriptors_fit(q, k, v), "the inputs would take the pointer loads"
             assert torch.equal(runs["descriptors"](), runs["pointers"]())
             flops = 2 * B * H * N * N * D  # causal forward; forward + backward counts 3.5x
             for round_ in range(ROUNDS):

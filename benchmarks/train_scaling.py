@@ -15,6 +15,7 @@ start's runs where one commit ran on two), so its rows share their baselines' co
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import re
 import statistics
@@ -105,6 +106,12 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
     return save_figure(fig, path, dpi=120)
 
 
+def utc(text: str) -> dt.datetime:
+    """An ISO date or time; one without a time zone is UTC, as the records' dates are."""
+    when = dt.datetime.fromisoformat(text)
+    return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records", type=Path, help="train.jsonl of train_run.sh / train_records.py")
@@ -118,11 +125,10 @@ def main() -> None:
     parser.add_argument("--note", default="", help="a paragraph under the table's title (how the runs differ)")
     args = parser.parse_args()
     shas = args.sha.split(",")
-    records = [
-        r
-        for r in read_records(args.records)
-        if r.get("git_sha") in shas and args.after <= r["date"] and (not args.before or r["date"] < args.before)
-    ]
+    records = [r for r in read_records(args.records) if r.get("git_sha") in shas]
+    if args.after or args.before:
+        after, before = utc(args.after or "0001-01-01"), utc(args.before or "9999-12-31")
+        records = [r for r in records if after <= utc(r["date"]) < before]
     if not records:
         raise SystemExit(f"no records of git {args.sha} in {args.records}")
     machines = sorted({(r["gpu"], r["torch"], r["triton"]) for r in records})

@@ -115,3 +115,20 @@ def test_fastlm_report_has_the_hf_and_swiglu_sections(on_gpu):
     hf = next(benchmark for benchmark, heading, _ in report_sections(on_gpu) if heading.startswith("Hugging Face"))
     assert "SwiGLU" in headings
     assert hf.shapes[0].num_layers == (4 if on_gpu else 2) and len(hf.patches) == 3
+
+
+def test_a_cpu_run_whose_models_and_activations_exceed_the_host_is_refused_before_building(monkeypatch, tmp_path):
+    """Beyond the command's check of the models' training state: the estimate with activations,
+    before the run starts (without the refusal it would train the two tiny models and return)."""
+    from fastlm.bench import hf
+    from fastlm.harness.runner import run_benchmark
+    from fastlm.utils import host_memory
+    from fastlm.utils.errors import UserError
+
+    monkeypatch.setattr(host_memory, "host_memory", lambda: 10**6)  # not even a tiny model fits 0.5 MB
+    benchmark = hf.HFBenchmark(
+        (HFShape.of("llama", "tiny", 16),), ("none", "fastlm"), (hf.Row("train", "fp32", "eager"),), 1, 0, 1
+    )
+    expected = r"the tiny model alone at batch 1 needs .* use a smaller --size, --batch or --seq"
+    with pytest.raises(UserError, match=expected):
+        run_benchmark(benchmark, tmp_path, torch.device("cpu"))

@@ -5,6 +5,7 @@ through the interpreter on small shapes; the `gpu` tests repeat the checks at a 
 tokens with tight tolerances, and check bit-for-bit reproducible gradients.
 """
 
+import contextvars
 import dataclasses
 import math
 import re
@@ -249,6 +250,50 @@ def test_forward_through_descriptors_gives_the_pointer_forwards_bits(
     assert torch.equal(attend(with_descriptors)(q, k, v), attend(pointers)(q, k, v))
     assert fits == [layout != "misaligned"]  # asked once: the pointer config never asks
     check_attention(attend(with_descriptors), q, k, v, causal, window=window)
+
+
+def test_a_descriptor_launch_sets_tritons_scratch_allocator_for_itself_only(monkeypatch):
+    """A launch through descriptors, eager or from the triton_op run by a backend other than Inductor
+    (traced), finds the launcher's scratch allocator in Triton's context; a user's allocator is back
+    in place after it, and a pointer launch sees the user's."""
+    from triton.runtime import _allocation
+
+    from fastlm.ops.flash_attention import launchers
+
+    seen = []
+
+    class Recorder:  # stands for the kernel: what the launch would see
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append((kwargs["TMA"], _allocation._allocator.get()))
+
+    monkeypatch.setattr(launchers, "_launch_flash_forward", lambda traced: Recorder())
+    q, k, v = (torch.randn(1, 2, 64, 128, dtype=torch.bfloat16) for _ in range(3))
+    config = attention_config(0, torch.bfloat16, 128)
+
+    def user_allocator(size, alignment, stream):
+        return torch.empty(size, dtype=torch.int8)
+
+    def launches():
+        triton.set_allocator(user_allocator)
+        for traced in (False, True):
+            launchers._launch_forward(q, k, v, True, 0.1, config, traced=traced)
+        launchers._launch_forward(q, k, v, True, 0.1, dataclasses.replace(config, forward_descriptors=False))
+        return _allocation._allocator.get()
+
+    assert contextvars.copy_context().run(launches) is user_allocator  # a context of its own: no leak
+    assert seen == [(True, launchers._scratch), (True, launchers._scratch), (False, user_allocator)]
+
+
+def test_descriptors_fit_a_traced_tensor_by_its_storage_offset():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fastlm.ops.flash_attention.launchers import _descriptors_fit
+
+    with FakeTensorMode():  # no addresses: the storage offset decides
+        rows = torch.empty(2, 64, 128, dtype=torch.bfloat16)
+        assert _descriptors_fit(rows, rows[:, 1:], rows.transpose(0, 1))
+        assert not _descriptors_fit(rows.view(-1)[1 : 1 + 64 * 128].view(64, 128))  # one element off
+        assert not _descriptors_fit(rows[..., :100:2])  # stride 2 along D
 
 
 # Tiles far smaller than the defaults: at 200 x 150 every kernel runs several whole, diagonal and

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from fastlm.bench.model import Subject, measure_rounds
+from fastlm.bench.model import Subject, check_fits_cpu, measure_rounds
 from fastlm.bench.model_report import round_medians, speed_ratio, with_spread
 from fastlm.bench.options import HF_FAMILIES, HF_SIZES
 from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run
@@ -201,6 +201,10 @@ class HFBenchmark(Benchmark):
 
     def _missing(self) -> list[tuple[HFShape, str]]:
         return [(s, p) for s in self.shapes for p in self.patches if missing_patch(p) is not None]
+
+    def preflight(self, device: torch.device) -> None:
+        if device.type == "cpu":
+            check_fits_cpu(self._subjects(), self.rows, self.batch, None, smaller="--size, --batch or --seq")
 
     def count(self, device: torch.device) -> int:  # one more for the step that records the missing baselines
         return len(self._subjects()) * len(self.rows) * self.rounds + bool(self._missing())

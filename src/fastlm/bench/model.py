@@ -268,19 +268,25 @@ def memory_budget(device: torch.device) -> int:
     return host_budget()
 
 
-def check_fits_cpu(subject_list: Sequence[Subject], row_list: Sequence[Row], batch: int, schedule: str) -> None:
-    """On a CPU, refuse a run whose estimate under ``schedule`` does not fit the host: there it
-    would swap or be killed, where on a GPU a configuration that does not fit is recorded as out of
-    memory and the run goes on."""
+def check_fits_cpu(
+    subject_list: Sequence[Subject],
+    row_list: Sequence[Row],
+    batch: int,
+    interleave: bool | None,
+    smaller: str = "--preset, --batch or --context",
+) -> None:
+    """On a CPU, refuse a run whose estimate under its schedule (`choose_schedule`) does not fit the
+    host: there it would swap or be killed, where on a GPU a configuration that does not fit is
+    recorded as out of memory and the run goes on. The `preflight` of the benchmarks that run
+    `measure_rounds`; ``smaller`` names their options that shrink the run."""
+    schedule, _ = choose_schedule(subject_list, row_list, batch, host_budget(), interleave)
     if schedule == "interleaved" and len(subject_list) > 1:
         need, what = interleaved_memory_estimate(subject_list, row_list, batch), "every model of the run kept"
         remedy = ", or --no-interleave"
     else:
         need, preset = max((model_memory_estimate(s.config, row_list, batch), s.preset) for s in subject_list)
         what, remedy = f"the {preset} model alone", ""
-    check_fits_host(
-        need, f"{what} at batch {batch}", f"use a smaller --preset, --batch or --context, or --mode fwd{remedy}"
-    )
+    check_fits_host(need, f"{what} at batch {batch}", f"use a smaller {smaller}, or --mode fwd{remedy}")
 
 
 @contextlib.contextmanager
@@ -409,9 +415,7 @@ class ModelBenchmark(Benchmark):
 
     def preflight(self, device: torch.device) -> None:
         if device.type == "cpu":
-            cases = self.cases(device)
-            schedule, _ = choose_schedule(cases, self.rows, self.batch, memory_budget(device), self.interleave)
-            check_fits_cpu(cases, self.rows, self.batch, schedule)
+            check_fits_cpu(self.cases(device), self.rows, self.batch, self.interleave)
 
     def count(self, device: torch.device) -> int:
         return len(self.cases(device)) * len(self.rows) * self.rounds

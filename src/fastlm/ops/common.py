@@ -27,10 +27,10 @@ def runs_triton(tensor: torch.Tensor) -> bool:
     if tensor.is_cuda:
         return True
     interpreted = tensor.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
-    return interpreted and not _traced(tensor)
+    return interpreted and not is_traced(tensor)
 
 
-def _traced(tensor: torch.Tensor) -> bool:
+def is_traced(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` stands for data rather than holding it: torch.compile is tracing, or it
     is a fake / functional tensor (opcheck, AOT autograd)."""
     return torch.compiler.is_compiling() or isinstance(tensor, (FakeTensor, FunctionalTensor))

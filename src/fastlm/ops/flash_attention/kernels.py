@@ -241,7 +241,7 @@ def _flash_forward_kernel(
     TMA: Q, K, V and O move through tensor descriptors that each program makes over its head's
     (rows, D) rows (Hopper's TMA engine; the descriptors live in a global scratch of 128 bytes each
     per program) instead of pointer tiles; the same arithmetic. Faster at D=128 on sm90
-    (docs/notes/attention.md, section 14), slower at D=64, so the tile tables choose it.
+    (docs/notes/attention.md, section 15), slower at D=64, so the tile tables choose it.
     """
     qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E  # scores in log2 units; fp64 under torch.compile
     z, q0, k0, M, N, start_m = _locate(

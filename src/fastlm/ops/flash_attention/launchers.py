@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from triton.runtime import _allocation
 
-from fastlm.ops.common import cdiv
+from fastlm.ops.common import cdiv, is_traced
 from fastlm.ops.flash_attention.config import AttentionConfig, padded_head_dim
 from fastlm.ops.flash_attention.kernels import (
     _flash_backward_dkdv_kernel,
@@ -83,15 +83,16 @@ def _mask(causal: bool, window: tuple[int, int], queries: int, keys: int) -> tup
     return left if bounded_left else 0, right if bounded_right else 0, bounded_left, bounded_right
 
 
-def _descriptors_fit(traced: bool, *tensors: torch.Tensor) -> bool:
+def _descriptors_fit(*tensors: torch.Tensor) -> bool:
     """Whether TMA descriptors can cover these dense tensors' (rows, D) per head: unit stride along
-    D, every other stride and the first element 16-byte aligned (a trace checks the storage offset;
-    Inductor aligns the storage itself and copies inputs that are not)."""
+    D, every other stride and the first element 16-byte aligned (a tensor of a trace, which has no
+    address, by its storage offset: torch's allocators align storages, and Inductor copies inputs
+    that are not)."""
     for t in tensors:
         size = t.element_size()
         if t.stride(-1) != 1 or any(stride * size % 16 for stride in t.stride()[:-1]):
             return False
-        if (t.storage_offset() * size % 16) if traced else (t.data_ptr() % 16):
+        if (t.storage_offset() * size % 16) if is_traced(t) else (t.data_ptr() % 16):
             return False
     return True
 
@@ -133,11 +134,12 @@ def _launch_forward(
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
     tiles = config.forward
     block_d = padded_head_dim(D)
-    tma = config.forward_descriptors and not packed and D == block_d and _descriptors_fit(traced, q, k, v, o)
-    # An eager launch of a kernel that makes descriptors takes their scratch from the allocator in
-    # Triton's context variable: set for this launch only (a user's own `triton.set_allocator` is
-    # back in place after it). Inductor's launches allocate the scratch themselves.
-    scratch = _allocation._allocator.set(_scratch) if tma and not traced else None
+    tma = config.forward_descriptors and not packed and D == block_d and _descriptors_fit(q, k, v, o)
+    # A launch from here (eager, or the triton_op run by a backend other than Inductor) takes the
+    # descriptors' scratch from the allocator in Triton's context variable, which only
+    # `triton.set_allocator` sets publicly and for good: set for this launch only, so a user's own
+    # allocator is back in place after it. Inductor's generated launches allocate it themselves.
+    scratch = _allocation._allocator.set(_scratch) if tma else None
     try:
         _launch_flash_forward(traced)[_grid(M, tiles.block_m, H, Z, packed)](
             q,
