@@ -574,9 +574,11 @@ def test_gpu_backward_bit_identical():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dim", [64, 128])  # 128: the forward through descriptors, whose scratch Inductor allocates
 @pytest.mark.parametrize("heads", [4, 0], ids=["4d-gqa2", "3d"])  # 0: 3-D inputs
-def test_gpu_eager_launch_matches_compiled(heads, dim):
-    """The eager path (eager_kernel launches) and the traced one (Inductor launches the same
-    kernels with the same tiles) give the same output and gradients, bit for bit."""
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])  # aot_eager: fastlm's launcher runs the traced op
+def test_gpu_eager_launch_matches_compiled(heads, dim, backend):
+    """The eager path (eager_kernel launches) and the traced one (Inductor, or fastlm's launcher
+    under aot_eager, launches the same kernels with the same tiles) give the same output and
+    gradients, bit for bit."""
     q, k, v = make_qkv(2, max(heads, 1), max(heads // 2, 1), 131, 131, dim, torch.bfloat16, "cuda")
     if not heads:
         q, k, v = (t.detach()[:, 0].requires_grad_(True) for t in (q, k, v))
@@ -587,7 +589,7 @@ def test_gpu_eager_launch_matches_compiled(heads, dim):
 
     torch._dynamo.reset()
     runs = []
-    for fn in (attend, torch.compile(attend, fullgraph=True)):
+    for fn in (attend, torch.compile(attend, fullgraph=True, backend=backend)):
         out = fn(q, k, v)
         runs.append((out, *torch.autograd.grad(out, (q, k, v), grad_out)))
     for name, eager, compiled in zip(("out", "dq", "dk", "dv"), *runs, strict=True):
