@@ -120,7 +120,7 @@ def test_profile_model_command(tmp_path, capsys):
     assert "## Matrix multiplies vs other kernels" in report and "attention stages" in report
 
 
-def test_profile_memory_and_analyze_memory_commands(tmp_path, capsys):
+def test_profile_memory_and_analyze_memory_commands(tmp_path, capfd):
     assert (
         main(
             [
@@ -139,13 +139,13 @@ def test_profile_memory_and_analyze_memory_commands(tmp_path, capsys):
         == 0
     )
     records = [json.loads(line) for line in (tmp_path / "results" / "profile_memory.jsonl").read_text().splitlines()]
+    assert "allocated before the profiling started" not in capfd.readouterr().err  # the C++ profiler's line
     peaks = {(r["mode"], r["context"]): r["peak_gib"] for r in records}
     assert peaks[("fwd", 16)] > peaks[("fwd", 8)] > 0
     assert (tmp_path / "reports" / "memory_tiny.png").stat().st_size > 0
     page = (tmp_path / "reports" / "memory_tiny_train_fp32_ctx16.html").read_text()
     assert "<svg" in page and "http" not in page.split("<svg")[0]
-    capsys.readouterr()
     assert main(["analyze", "memory", "--preset", "small"]) == 0
-    text = " ".join(capsys.readouterr().out.split())
+    text = " ".join(capfd.readouterr().out.split())
     assert "128,625,408 parameters" in text and "1.92 GiB" in text  # 16 bytes x 128.6M params
     assert main(["profile", "memory", "--preset", "tiny,small"]) == 2
