@@ -244,6 +244,23 @@ def test_ranks_take_contiguous_shares_of_one_global_batch():
     np.testing.assert_array_equal(one[1], expected)
 
 
+@pytest.mark.parametrize(
+    ("asked", "micro_batch", "world", "windows", "expected"),
+    [(64, 8, 2, 100, 64), (64, 16, 8, 1000, 128), (64, 8, 3, 100, 48), (5, 2, 1, 100, 4), (64, 8, 1, 30, 24)],
+)
+def test_evaluation_takes_whole_global_batches_at_least_one(asked, micro_batch, world, windows, expected):
+    held_out = Windows([np.arange(windows * 4 + 1)], context=4, vocab_size=windows * 4 + 1)
+    assert held_out.count == windows
+    config = TrainConfig(data=Path("d"), eval_sequences=asked, micro_batch=micro_batch)
+    assert loop.evaluation_windows(held_out, config, world) == expected
+
+
+def test_evaluation_needs_one_global_batch_of_held_out_windows():
+    held_out = Windows([np.arange(30 * 4 + 1)], context=4, vocab_size=121)
+    with pytest.raises(UserError, match="30 window.* fewer than --micro-batch x processes = 32"):
+        loop.evaluation_windows(held_out, TrainConfig(data=Path("d"), micro_batch=8), 4)
+
+
 def test_running_out_of_memory_is_one_line_that_names_fsdp(corpus_data, tmp_path, capsys, monkeypatch):
     """A step that runs out of device memory (simulated: the allocator's error from the gradient
     clipping) ends the run with one sentence that points to --parallel fsdp; under fsdp itself, to

@@ -154,7 +154,12 @@ class TrainConfig(ModelOptions):
         "step and after the last; 0: only those",
         limit="non_negative",
     )
-    eval_sequences: int = option(64, "held-out windows per evaluation, the first ones of the split", limit="positive")
+    eval_sequences: int = option(
+        64,
+        "held-out windows per evaluation, the first ones of the split; a multiple of --micro-batch x "
+        "processes, at least one",
+        limit="positive",
+    )
     checkpoint_every: int = option(
         1000, "steps between checkpoints, also saved after the last step; 0: no checkpoints", limit="non_negative"
     )

@@ -248,13 +248,10 @@ def model_inputs(rows: np.ndarray, boundary: int | None, device: torch.device) -
 
 def evaluation_windows(windows: Windows, config: TrainConfig, world: int) -> int:
     """How many held-out windows an evaluation takes: --eval-sequences, or as many as the split has,
-    rounded down to a multiple of --micro-batch x processes (every rank runs the same forwards)."""
+    rounded down to a multiple of --micro-batch x processes (every rank runs the same forwards) and
+    at least one such multiple, so the default holds at any number of processes."""
     unit = config.micro_batch * world
-    if config.eval_sequences < unit:
-        raise UserError(
-            f"--eval-sequences must be at least --micro-batch x processes = {unit}, got {config.eval_sequences}"
-        )
-    count = min(config.eval_sequences, windows.count) // unit * unit
+    count = min(max(config.eval_sequences, unit), windows.count) // unit * unit
     if count == 0:
         raise UserError(
             f"the held-out split of {config.data} holds {windows.count} window(s) of --context + 1 = "
