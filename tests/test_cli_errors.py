@@ -263,6 +263,42 @@ LONG_COMMANDS = {
 }
 
 
+@pytest.mark.parametrize(
+    ("argv", "unrecognized"),
+    [(["--held-out", "0.1"], "--held-out 0.1"), (["--batch", "16"], "--batch 16"), (["rewrd"], "rewrd")],
+)
+def test_train_names_a_mistyped_option_and_its_value(argv, unrecognized, capsys):
+    """The value of an option `fastlm train` does not take is not reported as an invalid task."""
+    status, output = _run(["train", "--data", str(CORPUS), *argv], capsys)
+    assert (status, output) == (
+        2,
+        f"fastlm train: error: unrecognized arguments: {unrecognized} (see fastlm train --help)\n",
+    )
+
+
+def test_ctrl_c_is_one_line_and_status_130(capsys, monkeypatch, tmp_path):
+    from fastlm.harness import ceilings
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ceilings, "record_ceilings", interrupted)
+    status, output = _run(["bench", "ceilings", "--out", str(tmp_path)], capsys)
+    assert (status, output) == (130, "\nfastlm bench ceilings: interrupted\n")
+
+
+def test_a_closed_pipe_ends_the_command_quietly():
+    """`fastlm ... | head`: the reader goes away before the command writes; no traceback, status 141."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fastlm", "analyze", "memory", "--preset", "small"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.close()
+    assert process.wait(timeout=120) == 141
+    assert process.stderr.read() == b""
+
+
 def test_the_long_commands_state_their_duration():
     durations = {
         " ".join(command): parser.description.partition(" Expected duration")[2] for command, parser in _subcommands()

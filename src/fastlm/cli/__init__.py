@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import sys
 
 from fastlm.cli import analyze, ar, bench, data, inspect, output, profile, report, train
 from fastlm.utils.errors import UserError
@@ -40,8 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     # filters out: the profiling commands' piped output would be mostly that. A value set by the user
     # wins; worker processes inherit it.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    command = " ".join(filter(None, ("fastlm", args.group, getattr(args, "command", None))))
     try:
-        return args.func(args) or 0  # handlers that report their own errors return their status
+        status = args.func(args) or 0  # handlers that report their own errors return their status
+        sys.stdout.flush()  # inside the try: a closed pipe shows here, not in Python's exit
+        return status
     except UserError as error:
         message = str(error)
     except (RuntimeError, MemoryError) as error:  # sizes the machine cannot hold are a user's mistake too
@@ -50,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         if not is_out_of_memory(error):
             raise
         message = f"out of memory ({str(error).splitlines()[0][:160]}); try a smaller --batch, --context or model"
-    command = " ".join(filter(None, ("fastlm", args.group, getattr(args, "command", None))))
+    except KeyboardInterrupt:
+        output.error_console.print(f"\n{command}: interrupted", markup=False, highlight=False)
+        return 130
+    except BrokenPipeError:  # stdout's reader went away (`fastlm ... | head`): stop quietly, status 128 + SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit would fail again
+        return 141
     output.error_console.print(f"{command}: error: {message}", markup=False, highlight=False, soft_wrap=True)
     return 2

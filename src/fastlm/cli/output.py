@@ -12,7 +12,17 @@ from pathlib import Path
 
 from rich.console import Console, RenderableType
 
-console = Console()
+
+class _Console(Console):
+    """A closed stdout (`fastlm ... | head`) ends the command as any other write to it does: `fastlm`'s
+    main stops quietly, where rich's own handling would exit with status 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
+console = _Console()
 error_console = Console(stderr=True)
 
 

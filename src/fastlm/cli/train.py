@@ -5,6 +5,7 @@ reward model on ranked responses (`fastlm.train.reward`)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator, Mapping
 
 from fastlm.cli.arguments import add_command, choice_list
 from fastlm.model.config import KERNEL_SETS, PRECISION_MEANINGS, PRECISIONS, choices_help
@@ -24,12 +25,40 @@ def cmd_train_reward(args) -> int:
     return reward.run(from_namespace(RewardConfig, args))
 
 
+class _AnyWord(Mapping):
+    """The tasks by name as argparse's choices, against which every positional word passes, for
+    _Tasks to decide (argparse would call the value of a mistyped option an invalid task)."""
+
+    def __init__(self, tasks: dict[str, argparse.ArgumentParser]) -> None:
+        self.tasks = tasks
+
+    def __getitem__(self, name: str) -> argparse.ArgumentParser:
+        return self.tasks[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tasks)
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __contains__(self, word: object) -> bool:
+        return True
+
+
 class _Tasks(argparse._SubParsersAction):
     """`fastlm train`'s tasks (reward), refusing options of the LM loop typed before the task's name:
     the task's parser would silently replace them with its own defaults. Seen by their values, so an
-    option typed with its default value passes unnoticed."""
+    option typed with its default value passes unnoticed. A word that names no task (the value of a
+    mistyped option: `--held-out 0.1`) joins the unrecognized arguments, which `fastlm` names."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.choices = _AnyWord(self._name_parser_map)
 
     def __call__(self, parser, namespace, values, option_string=None):
+        if values[0] not in self._name_parser_map:
+            vars(namespace).setdefault(argparse._UNRECOGNIZED_ARGS_ATTR, []).extend(values)
+            return
         given = [
             action.option_strings[-1]
             for action in parser._actions
@@ -77,6 +106,10 @@ def add_kernel_comparison_arguments(p: argparse.ArgumentParser) -> None:
             },
             # one process: the texts of `fastlm train` without its processes and parallel modes
             "micro_batch": {"help": "sequences per forward and backward"},
+            "eval_sequences": {
+                "help": "held-out windows per evaluation, the first ones of the split; a multiple of --micro-batch, "
+                "at least one"
+            },
             "batch_tokens": {
                 "help": "batch in tokens, a multiple of --context x --micro-batch, reached by gradient accumulation "
                 "(default: --context x --micro-batch, no accumulation)"

@@ -392,8 +392,10 @@ def run(args: argparse.Namespace) -> int:
         message = str(error)
     except ValueError as error:  # the tokenizer's
         message = f"--tokenizer {tokenizer}: {error}"
+    except BrokenPipeError:  # stdout's reader went away: `fastlm`'s main ends quietly
+        raise
     except OSError as error:
-        message = f"{error.filename}: {error.strerror}"
+        message = f"{error.filename}: {error.strerror}" if error.filename else str(error)
     else:
         return 0
     print(f"{args.prog}: error: {message}", flush=True, file=sys.stderr)
