@@ -48,8 +48,10 @@ def test_bench_hf_command_measures_every_patch_in_one_run(tmp_path, capsys):
         str(tmp_path),
     ]
     assert main(args) == 0
-    progress = [tuple(map(int, m)) for m in re.findall(r"hf (\d+)/(\d+)", capsys.readouterr().out)]
+    out = capsys.readouterr().out
+    progress = [tuple(map(int, m)) for m in re.findall(r"hf (\d+)/(\d+)", out)]
     assert progress and progress[-1][0] == progress[-1][1], progress  # the count includes every step
+    assert re.search(r"hf \d+/\d+: tiny hf\+fastlm train fp32 eager round 1/2", out)
     records = [json.loads(line) for line in (tmp_path / "results" / "hf.jsonl").read_text().splitlines()]
     by_name = {r["implementation"]: r for r in records}
     assert set(by_name) == {"hf", "hf+fastlm", "hf+liger"}
@@ -57,6 +59,7 @@ def test_bench_hf_command_measures_every_patch_in_one_run(tmp_path, capsys):
         record = by_name[name]
         assert record["status"] == "ok" and len(record["round_median_ms"]) == 2
         assert record["schedule"] == "interleaved" and record["context_length"] == 16
+        assert record["precision"] == "fp32"  # the default without a GPU
     liger = by_name["hf+liger"]
     assert liger["status"] == "ok" or liger["status"] == "missing: liger-kernel is not installed"
     report = (tmp_path / "reports" / "hf.md").read_text()

@@ -213,7 +213,7 @@ class HFBenchmark(Benchmark):
         missing = self._missing()
         if missing:
             yield Measured(
-                "baselines not installed",
+                "not installed, left out: " + ", ".join(sorted({missing_patch(p).split()[1] for _, p in missing})),
                 [
                     with_environment(
                         {

@@ -353,7 +353,10 @@ def measure_rounds(
                     else:
                         raise
                     _free_memory(device)
-            label = f"{subject.preset} {row.mode} {row.precision} {row.compile} round {r + 1}/{rounds}"
+            label = (
+                f"{subject.preset} {subject.implementation.name} {row.mode} {row.precision} {row.compile} "
+                f"round {r + 1}/{rounds}"
+            )
             if last_use[s] != i:
                 yield Measured(label, [])
                 continue

@@ -86,7 +86,7 @@ def cmd_bench_ddp(args) -> None:
         context=args.context,
         batch=args.batch,
         vocab=args.vocab,
-        precision=args.precision,
+        precision=args.precision or ("bf16" if backend == "nccl" else "fp32"),  # bf16 autocast is slow on a CPU
         warmup=args.warmup,
         steps=args.steps,
         rounds=args.rounds,
@@ -151,7 +151,7 @@ def _add_ddp_command(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--vocab", type=positive_int, default=10000, help="vocabulary size")
     p.add_argument("--context", type=positive_int, default=512, help="sequence length")
     p.add_argument("--batch", type=positive_int, default=4, help="sequences per rank")
-    add_precision_option(p, FP32_WEIGHT_PRECISIONS, "bf16")
+    add_precision_option(p, FP32_WEIGHT_PRECISIONS, note="default: bf16 with NCCL, fp32 with gloo")
     p.add_argument(
         "--variants",
         type=_variant_list,

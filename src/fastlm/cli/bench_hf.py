@@ -56,7 +56,7 @@ def cmd_bench_hf(args) -> None:
     benchmark = HFBenchmark(
         (shape,),
         args.patches,
-        tuple(rows(args.mode, args.precision, compile_modes)),
+        tuple(rows(args.mode, args.precision or (("bf16",) if on_gpu else ("fp32",)), compile_modes)),
         batch=args.batch or (4 if on_gpu else 1),
         warmup=args.warmup,
         steps=args.steps,
@@ -127,7 +127,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         default=("train",),
         help="comma list of fwd, fwd+bwd, train (default train: forward, backward, fused AdamW)",
     )
-    add_precision_option(p, FP32_WEIGHT_PRECISIONS, ("bf16",), many=True)
+    add_precision_option(p, FP32_WEIGHT_PRECISIONS, many=True, note="default: bf16 on a GPU, fp32 without one")
     add_compile_option(p, COMPILE_MODES[:2], many=True, note="default: both on a GPU, eager on a CPU")
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed steps first, every round (default 3)")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per round (default 10)")
