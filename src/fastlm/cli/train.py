@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 from fastlm.cli.arguments import add_command, choice_list
 from fastlm.model.config import KERNEL_SETS, PRECISION_MEANINGS, PRECISIONS, choices_help
@@ -101,6 +102,7 @@ def add_kernel_comparison_arguments(p: argparse.ArgumentParser) -> None:
                 "help": "comma list of kernel sets, each trained from the same start",
             },
             "out": {
+                "default": Path("runs/bench-train"),  # not `fastlm train`'s: a comparison replaces its runs
                 "help": "folder of the comparison: OUT/<kernels>/ per kernel set (log.jsonl, loss.png; replaced by a "
                 "later comparison), OUT/kernels.png, records appended to OUT/results/train_kernels.jsonl",
             },
