@@ -319,6 +319,12 @@ def test_bench_train_offers_no_option_it_would_ignore_or_refuse(option, capsys):
     assert status == 2 and f"unrecognized arguments: {option}" in output
 
 
+def test_bench_train_writes_apart_from_the_training_runs(tmp_path):
+    """A comparison replaces its runs: by default it must not land in `fastlm train`'s folder."""
+    parse = build_parser().parse_args
+    assert parse(["bench", "train", "--data", str(tmp_path)]).out != parse(["train", "--data", str(tmp_path)]).out
+
+
 def test_bench_train_help_speaks_of_one_process():
     """Its options' texts come from `fastlm train`; none may speak of processes or parallel modes."""
     parser = argparse.ArgumentParser()
