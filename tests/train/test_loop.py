@@ -177,10 +177,11 @@ def test_precision_cannot_change_to_or_from_bf16_weights_on_resume(corpus_data, 
         assert "cannot change to or from bf16-weights" in capsys.readouterr().err
 
 
-def test_a_run_resumes_with_the_other_kernel_set(corpus_data, tmp_path):
+def test_a_run_resumes_with_the_other_kernel_set(corpus_data, tmp_path, capsys):
     # every kernel switch (rope too) follows --kernels, which --override kernels lets change
     argv = ["--micro-batch", "2", "--steps", "1"]
     _run(corpus_data, tmp_path, *argv, "--kernels", "torch")
+    assert "no GPU: --kernels fastlm" not in capsys.readouterr().out
     records = _run(
         corpus_data,
         tmp_path,
@@ -196,6 +197,7 @@ def test_a_run_resumes_with_the_other_kernel_set(corpus_data, tmp_path):
         "fastlm",
     )
     assert records[-1]["step"] == 2
+    assert loop.CPU_FASTLM_KERNELS in capsys.readouterr().out  # the CPU runs the reference paths, slower
 
 
 class _Interrupted(Exception):

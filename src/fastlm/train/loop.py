@@ -94,6 +94,10 @@ from fastlm.utils.records import with_environment
 
 PROG = "python -m fastlm.train"
 BETAS = (0.9, 0.95)
+CPU_FASTLM_KERNELS = (
+    "no GPU: --kernels fastlm runs the ops' plain-PyTorch reference paths (under TRITON_INTERPRET=1 the "
+    "Triton interpreter), slower than --kernels torch here; the fused kernels need a GPU"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,6 +408,8 @@ def _train_loop(
             log.note(f"resumed from the checkpoint of step {step} in {checkpoint_dir(config)}")
         if config.warmup >= config.steps:
             log.note(f"--warmup {config.warmup} >= --steps {config.steps}: the learning rate never reaches --lr")
+        if config.kernels == "fastlm" and device.type == "cpu":
+            log.note(CPU_FASTLM_KERNELS)
         if aside is not None:
             until = "saves its first checkpoint" if config.checkpoint_every else "ends"
             log.note(f"--overwrite: the old run is in {aside} until this run {until}")
