@@ -107,7 +107,9 @@ def test_a_second_run_never_replaces_the_first_without_overwrite(tmp_path, capsy
         "4",
     ]
     assert main(argv) == 0
-    assert "on 36 ranked prompt(s), 4 held out for the accuracy; 4 prompts drawn per step" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "on 36 ranked prompt(s), 4 held out for the accuracy; 4 prompts drawn per step" in out_text
+    assert f"wrote {out / 'reward_model.pt'} and {out / 'log.jsonl'}" in out_text
     first_log = (out / "log.jsonl").read_text()
     assert main(argv) == 2
     assert "holds a reward run (log.jsonl, reward_model.pt)" in capsys.readouterr().err
@@ -152,7 +154,7 @@ def test_reward_is_read_at_the_last_real_token():
 @pytest.mark.parametrize(
     "line,what",
     [
-        ("not json", "line 2: expected a JSON object"),
+        ("not json", "line 2: not valid JSON (Expecting value at column 1)"),
         ('{"prompt": "p", "chosen": "a"}', "line 2: expected a JSON object"),
         ('{"prompt": "p", "responses": ["only one"]}', "list of at least 2 strings"),
     ],

@@ -55,7 +55,7 @@ def _rounds(text: str) -> int:
 
 
 def cmd_bench_ceilings(args) -> None:
-    from fastlm.harness.ceilings import record_ceilings
+    from fastlm.harness.ceilings import RESULTS_FILE, record_ceilings
 
     record = record_ceilings(args.out / "results", current_device())
     table = Table(title=f"Measured ceilings · {record['gpu']}")
@@ -71,6 +71,7 @@ def cmd_bench_ceilings(args) -> None:
         f"{record['copy_gbps']:.3g}", f"{record['matmul_tflops']:.3g}", f"{shape} {record['matmul_dtype']}", datasheet
     )
     output.console.print(table)
+    output.console.print(f"[bold]wrote[/] {args.out / 'results' / RESULTS_FILE}")
 
 
 def _run(benchmark, out: Path) -> None:

@@ -65,8 +65,9 @@ def read_rankings(path: Path, context: int) -> list[list[np.ndarray]]:
             continue
         try:
             example = json.loads(line)
-        except json.JSONDecodeError:
-            example = None
+        except json.JSONDecodeError as error:
+            message = f"not valid JSON ({error.msg} at column {error.colno})"
+            raise UserError(f"--data {path}, line {number}: {message}") from None
         responses = _responses(example)
         if responses is None:
             raise UserError(
@@ -204,6 +205,7 @@ def train(config: RewardConfig) -> dict:
         },
         config.out / MODEL_FILE,
     )
+    print(f"wrote {config.out / MODEL_FILE} and {config.out / 'log.jsonl'}", flush=True)
     return {"losses": losses, "eval": evals}
 
 
