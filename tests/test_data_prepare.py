@@ -110,6 +110,10 @@ BAD_INPUTS = {
     "not UTF-8": (lambda d: (d / "a.txt").write_bytes("Gr\xf6\xdfe".encode("latin-1")), "is not UTF-8 text (byte 2"),
     "empty folder": (lambda d: None, "holds no files"),
     "the --out folder": (lambda d: (d / "a.txt").write_text("text"), "lies in --out"),
+    "prepared data in it": (
+        lambda d: prepare([CORPUS], d / "docs", "bytes", held_out=0.1, shard_tokens=3000),
+        "docs holds prepared token data (manifest.json); train on it with --data",
+    ),
 }
 
 

@@ -89,6 +89,12 @@ def input_files(inputs: list[Path], out: Path) -> list[Path]:
             files.append(path)
         elif path.is_dir():
             found = [p for p in sorted(path.rglob("*")) if p.is_file() and not _hidden_or_output(p, path, out)]
+            prepared = next((p.parent for p in found if p.name == MANIFEST), None)
+            if prepared is not None:  # its token shards are no text
+                raise DataError(
+                    f"--input {path}: {prepared} holds prepared token data ({MANIFEST}); train on it with "
+                    f"--data {prepared}, or leave it out of --input"
+                )
             if not found and (path.resolve() == out.resolve() or out.resolve() in path.resolve().parents):
                 raise DataError(f"--input {path} lies in --out {out}, whose files are never read; use another --out")
             if not found:
