@@ -175,7 +175,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         "xent",
         "cross-entropy fwd/bwd vs eager, compile, Liger",
         cmd_bench_xent,
-        duration=("about a minute", "under 10 minutes"),
+        duration=("about 2 minutes", "under 10 minutes"),
     )
     p.add_argument("--batch", type=positive_int, default=None, help="rows (default 4096 on a GPU, 128 on a CPU)")
     p.add_argument(
