@@ -163,12 +163,18 @@ IMPLEMENTATIONS = {
 }
 
 
-def missing_patch(patch: str) -> str | None:
-    """Why ``patch`` cannot run here (a package missing), or None."""
+def missing_package(patch: str) -> str | None:
+    """The pip name of the package ``patch`` needs and this machine lacks, or None."""
     package = {"liger": "liger_kernel"}.get(patch)
     if package is None or importlib.util.find_spec(package) is not None:
         return None
-    return f"missing: {package.replace('_', '-')} is not installed"
+    return package.replace("_", "-")
+
+
+def missing_patch(patch: str) -> str | None:
+    """Why ``patch`` cannot run here (a package missing), or None."""
+    package = missing_package(patch)
+    return None if package is None else f"missing: {package} is not installed"
 
 
 @dataclass(frozen=True)
@@ -213,7 +219,7 @@ class HFBenchmark(Benchmark):
         missing = self._missing()
         if missing:
             yield Measured(
-                "not installed, left out: " + ", ".join(sorted({missing_patch(p).split()[1] for _, p in missing})),
+                "not installed, left out: " + ", ".join(sorted({missing_package(p) for _, p in missing})),
                 [
                     with_environment(
                         {

@@ -38,7 +38,7 @@ from fastlm.cli.arguments import (
 from fastlm.cli.models import add_model_arguments, model_configs
 from fastlm.cli.train import add_kernel_comparison_arguments
 from fastlm.devices import current_device
-from fastlm.model.config import CUDAGRAPHS_NEED_A_GPU, PRESETS
+from fastlm.model.config import CUDAGRAPHS_NEED_A_GPU, PRESETS, default_precision
 from fastlm.utils.errors import UserError
 
 _host_ops = choice_list(HOST_OPS, "op")
@@ -131,8 +131,7 @@ def cmd_bench_model(args) -> None:
         )
     import torch
 
-    # bf16 on a CPU runs slower than fp32 where the cores lack bf16 instructions, as `fastlm train` says too
-    precision = "bf16" if torch.cuda.is_available() else "fp32"
+    precision = default_precision(torch.cuda.is_available())
     row_list = rows(args.mode or ("train",), args.precision or (precision,), args.compile or ("eager",))
     if not args.sweep and "cudagraphs" in (args.compile or ()):
         if not torch.cuda.is_available():

@@ -23,7 +23,7 @@ from fastlm.cli.arguments import (
     positive_int,
 )
 from fastlm.devices import current_device
-from fastlm.model.config import FP32_WEIGHT_PRECISIONS, PRESETS
+from fastlm.model.config import FP32_WEIGHT_PRECISIONS, PRESETS, default_precision
 from fastlm.utils.errors import UserError
 
 
@@ -86,7 +86,7 @@ def cmd_bench_ddp(args) -> None:
         context=args.context,
         batch=args.batch,
         vocab=args.vocab,
-        precision=args.precision or ("bf16" if backend == "nccl" else "fp32"),  # bf16 autocast is slow on a CPU
+        precision=args.precision or default_precision(backend == "nccl"),
         warmup=args.warmup,
         steps=args.steps,
         rounds=args.rounds,

@@ -19,7 +19,7 @@ from fastlm.cli.arguments import (
     positive_int,
 )
 from fastlm.devices import current_device
-from fastlm.model.config import COMPILE_MODES, FP32_WEIGHT_PRECISIONS
+from fastlm.model.config import COMPILE_MODES, FP32_WEIGHT_PRECISIONS, default_precision
 from fastlm.utils.errors import UserError
 from fastlm.utils.host_memory import ADAMW_STATE_BYTES, check_fits_host
 
@@ -56,7 +56,7 @@ def cmd_bench_hf(args) -> None:
     benchmark = HFBenchmark(
         (shape,),
         args.patches,
-        tuple(rows(args.mode, args.precision or (("bf16",) if on_gpu else ("fp32",)), compile_modes)),
+        tuple(rows(args.mode, args.precision or (default_precision(on_gpu),), compile_modes)),
         batch=args.batch or (4 if on_gpu else 1),
         warmup=args.warmup,
         steps=args.steps,

@@ -19,7 +19,7 @@ from fastlm.cli.arguments import (
 )
 from fastlm.cli.models import add_model_arguments, single_model_config
 from fastlm.devices import current_device
-from fastlm.model.config import FP32_WEIGHT_PRECISIONS, ModelConfig
+from fastlm.model.config import FP32_WEIGHT_PRECISIONS, ModelConfig, default_precision
 from fastlm.utils.host_memory import check_fits_host
 from fastlm.utils.progress import progress_steps
 
@@ -67,7 +67,7 @@ def cmd_profile_model(args) -> None:
     if args.attention is None:
         args.attention = "naive"  # the path with per-stage ranges inside attention
     preset, config = single_model_config(args)
-    args.precision = args.precision or ("bf16" if current_device().type == "cuda" else "fp32")
+    args.precision = args.precision or default_precision(current_device().type == "cuda")
     _check_fits_cpu(preset, config, ("fwd", "train"), (args.precision,), args.batch, "--context")
     report = run_model_profile(
         args.out,

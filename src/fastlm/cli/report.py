@@ -7,7 +7,7 @@ import argparse
 from fastlm.cli import output
 from fastlm.cli.arguments import add_command, add_out
 from fastlm.devices import current_device
-from fastlm.model.config import ModelConfig
+from fastlm.model.config import ModelConfig, default_precision
 
 CPU_ONLY = (
     "This machine has no GPU, so this is the reduced run: small batch, the tiny model preset, the plain-PyTorch "
@@ -35,7 +35,7 @@ def report_sections(on_gpu: bool) -> tuple:
 
     preset = "small" if on_gpu else "tiny"
     compile_modes = ("eager", "compile") if on_gpu else ("eager",)
-    precisions = ("bf16",) if on_gpu else ("fp32",)  # bf16 autocast is slow on a CPU
+    precisions = (default_precision(on_gpu),)
     model = ModelBenchmark(
         ((preset, ModelConfig.preset(preset)),),
         tuple(rows(("fwd", "fwd+bwd", "train"), precisions, compile_modes)),

@@ -32,6 +32,7 @@ from fastlm.model.config import (
     TORCH_COMPILE_MODE,
     ModelConfig,
     choices_help,
+    default_precision,
     stores_bf16_weights,
 )
 from fastlm.model.options import ModelOptions
@@ -195,7 +196,7 @@ class TrainConfig(ModelOptions):
         """A copy with the device-dependent defaults filled in (preset, precision, compile)."""
         defaults = {
             "preset": "small" if gpu else "tiny",
-            "precision": "bf16" if gpu else "fp32",
+            "precision": default_precision(gpu),
             "compile": "compile" if gpu else "eager",
         }
         return dataclasses.replace(self, **{k: getattr(self, k) or v for k, v in defaults.items()})

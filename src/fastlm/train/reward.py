@@ -30,6 +30,7 @@ import torch
 
 from fastlm.data.tokenizer import load_tokenizer
 from fastlm.losses import ranking_loss
+from fastlm.model.config import default_precision
 from fastlm.model.precision import param_groups, precision_context
 from fastlm.model.transformer import RewardModel
 from fastlm.optim.schedule import warmup_cosine_lr
@@ -138,7 +139,7 @@ def train(config: RewardConfig) -> dict:
     """Train and save the reward model (``config`` checked: `check`); returns {"losses" (per step),
     "eval" ([step, accuracy] pairs)}."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    precision = config.precision or ("bf16" if device.type == "cuda" else "fp32")
+    precision = config.precision or default_precision(device.type == "cuda")
     rankings = read_rankings(config.data, config.context)
     order = np.random.default_rng(config.seed).permutation(len(rankings))
     held = min(max(1, round(config.held_out * len(rankings))), len(rankings) - 1)
