@@ -5,6 +5,8 @@ the interpreter on documents of a few dozen tokens; the `gpu` tests repeat the c
 lengths of thousands of tokens, and check that one document runs exactly as the dense kernels do.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -117,7 +119,20 @@ def test_more_documents_than_one_lookup_chunk(device):
     check_varlen(packed_kernels(cu_q, cu_k, True, None), q, k, v, cu_q, cu_k, True)
 
 
-def test_documents_never_see_each_other(device):
+@pytest.mark.parametrize("q_lengths,k_lengths,causal,window", [CASES[0], CASES[2], CASES[5]])
+def test_forward_through_descriptors_gives_the_pointer_forwards_bits(q_lengths, k_lengths, causal, window, device):
+    """Descriptors made per document and head (the sm90 forward at head dim 128) give the pointer
+    loads' bits: documents shorter than a tile, empty ones on either side, queries without keys."""
+    (q, k, v), cu_q, cu_k = make_packed(q_lengths, k_lengths or q_lengths, 4, 2, 16, torch.float32, device)
+    outputs = [
+        packed_kernels(cu_q, cu_k, causal, window, dataclasses.replace(SMALL_TILES, forward_descriptors=tma))(q, k, v)
+        for tma in (True, False)
+    ]
+    assert torch.equal(*outputs)
+
+
+@pytest.mark.parametrize("descriptors", [False, True], ids=["pointers", "descriptors"])
+def test_documents_never_see_each_other(descriptors, device):
     """NaN in every input row of one document (as 0 * NaN it would reach any row whose program
     loads it) leaves the other documents' outputs and gradients exact: each program loads its own
     document's rows only, also where documents share a tile of the packed tensors."""
@@ -128,7 +143,8 @@ def test_documents_never_see_each_other(device):
         t[13:33] = float("nan")
     poisoned = [t.requires_grad_(True) for t in poisoned]
     grad_out = torch.randn(q.shape, device=device)
-    out = packed_kernels(cu, cu, True, None, SMALL_TILES)(*poisoned)
+    config = dataclasses.replace(SMALL_TILES, forward_descriptors=descriptors)
+    out = packed_kernels(cu, cu, True, None, config)(*poisoned)
     got = (out, *torch.autograd.grad(out, poisoned, grad_out))
     doubles = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
     ref = flash_attention_varlen_ref(*doubles, cu, cu, 20, 20, causal=True)

@@ -29,8 +29,8 @@ class AttentionConfig:
     forward: AttentionTiles  # _flash_forward_kernel
     dkdv: AttentionTiles  # _flash_backward_dkdv_kernel
     dq: AttentionTiles  # _flash_backward_dq_kernel (which also forms Dlt)
-    # the forward's tiles through TMA descriptors where the inputs allow (dense, aligned rows, a head
-    # dim that is a power of two: launchers._descriptors_fit), else through pointers
+    # the forward's tiles through TMA descriptors where the inputs allow (aligned rows, a head dim
+    # that is a power of two: launchers._descriptors_fit), else through pointers
     forward_descriptors: bool = False
 
 

@@ -87,23 +87,39 @@ def _store_tile(ptrs, tile, rows, n_rows, HEAD_DIM: tl.constexpr, BLOCK_D: tl.co
 
 
 @triton.jit
-def _packed_tile(slot, CU_SEQLENS, num_docs, BLOCK: tl.constexpr):
-    """(document, first row of the tile within it) of tile ``slot`` of a packed grid.
+def _packed_tile(slot, CU_SEQLENS, CU_SEQLENS_OTHER, num_docs, BLOCK: tl.constexpr):
+    """(z, first, first_other, n_rows, n_other, start) of tile ``slot`` of a packed grid: its
+    document, the document's first row and length on each side, and the tile's first row in it.
 
     Document d's tiles take the slots from T_d = cu_seqlens[d] // BLOCK + d on. T_d increases with
     d and T_{d+1} - T_d >= cdiv(len_d, BLOCK), so total // BLOCK + docs slots hold every tile with
     at most one spare slot per document, and a slot's document is the number of T_d <= slot, minus
-    one: a count over the cumulative lengths, DOC_CHUNK at a time, instead of a search. A spare slot
-    gets a first row >= its document's length.
+    one: a count over the cumulative lengths, DOC_CHUNK at a time, instead of a search. The same
+    pass reads the document's bounds on both sides, as cumulative lengths never fall: its first
+    rows are the largest bounds among the documents counted, its ends the smallest among the rest
+    (d = docs included, whose T_d exceeds every slot). So a program waits for one round of loads
+    before its first tile, not two. A spare slot gets a first row >= its document's length.
     """
     count = 0
-    for start in range(0, num_docs, DOC_CHUNK):
-        docs = start + tl.arange(0, DOC_CHUNK)
-        inside = docs < num_docs
-        first_slots = tl.load(CU_SEQLENS + docs, mask=inside, other=0) // BLOCK + docs
-        count += tl.sum((inside & (first_slots <= slot)).to(tl.int32), 0)
+    first = 0
+    first_other = 0
+    end = 2147483647
+    end_other = 2147483647
+    for chunk in range(0, num_docs + 1, DOC_CHUNK):
+        docs = chunk + tl.arange(0, DOC_CHUNK)
+        inside = docs <= num_docs
+        bounds = tl.load(CU_SEQLENS + docs, mask=inside, other=0)
+        bounds_other = tl.load(CU_SEQLENS_OTHER + docs, mask=inside, other=0)
+        counted = bounds // BLOCK + docs <= slot  # the slot's document and those before it
+        later = inside & ~counted
+        counted = inside & counted
+        count += tl.sum(counted.to(tl.int32), 0)
+        first = tl.maximum(first, tl.max(tl.where(counted, bounds, 0), 0))
+        first_other = tl.maximum(first_other, tl.max(tl.where(counted, bounds_other, 0), 0))
+        end = tl.minimum(end, tl.min(tl.where(later, bounds, 2147483647), 0))
+        end_other = tl.minimum(end_other, tl.min(tl.where(later, bounds_other, 2147483647), 0))
     doc = count - 1
-    return doc, (slot - tl.load(CU_SEQLENS + doc) // BLOCK - doc) * BLOCK
+    return doc, first, first_other, end - first, end_other - first_other, (slot - first // BLOCK - doc) * BLOCK
 
 
 @triton.jit
@@ -122,11 +138,7 @@ def _locate(
     ``start`` (the tile's first row) is >= n_rows on a packed grid's spare slots.
     """
     if VARLEN:
-        z, start = _packed_tile(pid, CU_SEQLENS, num_docs, BLOCK)
-        first = tl.load(CU_SEQLENS + z)
-        first_other = tl.load(CU_SEQLENS_OTHER + z)
-        n_rows = tl.load(CU_SEQLENS + z + 1) - first
-        n_other = tl.load(CU_SEQLENS_OTHER + z + 1) - first_other
+        z, first, first_other, n_rows, n_other, start = _packed_tile(pid, CU_SEQLENS, CU_SEQLENS_OTHER, num_docs, BLOCK)
         first, first_other = first.to(tl.int64), first_other.to(tl.int64)
     else:
         z, start = tl.program_id(2), pid * BLOCK
@@ -230,7 +242,7 @@ def _flash_forward_kernel(
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    TMA: tl.constexpr,  # dense, HEAD_DIM == BLOCK_D, 16-byte aligned rows (launchers._descriptors_fit)
+    TMA: tl.constexpr,  # HEAD_DIM == BLOCK_D, 16-byte aligned rows (launchers._descriptors_fit)
 ):  # fmt: skip
     """One program per (query tile, head, batch entry); grid (cdiv(M, BLOCK_M), H, Z), packed
     (total_q // BLOCK_M + docs, H, 1).
@@ -239,8 +251,10 @@ def _flash_forward_kernel(
     starting the longest programs first keeps the GPU busy to the end of the grid.
 
     TMA: Q, K, V and O move through tensor descriptors that each program makes over its head's
-    (rows, D) rows (Hopper's TMA engine; the descriptors live in a global scratch of 128 bytes each
-    per program) instead of pointer tiles; the same arithmetic. Faster at D=128 on sm90
+    (rows, D) rows, packed: its document's (Hopper's TMA engine; the descriptors live in a global
+    scratch of 128 bytes each per program) instead of pointer tiles; the same arithmetic. Rows past
+    the descriptor's end load as zeros and are not stored, so no tile reads or writes another
+    document's rows. Faster at D=128 on sm90
     (docs/notes/attention.md, section 15), slower at D=64, so the tile tables choose it.
     """
     qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E  # scores in log2 units; fp64 under torch.compile

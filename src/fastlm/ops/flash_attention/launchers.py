@@ -84,10 +84,10 @@ def _mask(causal: bool, window: tuple[int, int], queries: int, keys: int) -> tup
 
 
 def _descriptors_fit(*tensors: torch.Tensor) -> bool:
-    """Whether TMA descriptors can cover these dense tensors' (rows, D) per head: unit stride along
-    D, every other stride and the first element 16-byte aligned (a tensor of a trace, which has no
-    address, by its storage offset: torch's allocators align storages, and Inductor copies inputs
-    that are not)."""
+    """Whether TMA descriptors can cover these tensors' (rows, D) per head (packed: per document and
+    head): unit stride along D, every other stride and the first element 16-byte aligned (a tensor
+    of a trace, which has no address, by its storage offset: torch's allocators align storages, and
+    Inductor copies inputs that are not)."""
     for t in tensors:
         size = t.element_size()
         if t.stride(-1) != 1 or any(stride * size % 16 for stride in t.stride()[:-1]):
@@ -136,7 +136,7 @@ def _launch_forward(
     block_d = padded_head_dim(D)
     # o is this function's own allocation (`empty_token_major`: strides multiples of D, an aligned
     # storage), so only the inputs need the check, per call
-    tma = config.forward_descriptors and not packed and D == block_d and _descriptors_fit(q, k, v)
+    tma = config.forward_descriptors and D == block_d and _descriptors_fit(q, k, v)
     # A launch from here (eager, or the triton_op run by a backend other than Inductor) takes the
     # descriptors' scratch from the allocator in Triton's context variable, which only
     # `triton.set_allocator` sets publicly and for good: set for this launch only, so a user's own
