@@ -152,12 +152,22 @@ def test_functional_3d_4d_scale_and_noncontiguous(device):
     q, k, v = (torch.randn(2, 50, 3, 32, device=device).transpose(1, 2).requires_grad_(True) for _ in range(3))
     assert not q.is_contiguous()
     check_attention(lambda *a: fastlm.flash_attention(*a, causal=True, scale=0.3), q, k, v, True, scale=0.3)
-    # the output and gradients in (B, N, H, D) memory whatever the inputs' layout (here strided and
-    # contiguous, with grouped heads): the model's transpose back to (B, N, H * D) is a view
-    for inputs in ((q, k, v), make_qkv(2, 4, 2, 50, 50, 32, torch.float32, device)):
+    # the output in (B, N, H, D) memory whatever the inputs' layout: the model's transpose back to
+    # (B, N, H * D) is a view; the gradients contiguous where their inputs are (dk and dv where k and
+    # v both are), so leaves take them without a copy, else token-major
+    contiguous = make_qkv(2, 4, 2, 50, 50, 32, torch.float32, device)
+    token_major = [torch.randn(2, 50, h, 32, device=device).transpose(1, 2).requires_grad_(True) for h in (4, 2)]
+    for inputs, laid_out in (
+        ((q, k, v), (False, False, False)),
+        (contiguous, (True, True, True)),
+        ((token_major[0], *contiguous[1:]), (False, True, True)),
+        ((contiguous[0], token_major[1], contiguous[2]), (True, False, False)),
+    ):
         out = fastlm.flash_attention(*inputs, causal=True)
+        assert out.transpose(1, 2).is_contiguous()
         grads = torch.autograd.grad(out, inputs, torch.randn_like(out))
-        assert all(t.transpose(1, 2).is_contiguous() for t in (out, *grads))
+        for grad, contiguous_grad in zip(grads, laid_out, strict=True):
+            assert grad.is_contiguous() if contiguous_grad else grad.transpose(1, 2).is_contiguous()
     q3, k3, v3 = (torch.randn(3, 40, 16, device=device, requires_grad=True) for _ in range(3))
     check_attention(lambda *a: fastlm.flash_attention(*a), q3, k3, v3, False)
 

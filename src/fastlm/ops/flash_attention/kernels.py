@@ -501,13 +501,14 @@ def _flash_backward_dq_kernel(
     DO,  # its gradient, q's shape, any strides
     LSE,  # L of the forward, fp32, LSE's layout in the forward
     DELTA,  # Dlt = rowsum(dO * O), fp32, laid out as LSE, written for the dK/dV kernel launched next
-    DQ,  # q's shape, laid out as Out, written
+    DQ,  # q's shape, written
     CU_SEQLENS_Q, CU_SEQLENS_K,  # as in the forward
     stride_qz, stride_qh, stride_qm, stride_qd,
     stride_kz, stride_kh, stride_kn, stride_kd,
     stride_vz, stride_vh, stride_vn, stride_vd,
     stride_dz, stride_dh, stride_dm, stride_dd,
-    stride_oz, stride_oh, stride_om,  # Out's and DQ's (unit stride along D)
+    stride_oz, stride_oh, stride_om,  # Out's (unit stride along D)
+    stride_gz, stride_gh, stride_gm,  # DQ's (unit stride along D)
     stride_lz, stride_lh,  # LSE's and DELTA's
     H, GROUP, M, N, num_docs,
     sm_scale,  # c
@@ -575,4 +576,5 @@ def _flash_backward_dq_kernel(
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
                    offs_m, full_end, end, N, lowest, highest, qk_scale,
                    True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip
-    _store_tile(DQ + out, (dq * sm_scale).to(DQ.dtype.element_ty), offs_m, M, HEAD_DIM, BLOCK_D)
+    grad = z * stride_gz + h * stride_gh + q0 * stride_gm + offs_m[:, None] * stride_gm + offs_d[None, :]
+    _store_tile(DQ + grad, (dq * sm_scale).to(DQ.dtype.element_ty), offs_m, M, HEAD_DIM, BLOCK_D)

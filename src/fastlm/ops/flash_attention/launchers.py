@@ -24,7 +24,7 @@ from fastlm.ops.flash_attention.kernels import (
     _flash_backward_dq_kernel,
     _flash_forward_kernel,
 )
-from fastlm.ops.flash_attention.layout import empty_like_output, empty_token_major
+from fastlm.ops.flash_attention.layout import contiguous_gradients, empty_result, empty_token_major
 from fastlm.ops.flash_attention.masks import UNBOUNDED, window_bounds
 from fastlm.ops.launch import launcher
 
@@ -197,13 +197,13 @@ def _launch_backward(
     traced: bool = False,
 ):
     """Gradients (dq, dk, dv) in the inputs' dtype, from the forward's O (`kernel_ready_output`) and
-    L (contiguous, as the forward makes it); dq laid out as O (the dQ kernel indexes both with O's
-    strides), dk `empty_token_major`, dv as dk (one set of strides for both). Two launches: dQ
-    (which stores Dlt), then dK/dV."""
+    L (contiguous, as the forward makes it), laid out by `contiguous_gradients`: dq by q, dk and dv by k
+    and v together (one set of strides for both). Two launches: dQ (which stores Dlt), then dK/dV."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
     packed = cu_seqlens_q is not None
-    dq = empty_like_output(o, q.dtype)
-    dk, dv = empty_token_major(k), empty_token_major(k, v.dtype)
+    dq_contiguous, dkv_contiguous = contiguous_gradients(q, k, v)
+    dq = empty_result(q, dq_contiguous)
+    dk, dv = empty_result(k, dkv_contiguous), empty_result(k, dkv_contiguous, v.dtype)
     if Z * H * M == 0 or N == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
@@ -232,6 +232,7 @@ def _launch_backward(
         dq,
         *inputs,
         *strides(o)[:3],
+        *strides(dq)[:3],
         *rows,
         H,
         H // Hkv,

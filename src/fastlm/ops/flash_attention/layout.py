@@ -1,10 +1,19 @@
-"""The memory layout of attention's results: 4-D ones token-major, whatever the inputs' layout.
+"""The memory layout of attention's results.
 
-The model (and the Hugging Face patch) hands attention (B, H, N, D) views of (B, N, H, D)
-projections and reads its output back as (B, N, H * D) for the output projection. A result laid
-out contiguous as (B, H, N, D) makes that transpose a copy each way (2 bytes per element read and
-written in bf16); in (B, N, H, D) memory it is a view, as with SDPA's output. The kernels and the
-tiled twin return the same layouts, so what torch.compile's traced run reports is what runs.
+The output is token-major whatever the inputs' layout: the model (and the Hugging Face patch) hands
+attention (B, H, N, D) views of (B, N, H, D) projections and reads its output back as (B, N, H * D)
+for the output projection. A result laid out contiguous as (B, H, N, D) makes that transpose a copy
+each way (2 bytes per element read and written in bf16); in (B, N, H, D) memory it is a view, as
+with SDPA's output.
+
+The gradients are contiguous where their inputs are (dK and dV, which the kernel writes with one set
+of strides, where k and v both are), else token-major: a contiguous leaf (a benchmark's inputs, a
+user's own tensors) then takes its gradient without a copy (autograd copies a gradient whose strides
+differ from its leaf's), and the model's views get the layout that makes their way back to the
+projections a view.
+
+The kernels and the tiled twin return the same layouts, so what torch.compile's traced run reports
+is what runs.
 """
 
 from __future__ import annotations
@@ -28,17 +37,23 @@ def empty_token_major(t: torch.Tensor, dtype: torch.dtype | None = None) -> torc
     return torch.empty((z, rows, heads, d), dtype=dtype, device=t.device).transpose(1, 2)
 
 
-def empty_like_output(o: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Uninitialized, with the strides of an O from `kernel_ready_output` (contiguous or
-    token-major): dQ, which the dQ kernel indexes with O's strides."""
-    if o.is_contiguous():
-        return torch.empty(o.shape, dtype=dtype, device=o.device)
-    return empty_token_major(o, dtype)
+def contiguous_gradients(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[bool, bool]:
+    """Whether dq, and dk with dv, are laid out contiguous (else token-major): where q, and k and v
+    both, are."""
+    return q.is_contiguous(), k.is_contiguous() and v.is_contiguous()
+
+
+def empty_result(t: torch.Tensor, contiguous: bool, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Uninitialized, ``t``'s shape: contiguous, or `empty_token_major`; also from ``torch.empty``."""
+    if contiguous:
+        return torch.empty(t.shape, dtype=dtype or t.dtype, device=t.device)
+    return empty_token_major(t, dtype)
 
 
 def kernel_ready_output(o: torch.Tensor) -> torch.Tensor:
-    """O for the backward, whose dQ takes O's strides: as the forward made it (token-major or
-    contiguous), else a contiguous copy (an O with gaps, overlaps or strided D)."""
+    """O for the backward, which reads it through its strides in rows of unit stride along D: as
+    the forward made it (token-major, or contiguous from an older caller), else a contiguous copy
+    (an O with gaps, overlaps or strided D)."""
     if o.is_contiguous() or (o.dim() == 4 and o.transpose(1, 2).is_contiguous()):
         return o
     return o.contiguous()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fastlm.ops.flash_attention.layout import empty_token_major
+from fastlm.ops.flash_attention.layout import contiguous_gradients, empty_result
 from fastlm.ops.flash_attention.masks import UNBOUNDED, visible, window_bounds
 
 TORCH_TILE = 32  # tile edge of FlashAttentionTorch
@@ -96,14 +96,14 @@ def _batched(t: torch.Tensor, packed: bool) -> torch.Tensor:
     return t.unsqueeze(1) if t.dim() == 3 else t
 
 
-def _unbatched(t: torch.Tensor, like: torch.Tensor, packed: bool) -> torch.Tensor:
-    """`_batched` undone for a result of ``like``'s shape, laid out as the launchers' results
-    (`empty_token_major`)."""
+def _unbatched(t: torch.Tensor, like: torch.Tensor, packed: bool, contiguous: bool = False) -> torch.Tensor:
+    """`_batched` undone for a result of ``like``'s shape, laid out as the launchers' results (4-D:
+    `empty_result`, token-major unless ``contiguous``)."""
     if packed:
         return t[0].transpose(0, 1).contiguous()
     if like.dim() == 3:
         return t.squeeze(1)  # (Z, 1, rows, D) contiguous: already row-major
-    return empty_token_major(t).copy_(t)
+    return empty_result(t, contiguous).copy_(t)
 
 
 def _forward_tiles(q, k, v, mask: _Mask, scale: float, tile: int):
@@ -198,5 +198,10 @@ def _tiled_backward(
     q4, k4, v4, do4, o4 = (_batched(t, packed) for t in (q, k, v, grad_out, o))
     lse4 = lse.unsqueeze(0) if packed else lse.unsqueeze(1) if q.dim() == 3 else lse
     mask = _Mask(q4.shape[2], k4.shape[2], causal, window, q.device, cu_seqlens_q, cu_seqlens_k)
-    grads = _backward_tiles(do4, q4, k4, v4, o4, lse4, mask, scale, tile)
-    return tuple(_unbatched(g, t, packed) for g, t in zip(grads, (q, k, v), strict=True))
+    dq, dk, dv = _backward_tiles(do4, q4, k4, v4, o4, lse4, mask, scale, tile)
+    dq_contiguous, dkv_contiguous = contiguous_gradients(q, k, v)
+    return (
+        _unbatched(dq, q, packed, dq_contiguous),
+        _unbatched(dk, k, packed, dkv_contiguous),
+        _unbatched(dv, v, packed, dkv_contiguous),
+    )
