@@ -285,7 +285,7 @@ def test_gpu_matches_reference(dim, dtype, causal, window, cross):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("length", [4096, 1031])  # above SHORT_SEQ (long-sequence tiles) and below
-@pytest.mark.parametrize("head_dim", [128, 64])  # 64 has short-sequence tiles of its own, 128 has not
+@pytest.mark.parametrize("head_dim", [128, 64])  # both have short-sequence tiles of their own
 def test_gpu_one_document_runs_as_dense(length, head_dim):
     """One packed document gives the dense kernels' bits: same tiles, same order of every sum."""
     (q, k, v), cu, _ = make_packed([length], [length], 8, 2, head_dim, torch.bfloat16, "cuda")

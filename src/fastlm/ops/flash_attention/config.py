@@ -66,11 +66,14 @@ SM90_TILES = {
 # same dK/dV and dQ tiles; benchmarks/results/attention_tuning_h100.jsonl). At 8 x 12 heads x 2048
 # tokens (the training shape of the small preset) the same sweep picked these dK/dV tiles too (the
 # backward 6% faster than with the long-sequence ones) and dQ tiles within 2% of these; wider grids
-# at 2048 keys (more batch entries or heads) were not measured. Entries it lacks fall back to
-# SM90_TILES.
+# at 2048 keys (more batch entries or heads) were not measured. At head dim 128 the forward's and
+# dK/dV's tiles are the fastest of `tune_attention.py --packed` on an H100 over documents of median
+# length 512 (attention_tuning_packed_h100.jsonl), the dQ tiles the long-sequence ones, which it
+# kept. Entries it lacks fall back to SM90_TILES.
 SHORT_SEQ = 2048
 SM90_SHORT_TILES = {
     (64, 2): _entry((64, 64, 4, 3), (32, 64, 4, 3), (64, 32, 4, 3)),
+    (128, 2): _entry((64, 64, 4, 3), (32, 64, 4, 3), (128, 64, 8, 3), forward_descriptors=True),
 }
 # Tables by compute capability, (long, short). Other GPUs, and 0 (the interpreter, where tiles only
 # set which masking paths the tests exercise), take the sm90 tiles: no other architecture was measured.
