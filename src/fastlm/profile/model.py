@@ -80,6 +80,7 @@ class PhaseProfile:
     trace: Path
     plain_ms: float  # median step, no ranges, no profiler
     annotated_ms: float  # median step with the named ranges on, no profiler
+    plain_spread_percent: float  # range of the plain rounds' medians, % of plain_ms
     after_ms: float  # median step after the profiler stopped
 
     def range_ms_per_step(self, name: str) -> float:
@@ -90,15 +91,18 @@ class PhaseProfile:
         return merge(*self.summary.values())
 
 
-def overhead_timings(step: Callable[[], None], device: torch.device, steps: int) -> tuple[float, float]:
+def overhead_timings(step: Callable[[], None], device: torch.device, steps: int) -> tuple[float, float, float]:
     """Median ms of plain steps and of steps with the named ranges on (no profiler), interleaved so
-    that drift in clocks or host load hits both alike."""
-    plain, annotated = [], []
+    that drift in clocks or host load hits both alike, and the plain steps' spread: the range of
+    their rounds' medians in % of their median, below which a measured cost is noise."""
+    rounds, annotated = [], []
     for _ in range(OVERHEAD_ROUNDS):
-        plain += time_steps(step, 0, steps, device)
+        rounds.append(time_steps(step, 0, steps, device))
         with annotations():
             annotated += time_steps(step, 0, steps, device)
-    return statistics.median(plain), statistics.median(annotated)
+    plain = statistics.median(ms for one_round in rounds for ms in one_round)
+    medians = [statistics.median(one_round) for one_round in rounds]
+    return plain, statistics.median(annotated), 100 * (max(medians) - min(medians)) / plain
 
 
 def profile_steps(step: Callable[[], None], phase: str, steps: int, device: torch.device, trace_dir: Path):
@@ -158,6 +162,7 @@ def record(profile: PhaseProfile, config: ModelConfig, preset: str, batch: int, 
             "category_shares": category_shares(whole),
             "attention_stages": attention_stages(profile, config, batch) if config.attention == "naive" else None,
             "plain_ms": profile.plain_ms,
+            "plain_spread_percent": profile.plain_spread_percent,
             "annotated_overhead_percent": _overhead_percent(profile, "annotated_ms"),
             "after_profiler_overhead_percent": _overhead_percent(profile, "after_ms"),
         }
@@ -302,6 +307,7 @@ def render(profiles: list[PhaseProfile], records: list[dict]) -> str:
                 {
                     "phase": r["phase"],
                     "plain": r["plain_ms"],
+                    "spread": r["plain_spread_percent"],
                     "annotated": r["annotated_overhead_percent"],
                     "after": r["after_profiler_overhead_percent"],
                 }
@@ -310,10 +316,16 @@ def render(profiles: list[PhaseProfile], records: list[dict]) -> str:
             [
                 ("phase", "phase"),
                 ("plain", "plain step ms (median)"),
+                ("spread", "plain rounds' spread, %"),
                 ("annotated", "ranges on, % slower"),
                 ("after", "after the profiler, % slower"),
             ],
         )
     )
-    lines += ["", "Chrome traces: " + ", ".join(f"`{p.trace}`" for p in profiles)]
+    lines += [
+        "",
+        "A cost smaller than the plain rounds' spread is noise (negative ones too: those steps ran faster by chance).",
+        "",
+        "Chrome traces: " + ", ".join(f"`{p.trace}`" for p in profiles),
+    ]
     return "\n".join(lines)
