@@ -27,6 +27,17 @@ def test_measure_after_setup_excludes_setup():
     assert timing.median_ms < 5  # the 10 ms setup is not counted
 
 
+def test_measure_after_setup_on_a_cpu_stops_at_its_time_budget():
+    """Slow CPU reps stop once 5 of them took REP_MS, not after all 40."""
+    import time
+
+    from fastlm.harness.timing import REP_MS
+
+    calls = []
+    measure_after_setup(lambda: None, lambda _: (calls.append(1), time.sleep(REP_MS / 4e3)), torch.device("cpu"))
+    assert len(calls) == 3 + 5  # warm-up, then the 5 reps that fill the budget
+
+
 def test_graph_replay_needs_cuda():
     with pytest.raises(ValueError, match="CUDA"):
         measure_graph_replay(lambda: None, torch.device("cpu"))
