@@ -69,7 +69,9 @@ SM90_TILES = {
 # at 2048 keys (more batch entries or heads) were not measured. At head dim 128 the forward's and
 # dK/dV's tiles are the fastest of `tune_attention.py --packed` on an H100 over documents of median
 # length 512 (attention_tuning_packed_h100.jsonl), the dQ tiles the long-sequence ones, which it
-# kept. Entries it lacks fall back to SM90_TILES.
+# kept; against the long-sequence entry at 32 x 16 x 1024 and 8 x 16 x 2048 they took 4-12% less
+# time (benchmarks/ab_attention.py tiles, attention_tiles_ab.jsonl). Entries it lacks fall back to
+# SM90_TILES.
 SHORT_SEQ = 2048
 SM90_SHORT_TILES = {
     (64, 2): _entry((64, 64, 4, 3), (32, 64, 4, 3), (64, 32, 4, 3)),

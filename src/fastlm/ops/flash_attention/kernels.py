@@ -254,8 +254,8 @@ def _flash_forward_kernel(
     (rows, D) rows, packed: its document's (Hopper's TMA engine; the descriptors live in a global
     scratch of 128 bytes each per program) instead of pointer tiles; the same arithmetic. Rows past
     the descriptor's end load as zeros and are not stored, so no tile reads or writes another
-    document's rows. Faster at D=128 on sm90
-    (docs/notes/attention.md, section 15), slower at D=64, so the tile tables choose it.
+    document's rows. Faster at D=128 on sm90 (docs/notes/attention.md, section 15), slower at D=64,
+    so the tile tables choose it.
     """
     qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E  # scores in log2 units; fp64 under torch.compile
     z, q0, k0, M, N, start_m = _locate(

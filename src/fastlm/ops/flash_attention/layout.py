@@ -52,8 +52,8 @@ def empty_result(t: torch.Tensor, contiguous: bool, dtype: torch.dtype | None = 
 
 def kernel_ready_output(o: torch.Tensor) -> torch.Tensor:
     """O for the backward, which reads it through its strides in rows of unit stride along D: as
-    the forward made it (token-major, or contiguous from an older caller), else a contiguous copy
-    (an O with gaps, overlaps or strided D)."""
+    the forward made it (token-major 4-D, contiguous 3-D or packed), else a contiguous copy (an O
+    that the op's caller changed: gaps, overlaps or strided D)."""
     if o.is_contiguous() or (o.dim() == 4 and o.transpose(1, 2).is_contiguous()):
         return o
     return o.contiguous()
