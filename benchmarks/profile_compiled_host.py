@@ -20,7 +20,7 @@ import torch
 
 from fastlm.harness.steps import Row, make_optimizer, make_step, time_steps
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.model.config import TORCH_COMPILE_MODE
+from fastlm.settings import TORCH_COMPILE_MODE
 
 # First match wins: the path fragment of a function's file names its owner.
 OWNERS = (

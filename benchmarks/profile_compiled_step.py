@@ -34,8 +34,8 @@ from torch.profiler import ProfilerActivity, profile
 from fastlm.bench.distributed.timeline import gpu_timeline
 from fastlm.harness.steps import Row, make_optimizer, make_step, time_steps
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.model.config import TORCH_COMPILE_MODE
 from fastlm.optim import AdamW
+from fastlm.settings import TORCH_COMPILE_MODE
 from fastlm.utils.records import append_records, with_environment
 
 # The optimizer of each step: PyTorch's fused AdamW (what `fastlm bench model` uses), fastlm's, or

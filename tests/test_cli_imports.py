@@ -100,11 +100,11 @@ def test_training_imports_nothing_of_the_benchmark_framework(corpus_data, tmp_pa
 
 
 def test_import_fastlm_is_light_and_reaches_its_subpackages():
-    """`import fastlm` loads no torch; fastlm.nn, fastlm.optim and fastlm.model are attributes
-    after it, as the docs use them (`import torch, fastlm` then `fastlm.nn.RMSNorm`)."""
+    """`import fastlm` loads no torch; fastlm.layers, fastlm.optim and fastlm.model are attributes
+    after it, as the docs use them (`import torch, fastlm` then `fastlm.layers.RMSNorm`)."""
     code = (
         "import sys, fastlm; light = 'torch' not in sys.modules; "
-        "print(light, fastlm.nn.RMSNorm.__name__, fastlm.optim.AdamW.__name__, fastlm.model.TransformerLM.__name__)"
+        "print(light, fastlm.layers.RMSNorm.__name__, fastlm.optim.AdamW.__name__, fastlm.model.TransformerLM.__name__)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

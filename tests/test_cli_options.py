@@ -8,7 +8,7 @@ import pytest
 
 import fastlm
 from fastlm.cli import build_parser
-from fastlm.model.config import COMPILE_MEANINGS, COMPILE_MODES, PRECISION_MEANINGS, PRECISIONS
+from fastlm.settings import COMPILE_MEANINGS, COMPILE_MODES, PRECISION_MEANINGS, PRECISIONS
 
 VOCABULARIES = {"--precision": (PRECISIONS, PRECISION_MEANINGS), "--compile": (COMPILE_MODES, COMPILE_MEANINGS)}
 

@@ -1,6 +1,6 @@
 """fastlm: fused Triton kernels, a switchable Transformer LM, benchmarks and napkin math.
 
-The public functional API lives here; ``fastlm.nn`` has thin module wrappers. Each function's op
+The public functional API lives here; ``fastlm.layers`` has the modules built on it. Each function's op
 module (and with it torch and Triton) is imported on first use, so `import fastlm` and the command
 line's help and cost models start fast.
 """
@@ -26,8 +26,8 @@ _EXPORTS = {
     "sequence_logprobs": "fastlm.losses",
     "swiglu": "fastlm.ops.swiglu",
 }
-# Subpackages the docs reach as attributes after `import fastlm` (fastlm.nn.RMSNorm, fastlm.optim.AdamW)
-_SUBPACKAGES = ("nn", "optim", "model")
+# Subpackages the docs reach as attributes after `import fastlm` (fastlm.layers.RMSNorm, fastlm.optim.AdamW)
+_SUBPACKAGES = ("layers", "optim", "model")
 __all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
 

@@ -62,7 +62,8 @@ def _train_record_step(record: dict) -> TrainStep | None:
     )
     if not covered:
         return None
-    model = ModelConfig(**_dimensions(config)).with_kernels(config["kernels"])
+    # runs recorded before the MLP switch ran PyTorch's SwiGLU with either kernel set
+    model = ModelConfig(**_dimensions(config)).with_kernels(config["kernels"], mlp=config.get("mlp", "torch"))
     world = config["world_size"]
     bucket_mb = float(argv[argv.index("--bucket-mb") + 1]) if "--bucket-mb" in argv else DEFAULT_BUCKET_MB["fsdp"]
     return TrainStep(
@@ -87,9 +88,11 @@ def _bench_record_step(record: dict) -> TrainStep | None:
     )
     if not covered:
         return None
-    switches = {name: record[name] for name in ("attention", "norm", "loss")}
+    switches = {name: record.get(name, "torch") for name in ("attention", "norm", "mlp", "loss")}
     return TrainStep(
-        ModelConfig(**_dimensions(record), **switches), micro_batch=record["batch"], compile=record["compile"]
+        ModelConfig(**_dimensions(record)).with_kernels(**switches),
+        micro_batch=record["batch"],
+        compile=record["compile"],
     )
 
 
@@ -120,7 +123,7 @@ def test_the_calibration_covers_every_parallel_mode_and_compile_mode():
     assert len(steps) >= 60
     assert {s.parallel for s in steps} == {"none", "ddp", "fsdp"}
     assert {s.compile for s in steps} == {"eager", "compile"}
-    assert {s.config.loss for s in steps} == {"torch", "fastlm"} and any(s.accumulation > 1 for s in steps)
+    assert {s.config.kernels.loss for s in steps} == {"torch", "fastlm"} and any(s.accumulation > 1 for s in steps)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,7 +198,9 @@ def test_activations_grow_with_the_micro_batch_and_eager_saves_more():
     eager = _terms(TrainStep(SMALL, micro_batch=2, compile="eager"))["saved activations"]
     assert eager.forward_to_backward == 32 * 2 * (34 * 64 + 8 * 128 + 4 * 4 + 8)
     fused = _terms(TrainStep(SMALL.with_kernels("fastlm"), micro_batch=2, compile="eager"))["saved activations"]
-    assert fused.forward_to_backward == 32 * 2 * (22 * 64 + 8 * 128 + 4 * 4 + 8)
+    assert fused.forward_to_backward == 32 * 2 * (22 * 64 + 6 * 128 + 4 * 4 + 8)  # the fused SwiGLU saves 2 F less
+    plain_mlp = TrainStep(SMALL.with_kernels("fastlm", mlp="torch"), micro_batch=2, compile="eager")
+    assert _terms(plain_mlp)["saved activations"].forward_to_backward == 32 * 2 * (22 * 64 + 8 * 128 + 4 * 4 + 8)
 
 
 def test_accumulation_holds_gradients_through_the_forward():
@@ -238,7 +243,7 @@ def test_configurations_the_model_does_not_cover_are_refused():
     with pytest.raises(ValueError, match="gpus must be 1"):
         TrainStep(SMALL, gpus=2)
     with pytest.raises(ValueError, match="attention naive"):
-        TrainStep(dataclasses.replace(SMALL, attention="naive"))
+        TrainStep(SMALL.with_kernels(attention="naive"))
     with pytest.raises(ValueError, match="parallel must be one of"):
         TrainStep(SMALL, parallel="bucketed")
 

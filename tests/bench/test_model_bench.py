@@ -81,7 +81,7 @@ def test_each_mode_measures_and_trains_only_in_train(mode):
 def test_bf16_weights_rows_store_matmul_weights_in_bf16_for_the_round(monkeypatch):
     """A bf16-weights row steps with bf16 matmul weights (fp32 masters in fastlm's AdamW when it
     trains); the next row finds its model in fp32 again."""
-    from fastlm.model.transformer import linear_weights
+    from fastlm.layers.linear import linear_weights
 
     seen = []  # per round: the dtypes of the matmul weights and their gradients while it steps
     real_make_step = model_bench.make_step
@@ -106,8 +106,8 @@ def test_bf16_weights_rows_store_matmul_weights_in_bf16_for_the_round(monkeypatc
 
 def test_bf16_weights_optimizer_keeps_fp32_masters():
     from fastlm.harness.steps import make_optimizer, weights_stored_for
+    from fastlm.layers.linear import linear_weights
     from fastlm.model import TransformerLM
-    from fastlm.model.transformer import linear_weights
     from fastlm.optim import AdamW
 
     model = TransformerLM(TINY)
@@ -294,7 +294,7 @@ def test_models_are_built_and_compiled_once_across_rounds(monkeypatch):
         return real_compile(model, mode=mode, backend="eager", **kwargs)
 
     def recording_model(config):
-        builds.append(config.attention)
+        builds.append(config.kernels.attention)
         return real_model(config)
 
     monkeypatch.setattr(torch, "compile", recording_compile)

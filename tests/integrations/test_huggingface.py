@@ -13,7 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from fastlm.integrations import huggingface  # noqa: E402
+import fastlm.layers  # noqa: E402
 from fastlm.integrations.huggingface import (  # noqa: E402
     FAMILIES,
     apply_fastlm,
@@ -21,6 +21,7 @@ from fastlm.integrations.huggingface import (  # noqa: E402
     mask_function,
     revert_fastlm,
 )
+from fastlm.integrations.huggingface import attention as hf_attention  # noqa: E402
 
 CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
 VOCAB = 300
@@ -32,6 +33,15 @@ OPS = {
     "rope": "rotary_embedding",
     "mlp": "swiglu",
     "loss": "linear_cross_entropy",
+}
+# the fastlm.layers module each op is called from
+OP_LAYERS = {
+    "flash_attention": "attention",
+    "flash_attention_varlen": "attention",
+    "rms_norm": "norms",
+    "rotary_embedding": "rotary",
+    "swiglu": "mlp",
+    "linear_cross_entropy": "loss",
 }
 
 
@@ -93,7 +103,7 @@ def instance_forwards(model) -> list[str]:
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
     """Each test sees the one-time fallback warnings afresh."""
-    monkeypatch.setattr(huggingface, "_warned_fallbacks", set())
+    monkeypatch.setattr(hf_attention, "_warned_fallbacks", set())
 
 
 @pytest.fixture
@@ -102,7 +112,7 @@ def op_calls(monkeypatch):
     counts = dict.fromkeys([*OPS.values(), "flash_attention_varlen"], 0)
 
     def counting(name):
-        op = getattr(huggingface, name)
+        op = getattr(getattr(fastlm.layers, OP_LAYERS[name]), name)
 
         def call(*args, **kwargs):
             counts[name] += 1
@@ -111,7 +121,7 @@ def op_calls(monkeypatch):
         return call
 
     for name in counts:
-        monkeypatch.setattr(huggingface, name, counting(name))
+        monkeypatch.setattr(getattr(fastlm.layers, OP_LAYERS[name]), name, counting(name))
     return counts
 
 
@@ -355,6 +365,18 @@ def test_weights_the_kernels_do_not_take_and_non_bool_switches_are_errors():
     assert instance_forwards(model) == []
     with pytest.raises(TypeError, match="attention must be True or False, got 'no'"):
         apply_fastlm(tiny_model("llama"), attention="no")
+    with pytest.raises(TypeError, match="norm must be True, False, 'auto', 'fastlm' or 'torch', got 'apex'"):
+        apply_fastlm(tiny_model("llama"), norm="apex")
+
+
+def test_fastlm_switch_values_run_the_kernels_while_compiling_and_torch_leaves_them_out(op_calls):
+    """norm="fastlm" keeps the kernel under torch.compile (True, "auto", gives way to transformers'
+    code there); mlp="torch" is False: the MLPs keep their forward."""
+    model = apply_fastlm(tiny_model("llama"), norm="fastlm", rope=True, mlp="torch")
+    torch._dynamo.reset()
+    torch.compile(model, backend="eager", fullgraph=True)(input_ids=tokens())  # traced: fast
+    assert op_calls["rms_norm"] == 2 * 2 + 1 and op_calls["rotary_embedding"] == 0 and op_calls["swiglu"] == 0
+    assert not any("mlp" in name for name in instance_forwards(model))
 
 
 @pytest.mark.parametrize(

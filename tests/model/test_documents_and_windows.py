@@ -45,7 +45,7 @@ def test_cu_seqlens_starts_at_every_boundary_and_every_row_and_pads_to_a_power_o
 
 @pytest.mark.parametrize("attention", ATTENTION)
 def test_packed_documents_equal_the_documents_run_alone(attention):
-    config = dataclasses.replace(TINY, attention=attention)
+    config = TINY.with_kernels(attention=attention)
     model = TransformerLM(config)
     tokens, documents = packed_rows([[5, 1, 10], [7, 9]])
     bounds = torch.from_numpy(cu_seqlens(tokens.numpy(), BOUNDARY))
@@ -62,7 +62,7 @@ def test_packed_documents_equal_the_documents_run_alone(attention):
 def test_a_window_sees_only_the_last_keys_and_global_layers_see_all(attention):
     """The windowed model's logits depend on no token more than (window - 1) x layers back."""
     window = 3
-    config = dataclasses.replace(TINY, attention=attention, window=window)
+    config = dataclasses.replace(TINY.with_kernels(attention=attention), window=window)
     model = TransformerLM(config)
     tokens = torch.randint(0, 60, (1, 16))
     reach = (window - 1) * config.num_layers  # how far back a token's influence can travel
@@ -82,8 +82,8 @@ def test_kernels_agree_with_naive_attention_on_windows_and_documents(attention, 
     """Documents, a window and a global layer together: loss and gradients as the naive masks give
     (also through the fused masked softmax, which takes them as an additive mask)."""
     config = dataclasses.replace(TINY, num_layers=3, window=4, global_every=3)
-    reference = TransformerLM(dataclasses.replace(config, attention="naive"))
-    model = TransformerLM(dataclasses.replace(config, attention=attention, softmax=softmax))
+    reference = TransformerLM(config.with_kernels(attention="naive"))
+    model = TransformerLM(config.with_kernels(attention=attention, softmax=softmax))
     model.load_state_dict(reference.state_dict())
     tokens, _ = packed_rows([[9, 12, 3], [2, 20, 2]], seed=1)
     targets = torch.randint(0, 60, tokens.shape)
@@ -145,8 +145,8 @@ def test_gpu_fastlm_documents_and_windows_match_sdpa_in_bf16():
         "tiny", d_model=256, d_ff=704, num_heads=4, num_layers=3, vocab_size=512, context_length=256, window=48
     )
     config = dataclasses.replace(config, global_every=3)
-    reference = TransformerLM(dataclasses.replace(config, attention="sdpa")).cuda()
-    model = TransformerLM(dataclasses.replace(config, attention="fastlm")).cuda()
+    reference = TransformerLM(config.with_kernels(attention="sdpa")).cuda()
+    model = TransformerLM(config.with_kernels(attention="fastlm")).cuda()
     model.load_state_dict(reference.state_dict())
     generator = np.random.default_rng(0)
     rows = generator.integers(0, 511, (4, 256))
@@ -171,6 +171,6 @@ def test_masks_are_built_once_per_window_and_required_by_the_torch_kernels():
     masks = model.attention_masks(bounds, *tokens.shape, tokens.device)
     assert set(masks) == {4, None} and masks[4].shape == (2, 1, 24, 24)  # one per window, every layer shares it
     assert model.attention_masks(None, *tokens.shape, tokens.device)[None] is None  # global and one document
-    assert TransformerLM(dataclasses.replace(TINY, attention="fastlm")).attention_masks(bounds, 2, 24, "cpu") is None
+    assert TransformerLM(TINY.with_kernels(attention="fastlm")).attention_masks(bounds, 2, 24, "cpu") is None
     with pytest.raises(ValueError, match="as a mask"):
         model.blocks[0](torch.randn(2, 24, config.d_model), bounds)

@@ -2,14 +2,15 @@
 
 import contextlib
 import dataclasses
+import importlib
 import math
 
 import pytest
 import torch
 
 from fastlm.analysis.model import flops_per_token
+from fastlm.layers import Linear, RotaryEmbedding
 from fastlm.model import PRESETS, ModelConfig, TransformerLM
-from fastlm.model.transformer import Linear, RotaryEmbedding
 
 TINY = ModelConfig.preset("tiny", vocab_size=97, context_length=32)
 KERNEL_COMBINATIONS = [
@@ -78,7 +79,7 @@ def test_initialization_statistics():
 
 @pytest.mark.parametrize("attention", ["naive", "sdpa", "fastlm"])
 def test_changing_a_future_token_leaves_earlier_logits_unchanged(attention):
-    model = TransformerLM(dataclasses.replace(TINY, attention=attention))
+    model = TransformerLM(TINY.with_kernels(attention=attention))
     x = tokens(1, 20)
     changed = x.clone()
     changed[0, 12] = (x[0, 12] + 1) % TINY.vocab_size
@@ -118,21 +119,21 @@ def test_a_model_cast_to_another_dtype_keeps_its_rope(dtype):
     losses = []
     for rope in ("torch", "fastlm"):
         torch.manual_seed(0)
-        losses.append(TransformerLM(dataclasses.replace(TINY, rope=rope)).to(dtype)(x, x))
+        losses.append(TransformerLM(TINY.with_kernels(rope=rope)).to(dtype)(x, x))
     torch.testing.assert_close(losses[1], losses[0], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("rope", ["fastlm", "auto"])
 def test_rope_switch_gives_the_same_loss_and_gradients(rope):
     reference = TransformerLM(TINY)
-    model = TransformerLM(dataclasses.replace(TINY.with_kernels("fastlm"), rope=rope))
+    model = TransformerLM(TINY.with_kernels("fastlm", rope=rope))
     assert_same_loss_and_gradients(model, reference, tokens(), tokens(), (1e-5, 1e-5), (1e-4, 1e-5))
 
 
 @pytest.mark.parametrize(("attention", "norm", "loss", "softmax"), KERNEL_COMBINATIONS)
 def test_kernel_switches_give_the_same_loss_and_gradients(attention, norm, loss, softmax):
     reference = TransformerLM(TINY)
-    model = TransformerLM(dataclasses.replace(TINY, attention=attention, norm=norm, loss=loss, softmax=softmax))
+    model = TransformerLM(TINY.with_kernels(attention=attention, norm=norm, loss=loss, softmax=softmax))
     assert_same_loss_and_gradients(model, reference, tokens(), tokens(), (1e-5, 1e-5), (1e-4, 1e-5))
 
 
@@ -141,7 +142,7 @@ def test_fastlm_kernels_compile_to_one_graph_with_the_same_loss_and_gradients(at
     # every fastlm op traced by torch.compile (on CPU through the ops' PyTorch path), under autocast
     # so the norms write bf16 for the Linear layers that follow
     reference = TransformerLM(TINY)
-    model = TransformerLM(dataclasses.replace(TINY.with_kernels("fastlm"), attention=attention, norm=norm))
+    model = TransformerLM(TINY.with_kernels("fastlm", attention=attention, norm=norm))
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     x, y = tokens(), tokens()
@@ -149,41 +150,41 @@ def test_fastlm_kernels_compile_to_one_graph_with_the_same_loss_and_gradients(at
 
 
 def test_fastlm_kernel_set_fuses_the_softmax_too():
-    assert TINY.with_kernels("fastlm").softmax == "fastlm" and TINY.with_kernels("torch").softmax == "torch"
+    fastlm, torch_set = TINY.with_kernels("fastlm").kernels, TINY.with_kernels("torch").kernels
+    assert fastlm.softmax == "fastlm" and torch_set.softmax == "torch"
+    assert fastlm.mlp == "auto" and torch_set.mlp == "torch"
 
 
-def test_auto_norms_run_the_kernel_in_eager_mode_and_torch_ops_when_compiled(monkeypatch):
-    from fastlm.model import transformer
-
+@pytest.mark.parametrize(
+    ("switch", "module", "function", "per_forward"),
+    [
+        ("norm", "norms", "rms_norm", 2 * TINY.num_layers + 1),  # two per block and the final norm
+        ("rope", "rotary", "rotary_embedding", TINY.num_layers),  # q and k of each block in one call
+        ("mlp", "mlp", "swiglu", TINY.num_layers),
+    ],
+)
+def test_auto_switches_run_the_kernel_in_eager_mode_and_torch_ops_when_compiled(
+    monkeypatch, switch, module, function, per_forward
+):
+    layer_module = importlib.import_module(f"fastlm.layers.{module}")
     calls = []
-    real_rms_norm = transformer.rms_norm
-    monkeypatch.setattr(
-        transformer, "rms_norm", lambda *args, **kwargs: calls.append(1) or real_rms_norm(*args, **kwargs)
-    )
-    model = TransformerLM(dataclasses.replace(TINY, norm="auto"))
+    real = getattr(layer_module, function)
+    monkeypatch.setattr(layer_module, function, lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    model = TransformerLM(TINY.with_kernels(**{switch: "auto"}))
     x = tokens()
     model(x)
-    assert len(calls) == 2 * TINY.num_layers + 1  # two per block and the final norm
+    assert len(calls) == per_forward
     calls.clear()
     torch._dynamo.reset()
     torch.compile(model, backend="eager", fullgraph=True)(x)  # traced, not generated: fast
     assert calls == []
 
 
-def test_auto_rope_runs_the_kernel_in_eager_mode_and_torch_ops_when_compiled(monkeypatch):
-    from fastlm.model import transformer
-
-    calls = []
-    real = transformer.rotary_embedding
-    monkeypatch.setattr(transformer, "rotary_embedding", lambda *args: calls.append(1) or real(*args))
-    model = TransformerLM(dataclasses.replace(TINY, rope="auto"))
-    x = tokens()
-    model(x)
-    assert len(calls) == TINY.num_layers  # q and k of each block in one call
-    calls.clear()
-    torch._dynamo.reset()
-    torch.compile(model, backend="eager", fullgraph=True)(x)
-    assert calls == []
+@pytest.mark.parametrize("mlp", ["fastlm", "auto"])
+def test_mlp_switch_gives_the_same_loss_and_gradients(mlp):
+    reference = TransformerLM(TINY)
+    model = TransformerLM(TINY.with_kernels(mlp=mlp))
+    assert_same_loss_and_gradients(model, reference, tokens(), tokens(), (1e-5, 1e-5), (1e-4, 1e-5))
 
 
 @pytest.mark.parametrize("loss", ["torch", "fastlm"])
@@ -191,7 +192,7 @@ def test_fused_loss_never_materializes_the_logits(loss):
     """loss="fastlm" computes the LM head's matmul inside fastlm.linear_cross_entropy, chunk by
     chunk: the head module never runs (no (B, N, V) logits) when targets are given; without targets
     it returns the logits either way."""
-    model = TransformerLM(dataclasses.replace(TINY, loss=loss))
+    model = TransformerLM(TINY.with_kernels(loss=loss))
     head_calls = []
     model.lm_head.register_forward_hook(lambda module, args, output: head_calls.append(output.shape))
     x = tokens(2, 8)
@@ -220,14 +221,29 @@ def test_a_few_training_steps_reduce_the_loss():
     [
         ({"d_model": 65}, "divisible by num_heads"),
         ({"d_model": 12, "num_heads": 4}, "must be even for RoPE"),
-        ({"attention": "flash"}, "attention must be one of naive, sdpa, fastlm"),
-        ({"norm": "apex"}, "norm must be one of"),
         ({"vocab_size": 0}, "vocab_size must be a positive integer"),
     ],
 )
 def test_bad_configs_raise_one_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(TINY, **overrides)
+
+
+@pytest.mark.parametrize(
+    ("switches", "message"),
+    [
+        ({"attention": "flash"}, "attention must be one of naive, sdpa, fastlm"),
+        ({"norm": "apex"}, "norm must be one of"),
+        ({"mlp": "liger"}, "mlp must be one of torch, fastlm, auto"),
+    ],
+)
+def test_bad_kernel_switches_raise_one_clear_error(switches, message):
+    with pytest.raises(ValueError, match=message):
+        TINY.with_kernels(**switches)
+    with pytest.raises(ValueError, match="kernels must be one of torch, fastlm"):
+        TINY.with_kernels("liger")
+    with pytest.raises(TypeError, match="kernels must be a fastlm.settings.Kernels"):
+        dataclasses.replace(TINY, kernels="fastlm")
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -276,7 +292,7 @@ def test_gpu_fastlm_kernels_compile_to_one_graph():
 def test_bf16_loss_parity_with_fastlm_kernels_on_gpu(attention):
     config = GPU_CONFIG
     reference = TransformerLM(config).cuda()
-    model = TransformerLM(dataclasses.replace(config, attention=attention, norm="fastlm", loss="fastlm")).cuda()
+    model = TransformerLM(config.with_kernels(attention=attention, norm="fastlm", loss="fastlm")).cuda()
     x, y = tokens(4, 256, 5000).cuda(), tokens(4, 256, 5000).cuda()
     assert_same_loss_and_gradients(model, reference, x, y, (2e-3, 2e-3), (5e-2, 5e-3), bf16=True)
 
@@ -284,8 +300,8 @@ def test_bf16_loss_parity_with_fastlm_kernels_on_gpu(attention):
 @pytest.mark.parametrize("attention", ["sdpa", "fastlm"])
 def test_recompute_gives_the_same_loss_and_gradients(attention):
     """Activation checkpointing runs each block's forward again in backward: the same numbers."""
-    reference = TransformerLM(dataclasses.replace(TINY, attention=attention))
-    model = TransformerLM(dataclasses.replace(TINY, attention=attention, recompute=True))
+    reference = TransformerLM(TINY.with_kernels(attention=attention))
+    model = TransformerLM(dataclasses.replace(TINY.with_kernels(attention=attention), recompute=True))
     calls = []
     model.blocks[0].register_forward_pre_hook(lambda *_: calls.append(1))
     x = tokens(2, 16)

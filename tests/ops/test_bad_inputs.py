@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fastlm
-from fastlm.nn import CrossEntropyLoss, LayerNorm, LinearCrossEntropyLoss, RMSNorm
+from fastlm.layers import CrossEntropyLoss, LayerNorm, LinearCrossEntropyLoss, RMSNorm
 from fastlm.ops.cross_entropy import cross_entropy_backward, cross_entropy_forward
 from fastlm.ops.flash_attention import FlashAttentionTorch, FlashAttentionTriton
 from fastlm.ops.rotary import rotary_embedding

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import fastlm
-from fastlm.nn import CrossEntropyLoss
+from fastlm.layers import CrossEntropyLoss
 from fastlm.ops import cross_entropy as ce
 from fastlm.ops.common import cdiv, device_arch, multiprocessors
 from fastlm.ops.cross_entropy import (

@@ -282,14 +282,14 @@ def _check_gpu_bf16(kind, rows, width, config=None):
 
 
 def test_modules_match_torch():
-    import fastlm.nn
+    import fastlm.layers
 
     x = torch.randn(3, 24)
-    torch.testing.assert_close(fastlm.nn.LayerNorm(24)(x), torch.nn.LayerNorm(24)(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fastlm.layers.LayerNorm(24)(x), torch.nn.LayerNorm(24)(x), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(
-        fastlm.nn.RMSNorm(24, eps=1e-6)(x), torch.nn.RMSNorm(24, eps=1e-6)(x), rtol=1e-5, atol=1e-5
+        fastlm.layers.RMSNorm(24, eps=1e-6)(x), torch.nn.RMSNorm(24, eps=1e-6)(x), rtol=1e-5, atol=1e-5
     )
-    assert fastlm.nn.LayerNorm(24, bias=False).bias is None
+    assert fastlm.layers.LayerNorm(24, bias=False).bias is None
 
 
 @pytest.mark.parametrize("kind", ["layer", "rms"])

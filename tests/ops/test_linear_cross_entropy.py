@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import fastlm
-from fastlm.nn import LinearCrossEntropyLoss
+from fastlm.layers import LinearCrossEntropyLoss
 from fastlm.ops import linear_cross_entropy as lce
 from fastlm.ops.linear_cross_entropy import (
     CHUNK_ROW_MULTIPLE,

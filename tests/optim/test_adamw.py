@@ -447,8 +447,8 @@ def test_bf16_matmul_weights_train_as_autocast_does():
     """A model whose matmul weights AdamW stores in bf16 (fp32 masters) trains, under bf16 autocast,
     to the same losses as the same model with fp32 weights and torch's AdamW: autocast rounds fp32
     weights to the same bf16 values, and the weight gradients are the same bf16 products."""
+    from fastlm.layers.linear import linear_weights
     from fastlm.model import ModelConfig, TransformerLM
-    from fastlm.model.transformer import linear_weights
 
     torch.manual_seed(0)
     config = ModelConfig.preset("tiny")

@@ -12,8 +12,8 @@ import torch
 
 from fastlm import checkpoint
 from fastlm.data.tokens import EpochOrder, Windows
+from fastlm.layers.linear import linear_weights
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.model.transformer import linear_weights
 from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.train import loop, memory_fit
 from fastlm.train.config import TrainConfig

@@ -43,8 +43,9 @@ Assumptions, all of them:
       2 x 2d); silu(gate) is a fourth F tensor; SDPA's output is o_proj's input as a view:
       34d + 8F + 4H + 8;
     eager, fused norm (kernels fastlm): each norm keeps its input and its bf16 output (2 x 6d);
-      flash attention's output is copied for o_proj (2 x 2d); 8F as above: 22d + 8F + 4H + 8.
-      Other mixes of --norm and --attention add up the same parts.
+      flash attention's output is copied for o_proj (2 x 2d); the fused SwiGLU saves gate and up
+      only (its backward recomputes silu): 22d + 6F + 4H + 8.
+      Other mixes of --norm, --attention and --mlp add up the same parts.
 - autocast's bf16 copies of the fp32 weights are saved for the backward: 2 P_mm for the blocks
   under none and ddp (fsdp gathers them in bf16 already), 2 V d for the LM head with the torch loss
   (fastlm's fused loss takes its gradients in the forward and drops its copy).
@@ -137,9 +138,9 @@ class TrainStep:
             raise ValueError(f"reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}, got {self.reduce_dtype!r}")
         if self.reduce_dtype != "fp32" and self.parallel == "none":
             raise ValueError("parallel none averages no gradients: reduce_dtype must stay fp32")
-        if self.config.attention == "naive":
+        if self.config.kernels.attention == "naive":
             raise ValueError("attention naive materializes the scores, not counted here: use sdpa or fastlm")
-        if self.config.window is not None and self.config.attention != "fastlm":
+        if self.config.window is not None and self.config.kernels.attention != "fastlm":
             raise ValueError("window needs attention fastlm: sdpa takes sliding windows as masks, not counted here")
 
     @property
@@ -249,9 +250,11 @@ def block_activations(config: ModelConfig, compiled: bool) -> tuple[int, str]:
     d, f, h = config.d_model, config.d_ff, config.num_heads
     if compiled:
         return 22 * d + 6 * f + 4 * h + 8, "22d + 6F + 4H + 8"
-    fused_norm = config.norm != "torch"  # fastlm, or auto: the fused kernel in eager mode
-    k = (12 if fused_norm else 26) + 6 + 2 + (2 if config.attention == "fastlm" else 0)
-    return k * d + 8 * f + 4 * h + 8, f"{k}d + 8F + 4H + 8"
+    kernels = config.kernels  # fastlm or auto: the fused kernel in eager mode
+    k = (12 if kernels.norm != "torch" else 26) + 6 + 2 + (2 if kernels.attention == "fastlm" else 0)
+    # the MLP's bf16 (T, F) tensors: gate and up, and the product w2 reads; PyTorch's silu(gate) too
+    mlp = 6 if kernels.mlp != "torch" else 8
+    return k * d + mlp * f + 4 * h + 8, f"{k}d + {mlp}F + 4H + 8"
 
 
 def head_activations(step: TrainStep) -> tuple[int, str]:
@@ -259,8 +262,8 @@ def head_activations(step: TrainStep) -> tuple[int, str]:
     config, t = step.config, step.tokens
     d, v = config.d_model, config.vocab_size
     compiled = step.compiled_root
-    norm_d = 6 if compiled or config.norm != "torch" else 10
-    if config.loss == "torch":
+    norm_d = 6 if compiled or config.kernels.norm != "torch" else 10
+    if config.kernels.loss == "torch":
         per_class = 4 if compiled else 12
         return t * (norm_d * d + per_class * v), f"T ({norm_d}d + {per_class}V)"
     chunk = min(t * BF16 * v, LINEAR_XENT_CHUNK_BYTES)
@@ -289,7 +292,7 @@ def memory_terms(step: TrainStep) -> MemoryPrediction:
     if accumulating and fsdp:
         terms.append(Term("unsharded fp32 gradients between micro-batches", "4 P", FP32 * p, 0))
     block_copies = 0 if fsdp or config.recompute else BF16 * block_matmul_parameters(config)
-    head_copy = BF16 * v * d if config.loss == "torch" else 0
+    head_copy = BF16 * v * d if config.kernels.loss == "torch" else 0
     if block_copies or head_copy:
         formula = " + ".join(f for f, n_bytes in (("2 P_mm", block_copies), ("2 V d", head_copy)) if n_bytes)
         terms.append(Term("autocast's bf16 weight copies", formula, block_copies + head_copy, 0))
@@ -306,7 +309,7 @@ def memory_terms(step: TrainStep) -> MemoryPrediction:
         saved = t * config.num_layers * per_block
         terms.append(Term("saved activations", f"T L ({block_formula})", saved, 0))
     head, head_formula = head_activations(step)
-    terms.append(Term(f"LM head and {config.loss} loss", head_formula, head, 0))
+    terms.append(Term(f"LM head and {config.kernels.loss} loss", head_formula, head, 0))
     return MemoryPrediction(tuple(terms))
 
 
@@ -375,7 +378,7 @@ def _describe(step: TrainStep, name: str) -> str:
         extras.append(f"{step.bucket_mb:g} MB units")
     if step.reduce_dtype != "fp32":
         extras.append(f"gradients averaged in {step.reduce_dtype}")
-    kernels = f"attention {config.attention}, norm {config.norm}, loss {config.loss}"
+    kernels = ", ".join(f"{name} {value}" for name, value in config.kernels.as_dict().items() if name != "softmax")
     return f"{name} · {config.num_parameters():,} parameters · {mode} · {batch} · " + ", ".join(
         [*extras, step.compile, "bf16", kernels]
     )

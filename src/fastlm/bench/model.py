@@ -43,7 +43,7 @@ from fastlm.devices import current_device_name, spec_for_device_name
 from fastlm.harness.benchmark import Benchmark, Implementation, Measured, Run, failure_status
 from fastlm.harness.steps import LossFn, Row, make_optimizer, make_step, time_steps, weights_stored_for
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.model.config import COMPILE_MODES, TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
+from fastlm.settings import COMPILE_MODES, TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.utils.errors import is_out_of_memory
 from fastlm.utils.host_memory import check_fits_host, host_budget
 from fastlm.utils.records import read_records, with_environment
@@ -367,7 +367,7 @@ def measure_rounds(
                 "op": "model",
                 "implementation": subject.implementation.name,
                 "preset": subject.preset,
-                **dataclasses.asdict(subject.config),
+                **subject.config.record_fields(),
                 "batch": batch,
                 "warmup": warmup,
                 "steps": steps,

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from fastlm.model.config import COMPILE_MEANINGS, COMPILE_MODES, PRECISION_MEANINGS, PRECISIONS, choices_help
+from fastlm.settings import COMPILE_MEANINGS, COMPILE_MODES, PRECISION_MEANINGS, PRECISIONS, choices_help
 from fastlm.utils.options import SEED_LIMIT
 from fastlm.utils.paths import check_writable_folder
 

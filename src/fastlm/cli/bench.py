@@ -38,7 +38,8 @@ from fastlm.cli.arguments import (
 from fastlm.cli.models import add_model_arguments, model_configs
 from fastlm.cli.train import add_kernel_comparison_arguments
 from fastlm.devices import current_device
-from fastlm.model.config import CUDAGRAPHS_NEED_A_GPU, PRESETS, default_precision
+from fastlm.model.config import PRESETS
+from fastlm.settings import CUDAGRAPHS_NEED_A_GPU, default_precision
 from fastlm.utils.errors import UserError
 
 _host_ops = choice_list(HOST_OPS, "op")

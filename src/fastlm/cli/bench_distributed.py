@@ -23,7 +23,8 @@ from fastlm.cli.arguments import (
     positive_int,
 )
 from fastlm.devices import current_device
-from fastlm.model.config import FP32_WEIGHT_PRECISIONS, PRESETS, default_precision
+from fastlm.model.config import PRESETS
+from fastlm.settings import FP32_WEIGHT_PRECISIONS, default_precision
 from fastlm.utils.errors import UserError
 
 

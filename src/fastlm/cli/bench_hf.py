@@ -19,7 +19,7 @@ from fastlm.cli.arguments import (
     positive_int,
 )
 from fastlm.devices import current_device
-from fastlm.model.config import COMPILE_MODES, FP32_WEIGHT_PRECISIONS, default_precision
+from fastlm.settings import COMPILE_MODES, FP32_WEIGHT_PRECISIONS, default_precision
 from fastlm.utils.errors import UserError
 from fastlm.utils.host_memory import ADAMW_STATE_BYTES, check_fits_host
 

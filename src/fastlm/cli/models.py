@@ -5,21 +5,12 @@ presets', and kernel switches. The preset, dimension and context options are the
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from fastlm.cli.arguments import choice_list, positive_int
 from fastlm.devices import current_device
-from fastlm.model.config import (
-    ATTENTION_KERNELS,
-    KERNEL_SETS,
-    LOSS_KERNELS,
-    NORM_KERNELS,
-    PRESETS,
-    ROPE_KERNELS,
-    SOFTMAX_KERNELS,
-    ModelConfig,
-)
+from fastlm.model.config import PRESETS, ModelConfig
 from fastlm.model.options import ModelOptions
+from fastlm.settings import KERNEL_SETS, KERNEL_SETS_HELP, SWITCH_CHOICES
 from fastlm.utils.errors import UserError
 from fastlm.utils.options import add_options, from_namespace
 
@@ -57,25 +48,12 @@ def add_model_arguments(
         "--kernels",
         type=choice_list(KERNEL_SETS, "kernel set"),
         default=("torch",),
-        help=f"{'one of' if single else 'comma list'}: torch (SDPA, PyTorch norm and loss) "
-        f"{'or' if single else 'and/or'} fastlm (fused kernels)",
+        help=f"{'one of' if single else 'comma list of'} {KERNEL_SETS_HELP}",
     )
-    kernel_default = "(default: the kernel set's)"
-    p.add_argument(
-        "--attention",
-        choices=ATTENTION_KERNELS,
-        default=None,
-        help=f"override the attention kernel (default: {attention_default})",
-    )
-    p.add_argument("--norm", choices=NORM_KERNELS, default=None, help=f"override the norm kernel {kernel_default}")
-    p.add_argument("--rope", choices=ROPE_KERNELS, default=None, help=f"override the RoPE kernel {kernel_default}")
-    p.add_argument(
-        "--softmax",
-        choices=SOFTMAX_KERNELS,
-        default=None,
-        help=f"override the softmax kernel of --attention naive {kernel_default}",
-    )
-    p.add_argument("--loss", choices=LOSS_KERNELS, default=None, help=f"override the loss kernel {kernel_default}")
+    for switch, choices in SWITCH_CHOICES.items():  # one option per field of fastlm.settings.Kernels
+        default = attention_default if switch == "attention" else "the kernel set's"
+        what = "the softmax kernel of --attention naive" if switch == "softmax" else f"the {switch} kernel"
+        p.add_argument(f"--{switch}", choices=choices, default=None, help=f"override {what} (default: {default})")
 
 
 def check_heads(d_model: int, heads: int, rope: bool = False) -> None:
@@ -95,9 +73,7 @@ def model_configs(args: argparse.Namespace) -> list[tuple[str, ModelConfig]]:
     dimensions --d-model/--d-ff/--layers/--heads replace is named "custom"."""
     options = from_namespace(ModelOptions, args, preset=None)
     presets = args.preset or ((args.gpu_preset,) if current_device().type == "cuda" else ("tiny",))
-    overrides = {
-        k: getattr(args, k) for k in ("attention", "norm", "rope", "loss", "softmax") if getattr(args, k) is not None
-    }
+    switches = {switch: getattr(args, switch) for switch in SWITCH_CHOICES}
     configs = []
     for preset in presets:
         base = options.model_config(preset, args.vocab)
@@ -106,7 +82,7 @@ def model_configs(args: argparse.Namespace) -> list[tuple[str, ModelConfig]]:
                 configs.append(
                     (
                         "custom" if options.custom else preset,
-                        dataclasses.replace(base.with_kernels(kernels), **overrides),
+                        base.with_kernels(kernels, **switches),
                     )
                 )
             except ValueError as error:

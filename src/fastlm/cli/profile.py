@@ -19,7 +19,8 @@ from fastlm.cli.arguments import (
 )
 from fastlm.cli.models import add_model_arguments, single_model_config
 from fastlm.devices import current_device
-from fastlm.model.config import FP32_WEIGHT_PRECISIONS, ModelConfig, default_precision
+from fastlm.model.config import ModelConfig
+from fastlm.settings import FP32_WEIGHT_PRECISIONS, default_precision
 from fastlm.utils.host_memory import check_fits_host
 from fastlm.utils.progress import progress_steps
 

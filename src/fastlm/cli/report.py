@@ -7,7 +7,8 @@ import argparse
 from fastlm.cli import output
 from fastlm.cli.arguments import add_command, add_out
 from fastlm.devices import current_device
-from fastlm.model.config import ModelConfig, default_precision
+from fastlm.model.config import ModelConfig
+from fastlm.settings import default_precision
 
 CPU_ONLY = (
     "This machine has no GPU, so this is the reduced run: small batch, the tiny model preset, the plain-PyTorch "

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from fastlm.cli.arguments import add_command, choice_list
-from fastlm.model.config import KERNEL_SETS, PRECISION_MEANINGS, PRECISIONS, choices_help
+from fastlm.settings import KERNEL_SETS, PRECISION_MEANINGS, PRECISIONS, choices_help
 from fastlm.train.config import RewardConfig, TrainConfig, add_arguments
 from fastlm.utils.options import add_options, from_namespace
 

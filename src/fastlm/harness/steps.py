@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from fastlm.model.config import stores_bf16_weights
+from fastlm.layers.linear import linear_weights
 from fastlm.model.precision import param_groups, precision_context
-from fastlm.model.transformer import linear_weights
 from fastlm.optim import AdamW
+from fastlm.settings import stores_bf16_weights
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (tokens, targets) -> scalar loss
 

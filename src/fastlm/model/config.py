@@ -3,7 +3,7 @@
 Presets follow the GPT-2 family sizes (small .. xl) and two larger ones, all with vocabulary 10000
 and context 512 unless overridden:
 
-    >>> config = ModelConfig.preset("small", attention="fastlm", loss="fastlm")
+    >>> config = ModelConfig.preset("small").with_kernels(attention="fastlm", loss="fastlm")
     >>> config.num_parameters()
     128625408
 """
@@ -13,58 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-ATTENTION_KERNELS = ("naive", "sdpa", "fastlm")  # materialized softmax | torch SDPA | fastlm.flash_attention
-NORM_KERNELS = ("torch", "fastlm", "auto")  # auto: fastlm eager, PyTorch ops (fused by Inductor) compiled
-ROPE_KERNELS = ("torch", "fastlm", "auto")  # PyTorch ops | fastlm.rotary_embedding | that in eager, ops compiled
-SOFTMAX_KERNELS = ("torch", "fastlm")  # the naive path's mask + softmax: two PyTorch ops | fastlm.masked_softmax
-LOSS_KERNELS = ("torch", "fastlm")  # LM head + F.cross_entropy | fastlm.linear_cross_entropy
-KERNEL_SETS = ("torch", "fastlm")  # what ModelConfig.with_kernels takes: every switch at once
-# How a step runs, for training, the benchmarks and the profilers alike, each mode with its meaning
-# (every command's --compile help is made from these): eager, torch.compile, or
-# torch.compile(mode="reduce-overhead") (CUDA graphs)
-COMPILE_MEANINGS = {
-    "eager": "eager",
-    "compile": "compile (torch.compile)",
-    "cudagraphs": "cudagraphs (torch.compile(mode='reduce-overhead'): CUDA graphs)",
-}
-COMPILE_MODES = tuple(COMPILE_MEANINGS)
-# the one-line refusal of --compile cudagraphs where no GPU is visible (CUDA graphs capture GPU work)
-CUDAGRAPHS_NEED_A_GPU = "--compile cudagraphs needs a GPU (CUDA graphs); without one use --compile compile"
-TORCH_COMPILE_MODE = {"compile": "default", "cudagraphs": "reduce-overhead"}  # torch.compile(mode=...) of each
-# How a step's numbers are stored (fastlm.model.precision says what each means for a step)
-PRECISION_MEANINGS = {
-    "fp32": "fp32",
-    "bf16": "bf16 (torch.autocast over fp32 weights)",
-    "bf16-weights": "bf16-weights (that autocast with the matmul weights stored in bf16 and their fp32 "
-    "masters in fastlm's AdamW)",
-}
-PRECISIONS = tuple(PRECISION_MEANINGS)
-
-
-def default_precision(gpu: bool) -> str:
-    """--precision where none is given: bf16 on a GPU; fp32 on a CPU, where bf16 autocast runs slower
-    (most cores lack bf16 instructions)."""
-    return "bf16" if gpu else "fp32"
-
-
-def choices_help(meanings: dict[str, str], choices) -> str:
-    """ "a, b or c", each choice with its meaning: the help of a --precision or --compile option."""
-    listed = [meanings[choice] for choice in choices]
-    return listed[0] if len(listed) == 1 else f"{', '.join(listed[:-1])} or {listed[-1]}"
-
-
-def autocasts(precision: str) -> bool:
-    """Whether steps of ``precision`` run under bf16 autocast (activations in 16 bits)."""
-    return precision in ("bf16", "bf16-weights")
-
-
-def stores_bf16_weights(precision: str) -> bool:
-    """Whether ``precision`` keeps the matmul weights in bf16, with fp32 masters in the optimizer."""
-    return precision == "bf16-weights"
-
-
-# those of tools that step the model's fp32 weights as they are (the profilers, the data-parallel benchmark)
-FP32_WEIGHT_PRECISIONS = PRECISIONS[:2]
+from fastlm.settings import Kernels
 
 # name -> (d_model, d_ff, num_layers, num_heads)
 PRESET_DIMENSIONS = {
@@ -89,11 +38,7 @@ class ModelConfig:
     context_length: int = 512
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
-    attention: str = "sdpa"
-    norm: str = "torch"
-    rope: str = "torch"
-    loss: str = "torch"
-    softmax: str = "torch"  # used by attention="naive" only
+    kernels: Kernels = Kernels()  # which kernel each layer runs (fastlm.settings)
     # sliding-window attention: each query sees the last ``window`` tokens (itself included) of its
     # document; with global_every = k every k-th layer (k-1, 2k-1, ...) stays global (Gemma 2: 2)
     window: int | None = None
@@ -103,6 +48,8 @@ class ModelConfig:
     recompute: bool = False
 
     def __post_init__(self) -> None:
+        if isinstance(self.kernels, dict):  # the config read back from JSON (dataclasses.asdict's form)
+            object.__setattr__(self, "kernels", Kernels(**self.kernels))
         for name in ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
@@ -117,16 +64,8 @@ class ModelConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads ({self.num_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim = d_model / num_heads must be even for RoPE, got {self.head_dim}")
-        switches = (
-            ("attention", ATTENTION_KERNELS),
-            ("norm", NORM_KERNELS),
-            ("rope", ROPE_KERNELS),
-            ("loss", LOSS_KERNELS),
-            ("softmax", SOFTMAX_KERNELS),
-        )
-        for name, choices in switches:
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+        if not isinstance(self.kernels, Kernels):
+            raise TypeError(f"kernels must be a fastlm.settings.Kernels, got {type(self.kernels).__name__}")
 
     @classmethod
     def preset(cls, name: str, **overrides) -> ModelConfig:
@@ -138,19 +77,16 @@ class ModelConfig:
         dimensions = {"d_model": d_model, "d_ff": d_ff, "num_layers": num_layers, "num_heads": num_heads}
         return cls(**{**dimensions, **overrides})
 
-    def with_kernels(self, kernels: str) -> ModelConfig:
-        """Every switch at once: 'torch' (PyTorch SDPA, norm, RoPE, softmax, loss) or 'fastlm' (fused
-        kernels; the norms and RoPE "auto": under torch.compile Inductor fuses PyTorch's ops into their
-        neighbours, which costs less than any separate kernel)."""
-        if kernels == "torch":
-            return dataclasses.replace(
-                self, attention="sdpa", norm="torch", rope="torch", loss="torch", softmax="torch"
-            )
-        if kernels == "fastlm":
-            return dataclasses.replace(
-                self, attention="fastlm", norm="auto", rope="auto", loss="fastlm", softmax="fastlm"
-            )
-        raise ValueError(f"kernels must be 'torch' or 'fastlm', got {kernels!r}")
+    def with_kernels(self, kernels: str | Kernels | None = None, **switches: str) -> ModelConfig:
+        """This config with other kernels: a kernel set by name ("torch" or "fastlm", `Kernels.named`)
+        or a `Kernels`, then any single switch given (``attention="naive"``) on top of it."""
+        base = self.kernels if kernels is None else Kernels.named(kernels) if isinstance(kernels, str) else kernels
+        return dataclasses.replace(self, kernels=base.replace(**switches))
+
+    def record_fields(self) -> dict:
+        """The config as flat JSON data, the switches beside the dimensions (benchmark records)."""
+        fields = dataclasses.asdict(self)
+        return {**fields, **fields.pop("kernels")}
 
     @property
     def head_dim(self) -> int:

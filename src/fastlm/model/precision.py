@@ -14,8 +14,8 @@ import contextlib
 
 import torch
 
-from fastlm.model.config import autocasts, stores_bf16_weights
-from fastlm.model.transformer import linear_weights
+from fastlm.layers.linear import linear_weights
+from fastlm.settings import autocasts, stores_bf16_weights
 
 
 def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:

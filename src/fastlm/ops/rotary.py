@@ -4,7 +4,7 @@
     out[..., :D/2] = x1 cos_p - x2 sin_p,  out[..., D/2:] = x1 sin_p + x2 cos_p   (x1, x2 the halves)
 
 The "rotate half" pairing (GPT-NeoX, Llama in Hugging Face), computed in fp32 and written in the
-input's dtype, as `fastlm.model.transformer.RotaryEmbedding` does it with PyTorch ops. The
+input's dtype, as `fastlm.layers.RotaryEmbedding` does it with PyTorch ops. The
 backward is the same rotation by -angle (the rotation is orthogonal), so one kernel serves both.
 
 Why a kernel: in eager mode the PyTorch version is about ten ops per tensor forward (casts, halves,

@@ -1,5 +1,5 @@
 """Kernel summaries from a torch.profiler run, like Nsight Systems' "CUDA GPU Kernel Summary", split
-by the named ranges of `fastlm.model.ranges` (forward, backward, optimizer, attention/...).
+by the named ranges of `fastlm.layers.ranges` (forward, backward, optimizer, attention/...).
 
 Attribution: a GPU kernel belongs to the innermost named range whose CPU interval contains the
 moment its launch was issued. Backward kernels are launched from autograd's own thread while the

@@ -171,7 +171,7 @@ def run(
                         {
                             "op": "profile_memory",
                             "preset": preset,
-                            **dataclasses.asdict(config),
+                            **config.record_fields(),
                             "batch": batch,
                             "context": context,
                             "mode": mode,

@@ -2,7 +2,7 @@
 
 For each phase (inference = forward under no_grad; train = forward, backward, AdamW step) the
 model runs `warmup` untraced steps, then `steps` steps under torch.profiler with the named ranges
-of `fastlm.model.ranges` on (forward / backward / optimizer, and inside the naive attention path
+of `fastlm.layers.ranges` on (forward / backward / optimizer, and inside the naive attention path
 attention/scores, mask, softmax, output; they are NVTX ranges too, so `nsys profile fastlm profile
 model` shows the same structure in Nsight Systems). Reported per phase: GPU time per named range,
 the top kernels of each range (Nsight's "CUDA GPU Kernel Summary": name, calls, total, average,
@@ -25,9 +25,9 @@ import torch
 
 from fastlm.analysis.attention import naive_attention_stage_flops
 from fastlm.harness.steps import make_optimizer, time_steps
+from fastlm.layers.ranges import annotate, annotations
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.precision import precision_context
-from fastlm.model.ranges import annotate, annotations
 from fastlm.profile.kernels import OUTSIDE, KernelStats, category_shares, merge, summarize_kernels
 from fastlm.utils.records import append_records, with_environment
 from fastlm.utils.tables import markdown_table
@@ -151,7 +151,7 @@ def record(profile: PhaseProfile, config: ModelConfig, preset: str, batch: int, 
         {
             "op": "profile_model",
             "preset": preset,
-            **dataclasses.asdict(config),
+            **config.record_fields(),
             "batch": batch,
             "precision": precision,
             "phase": profile.phase,
@@ -160,7 +160,9 @@ def record(profile: PhaseProfile, config: ModelConfig, preset: str, batch: int, 
             "range_ms_per_step": {name: profile.range_ms_per_step(name) for name in (*RANGES, OUTSIDE)},
             "step_kernel_ms": sum(s.total_us for s in whole.values()) / 1e3 / profile.steps,
             "category_shares": category_shares(whole),
-            "attention_stages": attention_stages(profile, config, batch) if config.attention == "naive" else None,
+            "attention_stages": attention_stages(profile, config, batch)
+            if config.kernels.attention == "naive"
+            else None,
             "plain_ms": profile.plain_ms,
             "plain_spread_percent": profile.plain_spread_percent,
             "annotated_overhead_percent": _overhead_percent(profile, "annotated_ms"),

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from fastlm import checkpoint
 from fastlm.checkpoint import CheckpointError, ConfigMismatchError, DamagedCheckpointError
-from fastlm.model.config import stores_bf16_weights
+from fastlm.settings import stores_bf16_weights
 from fastlm.train.config import IMPLIED_BY_OLDER_RUNS, NEWEST, OVERRIDABLE, TrainConfig
 from fastlm.train.log import TrainLog, run_files, run_id, set_aside_runs
 from fastlm.utils.errors import UserError

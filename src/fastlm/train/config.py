@@ -22,20 +22,21 @@ from fastlm.distributed.wrappers import (
     ParallelSpec,
     bucket_mb_in_use,
 )
-from fastlm.model.config import (
+from fastlm.model.config import ModelConfig
+from fastlm.model.options import ModelOptions
+from fastlm.settings import (
     COMPILE_MEANINGS,
     COMPILE_MODES,
     FP32_WEIGHT_PRECISIONS,
     KERNEL_SETS,
+    KERNEL_SETS_HELP,
     PRECISION_MEANINGS,
     PRECISIONS,
     TORCH_COMPILE_MODE,
-    ModelConfig,
     choices_help,
     default_precision,
     stores_bf16_weights,
 )
-from fastlm.model.options import ModelOptions
 from fastlm.utils.errors import UserError
 from fastlm.utils.options import add_options, check_limits, option
 
@@ -93,7 +94,7 @@ class TrainConfig(ModelOptions):
     out: Path = option(
         Path("runs/train"), "folder of the run: log.jsonl, loss.png, run.json and checkpoints/", metavar="DIR"
     )
-    kernels: str = option("torch", "torch (SDPA, PyTorch norm and loss) or fastlm (fused kernels)", choices=KERNEL_SETS)
+    kernels: str = option("torch", KERNEL_SETS_HELP, choices=KERNEL_SETS)
     documents: bool = option(
         True,
         "attention stays inside each document of a window (documents start at the data's boundary id); "
@@ -276,8 +277,7 @@ class TrainConfig(ModelOptions):
         """What a resumed run must share with the run that wrote the checkpoint to continue it
         exactly (JSON data; `OVERRIDABLE` names the fields a resumed run may change)."""
         dims = dataclasses.asdict(self.model_config(vocab_size))
-        for switch in ("attention", "norm", "rope", "loss", "softmax"):  # the kernels field says which
-            del dims[switch]
+        del dims["kernels"]  # the kernels field says which
         return {
             "data": data_sha256[:16],
             "tokenizer": tokenizer,

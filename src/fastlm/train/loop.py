@@ -70,12 +70,12 @@ from fastlm.devices import current_device_name
 from fastlm.distributed import ShardedOptimizer
 from fastlm.distributed.wrappers import Wrapped, stack_is_one_unit, wrap
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.model.config import CUDAGRAPHS_NEED_A_GPU, TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.model.materialize import materialize
 from fastlm.model.precision import param_groups, precision_context
 from fastlm.optim import AdamW
 from fastlm.optim.clip import grad_norm
 from fastlm.optim.schedule import warmup_cosine_lr
+from fastlm.settings import CUDAGRAPHS_NEED_A_GPU, TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.train.checkpoint import (
     after_interrupt,
     check_out,

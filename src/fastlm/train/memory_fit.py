@@ -15,7 +15,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from fastlm.model.config import stores_bf16_weights
+from fastlm.settings import stores_bf16_weights
 from fastlm.train.config import TrainConfig
 from fastlm.utils.errors import UserError
 from fastlm.utils.host_memory import ADAMW_STATE_BYTES, check_fits_host

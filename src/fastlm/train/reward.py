@@ -30,10 +30,10 @@ import torch
 
 from fastlm.data.tokenizer import load_tokenizer
 from fastlm.losses import ranking_loss
-from fastlm.model.config import default_precision
 from fastlm.model.precision import param_groups, precision_context
 from fastlm.model.transformer import RewardModel
 from fastlm.optim.schedule import warmup_cosine_lr
+from fastlm.settings import default_precision
 from fastlm.train.config import RewardConfig
 from fastlm.train.log import TrainLog, run_files, set_aside
 from fastlm.train.loop import BETAS

@@ -62,8 +62,8 @@ from fastlm.distributed.launch import spawn
 from fastlm.distributed.sharded_optimizer import ShardedOptimizer
 from fastlm.distributed.wrappers import ParallelSpec, wrap
 from fastlm.harness.benchmark import Measured, Run
+from fastlm.layers.ranges import annotate, annotations
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.model.ranges import annotate, annotations
 from fastlm.utils.progress import print_line
 from fastlm.utils.records import append_records, with_environment
 from fastlm.utils.tables import si_seconds

@@ -188,7 +188,7 @@ class CrossEntropyFusedFunction(torch.autograd.Function):
 
 
 def check_options(ignore_index, reduction, label_smoothing, z_loss, fused, inplace) -> tuple[int, float, float]:
-    """The options of `cross_entropy` (and of `fastlm.nn.CrossEntropyLoss`), one clear error for each
+    """The options of `cross_entropy` (and of `fastlm.layers.CrossEntropyLoss`), one clear error for each
     bad value; returns (ignore_index, label_smoothing, z_loss) as int, float, float."""
     if not (isinstance(reduction, str) and reduction in REDUCTIONS):
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")

@@ -1,18 +1,65 @@
-"""Thin ``nn.Module`` wrappers over fastlm's functional ops; every flag is passed through, and
-checked when the module is made."""
+"""Losses as layers: `LMHeadLoss`, the LM head and the next-token loss with the kernel switch, and the
+module forms of `fastlm.cross_entropy` and `fastlm.linear_cross_entropy` (every option passed
+through, checked when the module is made)."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from fastlm.ops.common import check_flag, check_integer, check_number
+from fastlm.layers.norms import check_kernel
 from fastlm.ops.cross_entropy import check_options, cross_entropy
-from fastlm.ops.layer_norm import layer_norm, rms_norm
 from fastlm.ops.linear_cross_entropy import check_options as check_linear_options
 from fastlm.ops.linear_cross_entropy import linear_cross_entropy
+from fastlm.settings import SWITCH_CHOICES
 
 
-class CrossEntropyLoss(torch.nn.Module):
+def lm_head_loss(
+    hidden: torch.Tensor,
+    head: nn.Module,
+    targets: torch.Tensor,
+    *,
+    kernel: str = "fastlm",
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """cross_entropy(head(hidden), targets) for a linear ``head`` (its ``weight`` (V, d) and
+    ``bias`` (V,) if it has one): hidden (..., d) and targets (...), the leading dims flattened into
+    T tokens. "fastlm" runs `fastlm.linear_cross_entropy`, which computes the head's matmul chunk
+    by chunk and never holds the (T, V) logits (the head's forward does not run); "torch" the head
+    and then `F.cross_entropy`."""
+    if kernel == "fastlm":
+        bias = getattr(head, "bias", None)
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        return linear_cross_entropy(
+            rows, head.weight, targets.reshape(-1), bias, ignore_index=ignore_index, reduction=reduction
+        )
+    logits = head(hidden)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index, reduction=reduction
+    )
+
+
+class LMHeadLoss(nn.Module):
+    """`lm_head_loss` as a module holding its switch and options: ``loss(hidden, head, targets)``.
+    It holds no weight: the model passes its LM head in."""
+
+    def __init__(self, kernel: str = "fastlm", *, ignore_index: int = -100, reduction: str = "mean") -> None:
+        super().__init__()
+        self.kernel = check_kernel(kernel, SWITCH_CHOICES["loss"])
+        self.ignore_index, self.reduction = ignore_index, reduction
+
+    def forward(self, hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor) -> torch.Tensor:
+        return lm_head_loss(
+            hidden, head, targets, kernel=self.kernel, ignore_index=self.ignore_index, reduction=self.reduction
+        )
+
+    def extra_repr(self) -> str:
+        return f"kernel={self.kernel!r}, ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+
+
+class CrossEntropyLoss(nn.Module):
     """Module form of :func:`fastlm.cross_entropy` (same arguments, same semantics)."""
 
     def __init__(
@@ -55,7 +102,7 @@ class CrossEntropyLoss(torch.nn.Module):
         )
 
 
-class LinearCrossEntropyLoss(torch.nn.Module):
+class LinearCrossEntropyLoss(nn.Module):
     """Module form of :func:`fastlm.linear_cross_entropy` (same options): ``loss(hidden, weight,
     targets, bias=None)``. It holds no weight: the LM head that owns it passes it in."""
 
@@ -101,36 +148,3 @@ class LinearCrossEntropyLoss(torch.nn.Module):
             f"ignore_index={self.ignore_index}, reduction={self.reduction!r}, label_smoothing={self.label_smoothing}, "
             f"z_loss={self.z_loss}, softcap={self.softcap}, chunk_rows={self.chunk_rows}"
         )
-
-
-class LayerNorm(torch.nn.Module):
-    """Module form of :func:`fastlm.layer_norm` over the last dim of size ``d`` (weight 1, bias 0)."""
-
-    def __init__(self, d: int, *, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True) -> None:
-        super().__init__()
-        d, self.eps = check_integer("d", d, minimum=0), check_number("eps", eps, 0.0)
-        affine = check_flag("elementwise_affine", elementwise_affine)
-        self.weight = torch.nn.Parameter(torch.ones(d)) if affine else None
-        self.bias = torch.nn.Parameter(torch.zeros(d)) if affine and check_flag("bias", bias) else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return layer_norm(x, self.weight, self.bias, self.eps)
-
-    def extra_repr(self) -> str:
-        return f"eps={self.eps}, weight={self.weight is not None}, bias={self.bias is not None}"
-
-
-class RMSNorm(torch.nn.Module):
-    """Module form of :func:`fastlm.rms_norm` over the last dim of size ``d`` (weight 1)."""
-
-    def __init__(self, d: int, *, eps: float = 1e-5, elementwise_affine: bool = True) -> None:
-        super().__init__()
-        d, self.eps = check_integer("d", d, minimum=0), check_number("eps", eps, 0.0)
-        affine = check_flag("elementwise_affine", elementwise_affine)
-        self.weight = torch.nn.Parameter(torch.ones(d)) if affine else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-    def extra_repr(self) -> str:
-        return f"eps={self.eps}, weight={self.weight is not None}"

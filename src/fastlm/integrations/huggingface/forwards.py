@@ -1,0 +1,201 @@
+"""The forwards `apply_fastlm` binds to a patched model's own modules, each running a fastlm layer's
+path where the layers' rule runs its kernel and the forward it replaced everywhere else.
+
+``switch`` (bound per module when the patch is applied) is the `fastlm.settings.Kernels` value of
+the module's switch: "auto" (the kernel in eager mode, transformers' PyTorch code while
+torch.compile traces, which Inductor fuses into the kernels around it) or "fastlm" (always).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from fastlm.integrations.huggingface.attention import PLAIN_CAUSAL
+from fastlm.layers.loss import lm_head_loss
+from fastlm.layers.mlp import swiglu_mlp
+from fastlm.layers.norms import fused_rms_norm
+from fastlm.layers.rotary import rotate
+from fastlm.layers.rules import runs_kernel
+
+
+def base_model_forward(self, *args, **kwargs):
+    """The base model (LlamaModel, ...), its attention calls told what their mask is when it was
+    given no attention mask (`PLAIN_CAUSAL`): causal, within any sliding window, and within the
+    packed sequences that restarting position ids mark, handed on as cu_seq_lens_q/k as
+    `DataCollatorWithFlattening` hands them (`_packed_sequences`). Lets the kernels run where
+    transformers builds a mask only reading its data could show to be causal (packing, and every
+    call while torch.compile traces)."""
+    if len(args) > 1 or kwargs.get("attention_mask") is not None:
+        return original_forward(self, *args, **kwargs)
+    positions = kwargs.get("position_ids")
+    if positions is not None and kwargs.get("cu_seq_lens_q") is None:
+        if torch.compiler.is_compiling() or not _looks_for_packing(self, kwargs):
+            return original_forward(self, *args, **kwargs)  # transformers' mask says what positions mean
+        inputs = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        kwargs.update(_packed_sequences(positions, positions.shape[0] if inputs is None else inputs.shape[0]))
+    kwargs[PLAIN_CAUSAL] = True
+    return original_forward(self, *args, **kwargs)
+
+
+def _looks_for_packing(model, kwargs) -> bool:
+    """Whether transformers reads packed sequences from the position ids of this call: only without
+    a cache (Trainer's use_cache=False), as `create_causal_mask` does."""
+    use_cache = kwargs.get("use_cache")
+    use_cache = model.config.use_cache if use_cache is None else use_cache
+    cache = kwargs.get("past_key_values", kwargs.get("cache"))
+    return cache is None and not use_cache
+
+
+def _packed_sequences(position_ids: torch.Tensor, batch: int) -> dict:
+    """cu_seq_lens_q/k and max_length_q/k of the packed sequences of ``batch`` rows of position ids
+    (1 or batch, N): a sequence starts at each row's first token and where a position is not its
+    predecessor's + 1, and never spans two rows (transformers' rule); {} where every row is one
+    sequence. Reads the positions: one wait for the GPU per forward, in eager mode only."""
+    positions = position_ids.expand(batch, -1)
+    starts = positions[:, 1:] - positions[:, :-1] != 1  # (B, N - 1)
+    if not starts.any():
+        return {}
+    first = torch.ones(batch, 1, dtype=torch.bool, device=positions.device)
+    edges = [*torch.nonzero(torch.cat((first, starts), dim=1).flatten()).flatten().tolist(), positions.numel()]
+    offsets = torch.tensor(edges, dtype=torch.int32, device=positions.device)
+    longest = max(b - a for a, b in zip(edges, edges[1:], strict=False))
+    return {"cu_seq_lens_q": offsets, "cu_seq_lens_k": offsets, "max_length_q": longest, "max_length_k": longest}
+
+
+def original_forward(module, *args, **kwargs):
+    """Call the forward that `_rebind` replaced on ``module``."""
+    original = module._fastlm_original
+    if original is None:
+        return type(module).forward(module, *args, **kwargs)
+    return original(*args, **kwargs)
+
+
+def rms_norm_forward(self, hidden_states: torch.Tensor, *, switch: str) -> torch.Tensor:
+    """transformers' RMSNorm, ``weight * normed.to(input dtype)``, as one kernel where the layers'
+    rule runs it (`fused_rms_norm`: the same dtype, the promotion of the input's and the weight's,
+    rounded once instead of twice; under autocast the autocast dtype, which the Linear or the
+    attention it feeds casts to anyway); transformers' own forward where it does not."""
+    if not runs_kernel(switch):
+        return original_forward(self, hidden_states)
+    return fused_rms_norm(hidden_states, self.weight, self.variance_epsilon)
+
+
+def mlp_forward(self, x: torch.Tensor, *, switch: str) -> torch.Tensor:
+    """down(silu(gate(x)) * up(x)) with the gating by `fastlm.swiglu` where the rule runs it."""
+    if not runs_kernel(switch):
+        return original_forward(self, x)
+    return swiglu_mlp(x, self.gate_proj, self.up_proj, self.down_proj, switch)
+
+
+def attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None, *, switch: str, **kwargs):
+    """The families' attention forward with the rotation by `fastlm.rotary_embedding`.
+
+    The kernel takes one (N, D/2) table of angles for every row of the batch, so it runs when
+    transformers' cos and sin are (1, N, D): position_ids (1, N), the default and what packed
+    sequences use, whatever positions they hold. Per-row positions (batched generation with left
+    padding) and torch.compile take the original forward.
+    """
+    cos, sin = position_embeddings
+    if cos.dim() != 3 or cos.shape[0] != 1 or torch.compiler.is_compiling():
+        return original_forward(self, hidden_states, position_embeddings, attention_mask, **kwargs)
+    input_shape = hidden_states.shape[:-1]
+    heads_shape = (*input_shape, -1, self.head_dim)
+    query = self.q_proj(hidden_states).view(heads_shape)  # (B, N, H, D)
+    key = self.k_proj(hidden_states).view(heads_shape)  # (B, N, Hkv, D)
+    value = self.v_proj(hidden_states).view(heads_shape).transpose(1, 2)  # (B, Hkv, N, D)
+    if hasattr(self, "q_norm"):  # Qwen3 normalizes each head before the rotation
+        query, key = self.q_norm(query), self.k_norm(key)
+    # transformers' tables hold each position's D/2 angles twice (cat(freqs, freqs)); row n is token n's
+    half = self.head_dim // 2
+    query, key = rotate(query.transpose(1, 2), key.transpose(1, 2), cos[0, :, :half], sin[0, :, :half], switch)
+    cache, past_key_values = kwargs.pop("cache", None), kwargs.pop("past_key_values", None)  # 5.x / 4.x name
+    cache = past_key_values if cache is None else cache
+    cache_position = kwargs.pop("cache_position", None)
+    if cache is not None:
+        # transformers 4 reads a fourth argument, cache_kwargs (static caches need cache_position); 5 ignores it
+        cache_kwargs = {"sin": sin, "cos": cos, "cache_position": cache_position}
+        key, value = cache.update(key, value, self.layer_idx, cache_kwargs)
+    interface = _attention_interface(self)
+    output, weights = interface(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        dropout=self.attention_dropout if self.training else 0.0,
+        scaling=self.scaling,
+        sliding_window=getattr(self, "sliding_window", getattr(self.config, "sliding_window", None)),
+        **kwargs,
+    )
+    return self.o_proj(output.reshape(*input_shape, -1).contiguous()), weights
+
+
+def _attention_interface(module):
+    """The attention function the model's config names, as the families' forward looks it up."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    return ALL_ATTENTION_FUNCTIONS.get(module.config._attn_implementation, eager)
+
+
+def causal_lm_forward(self, *args, **kwargs):
+    """With labels in training, the base model and then `causal_lm_loss` on its last hidden states:
+    the logits are never formed, and the output's are None. Otherwise (no labels, evaluation,
+    ``logits_to_keep``, an lm_head that is not a plain Linear, e.g. one with a PEFT adapter or
+    quantized) the original forward, so generate(), metrics and adapters see the same outputs."""
+    keep = kwargs.get("logits_to_keep", 0)
+    fused = kwargs.get("labels") is not None and self.training and type(self.lm_head) is torch.nn.Linear
+    if not (fused and isinstance(keep, int) and keep == 0):
+        return original_forward(self, *args, **kwargs)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    labels = kwargs.pop("labels")
+    kwargs.pop("logits_to_keep", None)
+    return_dict = kwargs.pop("return_dict", None)
+    outputs = getattr(self, self.base_model_prefix)(*args, **kwargs)
+    loss = causal_lm_loss(
+        outputs.last_hidden_state,
+        self.lm_head,
+        labels,
+        kwargs.get("num_items_in_batch"),
+        kwargs.get("ignore_index", -100),
+        kwargs.get("shift_labels"),
+    )
+    fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
+    output = CausalLMOutputWithPast(loss=loss, **fields)
+    return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+
+
+def causal_lm_loss(hidden, lm_head, labels, num_items_in_batch=None, ignore_index=-100, shift_labels=None):
+    """transformers' ForCausalLMLoss of ``lm_head(hidden)`` by `fastlm.layers.loss.lm_head_loss`
+    (`fastlm.linear_cross_entropy`).
+
+    hidden (B, N, d); labels (B, N), shifted here so that token t predicts label t + 1 (the last
+    token predicts nothing), or ``shift_labels`` (B, N) already shifted. The mean over labels that
+    are not ``ignore_index``, or with ``num_items_in_batch`` (Trainer's count over the accumulated
+    micro-batches) the sum divided by it.
+    """
+    if shift_labels is None:
+        shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    targets = shift_labels.to(hidden.device)
+    if num_items_in_batch is None:
+        return lm_head_loss(hidden, lm_head, targets, ignore_index=ignore_index)
+    total = lm_head_loss(hidden, lm_head, targets, ignore_index=ignore_index, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(total.device)
+    return total / num_items_in_batch
+
+
+def signed_like(forward):
+    """`causal_lm_forward` under the signature of the ``forward`` it replaces: Trainer reads that
+    signature for the dataset columns to keep and for whether to pass num_items_in_batch."""
+
+    @functools.wraps(forward)
+    def signed(self, *args, **kwargs):
+        return causal_lm_forward(self, *args, **kwargs)
+
+    return signed
