@@ -300,7 +300,7 @@ def test_models_are_built_and_compiled_once_across_rounds(monkeypatch):
     monkeypatch.setattr(torch, "compile", recording_compile)
     monkeypatch.setattr(model_bench, "TransformerLM", recording_model)
     small = dataclasses.replace(TORCH_KERNELS, num_layers=1)
-    naive = dataclasses.replace(small, attention="naive")  # a second model, still plain PyTorch: quick on CPU
+    naive = small.with_kernels(attention="naive")  # a second model, still plain PyTorch: quick on CPU
     subjects = [model_bench.Subject("tiny", small), model_bench.Subject("tiny", naive)]
     rows = model_bench.rows(("fwd",), ("fp32",), ("eager", "compile"))
     records = measure(subjects, rows, warmup=0, steps=1, rounds=2, interleave=True)

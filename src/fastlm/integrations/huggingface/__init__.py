@@ -28,7 +28,6 @@ transformers is imported when a model is patched, not before.
 
 from __future__ import annotations
 
-import functools
 import types
 import warnings
 
@@ -79,7 +78,7 @@ def apply_fastlm(
             stacklevel=2,
         )
     replacements = {
-        name: functools.partial(forward, switch=values[switch]) if takes_switch else forward
+        name: _with_switch(forward, values[switch]) if takes_switch else forward
         for switch, classes in swaps.items()
         if values[switch] is not None
         for name, (forward, takes_switch) in classes.items()
@@ -126,6 +125,16 @@ def _rebind(module, replacement) -> None:
     attributes of the instance, so a deep copy of a patched model is patched in the same way."""
     module._fastlm_original = module.__dict__.get("forward")
     module.forward = types.MethodType(replacement, module)
+
+
+def _with_switch(forward, switch: str):
+    """``forward`` with its ``switch`` keyword given: a plain function (a method of a partial object
+    breaks torch.compile's graph in torch 2.11)."""
+
+    def bound(self, *args, **kwargs):
+        return forward(self, *args, switch=switch, **kwargs)
+
+    return bound
 
 
 def _switch(name: str, value) -> str | None:
