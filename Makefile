@@ -12,6 +12,7 @@ test:
 	$(PYTHON) -m pip install -q -e ".[dev]"
 	$(PYTHON) -m pytest -q
 
+# the GPU-marked tests, 8 processes sharing the GPU (Triton's and Inductor's compilation is CPU work)
 gpu-test:
 	$(PYTHON) -m pip install -q -e ".[dev]"
-	$(PYTHON) -m pytest -q -m gpu
+	$(PYTHON) -m pytest -q -m gpu -n 8 --durations=15
