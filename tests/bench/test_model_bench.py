@@ -170,7 +170,7 @@ def test_bench_model_command_writes_records_and_report(tmp_path):
     assert {(r["attention"], r["loss"]) for r in records} == {("sdpa", "torch"), ("fastlm", "fastlm")}
     assert all(r["status"] == "ok" and r["warmup"] == 0 for r in records)
     report = (tmp_path / "reports" / "model.md").read_text()
-    assert "| first step ms |" in report and "fastlm / auto / auto / fastlm" in report
+    assert "| first step ms |" in report and "fastlm / auto / auto / auto / fastlm" in report
 
 
 def test_custom_dimensions_and_bad_arguments(tmp_path, capsys):

@@ -18,7 +18,7 @@ CPU_NOTE = (
 COLUMNS = [
     ("implementation", "model"),
     ("preset", "preset"),
-    ("kernels", "attention / norm / rope / loss"),
+    ("kernels", "attention / norm / rope / mlp / loss"),
     ("mode", "mode"),
     ("precision", "precision"),
     ("compile", "compile"),
@@ -63,7 +63,9 @@ def round_medians(record: dict) -> list[float]:
 
 def _display(record: dict) -> dict:
     row = dict(record)
-    row["kernels"] = f"{record['attention']} / {record['norm']} / {record.get('rope', 'torch')} / {record['loss']}"
+    # records before a switch existed ran its PyTorch path
+    switches = (record["attention"], record["norm"], record.get("rope", "torch"), record.get("mlp", "torch"))
+    row["kernels"] = " / ".join((*switches, record["loss"]))
     if record.get("implementation") == "hf-llama":
         row["kernels"] = "transformers (sdpa)"
     if record.get("status") != "ok":
@@ -101,6 +103,7 @@ def _is_torch_kernels(record: dict) -> bool:
         and record["attention"] == "sdpa"
         and record["norm"] == "torch"
         and record.get("rope", "torch") == "torch"
+        and record.get("mlp", "torch") == "torch"
         and record["loss"] == "torch"
     )
 
