@@ -117,6 +117,10 @@ class HFShape:
             norms += 2 * self.num_layers * self.head_dim
         return self.num_matmul_parameters() + embedding + norms
 
+    def record_fields(self) -> dict:
+        """The shape as flat JSON data (benchmark records), as `ModelConfig.record_fields`."""
+        return dataclasses.asdict(self)
+
 
 def build_model(shape: HFShape) -> torch.nn.Module:
     """The family's causal LM with ``shape``'s dimensions, random weights, SDPA attention, no dropout."""
