@@ -158,7 +158,7 @@ def test_bench_model_command_writes_records_and_report(tmp_path):
         "--warmup",
         "0",
         "--steps",
-        "2",
+        "1",  # each fastlm row steps through the interpreter; rounds of several steps: below
         "--rounds",
         "1",
         "--out",

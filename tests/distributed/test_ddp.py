@@ -17,6 +17,8 @@ from fastlm.distributed.launch import spawn
 from fastlm.distributed.wrappers import ParallelSpec, wrap
 from fastlm.optim.clip import grad_norm
 
+from . import ranks
+
 WORLD = 2
 CPU = torch.device("cpu")
 SPECS = {
@@ -43,10 +45,6 @@ class TiedModel(nn.Module):
     def forward(self, tokens):
         x = self.frozen(torch.relu(self.hidden(self.embed(tokens)))) * self.scale
         return x @ self.embed.weight.T  # tied output projection
-
-
-def _spawn(body, *args) -> None:
-    spawn(body, WORLD, *args, backend="gloo", timeout_s=60)
 
 
 def _train_matches_single_process(rank: int, spec: ParallelSpec, accumulate: bool) -> None:
@@ -86,12 +84,12 @@ def _train_matches_single_process(rank: int, spec: ParallelSpec, accumulate: boo
 
 @pytest.mark.parametrize("variant", SPECS)
 def test_training_matches_single_process(variant):
-    _spawn(_train_matches_single_process, SPECS[variant], False)
+    ranks.run(_train_matches_single_process, SPECS[variant], False)
 
 
 @pytest.mark.parametrize("variant", ["ddp", "bucketed-tiny"])
 def test_no_sync_accumulates_then_syncs(variant):
-    _spawn(_train_matches_single_process, SPECS[variant], True)
+    ranks.run(_train_matches_single_process, SPECS[variant], True)
 
 
 def _mismatch(rank: int, cls_name: str) -> None:
@@ -103,7 +101,7 @@ def _mismatch(rank: int, cls_name: str) -> None:
 
 @pytest.mark.parametrize("cls_name", ["DDP", "BucketedDDP"])
 def test_models_that_differ_across_ranks_are_rejected(cls_name):
-    _spawn(_mismatch, cls_name)
+    ranks.run(_mismatch, cls_name)
 
 
 def _buckets(rank: int) -> None:
@@ -119,7 +117,7 @@ def _buckets(rank: int) -> None:
 
 
 def test_buckets_follow_reverse_parameter_order():
-    _spawn(_buckets)
+    ranks.run(_buckets)
 
 
 class MixedDtypes(nn.Module):
@@ -166,7 +164,7 @@ def _one_bucket(model):
 
 @pytest.mark.parametrize("make_wrapper", [DDP, _one_bucket], ids=["ddp", "bucketed"])
 def test_mixed_dtypes_average_and_buckets_hand_out_aligned_views(make_wrapper):
-    _spawn(_averaged_gradients, make_wrapper, "gloo")
+    ranks.run(_averaged_gradients, make_wrapper, "gloo")
 
 
 @pytest.mark.gpu
@@ -242,11 +240,11 @@ def _fp64_weights_stay_fp64(rank: int) -> None:
 
 
 def test_fp64_weights_over_a_bf16_wire():
-    _spawn(_fp64_weights_stay_fp64)
+    ranks.run(_fp64_weights_stay_fp64)
 
 
 def test_clipping_on_the_way_out_of_the_buckets_equals_clipping_after():
-    _spawn(_clipped_on_the_way_out)
+    ranks.run(_clipped_on_the_way_out)
 
 
 def _dropped_wrappers_free_their_model(rank: int) -> None:
@@ -262,7 +260,7 @@ def _dropped_wrappers_free_their_model(rank: int) -> None:
 
 
 def test_dropped_wrappers_free_their_model():
-    _spawn(_dropped_wrappers_free_their_model)
+    ranks.run(_dropped_wrappers_free_their_model)
 
 
 def test_needs_an_initialized_process_group():
@@ -279,4 +277,4 @@ def _dies(rank: int) -> None:
 
 
 def test_a_dead_rank_makes_the_others_fail_not_hang():
-    _spawn(_dies)
+    spawn(_dies, WORLD, backend="gloo", timeout_s=60)  # new processes: a rank ends its own

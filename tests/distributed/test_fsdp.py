@@ -13,9 +13,10 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from fastlm.distributed import wrappers
-from fastlm.distributed.launch import spawn
 from fastlm.distributed.wrappers import ParallelSpec, keeps_gathered, wrap
 from fastlm.model import ModelConfig, TransformerLM
+
+from . import ranks
 
 WORLD = 2
 CPU = torch.device("cpu")
@@ -29,7 +30,14 @@ def _forward(model, tokens, targets):
 
 
 def _train_like_one_process(rank: int, limit: int) -> None:
-    wrappers.GATHERED_BYTES_LIMIT = limit  # this rank's copy of the module
+    default, wrappers.GATHERED_BYTES_LIMIT = wrappers.GATHERED_BYTES_LIMIT, limit  # this rank's copy of the module
+    try:
+        _train_like_one_process_under_the_limit(rank)
+    finally:  # the ranks serve later tests
+        wrappers.GATHERED_BYTES_LIMIT = default
+
+
+def _train_like_one_process_under_the_limit(rank: int) -> None:
     shape = (3, 2 * WORLD, CONFIG.context_length + 1)  # two training batches and one held out
     data = torch.randint(0, CONFIG.vocab_size, shape, generator=torch.Generator().manual_seed(1))
     torch.manual_seed(0)
@@ -75,7 +83,7 @@ def _train_like_one_process(rank: int, limit: int) -> None:
 
 @pytest.mark.parametrize("limit", [wrappers.GATHERED_BYTES_LIMIT, 0], ids=["kept-gathered", "gathered-again"])
 def test_fsdp_under_bf16_autocast_trains_like_one_process(limit):
-    spawn(_train_like_one_process, WORLD, limit, backend="gloo", timeout_s=120)
+    ranks.run(_train_like_one_process, limit)
 
 
 def test_only_small_models_keep_their_gathered_weights(monkeypatch):
@@ -119,4 +127,4 @@ def _grouped_units_train_like_one_process(rank: int, recompute: bool, blocks_per
 def test_grouped_units_give_the_gradients_of_one_process(recompute, blocks_per_unit):
     """Two units of two blocks, or all four blocks as one unit (the stack
     module itself); also with activation checkpointing, whose backward runs the forwards again."""
-    spawn(_grouped_units_train_like_one_process, WORLD, recompute, blocks_per_unit, backend="gloo", timeout_s=120)
+    ranks.run(_grouped_units_train_like_one_process, recompute, blocks_per_unit)

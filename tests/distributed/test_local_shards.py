@@ -13,11 +13,11 @@ from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
 from torch.optim import adam as torch_adam
 
 from fastlm.distributed import local_shards
-from fastlm.distributed.launch import spawn
 from fastlm.distributed.wrappers import ParallelSpec, wrap
 from fastlm.model import TransformerLM
 from fastlm.model.precision import param_groups
 
+from . import ranks
 from .test_fsdp import CONFIG, CPU, WORLD
 
 FULL = StateDictOptions(full_state_dict=True)
@@ -62,7 +62,7 @@ def _clip_like_pytorch(rank: int) -> None:
 
 
 def test_clipping_the_local_shards_is_pytorchs_clipping():
-    spawn(_clip_like_pytorch, WORLD, backend="gloo", timeout_s=120)
+    ranks.run(_clip_like_pytorch)
 
 
 def test_clipping_refuses_unsharded_gradients():
@@ -96,6 +96,13 @@ def _step_like_pytorch(rank: int, fused: bool) -> None:
         return update(params, *args, **kwargs)
 
     torch_adam.adam = recording  # in this rank's process only
+    try:
+        _step_like_pytorch_recording(rank, fused, updated)
+    finally:  # the ranks serve later tests
+        torch_adam.adam = update
+
+
+def _step_like_pytorch_recording(rank: int, fused: bool, updated: list[bool]) -> None:
     model, reference = _fsdp_model(), _fsdp_model()
     optimizer = _optimizer(model, local_shards.AdamW, fused)
     reference_optimizer = _optimizer(reference, torch.optim.AdamW, fused)
@@ -125,4 +132,4 @@ def _step_like_pytorch(rank: int, fused: bool) -> None:
 
 @pytest.mark.parametrize("fused", [False, True], ids=["single-tensor", "fused"])
 def test_adamw_on_the_local_shards_steps_like_pytorchs(fused):
-    spawn(_step_like_pytorch, WORLD, fused, backend="gloo", timeout_s=120)
+    ranks.run(_step_like_pytorch, fused)

@@ -6,7 +6,7 @@ from torch import nn
 
 from fastlm.distributed import ShardedOptimizer
 
-from .test_ddp import _spawn
+from . import ranks
 
 
 def _model() -> nn.Module:
@@ -65,7 +65,7 @@ def _matches_unsharded(rank: int, tmp: str) -> None:
 
 
 def test_sharded_training_matches_and_state_round_trips(tmp_path):
-    _spawn(_matches_unsharded, str(tmp_path))
+    ranks.run(_matches_unsharded, str(tmp_path))
 
 
 def _none_grads_and_late_groups(rank: int) -> None:
@@ -83,7 +83,7 @@ def _none_grads_and_late_groups(rank: int) -> None:
 
 
 def test_parameters_without_gradients_and_groups_added_during_training():
-    _spawn(_none_grads_and_late_groups)
+    ranks.run(_none_grads_and_late_groups)
 
 
 def test_needs_an_initialized_process_group():

@@ -9,7 +9,6 @@ import sys
 import pytest
 import torch
 
-from fastlm.distributed.launch import spawn
 from fastlm.distributed.wrappers import (
     COMPILED_BUCKETED_MB,
     DEFAULT_BUCKET_MB,
@@ -19,6 +18,8 @@ from fastlm.distributed.wrappers import (
     wrap,
 )
 from fastlm.model import ModelConfig, TransformerLM
+
+from . import ranks
 
 WORLD = 2
 CPU = torch.device("cpu")
@@ -110,7 +111,7 @@ def _every_mode_matches_one_process(rank: int) -> None:
 
 def test_every_mode_trains_like_one_process():
     assert {spec.mode for spec in SYNCHRONIZING} == set(MODES) - {"none"}
-    spawn(_every_mode_matches_one_process, WORLD, backend="gloo", timeout_s=120)
+    ranks.run(_every_mode_matches_one_process)
 
 
 def _bf16_reduction_averages_in_bf16(rank: int) -> None:
@@ -137,7 +138,7 @@ def _bf16_reduction_averages_in_bf16(rank: int) -> None:
 
 
 def test_bf16_reduction_averages_the_gradients_in_bf16():
-    spawn(_bf16_reduction_averages_in_bf16, WORLD, backend="gloo", timeout_s=120)
+    ranks.run(_bf16_reduction_averages_in_bf16)
 
 
 def test_bf16_reduction_needs_a_mode_that_averages():
