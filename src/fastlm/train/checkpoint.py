@@ -1,22 +1,30 @@
 """The training loop's checkpoints: what `fastlm train` saves (model, optimizer, data position, run id)
 in the layout of an unsharded single-process run, through the safe writer of `fastlm.checkpoint`;
-what OUT must hold for a run to start or resume; and how a resumed run's configuration and files
-are checked against the checkpoint's."""
+what OUT must hold for a run to start or resume; how a resumed run's configuration and files
+are checked against the checkpoint's; and what a stopped run leaves (Ctrl-C, SIGTERM, a loss or
+state that is no longer finite), in one sentence."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from fastlm import checkpoint
 from fastlm.checkpoint import CheckpointError, ConfigMismatchError, DamagedCheckpointError
+from fastlm.distributed import ShardedOptimizer
 from fastlm.settings import stores_bf16_weights
 from fastlm.train.config import IMPLIED_BY_OLDER_RUNS, NEWEST, OVERRIDABLE, TrainConfig
 from fastlm.train.log import TrainLog, run_files, run_id, set_aside_runs
 from fastlm.utils.errors import UserError
 from fastlm.utils.options import flag
 from fastlm.utils.paths import check_writable_folder
+
+
+class NonFiniteError(Exception):
+    """The run's loss, gradient norm or state is no longer finite (inf or nan): the run stops, and no
+    checkpoint holds the state that produced it. The message is one sentence."""
 
 
 def checkpoint_dir(config: TrainConfig) -> Path:
@@ -80,6 +88,73 @@ def after_interrupt(config: TrainConfig) -> str:
     )
 
 
+def after_non_finite(config: TrainConfig) -> str:
+    """What a run stopped by a non-finite loss, gradient norm or state leaves in OUT, and how to go
+    on from it (the end of a sentence)."""
+    try:
+        newest = checkpoint.newest(checkpoint_dir(config))
+    except CheckpointError as error:
+        return str(error)
+    if newest is None:
+        aside = set_aside_runs(config.out)
+        kept = f" (the run it replaces is in {aside[-1]}: move its files back to keep it)" if aside else ""
+        return f"it saved no checkpoint{kept}: --overwrite starts it again, with {_remedies(config, [])}"
+    # a resumed run names each field of the run's record it changes
+    overrides = ["(and --override lr)", "(and --override grad_clip)"]
+    return (
+        f"the newest checkpoint, of step {newest['step']}, is the last finite state: --resume continues from "
+        f"it, with {_remedies(config, overrides)}"
+    )
+
+
+def _remedies(config: TrainConfig, overrides: list[str]) -> str:
+    """'a lower --lr, a --grad-clip or --skip-non-finite', each change followed by its override."""
+    changes = [" ".join([change, *overrides[i : i + 1]]) for i, change in enumerate(("a lower --lr", "a --grad-clip"))]
+    if not config.skip_non_finite:
+        changes.append("--skip-non-finite")
+    return f"{', '.join(changes[:-1])} or {changes[-1]}"
+
+
+def after_stop_signal(config: TrainConfig, step: int, saved: bool) -> str:
+    """What a run stopped by SIGTERM after ``step`` leaves in OUT, and how to go on (one sentence)."""
+    if not saved:  # --checkpoint-every 0
+        return f"stopped by SIGTERM after step {step}; with --checkpoint-every 0 it saved no checkpoint"
+    if config.resume:
+        how = "the same command (with --resume) continues it"
+    elif config.overwrite:
+        how = "the same command with --resume in place of --overwrite continues it"
+    else:
+        how = "the same command with --resume continues it"
+    return f"stopped by SIGTERM after step {step} and saved its checkpoint in {checkpoint_dir(config)}: {how}"
+
+
+def non_finite_state(model, optimizer) -> str | None:
+    """Where the parameters or the optimizer state hold an inf or nan, for the message (None: all
+    finite), the same on every rank (a collective where torch.distributed runs). Each rank reads its
+    own tensors on their device (fsdp's and --shard-optimizer's shards, else a replica): one pass
+    over the weights and the optimizer state, and a wait for the device, per checkpoint."""
+    model = getattr(model, "module", model)
+    inner = optimizer.local if isinstance(optimizer, ShardedOptimizer) else optimizer
+    names = {id(p): name for name, p in model.named_parameters()}
+    places, tensors = [], []
+    for name, param in model.named_parameters():
+        places.append(f"parameter {name}")
+        tensors.append(param)
+    for param, state in inner.state.items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                places.append(f"the optimizer's {key} of {names.get(id(param), 'a parameter')}")
+                tensors.append(value)
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]  # DTensor shards
+    finite = torch.stack([t.isfinite().all() for t in local]).tolist() if local else []
+    found = next((place for place, ok in zip(places, finite, strict=True) if not ok), None)
+    if dist.is_initialized():
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, found)
+        found = next((place for place in every if place is not None), None)
+    return found
+
+
 def training_state(model, optimizer, config: TrainConfig) -> dict:
     """{"model", "optimizer"} state dicts in the layout of an unsharded single-process run."""
     if config.parallel == "fsdp":
@@ -110,7 +185,12 @@ def save_checkpoint(
     config: TrainConfig, step: int, position: int, run: str, record: dict, model, optimizer, rank: int, log: TrainLog
 ) -> None:
     """Every rank takes part (sharded states are gathered); rank 0 writes; if that fails, every rank
-    raises its error rather than waiting for rank 0. ``record``: the run's `TrainConfig.run_record`."""
+    raises its error rather than waiting for rank 0. ``record``: the run's `TrainConfig.run_record`.
+    A state that holds an inf or nan is never written: every rank raises NonFiniteError instead
+    (`non_finite_state`; the loop checks the loss and gradient norm before, this the update's result)."""
+    place = non_finite_state(model, optimizer)
+    if place is not None:
+        raise NonFiniteError(f"after step {step} {place} holds an inf or nan, so its checkpoint was not saved")
     state = {**training_state(model, optimizer, config), "data": {"position": position}, "run_id": run}
     failure = None
     if rank == 0:

@@ -119,6 +119,17 @@ class TrainConfig(ModelOptions):
     warmup: int = option(100, "steps of linear warmup", limit="non_negative")
     weight_decay: float = option(0.1, "AdamW weight decay of matrices and embeddings", limit="non_negative")
     grad_clip: float = option(1.0, "clip the global gradient norm to this; 0: no clipping", limit="non_negative")
+    skip_non_finite: int = option(
+        0,
+        "a step whose loss or gradient norm is not finite (inf, nan) makes no update, counted in the log, up "
+        "to N such steps in a row, then the run stops; checked every step, so the host waits for the "
+        "device once per step (default: 0, the run stops at the first such step, checked at log steps and "
+        "before checkpoints without extra waits; --skip-non-finite alone: 10)",
+        limit="non_negative",
+        nargs="?",
+        const=10,
+        metavar="N",
+    )
     compile: str | None = option(
         None,
         f"{choices_help(COMPILE_MEANINGS, COMPILE_MODES)} (default: compile on a GPU, eager without one)",

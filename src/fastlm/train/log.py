@@ -2,10 +2,14 @@
 same numbers as JSON lines in OUT/log.jsonl, and the loss curves as OUT/loss.png.
 
 A record of log.jsonl, one per log interval and one per evaluation that falls between them:
-    step             optimizer steps done
-    loss             mean training loss of the interval's steps (nats per token, over all ranks)
+    step             optimizer steps done (skipped ones included)
+    loss             mean training loss of the interval's steps (nats per token, over all ranks);
+                     under --skip-non-finite of those not skipped, absent when all were
     lr               the learning rate of the interval's last step
-    grad_norm        global gradient norm of the interval's last step, before clipping
+    grad_norm        global gradient norm of the interval's last step, before clipping (under
+                     --skip-non-finite of its last step not skipped, absent when all were)
+    skipped          under --skip-non-finite: the interval's steps whose loss or gradient norm was
+                     not finite, which made no update
     tokens           tokens trained on so far (steps x global batch)
     tokens_per_s     over the interval, all ranks together; the first interval pays for compilation
     mfu              model FLOPs utilization per GPU (fastlm.analysis.model); null without a known GPU
@@ -88,11 +92,15 @@ def format_record(record: dict, steps: int) -> str:
         ("eval_accuracy", "eval accuracy {:.1%}"),
         ("lr", "lr {:.2e}"),
         ("grad_norm", "grad norm {:.3f}"),
+        ("skipped", "{} skipped"),
         ("tokens_per_s", "{:,.0f} tokens/s"),
         ("mfu", "MFU {:.1%}"),
         ("peak_memory_gib", "peak memory {:.2f} GiB"),
     )
-    fields += [text.format(record[key]) for key, text in formats if record.get(key) is not None]
+    shown = {key: value for key, value in record.items() if value is not None}
+    if not record.get("skipped"):  # log.jsonl records the 0s of --skip-non-finite; the line omits them
+        shown.pop("skipped", None)
+    fields += [text.format(shown[key]) for key, text in formats if key in shown]
     return " | ".join(fields)
 
 

@@ -33,8 +33,18 @@ by its next replay).
 
 Host synchronization happens only at log intervals (--log-every, evaluations, checkpoints): the
 losses and gradient norms stay on the device until then, and the next micro-batch is copied while
-the current one computes. `fastlm.train.log` describes the log lines, OUT/log.jsonl and
-OUT/loss.png; OUT/run.json records the configuration and the machine.
+the current one computes. There the loop also checks them: a loss or gradient norm that is not
+finite (inf, nan) stops the run (`NonFiniteError`, one line naming the first such step, status 1)
+before anything of it is saved, and a checkpoint is saved only of a finite state
+(`fastlm.train.checkpoint.non_finite_state`), so the newest checkpoint stays the last finite one.
+`--skip-non-finite N` checks every step instead, at the price of a host wait per step, and drops
+such a step's update, stopping after N in a row. SIGTERM (what schedulers and torchrun send before
+a kill) ends the run after the step in progress with a checkpoint of it (status 143); under
+torchrun, where the ranks must stop at the same step, after the step that follows: the ranks agree
+on it through a few bytes all-reduced between the hosts while that step runs (`_Agreement`).
+
+`fastlm.train.log` describes the log lines, OUT/log.jsonl and OUT/loss.png; OUT/run.json records
+the configuration and the machine.
 
 Checkpoints (OUT/checkpoints, see `fastlm.checkpoint`), every --checkpoint-every steps and after the
 last: every rank takes part in gathering the state, rank 0 writes, verifies and commits it, keeping
@@ -54,8 +64,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -77,7 +90,10 @@ from fastlm.optim.clip import grad_norm
 from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.settings import CUDAGRAPHS_NEED_A_GPU, TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.train.checkpoint import (
+    NonFiniteError,
     after_interrupt,
+    after_non_finite,
+    after_stop_signal,
     check_out,
     checkpoint_dir,
     load_for_resume,
@@ -93,6 +109,7 @@ from fastlm.utils.parser import Parser
 from fastlm.utils.records import with_environment
 
 PROG = "python -m fastlm.train"
+SIGTERM_STATUS = 128 + signal.SIGTERM  # 143: the shell's status of a process ended by SIGTERM
 BETAS = (0.9, 0.95)
 CPU_FASTLM_KERNELS = (
     "no GPU: --kernels fastlm runs the ops' plain-PyTorch reference paths (under TRITON_INTERPRET=1 the "
@@ -292,6 +309,109 @@ def evaluate(
 
 
 # ---------------------------------------------------------------------------------------------
+# Stopping: SIGTERM, non-finite steps
+# ---------------------------------------------------------------------------------------------
+
+
+class StoppedBySignal(Exception):
+    """SIGTERM stopped the run after ``step``, whose checkpoint it saved (``saved``; not with
+    --checkpoint-every 0)."""
+
+    def __init__(self, step: int, saved: bool) -> None:
+        super().__init__(f"stopped by SIGTERM after step {step}")
+        self.step, self.saved = step, saved
+
+
+class _StopSignal:
+    """While the run trains (its first evaluation and its steps), SIGTERM only sets ``received``: the
+    loop ends after a step, never inside one (a checkpoint needs the whole step). The previous
+    handler is back on exit. Python takes handlers only in its main thread: elsewhere SIGTERM keeps
+    its own handling."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous = None
+        self._installed = False
+
+    def __enter__(self) -> _StopSignal:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._note)
+            self._installed = True
+        return self
+
+    def _note(self, signum, frame) -> None:
+        self.received = True
+
+    def __exit__(self, *exc) -> None:
+        if self._installed:  # getsignal's None: a handler set outside Python, which cannot be put back
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if self._previous is None else self._previous)
+
+
+class _Agreement:
+    """Whether any rank raised a flag, the same answer on every rank, so that the ranks stop or skip
+    at the same step and none waits in a collective the others never join: a few bytes all-reduced
+    between the hosts, in a gloo group (the default one on CPUs, one of its own beside NCCL), so
+    agreeing never waits for the device. One process answers its own flags at once."""
+
+    def __init__(self, world: int) -> None:
+        self.group = None  # every rank builds it: creating a group is a collective
+        if world > 1:
+            self.group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self._in_flight = None
+
+    def now(self, flags: list[bool]) -> list[bool]:
+        """This step's flags of every rank: the host waits for all ranks to reach this point."""
+        if self.group is None:
+            return flags
+        tensor = torch.tensor(flags, dtype=torch.int32)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group)
+        return [bool(flag) for flag in tensor.tolist()]
+
+    def lagged(self, flags: list[bool]) -> list[bool]:
+        """The flags of every rank at the previous call (all False at the first), this call's sent on:
+        their all-reduce runs during the next step, which every rank must reach before it ends, so
+        no host waits for another. The answer comes a step later than with `now`."""
+        if self.group is None:
+            return flags
+        tensor = torch.tensor(flags, dtype=torch.int32)
+        work = dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        previous, self._in_flight = self._in_flight, (tensor, work)
+        if previous is None:
+            return [False] * len(flags)
+        previous[1].wait()
+        return [bool(flag) for flag in previous[0].tolist()]
+
+    def finish(self) -> None:
+        """Wait for the all-reduce in flight, when every rank ends the steps together."""
+        if self._in_flight is not None:
+            self._in_flight[1].wait()
+            self._in_flight = None
+
+
+@contextlib.contextmanager
+def _finishing(agreement: _Agreement) -> Iterator[None]:
+    """`_Agreement.finish` when the steps end on every rank together: done, or stopped by a decision
+    every rank took (not after an error of one rank, whose peers never finish the all-reduce)."""
+    try:
+        yield
+    except (StoppedBySignal, NonFiniteError):
+        agreement.finish()
+        raise
+    agreement.finish()
+
+
+def _non_finite(step: int, loss: float, norm: float) -> str:
+    """The error of a step whose loss (mean over the ranks) or gradient norm is not finite."""
+    found = [
+        f"the {name} is {value}"
+        for name, value in (("loss", loss), ("gradient norm", norm))
+        if not math.isfinite(value)
+    ]
+    return f"step {step}: {' and '.join(found)}, so the run stopped"
+
+
+# ---------------------------------------------------------------------------------------------
 # The loop
 # ---------------------------------------------------------------------------------------------
 
@@ -402,7 +522,8 @@ def _train_loop(
     if rank == 0:
         _write_run_file(config, run_id, record, model_cfg, world, device)  # the end rewrites it with the result
     result = {"losses": [], "eval": []}
-    with log:
+    agreement = _Agreement(world)
+    with log, _StopSignal() as stop_signal, _finishing(agreement):
         log.note(_describe(config, model_cfg, world, accumulate, tokens_per_step, position, train_windows.count))
         if step > 0:
             log.note(f"resumed from the checkpoint of step {step} in {checkpoint_dir(config)}")
@@ -417,7 +538,8 @@ def _train_loop(
             loss = evaluate(model, held_out, eval_count, config, rank, world, device, autocast, boundary)
             log.write({"step": 0, "eval_loss": loss})
             result["eval"].append([0, loss])
-        pending_losses, pending_norms = [], []
+        pending_losses, pending_norms, pending_skipped = [], [], []
+        skipped_in_a_row = 0
         batch = next(batches)
         meter.start()
         while step < config.steps:
@@ -442,33 +564,63 @@ def _train_loop(
             else:
                 wrapped.synchronize()  # the wrappers that average after backward do it here
                 norm = _clip_gradients(model, config)
-            optimizer.step()
+            skip = False
+            if config.skip_non_finite:  # the host waits for this step's loss (this rank's) and norm
+                skip = not torch.stack([step_loss.float(), norm.float()]).isfinite().all()
+                stopping, skip = agreement.now([stop_signal.received, bool(skip)])
+            if skip:
+                skipped_in_a_row += 1
+                if skipped_in_a_row > config.skip_non_finite:
+                    raise NonFiniteError(
+                        f"steps {step + 2 - skipped_in_a_row}-{step + 1}: {skipped_in_a_row} steps in a row had a "
+                        f"loss or gradient norm that is not finite, more than --skip-non-finite "
+                        f"{config.skip_non_finite} allows, so the run stopped"
+                    )
+            else:
+                skipped_in_a_row = 0
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if not config.skip_non_finite:  # under torchrun: a step after the one SIGTERM came in
+                (stopping,) = agreement.lagged([stop_signal.received])
             step += 1
             position += tokens_per_step // config.context
             pending_losses.append(step_loss)
             pending_norms.append(norm)
+            pending_skipped.append(skip)
             log.advance()
             last = step == config.steps
+            stopping = stopping and not last  # the last step ends the run as usual
             evaluating = last or (config.eval_every and step % config.eval_every == 0)
-            saving = config.checkpoint_every and (last or step % config.checkpoint_every == 0)
-            if not (evaluating or saving or step % config.log_every == 0):
+            saving = config.checkpoint_every and (last or stopping or step % config.checkpoint_every == 0)
+            if not (evaluating or saving or stopping or step % config.log_every == 0):
                 continue
-            losses = torch.stack(pending_losses).float()
+            # one all-reduce: the losses' sum, and the norms (the same on every rank), so that every
+            # rank sees a non-finite value wherever one rank has it
+            count = len(pending_losses)
+            values = torch.cat([torch.stack(pending_losses).float(), torch.stack(pending_norms).float()])
             if world > 1:
-                dist.all_reduce(losses)
-                losses /= world
-            losses = losses.tolist()  # the host waits for the device here, once per log interval
-            entry = {
-                "step": step,
-                "loss": sum(losses) / len(losses),
-                "lr": lr,
-                "grad_norm": pending_norms[-1].item(),
-                "tokens": step * tokens_per_step,
-                **meter.interval(len(losses) * tokens_per_step),
-            }
-            result["losses"] += losses
-            pending_losses, pending_norms = [], []
+                dist.all_reduce(values)
+                values /= world
+            values = values.tolist()  # the host waits for the device here, once per log interval
+            losses, norms = values[:count], values[count:]
+            kept = [i for i in range(count) if not pending_skipped[i]]
+            for i in kept:  # before anything of this interval is logged or saved
+                if not (math.isfinite(losses[i]) and math.isfinite(norms[i])):
+                    raise NonFiniteError(_non_finite(step - count + 1 + i, losses[i], norms[i]))
+            entry = {"step": step}
+            if kept:  # a skipped step's loss is left out (not finite)
+                entry["loss"] = sum(losses[i] for i in kept) / len(kept)
+            entry["lr"] = lr
+            if kept:
+                entry["grad_norm"] = pending_norms[kept[-1]].item()
+            if config.skip_non_finite:
+                entry["skipped"] = count - len(kept)
+            entry["tokens"] = step * tokens_per_step
+            entry.update(meter.interval(count * tokens_per_step))
+            result["losses"] += [
+                None if skipped else loss for loss, skipped in zip(losses, pending_skipped, strict=True)
+            ]
+            pending_losses, pending_norms, pending_skipped = [], [], []
             if evaluating:
                 entry["eval_loss"] = evaluate(
                     model, held_out, eval_count, config, rank, world, device, autocast, boundary
@@ -479,6 +631,8 @@ def _train_loop(
                 save_checkpoint(config, step, position, run_id, record, model, optimizer, rank, log)
                 if rank == 0 and config.overwrite:
                     discard_set_aside(config.out)
+            if stopping:
+                raise StoppedBySignal(step, saved=bool(saving))
             meter.start()  # evaluations and checkpoints are not training time
     result = {"step": step, **result, **meter.steady_state()}
     if rank == 0:
@@ -567,8 +721,9 @@ def check_config(config: TrainConfig, world: int) -> None:
 def run(config: TrainConfig, prog: str = PROG) -> int:
     """`fastlm train`; 0 when done, 2 after a one-line error for a mistake in the arguments or data
     that does not fit them (options a resumed checkpoint does not take included), 1 for an unusable
-    checkpoint (damaged or unreadable; errors print on every rank), 130 after
-    Ctrl-C (one line from rank 0: what the run left and how to go on)."""
+    checkpoint (damaged or unreadable) and for a run stopped by a loss, gradient norm or state that
+    is not finite (errors print on every rank), 130 after Ctrl-C and 143 after SIGTERM (one line
+    from rank 0: what the run left and how to go on)."""
     try:
         config = config.resolved(gpu=torch.cuda.is_available())
         check_config(config, _rank_and_world(config)[1])
@@ -577,6 +732,13 @@ def run(config: TrainConfig, prog: str = PROG) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"\n{prog}: {after_interrupt(config)}", file=sys.stderr, flush=True)
         return 130
+    except StoppedBySignal as stop:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{prog}: {after_stop_signal(config, stop.step, stop.saved)}", file=sys.stderr, flush=True)
+        return SIGTERM_STATUS
+    except NonFiniteError as error:
+        report_error(f"{prog}: error: {error}; {after_non_finite(config)}")
+        return 1
     except UserError as error:
         report_error(f"{prog}: error: {error}")
         return 2
