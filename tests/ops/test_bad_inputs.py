@@ -194,6 +194,18 @@ CASES = [
     ("attention varlen cu int64",
      lambda: fastlm.flash_attention_varlen(*_qkv((8, 2, 16)), *_cu_seqlens().long(), 8, 8), TypeError,
      "cu_seqlens_q must be int32"),
+    # values of CPU cumulative lengths: always read (free on the host); only those that could not
+    # make the interpreter read out of bounds before they were (tests/ops/test_flash_attention_varlen.py
+    # runs the others in a child process)
+    ("attention varlen cu starts at 1",
+     lambda: fastlm.flash_attention_varlen(*_qkv((8, 2, 16)), *torch.tensor([[1, 4, 8]] * 2, dtype=torch.int32), 8, 8),
+     ValueError, r"cu_seqlens_q must rise from 0 to 8 \(q's rows\) without falling, but it starts at 1"),
+    ("attention varlen max_seqlen_k short",
+     lambda: fastlm.flash_attention_varlen(*_qkv((8, 2, 16)), *_cu_seqlens(), 4, 3), ValueError,
+     r"max_seqlen_k \(3\) must be at least the longest document's length"),
+    ("attention varlen check 1",
+     lambda: fastlm.flash_attention_varlen(*_qkv((8, 2, 16)), *_cu_seqlens(), 4, 4, check=1), TypeError,
+     "check must be True or False"),
     # layer_norm / rms_norm
     ("layer_norm x list", lambda: fastlm.layer_norm([1.0, 2.0]), TypeError, "x must be a torch.Tensor"),
     ("layer_norm x 0-d", lambda: fastlm.layer_norm(torch.randn(())), ValueError, "x must have at least one dimension"),

@@ -6,9 +6,15 @@ lengths of thousands of tokens, and check that one document runs exactly as the 
 """
 
 import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import fastlm
 from fastlm.ops.flash_attention import (
@@ -16,6 +22,7 @@ from fastlm.ops.flash_attention import (
     AttentionTiles,
     check_window,
     flash_attention_varlen_ref,
+    tiled,
 )
 from fastlm.ops.flash_attention.api import _FlashAttentionKernels, _FlashAttentionTiled
 from fastlm.ops.flash_attention.kernels import (
@@ -90,8 +97,13 @@ def test_kernels_match_reference(q_lengths, k_lengths, causal, window, device):
     check_varlen(packed_kernels(cu_q, cu_k, causal, window, SMALL_TILES), q, k, v, cu_q, cu_k, causal, window)
 
 
-@pytest.mark.parametrize("q_lengths,k_lengths,causal,window", [CASES[0], CASES[2], CASES[5]])
-def test_torch_twin_matches_reference(q_lengths, k_lengths, causal, window):
+@pytest.mark.parametrize("plan", ["host", "every-tile"])
+@pytest.mark.parametrize("q_lengths,k_lengths,causal,window", CASES)
+def test_torch_twin_matches_reference(q_lengths, k_lengths, causal, window, plan, monkeypatch):
+    """The tiled twin (the CPU path) with the key tiles it finds from the cumulative lengths on the
+    host, and with the every-tile plan it takes while torch.compile traces."""
+    if plan == "every-tile":
+        monkeypatch.setattr(tiled, "is_traced", lambda tensor: True)
     (q, k, v), cu_q, cu_k = make_packed(q_lengths, k_lengths or q_lengths, 4, 2, 16, torch.float32, "cpu")
 
     def twin(q, k, v):
@@ -219,16 +231,190 @@ def test_bad_arguments_raise_one_clear_error(change, error, message):
 
 
 @pytest.mark.parametrize("cu_seqlens,max_seqlen,message", [
-    ([1, 3, 8], 5, r"must rise from 0 to 8 without falling"),
-    ([0, 5, 3, 8], 5, r"must rise from 0 to 8 without falling"),
-    ([0, 3, 7], 5, r"must rise from 0 to 8 without falling"),
-    ([0, 3, 8], 4, r"holds a document of 5 rows, longer than max_seqlen \(4\)"),
+    ([1, 3, 8], 5, r"cu_seqlens_q must rise from 0 to 8 \(q's rows\) without falling, but it starts at 1"),
+    ([0, 5, 3, 8], 5, r"cu_seqlens_q must rise .* but it falls from 5 to 3 at entry 2"),
+    ([0, 3, 7], 5, r"cu_seqlens_q must rise .* but it ends at 7, leaving rows 7 to 7 in no document"),
+    ([0, 3, 8], 4, r"max_seqlen_q \(4\) must be at least the longest document's length, got a document of 5 rows"),
 ])  # fmt: skip
 def test_reference_checks_the_lengths(cu_seqlens, max_seqlen, message):
     q, k, v, *_ = _packed_inputs()
     cu = torch.tensor(cu_seqlens, dtype=torch.int32)
     with pytest.raises(ValueError, match=message):
         flash_attention_varlen_ref(q, k, v, cu, cu, max_seqlen, max_seqlen)
+
+
+# Cumulative lengths that break the rules, over 20 rows of q, k and v (the cases that were found:
+# past the end, which read and wrote out of bounds under the interpreter; a first length of 1,
+# where the interpreter left row 0 unwritten and the PyTorch path attended; a fall; an end below
+# the rows, an IndexError on the PyTorch path and unwritten rows on the other), a max_seqlen below
+# the longest document, and the same on the keys' side of cross-attention. Each: (cu_seqlens_q,
+# cu_seqlens_k (None: the same), max_seqlen_q, max_seqlen_k, the message).
+BAD_LENGTHS = {
+    "ends-past-the-rows": ([0, 10, 30], None, 20, 20, r"cu_seqlens_q must rise from 0 to 20 \(q's rows\) without "
+                           r"falling, but it ends at 30, past q's last row"),
+    "starts-at-1": ([1, 10, 20], None, 20, 20, r"cu_seqlens_q must rise .* but it starts at 1"),
+    "falls": ([0, 15, 10, 20], None, 20, 20, r"cu_seqlens_q must rise .* but it falls from 15 to 10 at entry 2"),
+    "ends-below-the-rows": ([0, 10, 15], None, 20, 20,
+                            r"cu_seqlens_q must rise .* but it ends at 15, leaving rows 15 to 19 in no document"),
+    "max-seqlen-below-the-longest": ([0, 10, 20], None, 9, 9,
+                                     r"max_seqlen_q \(9\) must be at least the longest document's length, got a "
+                                     r"document of 10 rows in cu_seqlens_q"),
+    "keys-end-past-the-rows": ([0, 10, 20], [0, 5, 25], 10, 20, r"cu_seqlens_k must rise from 0 to 20 \(k's rows\) "
+                               r"without falling, but it ends at 25"),
+    "keys-max-seqlen-below-the-longest": ([0, 10, 20], [0, 4, 20], 10, 10,
+                                          r"max_seqlen_k \(10\) must be at least the longest document's length, got "
+                                          r"a document of 16 rows in cu_seqlens_k"),
+}  # fmt: skip
+
+# Valid lengths at the edges of the rules: empty documents inside and at the end (as the model pads
+# its count of documents), a max_seqlen above the longest document, no documents over no rows.
+GOOD_LENGTHS = {
+    "empty-documents": ([0, 0, 7, 7, 20, 20, 20], None, 13, 13),
+    "max-seqlen-above-the-longest": ([0, 10, 20], [0, 3, 20], 64, 64),
+}
+
+# Runs in a child process (a bad length could crash the interpreter: a read or write out of bounds
+# kills the process, not only the call) with TRITON_INTERPRET set or not; prints one JSON line per
+# case as it goes (an error of any type is a result), so a crash still shows which case it was.
+_CHILD = """
+import json, sys, torch, fastlm
+cases = json.loads(sys.argv[1])
+for name, (cu_q, cu_k, max_q, max_k) in cases.items():
+    torch.manual_seed(0)
+    rows = 20 if cu_q[-1] else 0  # 20, or none for no documents
+    q, k, v = (torch.randn(rows, 2, 16, requires_grad=True) for _ in range(3))
+    tensors = [torch.tensor(c, dtype=torch.int32) for c in (cu_q, cu_k or cu_q)]
+    try:
+        out = fastlm.flash_attention_varlen(q, k, v, *tensors, max_q, max_k, causal=True)
+        out.sum().backward()
+        result = {"output": out.tolist(), "grads": [t.grad.tolist() for t in (q, k, v)]}
+    except Exception as error:  # any error, so that the next cases still run
+        result = {"error": f"{type(error).__name__}: {error}"}
+    print(json.dumps({name: result}), flush=True)
+"""
+
+
+def _run_child(cases: dict, interpreted: bool) -> dict:
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    if interpreted:
+        env["TRITON_INTERPRET"] = "1"
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps(cases)], capture_output=True, text=True, env=env, timeout=300
+    )
+    results = {}
+    for line in child.stdout.splitlines():
+        results.update(json.loads(line))
+    # a case the child never reported is the one it died in, or came after it
+    died = {"error": f"the child process died (rc {child.returncode}) here or before: {child.stderr[-500:]}"}
+    return {name: results.get(name, died) for name in cases}
+
+
+@pytest.fixture(scope="module")
+def both_cpu_paths() -> dict:
+    """{path: {case: result}} for BAD_LENGTHS and GOOD_LENGTHS on the PyTorch path and the Triton
+    interpreter, each in a child process (two in all, not one per case: a process start costs
+    seconds)."""
+    good = GOOD_LENGTHS | {"no-documents": ([0], None, 0, 0)}  # first: a crash in a bad case takes the rest
+    cases = good | {name: case[:4] for name, case in BAD_LENGTHS.items()}
+    return {path: _run_child(cases, path == "interpreter") for path in ("pytorch", "interpreter")}
+
+
+@pytest.mark.parametrize("path", ["pytorch", "interpreter"])
+@pytest.mark.parametrize("case", list(BAD_LENGTHS))
+def test_bad_lengths_raise_one_clear_error_on_both_cpu_paths(case, path, both_cpu_paths):
+    """Checked before any kernel or tile runs, whichever path takes CPU tensors: one ValueError that
+    names the argument and the fault, the same on both."""
+    result = both_cpu_paths[path][case]
+    assert "error" in result, f"accepted: {str(result)[:200]}"
+    assert re.match("ValueError: " + BAD_LENGTHS[case][4], result["error"]), result["error"]
+    assert result == both_cpu_paths["pytorch" if path == "interpreter" else "interpreter"][case]
+
+
+@pytest.mark.parametrize("case", [*GOOD_LENGTHS, "no-documents"])
+def test_lengths_at_the_rules_edges_give_one_result_on_both_cpu_paths(case, both_cpu_paths):
+    """Accepted, with the same output and gradients from the PyTorch path and the interpreter."""
+    results = [both_cpu_paths[path][case] for path in ("pytorch", "interpreter")]
+    assert all("error" not in result for result in results), results
+    for name in ("output", "grads"):
+        torch.testing.assert_close(torch.tensor(results[0][name]), torch.tensor(results[1][name]), atol=1e-5, rtol=1e-5)
+
+
+def test_check_must_be_a_flag():
+    with pytest.raises(TypeError, match="check must be True or False"):
+        fastlm.flash_attention_varlen(*_packed_inputs(), check=1)
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the aten operations run under it, forward and backward: the Python-level work of the
+    PyTorch path, whatever the machine's speed."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _reference_path_ops(rows: int, pattern: list[int], causal: bool, window) -> int:
+    """aten operations of a forward and backward of `flash_attention_varlen` on ``rows`` rows of 128
+    tokens, each cut into documents of ``pattern``'s lengths."""
+    lengths = pattern * rows
+    (q, k, v), cu, _ = make_packed(lengths, lengths, 4, 2, 16, torch.float32, "cpu")
+    with _CountOps() as counter:
+        out = fastlm.flash_attention_varlen(q, k, v, cu, cu, 128, 128, causal=causal, window=window)
+        out.backward(torch.ones_like(out))
+    return counter.count
+
+
+@pytest.mark.parametrize("pattern", [
+    pytest.param([5, 1, 40, 17, 33, 32], id="mixed"),  # tiles holding several documents, and parts of one
+    pytest.param([128], id="one-per-row"),  # the longest documents the model's rows hold
+    pytest.param([1] * 128, id="length-1"),  # a document per token
+])  # fmt: skip
+@pytest.mark.parametrize(
+    "causal,window", [(True, None), (False, None), (True, (20, -1))], ids=["causal", "full", "window"]
+)
+def test_reference_path_work_grows_with_documents_not_with_rows(pattern, causal, window, monkeypatch):
+    """The PyTorch path of packed documents (CPU without TRITON_INTERPRET) runs as many Python-level
+    steps as its longest stretch of key tiles needs, not one per pair of tiles of the whole batch: 16
+    rows of the same documents take the operations 2 rows take (no more at 64), where a loop over every
+    pair of tiles of the batch ran 64 times as many (a training step of 16 x 128 tokens took minutes
+    instead of a fraction of a second). Counted, not timed: a busy machine cannot make it flaky."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    few, many = (_reference_path_ops(rows, pattern, causal, window) for rows in (2, 16))
+    assert many <= few * 1.1 + 20, (few, many)
+    assert many < 2000, many  # about 100 operations per step of at most 6 key tiles
+
+
+def test_compiled_varlen_recompiles_once_for_any_number_of_documents(monkeypatch):
+    """torch.compile over batches of 2 to 64 documents (cu_seqlens of varying length, as Hugging
+    Face's padding-free collator makes them; the model pads its count to powers of two): the first
+    change of length compiles once more, with that length dynamic (automatic dynamic shapes), and
+    every later count reuses that graph. The graph holds the op, not a per-document loop, so on the
+    GPU too the count never re-specializes the trace (the kernels take it as a runtime argument)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the op runs the PyTorch path: quicker here
+
+    def attend(q, k, v, cu):
+        return fastlm.flash_attention_varlen(q, k, v, cu, cu, 64, 64, causal=True)
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(attend, backend=counter, fullgraph=True)
+    q, k, v = (torch.randn(128, 2, 16, requires_grad=True) for _ in range(3))
+    for documents in (2, 3, 5, 8, 13, 64, 4):
+        lengths = [128 // documents] * (documents - 1)
+        cu = cumulative([*lengths, 128 - sum(lengths)], "cpu")
+        out = compiled(q, k, v, cu)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        want = attend(q, k, v, cu)
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+        for got, expected in zip(grads, torch.autograd.grad(want.sum(), (q, k, v)), strict=True):
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert counter.frame_count == 2
 
 
 def test_dense_window_arguments_are_checked():
@@ -376,3 +562,65 @@ def test_gpu_explicit_small_tiles():
     (q, k, v), cu, _ = make_packed(lengths, lengths, 4, 2, 64, torch.bfloat16, "cuda")
     config = AttentionConfig(AttentionTiles(16, 32, 4, 1), AttentionTiles(32, 16, 4, 1), AttentionTiles(16, 16, 2, 1))
     check_varlen(packed_kernels(cu, cu, True, (100, -1), config), q, k, v, cu, cu, True, (100, -1))
+
+
+@pytest.mark.gpu
+def test_gpu_lengths_are_trusted_unless_checked():
+    """CUDA cumulative lengths: read with ``check=True`` only (one sync, then the CPU's errors);
+    without it a forward and backward never wait for the GPU."""
+    q, k, v = (torch.randn(20, 2, 16, device="cuda", requires_grad=True) for _ in range(3))
+    for cu_seqlens, max_seqlen, message in (
+        ([0, 10, 15], 20, "but it ends at 15, leaving rows 15 to 19 in no document"),
+        ([0, 10, 30], 20, "but it ends at 30, past q's last row"),
+        ([0, 10, 20], 9, r"max_seqlen_q \(9\) must be at least"),
+    ):
+        cu = torch.tensor(cu_seqlens, dtype=torch.int32, device="cuda")
+        with pytest.raises(ValueError, match=message):
+            fastlm.flash_attention_varlen(q, k, v, cu, cu, max_seqlen, max_seqlen, causal=True, check=True)
+    cu = cumulative([10, 10], "cuda")
+    fastlm.flash_attention_varlen(q, k, v, cu, cu, 10, 10, check=True).sum().backward()  # warm: compiled
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fastlm.flash_attention_varlen(q, k, v, cu, cu, 10, 10).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+def test_gpu_kernels_specialize_on_the_document_count_twice_at_most():
+    """Eager launches over batches of 2 to 100 documents (the same rows, tiles and strides): Triton
+    specializes an int argument on being 1 and on dividing by 16, so the document count makes at
+    most two binaries per kernel here (counts that divide by 16, the others), not one per count."""
+    counts = (2, 3, 5, 16, 17, 32, 64, 100, 7)
+    (q, k, v), _, _ = make_packed([1024], [1024], 4, 2, 64, torch.bfloat16, "cuda")
+    binaries = {}
+    for documents in counts:
+        lengths = [1024 // documents] * (documents - 1)
+        cu = cumulative([*lengths, 1024 - sum(lengths)], "cuda")
+        out = fastlm.flash_attention_varlen(q, k, v, cu, cu, 1024, 1024, causal=True)
+        out.sum().backward()
+        binaries[documents] = [len(kernel.device_caches[torch.cuda.current_device()][0]) for kernel in KERNELS]
+    assert all(count <= 2 for count in binaries[counts[-1]]), binaries
+
+
+@pytest.mark.gpu
+def test_gpu_compiled_recompiles_once_for_any_number_of_documents():
+    """Inductor over batches of 2 to 64 documents: one compile more at the first change of the count
+    (that dim made dynamic), none after it; the same results as eager."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    def attend(q, k, v, cu):
+        return fastlm.flash_attention_varlen(q, k, v, cu, cu, 256, 256, causal=True)
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(attend, backend=counter, fullgraph=True)
+    (q, k, v), _, _ = make_packed([1024], [1024], 4, 2, 64, torch.bfloat16, "cuda")
+    for documents in (4, 5, 8, 13, 64, 6):
+        lengths = [1024 // documents] * (documents - 1)
+        cu = cumulative([*lengths, 1024 - sum(lengths)], "cuda")
+        out = compiled(q, k, v, cu)
+        out.sum().backward()
+        torch.testing.assert_close(out, attend(q, k, v, cu), atol=2e-2, rtol=2e-2)
+    assert counter.frame_count == 2

@@ -35,7 +35,12 @@ from fastlm.ops.flash_attention.launchers import _launch_backward as _launch_bac
 from fastlm.ops.flash_attention.launchers import _launch_forward as _launch_forward
 from fastlm.ops.flash_attention.masks import check_window
 from fastlm.ops.flash_attention.tiled import TORCH_TILE
-from fastlm.ops.flash_attention.varlen import check_varlen_inputs, flash_attention_varlen, flash_attention_varlen_ref
+from fastlm.ops.flash_attention.varlen import (
+    check_cu_seqlens,
+    check_varlen_inputs,
+    flash_attention_varlen,
+    flash_attention_varlen_ref,
+)
 
 __all__ = [
     "DTYPES",
@@ -50,6 +55,7 @@ __all__ = [
     "FlashAttentionTorch",
     "FlashAttentionTriton",
     "attention_config",
+    "check_cu_seqlens",
     "check_inputs",
     "check_varlen_inputs",
     "check_window",

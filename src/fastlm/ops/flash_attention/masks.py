@@ -36,8 +36,8 @@ def window_bounds(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
 
 
 def visible(positions: torch.Tensor, keys: torch.Tensor, left: int, right: int) -> torch.Tensor:
-    """(rows, keys) bool: the query at key position ``positions[r]`` sees key ``keys[c]``, for bounds
-    (left, right) from `window_bounds`."""
-    offset = keys[None, :] - positions[:, None]  # j - p
+    """(..., rows, keys) bool: the query at key position ``positions[..., r]`` sees key ``keys[..., c]``,
+    for bounds (left, right) from `window_bounds`; leading dims (tiles of packed rows) broadcast."""
+    offset = keys[..., None, :] - positions[..., :, None]  # j - p
     seen = offset >= -left if left >= 0 else torch.ones_like(offset, dtype=torch.bool)
     return seen & (offset <= right) if right >= 0 else seen
