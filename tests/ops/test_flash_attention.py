@@ -262,10 +262,11 @@ def test_forward_through_descriptors_gives_the_pointer_forwards_bits(
     check_attention(attend(with_descriptors), q, k, v, causal, window=window)
 
 
-def test_a_descriptor_launch_sets_tritons_scratch_allocator_for_itself_only(monkeypatch):
-    """A launch through descriptors, eager or from the triton_op run by a backend other than Inductor
-    (traced), finds the launcher's scratch allocator in Triton's context; a user's allocator is back
-    in place after it, and a pointer launch sees the user's."""
+def test_a_descriptor_launch_finds_a_scratch_allocator_and_keeps_the_users(monkeypatch):
+    """An eager launch through descriptors finds the launcher's scratch allocator in Triton's context
+    for itself only: a user's allocator is back in place after it, and a pointer launch sees the
+    user's. A traced launch runs later (aot_eager launches through Triton's own launcher): it keeps
+    a user's allocator, and where none was set, sets the launcher's."""
     from triton.runtime import _allocation
 
     from fastlm.ops.flash_attention import launchers
@@ -291,7 +292,14 @@ def test_a_descriptor_launch_sets_tritons_scratch_allocator_for_itself_only(monk
         return _allocation._allocator.get()
 
     assert contextvars.copy_context().run(launches) is user_allocator  # a context of its own: no leak
-    assert seen == [(True, launchers._scratch), (True, launchers._scratch), (False, user_allocator)]
+    assert seen == [(True, launchers._scratch), (True, user_allocator), (False, user_allocator)]
+
+    def traced_launch_without_an_allocator():
+        launchers._launch_forward(q, k, v, True, 0.1, config, traced=True)
+        return _allocation._allocator.get()
+
+    fresh = contextvars.Context()  # Triton's default: its NullAllocator, which raises when called
+    assert fresh.run(traced_launch_without_an_allocator) is launchers._scratch
 
 
 def test_descriptors_fit_a_traced_tensor_by_its_storage_offset():

@@ -591,7 +591,8 @@ def test_gpu_lengths_are_trusted_unless_checked():
 def test_gpu_kernels_specialize_on_the_document_count_twice_at_most():
     """Eager launches over batches of 2 to 100 documents (the same rows, tiles and strides): Triton
     specializes an int argument on being 1 and on dividing by 16, so the document count makes at
-    most two binaries per kernel here (counts that divide by 16, the others), not one per count."""
+    most two binaries per kernel here (counts that divide by 16, the others), not one per count:
+    one more than after the first batch (the process's other tests may have compiled others)."""
     counts = (2, 3, 5, 16, 17, 32, 64, 100, 7)
     (q, k, v), _, _ = make_packed([1024], [1024], 4, 2, 64, torch.bfloat16, "cuda")
     binaries = {}
@@ -601,7 +602,8 @@ def test_gpu_kernels_specialize_on_the_document_count_twice_at_most():
         out = fastlm.flash_attention_varlen(q, k, v, cu, cu, 1024, 1024, causal=True)
         out.sum().backward()
         binaries[documents] = [len(kernel.device_caches[torch.cuda.current_device()][0]) for kernel in KERNELS]
-    assert all(count <= 2 for count in binaries[counts[-1]]), binaries
+    grown = [last - first for first, last in zip(binaries[counts[0]], binaries[counts[-1]], strict=True)]
+    assert all(extra <= 1 for extra in grown), binaries
 
 
 @pytest.mark.gpu

@@ -10,11 +10,14 @@ generated code inside the triton_ops (``traced``).
 Dense launches pass None for the cumulative lengths, not a stand-in tensor: the kernels hand those
 pointers to helper functions, and torch.compile's analysis of a launch counts every tensor handed to
 a helper whose result reaches a store as written, so it would copy a stand-in before each launch.
+Packed traced launches take copies of the cumulative lengths of their own for the same reason
+(`_lengths_for_launch`).
 """
 
 from __future__ import annotations
 
 import torch
+import triton
 from triton.runtime import _allocation
 
 from fastlm.ops.common import cdiv, is_traced
@@ -103,6 +106,33 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
+def _lengths_for_launch(cu_seqlens_q, cu_seqlens_k, traced: bool):
+    """The cumulative lengths a launch takes: traced, a copy of each of its own ((docs + 1,) int32,
+    a few bytes). torch.compile counts them as written by the kernels (their values reach the
+    stores' addresses), so it copies the caller's tensors before the launch; its copy of a tensor
+    whose length is dynamic (a varying number of documents) fails to compile in torch 2.11. A copy
+    that no other node reads is updated in place instead, and has no such copy."""
+    if not traced or cu_seqlens_q is None:
+        return cu_seqlens_q, cu_seqlens_k
+    return cu_seqlens_q.clone(), cu_seqlens_k.clone()
+
+
+def _scratch_allocator(tma: bool, traced: bool):
+    """Where a launch takes the descriptors' scratch from: None without descriptors. An eager launch
+    sets `_scratch` in Triton's context variable for itself (a token to reset it after). A traced
+    launch runs later: Inductor's generated code allocates the scratch itself, other backends
+    (aot_eager) launch through Triton's own launcher, which takes Triton's allocator at that time;
+    where none was ever set, this sets `_scratch` as it (`triton.set_allocator`), else it keeps the
+    user's."""
+    if not tma:
+        return None
+    if not traced:
+        return _allocation._allocator.set(_scratch)
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+    return None
+
+
 def _precision(dtype: torch.dtype) -> str:
     """fp32 inputs follow torch's matmul setting: TF32 only when the user allowed it."""
     return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
@@ -137,11 +167,8 @@ def _launch_forward(
     # o is this function's own allocation (`empty_token_major`: strides multiples of D, an aligned
     # storage), so only the inputs need the check, per call
     tma = config.forward_descriptors and D == block_d and _descriptors_fit(q, k, v)
-    # A launch from here (eager, or the triton_op run by a backend other than Inductor) takes the
-    # descriptors' scratch from the allocator in Triton's context variable, which only
-    # `triton.set_allocator` sets publicly and for good: set for this launch only, so a user's own
-    # allocator is back in place after it. Inductor's generated launches allocate it themselves.
-    scratch = _allocation._allocator.set(_scratch) if tma else None
+    scratch = _scratch_allocator(tma, traced)
+    cu_seqlens_q, cu_seqlens_k = _lengths_for_launch(cu_seqlens_q, cu_seqlens_k, traced)
     try:
         _launch_flash_forward(traced)[_grid(M, tiles.block_m, H, Z, packed)](
             q,
@@ -208,8 +235,8 @@ def _launch_backward(
         return dq.zero_(), dk.zero_(), dv.zero_()
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
     delta = lse.new_empty(lse.shape)
-    # the arguments both kernels take, in their order
-    inputs = (cu_seqlens_q, cu_seqlens_k, *strides(q), *strides(k), *strides(v), *strides(grad_out))
+    # the arguments both kernels take, in their order (after the lengths, `_lengths_for_launch` each)
+    inputs = (*strides(q), *strides(k), *strides(v), *strides(grad_out))
     rows = (0, M) if packed else (H * M, M)  # L's and Dlt's strides
     sizes = (*((0, 0, Z) if packed else (M, N, 0)), scale, left, right)
     common = dict(
@@ -230,6 +257,7 @@ def _launch_backward(
         lse,
         delta,
         dq,
+        *_lengths_for_launch(cu_seqlens_q, cu_seqlens_k, traced),
         *inputs,
         *strides(o)[:3],
         *strides(dq)[:3],
@@ -253,6 +281,7 @@ def _launch_backward(
         delta,
         dk,
         dv,
+        *_lengths_for_launch(cu_seqlens_q, cu_seqlens_k, traced),
         *inputs,
         *strides(dk)[:3],
         *rows,
