@@ -60,11 +60,11 @@ from dataclasses import dataclass
 from rich.table import Table
 
 from fastlm.analysis.tables import gib
+from fastlm.settings import STATE_BYTES
 
 GB = 10**9  # bytes; device sizes (80 GB, 95 GB) are decimal
-MASTER_WEIGHT_BYTES = 4  # fp32, per parameter
-GRADIENT_BYTES = 4  # fp32 accumulated gradient, per parameter
-ADAMW_STATE_BYTES = 8  # fp32 first and second moments, per parameter
+# per parameter: fp32 master weights and accumulated gradients, AdamW's two fp32 moments (bf16 compute)
+STATE = STATE_BYTES["bf16"]
 ACTIVATION_BYTES = 2  # bf16, per saved element
 COMMS_BYTES = 2  # bf16: gathered weights and exchanged activations on the wire
 
@@ -185,9 +185,9 @@ def memory_accounting(config: ParallelConfig) -> MemoryAccounting:
     per_token = activation_bytes_per_token(config)
     return MemoryAccounting(
         parameters=p,
-        master_weights=MASTER_WEIGHT_BYTES * p,
-        gradients=GRADIENT_BYTES * p,
-        adamw_state=ADAMW_STATE_BYTES * p,
+        master_weights=STATE.weights * p,
+        gradients=STATE.gradients * p,
+        adamw_state=STATE.optimizer * p,
         activations_per_token=per_token,
         activations=config.tokens * per_token,
     )

@@ -21,7 +21,8 @@ Assumptions, all of them:
   (2) end of backward: every gradient exists and the activations are gone. In between, the
   backward frees a block's activations as it adds that block's gradients, a linear exchange, so
   the larger end is the peak. Transients of the one block being worked on are added to both.
-- State per parameter: fp32 weights 4 B, gradients 4 B, AdamW moments 8 B, 16 P in all. none and
+- State per parameter (`fastlm.settings.STATE_BYTES` of bf16): fp32 weights 4 B, gradients 4 B,
+  AdamW moments 8 B, 16 P in all (`ParallelMode.state_bytes_per_parameter`). none and
   ddp hold all of it on every GPU (ddp all-reduces the gradients in place); fsdp shards all of it
   over N. With gradient accumulation (micro-batches after the first) the gradients of the earlier
   ones are held through the forward: 4 P (none, ddp), and under fsdp also 4 P, not 4 P / N: FSDP2
@@ -59,7 +60,7 @@ Assumptions, all of them:
   nll_loss and log_softmax (2 x 4V): 12V; fastlm's fused loss: the hidden states' gradient 2d, the
   LM head's fp32 gradient 4 V d (under compile once more as an fp32 temporary), and one chunk of
   bf16 logits, T x 2V up to LINEAR_XENT_CHUNK_BYTES.
-- fsdp (`fastlm.distributed.wrappers._fsdp`): units gather their weights in bf16. While all blocks
+- fsdp (`fastlm.distributed.wrappers.FSDP.wrap`): units gather their weights in bf16. While all blocks
   together take at most GATHERED_BYTES_LIMIT in bf16 (`keeps_gathered`) they stay gathered from
   forward to backward: 2 (P_b L) at the forward -> backward moment; otherwise about two units are
   in flight at either moment (the one computing and the one prefetched): 2 x 2 P_u. The root stays
@@ -91,12 +92,14 @@ from types import SimpleNamespace
 from rich.table import Table
 
 from fastlm.analysis.tables import add_columns, gib
-from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB, REDUCE_DTYPES, keeps_gathered, sharding_units
+from fastlm.distributed.wrappers import ParallelMode, keeps_gathered, parallel_mode, sharding_units
 from fastlm.model.config import ModelConfig
+from fastlm.settings import DEFAULT_BUCKET_MB, PARALLEL, REDUCE_DTYPES, STATE_BYTES, ParallelSpec, bucket_mb_in_use
 
 PARALLEL_MODES = ("none", "ddp", "fsdp")  # the `fastlm train --parallel` modes counted here
 COMPILE_MODES = ("eager", "compile")  # the `fastlm train --compile` modes counted here
 FP32, BF16 = 4, 2  # bytes per element
+STATE = STATE_BYTES["bf16"]  # the training state per parameter of the step counted here
 # Outside PyTorch's allocator, so in no record of max_memory_allocated: the CUDA context, kernel
 # images, cuBLAS and NCCL handles and NCCL's buffers. A stated allowance, not measured here.
 CUDA_CONTEXT_BYTES = 2**30
@@ -132,12 +135,12 @@ class TrainStep:
             raise ValueError(f"parallel must be one of {', '.join(PARALLEL_MODES)}, got {self.parallel!r}")
         if self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
-        if self.parallel == "none" and self.gpus != 1:
-            raise ValueError(f"parallel none runs one process: gpus must be 1, got {self.gpus}")
+        if not PARALLEL[self.parallel].processes and self.gpus != 1:
+            raise ValueError(f"parallel {self.parallel} runs one process: gpus must be 1, got {self.gpus}")
         if self.reduce_dtype not in REDUCE_DTYPES:
             raise ValueError(f"reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}, got {self.reduce_dtype!r}")
-        if self.reduce_dtype != "fp32" and self.parallel == "none":
-            raise ValueError("parallel none averages no gradients: reduce_dtype must stay fp32")
+        if self.reduce_dtype != "fp32" and not PARALLEL[self.parallel].processes:
+            raise ValueError(f"parallel {self.parallel} averages no gradients: reduce_dtype must stay fp32")
         if self.config.kernels.attention == "naive":
             raise ValueError("attention naive materializes the scores, not counted here: use sdpa or fastlm")
         if self.config.window is not None and self.config.kernels.attention != "fastlm":
@@ -149,15 +152,27 @@ class TrainStep:
         return self.micro_batch * self.config.context_length
 
     @property
+    def mode(self) -> ParallelMode:
+        """The --parallel mode as `fastlm train` runs it."""
+        return parallel_mode(
+            ParallelSpec(self.parallel, bucket_mb_in_use(self.parallel, self.bucket_mb), self.reduce_dtype)
+        )
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the GPUs divide the training state (fsdp), or each holds all of it."""
+        return PARALLEL[self.parallel].shards_state
+
+    @property
     def shards(self) -> int:
         """How many GPUs share the training state: N under fsdp, else each GPU holds all of it."""
-        return self.gpus if self.parallel == "fsdp" else 1
+        return self.gpus if self.sharded else 1
 
     @property
     def compiled_root(self) -> bool:
         """Whether the embedding, final norm and loss run compiled: `fastlm train` compiles the
         whole model, but under fsdp only the blocks."""
-        return self.compile == "compile" and self.parallel != "fsdp"
+        return self.compile == "compile" and self.mode.compiles_whole_model
 
 
 @dataclass(frozen=True)
@@ -274,23 +289,35 @@ def head_activations(step: TrainStep) -> tuple[int, str]:
 
 def memory_terms(step: TrainStep) -> MemoryPrediction:
     """What one GPU holds at the two moments that can be the peak, term by term."""
-    config, fsdp = step.config, step.parallel == "fsdp"
+    config, fsdp = step.config, step.sharded  # sharded: fsdp, whose units gather bf16 weights
     p, t, d, v = config.num_parameters(), step.tokens, config.d_model, config.vocab_size
     shards = step.shards
     over = " / N" if fsdp else ""
     sharded = " sharded" if fsdp else ""
     terms = [
-        Term(f"weights, fp32{sharded}", f"4 P{over}", FP32 * p / shards, FP32 * p / shards),
-        Term(f"AdamW moments, fp32{sharded}", f"8 P{over}", 2 * FP32 * p / shards, 2 * FP32 * p / shards),
+        Term(
+            f"weights, fp32{sharded}",
+            f"{STATE.weights} P{over}",
+            STATE.weights * p / shards,
+            STATE.weights * p / shards,
+        ),
+        Term(
+            f"AdamW moments, fp32{sharded}",
+            f"{STATE.optimizer} P{over}",
+            STATE.optimizer * p / shards,
+            STATE.optimizer * p / shards,
+        ),
     ]
     accumulating = step.accumulation > 1
-    gradients = FP32 * p / shards
+    gradients = STATE.gradients * p / shards
     if accumulating and not fsdp:
-        terms.append(Term("gradients, fp32 (also between micro-batches)", "4 P", gradients, gradients))
+        terms.append(Term("gradients, fp32 (also between micro-batches)", f"{STATE.gradients} P", gradients, gradients))
     else:
-        terms.append(Term(f"gradients, fp32{sharded}", f"4 P{over}", 0, gradients))
+        terms.append(Term(f"gradients, fp32{sharded}", f"{STATE.gradients} P{over}", 0, gradients))
     if accumulating and fsdp:
-        terms.append(Term("unsharded fp32 gradients between micro-batches", "4 P", FP32 * p, 0))
+        terms.append(
+            Term("unsharded fp32 gradients between micro-batches", f"{STATE.gradients} P", STATE.gradients * p, 0)
+        )
     block_copies = 0 if fsdp or config.recompute else BF16 * block_matmul_parameters(config)
     head_copy = BF16 * v * d if config.kernels.loss == "torch" else 0
     if block_copies or head_copy:
@@ -338,11 +365,11 @@ def communication(step: TrainStep) -> list[Transfer]:
     ring = (n - 1) / n
     p = config.num_parameters()
     wire, wire_bytes = step.reduce_dtype, FP32 if step.reduce_dtype == "fp32" else BF16
-    if step.parallel == "ddp":
+    if not PARALLEL[step.parallel].processes:
+        return []
+    if not step.sharded:
         all_reduce = 2 * ring * wire_bytes * p
         return [Transfer(f"all-reduce of the {wire} gradients", f"2 (N-1)/N x {wire_bytes} P", all_reduce)]
-    if step.parallel == "none":
-        return []
     units = fsdp_units(config, step.bucket_mb)
     blocks = sum(units)
     again = 0 if fsdp_keeps_gathered(config) else blocks - units[-1]  # the last unit stays gathered
@@ -369,12 +396,12 @@ def communication(step: TrainStep) -> list[Transfer]:
 def _describe(step: TrainStep, name: str) -> str:
     config = step.config
     gpus = f"{step.gpus} GPU{'s' if step.gpus > 1 else ''}"
-    mode = {"none": "one process", "ddp": f"ddp on {gpus}", "fsdp": f"fsdp on {gpus}"}[step.parallel]
+    mode = f"{step.parallel} on {gpus}" if PARALLEL[step.parallel].processes else "one process"
     batch = f"micro-batch {step.micro_batch} x {config.context_length}"
     if step.accumulation > 1:
         batch += f", {step.accumulation} per step"
     extras = ["recompute"] if config.recompute else []
-    if step.parallel == "fsdp":
+    if step.sharded:
         extras.append(f"{step.bucket_mb:g} MB units")
     if step.reduce_dtype != "fp32":
         extras.append(f"gradients averaged in {step.reduce_dtype}")
@@ -399,11 +426,12 @@ def memory_tables(step: TrainStep, name: str, contexts: Sequence[int] = ()) -> l
         "CUDA context, NCCL (stated)", "outside the allocator", n_gib(CUDA_CONTEXT_BYTES), n_gib(CUDA_CONTEXT_BYTES)
     )
     p = step.config.num_parameters()
-    state = 16 * p / step.shards
+    state = step.mode.state_bytes_per_parameter(STATE, step.gpus) * p
     parts: list[Table | str] = [
         table,
         f"GiB · P = {p:,}, P_b = {step.config.num_block_parameters():,}, T = {step.tokens:,} tokens; "
-        f"fp32 weights, gradients and AdamW moments: 16 x P{' / N' if step.shards > 1 else ''} = {gib(state)}.",
+        f"fp32 weights, gradients and AdamW moments: {STATE.total} x P{' / N' if step.shards > 1 else ''} = "
+        f"{gib(state)}.",
         f"Predicted peak per GPU: [bold]{gib(prediction.peak)}[/] allocated ({prediction.moment}), "
         f"{gib(prediction.peak + CUDA_CONTEXT_BYTES)} with the CUDA context allowance. Assumptions: "
         "fastlm.analysis.train_memory.",

@@ -37,7 +37,7 @@ def compare_kernels(config: TrainConfig, kernel_sets: Sequence[str]) -> list[dic
     """Train once per kernel set with ``config`` (checked as `fastlm train` checks it); one record
     per run: kernels, wall_s, tokens_per_s, mfu, the last training and held-out losses, and the
     configuration. Raises UserError like `fastlm.train.loop.train`."""
-    if config.parallel != "none" or config.resume:
+    if config.parallelism.processes or config.resume:
         raise UserError(
             "the kernel benchmark trains fresh runs in one process: it takes neither --parallel nor --resume"
         )

@@ -15,7 +15,7 @@ from fastlm.cli import output
 from fastlm.cli.arguments import add_command, add_compile_option, add_group, int_list, positive_float, positive_int
 from fastlm.cli.models import add_model_arguments, check_heads, single_model_config
 from fastlm.devices import DEVICES, device_spec
-from fastlm.distributed.wrappers import DEFAULT_BUCKET_MB, REDUCE_DTYPES, bucket_mb_in_use
+from fastlm.settings import BUCKETED_MODES, DEFAULT_BUCKET_MB, REDUCE_DTYPES, bucket_mb_in_use
 from fastlm.train.config import TrainConfig
 from fastlm.utils.errors import UserError
 
@@ -46,7 +46,7 @@ def cmd_analyze_memory(args) -> None:
     from fastlm.analysis.train_memory import TrainStep, memory_tables
 
     preset, config = single_model_config(args)
-    if args.bucket_mb is not None and args.parallel != "fsdp":
+    if args.bucket_mb is not None and args.parallel not in BUCKETED_MODES:
         raise UserError(f"--bucket-mb sizes fsdp's sharding units: it needs --parallel fsdp, got {args.parallel}")
     try:
         step = TrainStep(
@@ -56,7 +56,7 @@ def cmd_analyze_memory(args) -> None:
             parallel=args.parallel,
             compile=args.compile,
             accumulation=args.accumulation,
-            bucket_mb=bucket_mb_in_use("fsdp", args.bucket_mb),
+            bucket_mb=bucket_mb_in_use(args.parallel, args.bucket_mb) or DEFAULT_BUCKET_MB["fsdp"],
             reduce_dtype=args.reduce_dtype,
         )
     except ValueError as error:  # the fields named as the options that set them

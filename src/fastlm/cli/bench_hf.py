@@ -19,9 +19,9 @@ from fastlm.cli.arguments import (
     positive_int,
 )
 from fastlm.devices import current_device
-from fastlm.settings import COMPILE_MODES, FP32_WEIGHT_PRECISIONS, default_precision
+from fastlm.settings import COMPILE_MODES, FP32_WEIGHT_PRECISIONS, STATE_BYTES, default_precision
 from fastlm.utils.errors import UserError
-from fastlm.utils.host_memory import ADAMW_STATE_BYTES, check_fits_host
+from fastlm.utils.host_memory import check_fits_host
 
 if TYPE_CHECKING:  # fastlm.bench.hf imports torch, which `fastlm --help` does not
     from fastlm.bench.hf import HFShape
@@ -67,10 +67,10 @@ def cmd_bench_hf(args) -> None:
 
 def _check_fits_host(shape: HFShape, models: int) -> None:
     """On a CPU, stop before building ``models`` models (interleaved rounds keep them all) whose fp32
-    weights, gradients and AdamW moments (16 bytes per parameter) would not fit the host."""
+    weights, gradients and AdamW moments (`STATE_BYTES`) would not fit the host."""
     parameters = shape.num_parameters()
     check_fits_host(
-        ADAMW_STATE_BYTES * parameters * models,
+        STATE_BYTES["fp32"].total * parameters * models,
         f"the training state of {models} model(s) of {shape.family} {shape.size} ({parameters / 1e9:.2f}B "
         "parameters each: fp32 weights, gradients and AdamW moments)",
         "use --size tiny, or fewer --layers and a smaller --d-model and --vocab",

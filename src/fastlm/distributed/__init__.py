@@ -1,7 +1,7 @@
 """Data-parallel training on torch.distributed (NCCL on GPUs, gloo on CPU).
 
 The wrappers and the sharded optimizer (and with them torch) are imported on first use, so that
-`fastlm.distributed.wrappers` can name a parallel mode for the command line without torch.
+the parallel modes of `fastlm.distributed.wrappers` are importable without torch.
 """
 
 __all__ = ["DDP", "BucketedDDP", "ShardedOptimizer", "allreduce_gradients"]

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from fastlm import checkpoint
 from fastlm.checkpoint import CheckpointError, ConfigMismatchError, DamagedCheckpointError
 from fastlm.distributed import ShardedOptimizer
+from fastlm.distributed.wrappers import parallel_mode
 from fastlm.settings import stores_bf16_weights
 from fastlm.train.config import IMPLIED_BY_OLDER_RUNS, NEWEST, OVERRIDABLE, TrainConfig
 from fastlm.train.log import TrainLog, run_files, run_id, set_aside_runs
@@ -156,29 +157,15 @@ def non_finite_state(model, optimizer) -> str | None:
 
 
 def training_state(model, optimizer, config: TrainConfig) -> dict:
-    """{"model", "optimizer"} state dicts in the layout of an unsharded single-process run."""
-    if config.parallel == "fsdp":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
-    else:
-        model_state, optimizer_state = getattr(model, "module", model).state_dict(), optimizer.state_dict()
+    """{"model", "optimizer"} state dicts in the layout of an unsharded single-process run, gathered
+    as the --parallel mode holds them (`ParallelMode.training_state`)."""
+    model_state, optimizer_state = parallel_mode(config.parallel_spec()).training_state(model, optimizer)
     return {"model": model_state, "optimizer": optimizer_state}
 
 
 def restore(state: dict, model, optimizer, config: TrainConfig) -> None:
     """Load a `training_state` dict (the learning rate is set by the schedule before every step)."""
-    if config.parallel == "fsdp":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        options = StateDictOptions(full_state_dict=True)
-        set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options
-        )
-    else:
-        getattr(model, "module", model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+    parallel_mode(config.parallel_spec()).restore(model, optimizer, state["model"], state["optimizer"])
 
 
 def save_checkpoint(

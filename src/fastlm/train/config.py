@@ -13,26 +13,26 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fastlm.distributed.wrappers import (
-    BUCKETED_MODES,
-    COMPILED_BUCKETED_MB,
-    DEFAULT_BUCKET_MB,
-    MODES,
-    REDUCE_DTYPES,
-    ParallelSpec,
-    bucket_mb_in_use,
-)
 from fastlm.model.config import ModelConfig
 from fastlm.model.options import ModelOptions
 from fastlm.settings import (
+    BUCKETED_MODES,
     COMPILE_MEANINGS,
     COMPILE_MODES,
+    COMPILED_BUCKETED_MB,
+    DEFAULT_BUCKET_MB,
     FP32_WEIGHT_PRECISIONS,
     KERNEL_SETS,
     KERNEL_SETS_HELP,
+    PARALLEL,
+    PARALLEL_MODES,
     PRECISION_MEANINGS,
     PRECISIONS,
+    REDUCE_DTYPES,
     TORCH_COMPILE_MODE,
+    Parallelism,
+    ParallelSpec,
+    bucket_mb_in_use,
     choices_help,
     default_precision,
     stores_bf16_weights,
@@ -142,7 +142,9 @@ class TrainConfig(ModelOptions):
         choices=PRECISIONS,
     )
     parallel: str = option(
-        "none", "how gradients are synchronized across processes; anything but none needs torchrun", choices=MODES
+        "none",
+        "how gradients are synchronized across processes; anything but none needs torchrun",
+        choices=PARALLEL_MODES,
     )
     bucket_mb: float | None = option(
         None,
@@ -227,24 +229,25 @@ class TrainConfig(ModelOptions):
                 f"{self.context} x {self.micro_batch} x {world} = {per_micro_step}, "
                 f"got {self.batch_tokens}"
             )
-        if self.compile == "cudagraphs" and (self.parallel != "none" or self.accumulation(world) > 1):
+        if self.compile == "cudagraphs" and (self.parallelism.processes or self.accumulation(world) > 1):
             raise UserError(
                 "--compile cudagraphs needs --parallel none and no gradient accumulation (--batch-tokens "
                 "= --context x --micro-batch): a graph's gradients are overwritten by its next "
                 "replay"
             )
-        if stores_bf16_weights(self.precision) and (self.parallel == "fsdp" or self.shard_optimizer):
+        sharded = self.parallelism.shards_state
+        if stores_bf16_weights(self.precision) and (sharded or self.shard_optimizer):
             raise UserError(
                 "--precision bf16-weights does not combine with --parallel fsdp or --shard-optimizer "
                 "(they shard the optimizer state, which would have to hold the fp32 masters)"
             )
-        if self.parallel == "fsdp" and self.shard_optimizer:
+        if sharded and self.shard_optimizer:
             raise UserError(
                 "--shard-optimizer does not combine with --parallel fsdp (FSDP already shards the optimizer state)"
             )
-        if self.reduce_dtype != "fp32" and self.parallel == "none":
+        if self.reduce_dtype != "fp32" and not self.parallelism.processes:
             raise UserError("--reduce-dtype needs a --parallel mode: one process averages no gradients")
-        if self.shard_optimizer and self.parallel == "none":
+        if self.shard_optimizer and not self.parallelism.processes:
             raise UserError(
                 "--shard-optimizer needs a --parallel mode: one process has no others to share AdamW's state"
             )
@@ -260,11 +263,18 @@ class TrainConfig(ModelOptions):
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite exclude each other: continue the checkpoint's run, or replace it")
 
+    @property
+    def parallelism(self) -> Parallelism:
+        """What the --parallel mode is (`fastlm.settings.PARALLEL`)."""
+        return PARALLEL[self.parallel]
+
     def parallel_spec(self) -> ParallelSpec:
         """The --parallel mode as `fastlm.distributed.wrappers` takes it: --bucket-mb or the mode's
-        default, bucketed's depending on whether the model is compiled (on a `resolved` config)."""
+        default, bucketed's depending on whether the model is compiled (on a `resolved` config),
+        --reduce-dtype and --shard-optimizer."""
         compiled = self.compile in TORCH_COMPILE_MODE
-        return ParallelSpec(self.parallel, bucket_mb_in_use(self.parallel, self.bucket_mb, compiled), self.reduce_dtype)
+        bucket_mb = bucket_mb_in_use(self.parallel, self.bucket_mb, compiled)
+        return ParallelSpec(self.parallel, bucket_mb, self.reduce_dtype, self.shard_optimizer)
 
     def max_grad_norm(self) -> float:
         """The global gradient norm clipping scales down to: --grad-clip, whose 0 means no limit."""

@@ -80,13 +80,11 @@ from fastlm.checkpoint import CheckpointError
 from fastlm.data.documents import cu_seqlens
 from fastlm.data.tokens import EpochOrder, TokenData, Windows
 from fastlm.devices import current_device_name
-from fastlm.distributed import ShardedOptimizer
-from fastlm.distributed.wrappers import Wrapped, stack_is_one_unit, wrap
+from fastlm.distributed.wrappers import ParallelMode, parallel_mode
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.materialize import materialize
 from fastlm.model.precision import param_groups, precision_context
 from fastlm.optim import AdamW
-from fastlm.optim.clip import grad_norm
 from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.settings import CUDAGRAPHS_NEED_A_GPU, TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
 from fastlm.train.checkpoint import (
@@ -123,12 +121,12 @@ CPU_FASTLM_KERNELS = (
 
 
 def _rank_and_world(config: TrainConfig) -> tuple[int, int]:
-    if config.parallel == "none":
+    if not config.parallelism.processes:
         processes = int(os.environ.get("WORLD_SIZE", 1))
         if processes > 1:  # each would train the whole run alone, into the same --out
             raise UserError(
-                f"torchrun started {processes} processes but --parallel is none: pass --parallel ddp, fsdp "
-                "or another mode of --help, or run one process without torchrun"
+                f"torchrun started {processes} processes but --parallel is {config.parallel}: pass --parallel ddp, "
+                "fsdp or another mode of --help, or run one process without torchrun"
             )
         return 0, 1
     if "RANK" not in os.environ:
@@ -138,7 +136,7 @@ def _rank_and_world(config: TrainConfig) -> tuple[int, int]:
 
 def _setup(config: TrainConfig) -> torch.device:
     """The device of this rank; initializes torch.distributed unless --parallel none."""
-    if config.parallel == "none":
+    if not config.parallelism.processes:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
@@ -148,23 +146,15 @@ def _setup(config: TrainConfig) -> torch.device:
     return torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _wrap(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> Wrapped:
-    """The model wrapped for --parallel (the registry of `fastlm.distributed.wrappers`)."""
-    return wrap(model, config.parallel_spec(), device, _compute_dtype(config))
+def _parallel_mode(config: TrainConfig) -> ParallelMode:
+    """The --parallel mode's object (`fastlm.distributed.wrappers`), which holds every step of the
+    run that depends on the mode."""
+    return parallel_mode(config.parallel_spec())
 
 
 def _compute_dtype(config: TrainConfig) -> torch.dtype | None:
     """The forward's autocast dtype, in which fsdp all-gathers the blocks' weights; None: no autocast."""
     return torch.bfloat16 if autocasts(config.precision) else None
-
-
-def _gradient_sync(model: torch.nn.Module, config: TrainConfig, sync: bool) -> contextlib.AbstractContextManager:
-    """The context of a micro-batch's backward: without ``sync``, gradients accumulate locally."""
-    if config.parallel == "fsdp":
-        model.set_requires_gradient_sync(sync)
-    elif not sync and config.parallel in ("ddp", "bucketed", "torch-ddp"):
-        return model.no_sync()
-    return contextlib.nullcontext()
 
 
 def _materialize(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> None:
@@ -175,60 +165,30 @@ def _materialize(model: torch.nn.Module, config: TrainConfig, device: torch.devi
 
 
 def _compile(model: TransformerLM, config: TrainConfig) -> None:
-    """Compile in place (state-dict keys stay those of the eager model). Under fsdp, before sharding:
-    the blocks' stack as one graph where fsdp shards it as one unit (its forward: FSDP's hooks run
-    around the graph; small models, whose step is bound by the host's per-graph and per-hook work:
-    docs/notes/distributed.md), else each block (the graphs stop at FSDP's hooks between units).
-    Otherwise the whole model: one graph hands every gradient to ddp's and bucketed's hooks at the
-    end of backward, so their all-reduces do not overlap it; compiling block by block would let
-    them, but measured slower for ddp (the host, with a compiled call per block and a hook per
-    gradient, falls behind the GPUs). torch-ddp splits its graph at its buckets by itself."""
+    """Compile in place for --compile (eager: nothing), what the --parallel mode compiles
+    (`ParallelMode.compile`: the whole model, or under fsdp its blocks)."""
     if config.compile == "eager":
         return
-    mode = TORCH_COMPILE_MODE[config.compile]
-    if config.parallel != "fsdp":
-        model.compile(mode=mode)
-    elif stack_is_one_unit(model, config.parallel_spec(), _compute_dtype(config)):
-        model.blocks.forward = torch.compile(model.blocks.forward, mode=mode)
-    else:
-        for block in model.blocks:
-            block.compile(mode=mode)
+    _parallel_mode(config).compile(model, TORCH_COMPILE_MODE[config.compile], _compute_dtype(config))
 
 
 def _optimizer(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW over `fastlm.model.precision.param_groups`: PyTorch's (fused on CUDA; under fsdp
-    `local_shards.AdamW`, PyTorch's stepping the local shards), or for bf16-weights fastlm's, whose
-    first group stores the matmul weights in bf16 from here on, with their fp32 masters in its
-    state (bf16-weights does not combine with fsdp: `TrainConfig.check`)."""
+    """AdamW over `fastlm.model.precision.param_groups`: for bf16-weights fastlm's, whose first group
+    stores the matmul weights in bf16 from here on, with their fp32 masters in its state (it does
+    not combine with a sharded optimizer state: `TrainConfig.check`); otherwise the --parallel
+    mode's (`ParallelMode.optimizer`: PyTorch's, fused on CUDA, sharded or on fsdp's local shards)."""
     groups = param_groups(model, config.precision, config.weight_decay)
     if stores_bf16_weights(config.precision):
         return AdamW(groups, lr=config.lr, betas=BETAS)
-    options = {"lr": config.lr, "betas": BETAS, "fused": device.type == "cuda"}
-    if config.shard_optimizer:
-        return ShardedOptimizer(groups, torch.optim.AdamW, **options)
-    if config.parallel == "fsdp":
-        from fastlm.distributed import local_shards  # imports DTensor's half second of modules on first use
-
-        return local_shards.AdamW(groups, **options)
-    return torch.optim.AdamW(groups, **options)
+    return _parallel_mode(config).optimizer(groups, lr=config.lr, betas=BETAS, fused=device.type == "cuda")
 
 
 def _clip_gradients(model: torch.nn.Module, config: TrainConfig) -> torch.Tensor:
     """Scale the gradients to a global norm of at most --grad-clip (0: no limit); the norm before,
-    a plain tensor. fsdp: on the local shards (`local_shards.clip_grad_norm_`). bf16-weights: every
-    gradient's norm summed in fp32 (`fastlm.optim.clip.grad_norm`). bucketed clips inside its
-    synchronization instead (`Wrapped.synchronize_and_clip`), to the same result."""
-    max_norm = config.max_grad_norm()
-    if config.parallel == "fsdp":
-        from fastlm.distributed import local_shards
-
-        return local_shards.clip_grad_norm_(model.parameters(), max_norm)
-    if not stores_bf16_weights(config.precision):
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = grad_norm([p.grad for p in params])
-    torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-    return norm
+    a plain tensor (`ParallelMode.clip_gradients`). bucketed clips inside its synchronization
+    instead (`Wrapped.synchronize_and_clip`), to the same result."""
+    mode = _parallel_mode(config)
+    return mode.clip_gradients(model, config.max_grad_norm(), stores_bf16_weights(config.precision))
 
 
 def micro_batches(
@@ -473,26 +433,22 @@ def _train_loop(
     train_windows, held_out, eval_count, boundary = data
     resumed = pending.pop()
     model_cfg = config.model_config(record["vocab_size"])
+    mode = _parallel_mode(config)
     # shapes only, then the weights where the model trains (the host fills about 1 GB of fp32 weights
-    # in 20 s per thread: 10b has 51 GB); fsdp shards first, so no GPU holds the unsharded model
+    # in 20 s per thread: 10b has 51 GB), in the mode's order (fsdp shards first, so no GPU holds the
+    # unsharded model); bf16-weights builds its optimizer before wrapping (`ParallelMode.prepare`)
     with torch.device("meta"):
         model = TransformerLM(model_cfg)
-    if config.parallel != "fsdp":
-        _materialize(model, config, device)
-    # bf16-weights: the optimizer stores the matmul weights in bf16, before a wrapper sizes its
-    # gradient buckets by the parameters' dtypes; the other precisions build it after wrapping (FSDP
-    # replaces the parameters)
-    optimizer = _optimizer(model, config, device) if stores_bf16_weights(config.precision) else None
-    if config.parallel == "fsdp":
-        _compile(model, config)
-    wrapped = _wrap(model, config, device)
+    wrapped, optimizer = mode.prepare(
+        model,
+        device,
+        _compute_dtype(config),
+        materialize=lambda module: _materialize(module, config, device),
+        compile=lambda module: _compile(module, config),
+        optimizer=lambda module: _optimizer(module, config, device),
+        optimizer_first=stores_bf16_weights(config.precision),
+    )
     model = wrapped.module
-    if config.parallel == "fsdp":
-        _materialize(model, config, device)
-    else:
-        _compile(model, config)
-    if optimizer is None:
-        optimizer = _optimizer(model, config, device)
     step, position = 0, 0
     run_id = new_run_id()
     if resumed is not None:
@@ -550,7 +506,7 @@ def _train_loop(
                 group["lr"] = lr
             step_loss = None
             for index in range(accumulate):
-                with _gradient_sync(model, config, sync=index == accumulate - 1):
+                with mode.gradient_sync(model, sync=index == accumulate - 1):
                     if config.compile == "cudagraphs":
                         torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs are dead
                     with autocast:

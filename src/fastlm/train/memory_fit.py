@@ -15,28 +15,33 @@ import os
 import torch
 import torch.distributed as dist
 
-from fastlm.settings import stores_bf16_weights
+from fastlm.distributed.wrappers import parallel_mode
+from fastlm.settings import STATE_BYTES, default_precision, stores_bf16_weights
 from fastlm.train.config import TrainConfig
 from fastlm.utils.errors import UserError
-from fastlm.utils.host_memory import ADAMW_STATE_BYTES, check_fits_host
+from fastlm.utils.host_memory import check_fits_host
 
 
-def replicated_state_bytes(config: TrainConfig, record: dict, world: int) -> tuple[int, int]:
-    """(parameters, bytes of weights, gradients and AdamW state each process holds) outside fsdp."""
+def state_bytes(config: TrainConfig, record: dict, world: int) -> tuple[int, int]:
+    """(parameters, bytes of weights, gradients and AdamW state each of ``world`` processes holds):
+    the precision's `STATE_BYTES` as the --parallel mode divides them (an unresolved --precision is
+    either default, fp32 or bf16, which keep the same state)."""
     parameters = config.model_config(record["vocab_size"]).num_parameters()
-    # bytes per parameter: weights and gradients (fp32, or bf16 with bf16-weights), and AdamW's
-    # moments (fp32; with bf16-weights also the fp32 masters), which --shard-optimizer divides
-    replicated, optimizer = (4, 12) if stores_bf16_weights(config.precision) else (8, 8)
-    return parameters, int(parameters * (replicated + optimizer / (world if config.shard_optimizer else 1)))
+    per_parameter = STATE_BYTES[config.precision or default_precision(gpu=False)]
+    mode = parallel_mode(config.parallel_spec())
+    return parameters, int(parameters * mode.state_bytes_per_parameter(per_parameter, world))
 
 
 def out_of_memory_message(config: TrainConfig, record: dict, world: int, error: BaseException) -> str:
     """One sentence for a run that does not fit: what each process holds, and what would shrink it."""
     first = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
     batch = f"--micro-batch {config.micro_batch} x --context {config.context}"
-    if config.parallel == "fsdp":
-        return f"out of memory ({first}) with --parallel fsdp at {batch}: use a smaller --micro-batch or --context"
-    parameters, state = replicated_state_bytes(config, record, world)
+    if config.parallelism.shards_state:
+        return (
+            f"out of memory ({first}) with --parallel {config.parallel} at {batch}: use a smaller --micro-batch "
+            "or --context"
+        )
+    parameters, state = state_bytes(config, record, world)
     return (
         f"out of memory ({first}): with --parallel {config.parallel} each process holds {state / 1e9:.1f} GB of "
         f"weights, gradients and AdamW state ({parameters / 1e9:.2f}B parameters) besides the activations of "
@@ -68,9 +73,9 @@ def check_state_fits(config: TrainConfig, record: dict, world: int, capacity: in
     """Stop at once, before building and compiling, when each process's weights, gradients and
     AdamW state alone exceed its GPU's ``capacity`` bytes (a replicated 10b model: 204 GB); runs
     that fit by this count may still run out of memory on their activations, reported then."""
-    if config.parallel == "fsdp":
+    if config.parallelism.shards_state:
         return
-    parameters, state = replicated_state_bytes(config, record, world)
+    parameters, state = state_bytes(config, record, world)
     if state <= capacity:
         return
     shardable = world > 1 and not config.shard_optimizer and not stores_bf16_weights(config.precision)
@@ -86,11 +91,7 @@ def check_state_fits_host(config: TrainConfig, record: dict, world: int) -> None
     """On a CPU, stop before building when the weights, gradients and AdamW state of this host's
     processes (torchrun's LOCAL_WORLD_SIZE of them; fsdp's each hold 1/world of it) do not fit it."""
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if config.parallel == "fsdp":
-        parameters = config.model_config(record["vocab_size"]).num_parameters()
-        state = ADAMW_STATE_BYTES * parameters // world  # sharded
-    else:
-        parameters, state = replicated_state_bytes(config, record, world)
+    parameters, state = state_bytes(config, record, world)
     check_fits_host(
         local * state,
         f"the training state of {local} process(es) (weights, gradients and AdamW moments of "

@@ -33,12 +33,12 @@ from fastlm.losses import ranking_loss
 from fastlm.model.precision import param_groups, precision_context
 from fastlm.model.transformer import RewardModel
 from fastlm.optim.schedule import warmup_cosine_lr
-from fastlm.settings import default_precision
+from fastlm.settings import STATE_BYTES, default_precision
 from fastlm.train.config import RewardConfig
 from fastlm.train.log import TrainLog, run_files, set_aside
 from fastlm.train.loop import BETAS
 from fastlm.utils.errors import UserError
-from fastlm.utils.host_memory import ADAMW_STATE_BYTES, check_fits_host
+from fastlm.utils.host_memory import check_fits_host
 from fastlm.utils.options import check_limits
 from fastlm.utils.paths import check_writable_folder
 
@@ -150,7 +150,7 @@ def train(config: RewardConfig) -> dict:
     if device.type == "cpu":
         parameters = model_config.num_parameters()
         check_fits_host(
-            ADAMW_STATE_BYTES * parameters,
+            STATE_BYTES[precision].total * parameters,
             f"the training state of the reward model (weights, gradients and AdamW moments of "
             f"{parameters / 1e9:.2f}B parameters)",
             "use a smaller model (--preset, --d-model, --layers)",

@@ -14,9 +14,6 @@ from pathlib import Path
 
 from fastlm.utils.errors import UserError
 
-# bytes of training state per parameter: fp32 weights and gradients, AdamW's two fp32 moments
-ADAMW_STATE_BYTES = 16
-
 
 def host_memory() -> int:
     """Bytes of memory this process may use: the machine's, or its container's limit if lower."""

@@ -8,7 +8,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from fastlm.distributed.wrappers import ParallelSpec
+from fastlm.settings import PARALLEL_MODES, ParallelSpec
 
 DDP_VARIANTS = (
     "no-sync",
@@ -43,7 +43,7 @@ def ddp_variant(name: str) -> Variant:
     variant = _plain_variant(base_name)
     if variant is not None and base_name == name:
         return variant
-    if variant is not None and variant.spec.mode != "none":
+    if variant is not None and variant.spec.parallelism.processes:
         return Variant(name, dataclasses.replace(variant.spec, reduce_dtype="bf16"))
     raise ValueError(
         f"unknown variant {name!r}; known: {', '.join(DDP_VARIANTS)} (bucketed-X for any finite X MB > 0; "
@@ -55,7 +55,7 @@ def _plain_variant(name: str) -> Variant | None:
     """A variant without the bf16 suffix, or None for a name that is none."""
     if name == "no-sync":
         return Variant(name, ParallelSpec("none"))
-    if name in ("naive", "flat", "ddp", "torch-ddp"):
+    if name in DDP_VARIANTS and name in PARALLEL_MODES:  # a variant named as its mode
         return Variant(name, ParallelSpec(name))
     if name.startswith("bucketed-"):
         try:
