@@ -299,6 +299,23 @@ def test_model_inputs_carry_documents_only_where_a_row_holds_a_boundary():
     assert len(loop.model_inputs(rows, None, torch.device("cpu"))) == 2
 
 
+def test_each_padded_document_count_gets_a_static_graph():
+    """The cumulative lengths' size is static under torch.compile: a graph per padded count (64, 128,
+    256 documents here), never one over a dynamic size (which torch 2.11's Inductor fails to build
+    around the attention kernels)."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    compiled = torch.compile(lambda lengths: lengths.sum(), backend=counter, fullgraph=True)
+    torch._dynamo.reset()
+    for documents in (3, 70, 200):  # padded to 64, 128, 256
+        rows = np.zeros((1, 301), dtype=np.int64)
+        rows[0, 1 : documents * 1 : 1] = 60  # a boundary on each of the first tokens
+        *_, bounds = loop.model_inputs(rows, 60, torch.device("cpu"))
+        compiled(bounds)
+    assert counter.frame_count == 3
+
+
 @pytest.mark.parametrize(
     ("extra", "bytes_per_parameter"),
     [([], 16), (["--shard-optimizer"], 8 + 8 / 2), (["--precision", "bf16-weights"], 16)],

@@ -224,6 +224,10 @@ def model_inputs(rows: np.ndarray, boundary: int | None, device: torch.device) -
     if device.type == "cuda":
         tensors = [t.pin_memory() for t in tensors]
     window, *documents = (t.to(device, non_blocking=True) for t in tensors)
+    for lengths in documents:
+        # each padded count (a power of two) its own graph under torch.compile, a few in a run: a
+        # graph over lengths of dynamic size fails to compile with torch 2.11 (docs/attention.md)
+        torch._dynamo.mark_static(lengths, 0)
     return window[:, :-1], window[:, 1:], *documents
 
 

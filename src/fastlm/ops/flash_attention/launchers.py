@@ -10,8 +10,6 @@ generated code inside the triton_ops (``traced``).
 Dense launches pass None for the cumulative lengths, not a stand-in tensor: the kernels hand those
 pointers to helper functions, and torch.compile's analysis of a launch counts every tensor handed to
 a helper whose result reaches a store as written, so it would copy a stand-in before each launch.
-Packed traced launches take copies of the cumulative lengths of their own for the same reason
-(`_lengths_for_launch`).
 """
 
 from __future__ import annotations
@@ -106,17 +104,6 @@ def _scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _lengths_for_launch(cu_seqlens_q, cu_seqlens_k, traced: bool):
-    """The cumulative lengths a launch takes: traced, a copy of each of its own ((docs + 1,) int32,
-    a few bytes). torch.compile counts them as written by the kernels (their values reach the
-    stores' addresses), so it copies the caller's tensors before the launch; its copy of a tensor
-    whose length is dynamic (a varying number of documents) fails to compile in torch 2.11. A copy
-    that no other node reads is updated in place instead, and has no such copy."""
-    if not traced or cu_seqlens_q is None:
-        return cu_seqlens_q, cu_seqlens_k
-    return cu_seqlens_q.clone(), cu_seqlens_k.clone()
-
-
 def _scratch_allocator(tma: bool, traced: bool):
     """Where a launch takes the descriptors' scratch from: None without descriptors. An eager launch
     sets `_scratch` in Triton's context variable for itself (a token to reset it after). A traced
@@ -168,7 +155,6 @@ def _launch_forward(
     # storage), so only the inputs need the check, per call
     tma = config.forward_descriptors and D == block_d and _descriptors_fit(q, k, v)
     scratch = _scratch_allocator(tma, traced)
-    cu_seqlens_q, cu_seqlens_k = _lengths_for_launch(cu_seqlens_q, cu_seqlens_k, traced)
     try:
         _launch_flash_forward(traced)[_grid(M, tiles.block_m, H, Z, packed)](
             q,
@@ -235,8 +221,8 @@ def _launch_backward(
         return dq.zero_(), dk.zero_(), dv.zero_()
     left, right, bounded_left, bounded_right = _mask(causal, window, M, N)
     delta = lse.new_empty(lse.shape)
-    # the arguments both kernels take, in their order (after the lengths, `_lengths_for_launch` each)
-    inputs = (*strides(q), *strides(k), *strides(v), *strides(grad_out))
+    # the arguments both kernels take, in their order
+    inputs = (cu_seqlens_q, cu_seqlens_k, *strides(q), *strides(k), *strides(v), *strides(grad_out))
     rows = (0, M) if packed else (H * M, M)  # L's and Dlt's strides
     sizes = (*((0, 0, Z) if packed else (M, N, 0)), scale, left, right)
     common = dict(
@@ -257,7 +243,6 @@ def _launch_backward(
         lse,
         delta,
         dq,
-        *_lengths_for_launch(cu_seqlens_q, cu_seqlens_k, traced),
         *inputs,
         *strides(o)[:3],
         *strides(dq)[:3],
@@ -281,7 +266,6 @@ def _launch_backward(
         delta,
         dk,
         dv,
-        *_lengths_for_launch(cu_seqlens_q, cu_seqlens_k, traced),
         *inputs,
         *strides(dk)[:3],
         *rows,
