@@ -1,6 +1,6 @@
 """Training runs of every family `apply_fastlm` supports: a patched and an unpatched copy of one tiny
 random model, trained by AdamW on the same batches, keep the same loss at every step, the same final
-logits and the same weights; and the fallback of an option the patch cannot serve.
+logits and the same weights; the fallback of an option the patch cannot serve; OLMo's norm dtype.
 
 On a CPU the runs take the ops' PyTorch reference paths (TRITON_INTERPRET unset for the test): the
 interpreter costs about 15 ms per program, a second per step of the tiniest model, and one step of
@@ -108,6 +108,24 @@ def test_an_activation_swiglu_does_not_cover_keeps_the_mlp_with_one_warning(op_c
     assert messages == ["apply_fastlm leaves the MLPs as they are: hidden_act 'gelu_new' is not SwiGLU's silu"]
     assert op_calls["swiglu"] == 0 and op_calls["rotary_embedding"] == 2 and op_calls["linear_cross_entropy"] == 1
     assert not any(name.endswith("mlp") for name, module in model.named_modules() if "forward" in module.__dict__)
+
+
+@pytest.mark.parametrize("family", ["llama", "olmo2"])
+def test_norm_output_dtype_is_the_familys(family):
+    """bf16 activations through an fp32-weight norm, outside autocast: Llama's norm returns the
+    promotion (fp32), OLMo's ``(weight * normed).to(input dtype)`` bf16, rounded once from fp32."""
+    model = tiny_model(family, layers=1)
+    norm = model.model.norm
+    reference = copy.deepcopy(norm)
+    apply_fastlm(model)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)  # not all ones: the weight's multiply counts
+        reference.weight.copy_(norm.weight)
+        x = torch.randn(2, 5, norm.weight.shape[0]).bfloat16()
+        out, expected = norm(x), reference(x)
+    assert out.dtype == expected.dtype == (torch.float32 if family == "llama" else torch.bfloat16)
+    # one bf16 rounding apart at most (Llama's rounds normed to bf16 first; the kernel does not)
+    torch.testing.assert_close(out, expected, rtol=2**-7, atol=0.0)
 
 
 # ----------------------------------------------------------------------------------------------
