@@ -23,9 +23,75 @@ from fastlm.integrations.huggingface import (  # noqa: E402
 )
 from fastlm.integrations.huggingface import attention as hf_attention  # noqa: E402
 
-CONFIGS = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+# each family's config class and what its tiny config sets beyond `tiny_model`'s sizes: the options
+# in which the family differs from Llama, at values that are not their defaults' no-ops
+CONFIGS = {
+    "llama": ("LlamaConfig", {}),
+    "mistral": ("MistralConfig", {}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {}),
+    "granite": (
+        "GraniteConfig",
+        {"embedding_multiplier": 2.0, "residual_multiplier": 0.5, "attention_multiplier": 0.2, "logits_scaling": 4.0},
+    ),
+    "olmo2": ("Olmo2Config", {}),
+    # a window shorter than the sequences in layer 0
+    "olmo3": ("Olmo3Config", {"sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]}),
+    "glm4": ("Glm4Config", {}),  # its defaults: partial rotary (half of each head), interleaved pairs, q/k/v biases
+    "smollm3": ("SmolLM3Config", {"no_rope_layers": [1, 0]}),  # layer 1 without RoPE
+    # partial rotary and longrope over the first 8 of 16 dims (4 angles); sequences longer than 8
+    # tokens take the long factors, and longrope scales the tables (attention_factor != 1)
+    "phi3": (
+        "Phi3Config",
+        {
+            "original_max_position_embeddings": 8,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "short_factor": [1.0, 1.5, 2.0, 3.0],
+                "long_factor": [2.0, 3.0, 5.0, 8.0],
+            },
+        },
+    ),
+    # the routers' load-balancing loss in the loss (coefficient 0.1, not 0.001, so that it counts)
+    "mixtral": (
+        "MixtralConfig",
+        {"num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": True, "router_aux_loss_coef": 0.1},
+    ),
+    "qwen3_moe": (  # and a dense MLP in layer 1
+        "Qwen3MoeConfig",
+        {
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "mlp_only_layers": [1],
+            "output_router_logits": True,
+            "router_aux_loss_coef": 0.1,
+        },
+    ),
+}
+# the calls of rms_norm, rotary_embedding and swiglu in one forward of a 2-layer tiny model: 2 norms
+# a layer and the final one, 2 more for per-head or per-projection q_norm / k_norm (Qwen3, OLMo) or
+# GLM-4's post norms; a rotation per layer with RoPE; a SwiGLU per dense MLP (none among experts)
+KERNEL_CALLS = {
+    "llama": (5, 2, 2),
+    "mistral": (5, 2, 2),
+    "qwen2": (5, 2, 2),
+    "qwen3": (9, 2, 2),
+    "granite": (5, 2, 2),
+    "olmo2": (9, 2, 2),
+    "olmo3": (9, 2, 2),
+    "glm4": (9, 2, 2),
+    "smollm3": (5, 1, 2),
+    "phi3": (5, 2, 2),
+    "mixtral": (5, 2, 0),
+    "qwen3_moe": (9, 2, 1),
+}
 VOCAB = 300
 FP32 = {"rtol": 1e-4, "atol": 1e-6}  # the kernels against PyTorch's fp32 ops: summation order only
+# logits of a few units: the summation order moves them by a few of their ulps (OLMo 3's: 1.2e-6)
+LOGITS = {"rtol": 1e-4, "atol": 1e-5}
 # each switch of apply_fastlm and the fastlm op it installs
 OPS = {
     "attention": "flash_attention",
@@ -46,10 +112,13 @@ OP_LAYERS = {
 
 
 def tiny_model(family: str, layers: int = 2, hidden: int = 64, heads: int = 4, **overrides):
-    """A random model of ``family`` with SDPA attention; by default hidden 64, 4 query and 2 key/value
-    heads of 16, 2 layers.
+    """A random model of ``family`` (its `CONFIGS` settings, sized to ``layers`` and the heads) with
+    SDPA attention; by default hidden 64, 4 query and 2 key/value heads of 16, 2 layers.
     initializer_range 0.1 (not 0.02) keeps greedy decoding away from ties between random logits."""
-    config_class = getattr(transformers, CONFIGS[family])
+    config_name, family_settings = CONFIGS[family]
+    config_class = getattr(transformers, config_name, None)
+    if config_class is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {config_name}")
     settings = dict(
         vocab_size=VOCAB,
         hidden_size=hidden,
@@ -63,8 +132,28 @@ def tiny_model(family: str, layers: int = 2, hidden: int = 64, heads: int = 4, *
         pad_token_id=0,
         attn_implementation="sdpa",
     )
+    settings.update(_sized(family_settings, layers, overrides.get("head_dim", hidden // heads)), **overrides)
     torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config_class(**{**settings, **overrides}))
+    return transformers.AutoModelForCausalLM.from_config(config_class(**settings))
+
+
+def _sized(family_settings: dict, layers: int, head_dim: int) -> dict:
+    """`CONFIGS`' settings for ``layers`` layers of ``head_dim``: per-layer patterns repeat over the
+    layers, longrope's factors (one per rotated pair of dims) over the pairs."""
+    settings = dict(family_settings)
+
+    def repeated(pattern, length):
+        return [pattern[i % len(pattern)] for i in range(length)]
+
+    for key in ("layer_types", "no_rope_layers"):
+        if key in settings:
+            settings[key] = repeated(settings[key], layers)
+    rope = settings.get("rope_parameters", {})
+    if "short_factor" in rope:
+        pairs = int(head_dim * rope["partial_rotary_factor"]) // 2
+        factors = {key: repeated(rope[key], pairs) for key in ("short_factor", "long_factor")}
+        settings["rope_parameters"] = {**rope, **factors}
+    return settings
 
 
 def patched_pair(family: str, **switches):
@@ -130,19 +219,19 @@ def test_training_step_and_logits_match_unpatched(family, op_calls, recwarn):
     model, reference = patched_pair(family)
     ids = tokens()
     assert_same_step(model, reference, input_ids=ids, labels=ids)
-    qk_norms = 2 if family == "qwen3" else 0
+    norms, rotations, swiglus = KERNEL_CALLS[family]
     assert op_calls == {
         "flash_attention": 2,
-        "rms_norm": 2 * (2 + qk_norms) + 1,
-        "rotary_embedding": 2,
-        "swiglu": 2,
+        "rms_norm": norms,
+        "rotary_embedding": rotations,
+        "swiglu": swiglus,
         "linear_cross_entropy": 1,
         "flash_attention_varlen": 0,
     }
     assert model(input_ids=ids, labels=ids).logits is None  # the fused loss holds no logits
     model.eval(), reference.eval()
     with torch.no_grad():
-        torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, **FP32)
+        torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, **LOGITS)
     assert not fallback_warnings(recwarn)
 
 

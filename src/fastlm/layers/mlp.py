@@ -21,6 +21,15 @@ def swiglu_mlp(x: torch.Tensor, gate: nn.Module, up: nn.Module, down: nn.Module,
     return down(F.silu(gate(x)) * up(x))
 
 
+def fused_gate_up_swiglu_mlp(x: torch.Tensor, gate_up: nn.Module, down: nn.Module, kernel: str) -> torch.Tensor:
+    """down(silu(gate) * up) where (gate, up) = gate_up(x).chunk(2, -1): one projection holding both
+    (Phi-3's and GLM-4's gate_up_proj). The kernel reads the two halves in place (no copy)."""
+    gate, up = gate_up(x).chunk(2, dim=-1)
+    if runs_kernel(kernel):
+        return down(swiglu(gate, up))
+    return down(F.silu(gate) * up)
+
+
 class SwiGLUMLP(nn.Module):
     """w2(silu(w1 x) * w3 x), no biases: (B, N, d) -> (B, N, d) through a (B, N, d_ff) hidden layer."""
 

@@ -26,10 +26,11 @@ def check_kernel(kernel: str, choices: tuple[str, ...] = FUSED_CHOICES) -> str:
     return kernel
 
 
-def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, promote: bool = True) -> torch.Tensor:
     """`fastlm.rms_norm` in the dtype the layers' rule gives (under autocast its dtype, else the
-    promotion of x's and weight's): one rounding of ``weight * normed``."""
-    return rms_norm(x, weight, eps, out_dtype=kernel_output_dtype(x, weight))
+    promotion of x's and weight's, or x's own with ``promote`` False, as ``(weight * normed).to(x.dtype)``
+    writes it): one rounding of ``weight * normed``."""
+    return rms_norm(x, weight, eps, out_dtype=kernel_output_dtype(x, weight if promote else None))
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

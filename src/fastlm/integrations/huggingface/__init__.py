@@ -13,10 +13,11 @@ forward (forwards.py) is the family's adapter (families.py). The switches, named
     attention  plain causal attention by `fastlm.flash_attention`, grouped key/value heads read in
                place; every other case (padding, dropout, non-causal attention) by
                transformers' SDPA function, with a one-time warning (`attention_function`)
-    norm       every RMSNorm (Qwen3's per-head q_norm and k_norm too) by `fastlm.rms_norm`
+    norm       every RMSNorm (q_norm and k_norm, per head or per projection, too) by `fastlm.rms_norm`
     rope       the rotation of queries and keys by `fastlm.rotary_embedding`, when the batch shares
-               one row of positions
-    mlp        silu(gate) * up by `fastlm.swiglu`, where the config's hidden_act is silu
+               one row of positions (partial and interleaved rotary too)
+    mlp        silu(gate) * up by `fastlm.swiglu` in the dense MLPs, where the config's hidden_act
+               is silu (a mixture of experts keeps its experts' code)
     loss       with labels in training, the LM head and cross-entropy by
                `fastlm.linear_cross_entropy`: no logits are held and the output's logits are None
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from fastlm.integrations.huggingface.attention import PLAIN_CAUSAL
 from fastlm.layers.loss import lm_head_loss
-from fastlm.layers.mlp import swiglu_mlp
+from fastlm.layers.mlp import fused_gate_up_swiglu_mlp, swiglu_mlp
 from fastlm.layers.norms import fused_rms_norm
 from fastlm.layers.rotary import rotate
 from fastlm.layers.rules import runs_kernel
@@ -84,34 +84,53 @@ def rms_norm_forward(self, hidden_states: torch.Tensor, *, switch: str) -> torch
     return fused_rms_norm(hidden_states, self.weight, self.variance_epsilon)
 
 
+def rms_norm_cast_last_forward(self, hidden_states: torch.Tensor, *, switch: str) -> torch.Tensor:
+    """OLMo's RMSNorm, ``(weight * normed).to(input dtype)``, as one kernel where the layers' rule
+    runs it: the input's dtype (under autocast the autocast dtype), rounded once as OLMo rounds it."""
+    if not runs_kernel(switch):
+        return original_forward(self, hidden_states)
+    return fused_rms_norm(hidden_states, self.weight, self.variance_epsilon, promote=False)
+
+
 def mlp_forward(self, x: torch.Tensor, *, switch: str) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)) with the gating by `fastlm.swiglu` where the rule runs it."""
+    """down(silu(gate(x)) * up(x)) with the gating by `fastlm.swiglu` where the rule runs it; gate
+    and up are the two halves of one gate_up_proj where the module has one (Phi-3, GLM-4)."""
     if not runs_kernel(switch):
         return original_forward(self, x)
+    if hasattr(self, "gate_up_proj"):
+        return fused_gate_up_swiglu_mlp(x, self.gate_up_proj, self.down_proj, switch)
     return swiglu_mlp(x, self.gate_proj, self.up_proj, self.down_proj, switch)
 
 
-def attention_forward(self, hidden_states, position_embeddings=None, attention_mask=None, *, switch: str, **kwargs):
+def attention_forward(
+    self, hidden_states, position_embeddings=None, attention_mask=None, *, switch: str, interleaved=False, **kwargs
+):
     """The families' attention forward with the rotation by `fastlm.rotary_embedding`.
 
-    The kernel takes one (N, D/2) table of angles for every row of the batch, so it runs when
-    transformers' cos and sin are (1, N, D): position_ids (1, N), the default and what packed
+    The kernel takes one (N, R/2) table of angles for every row of the batch, so it runs when
+    transformers' cos and sin are (1, N, R): position_ids (1, N), the default and what packed
     sequences use, whatever positions they hold. Per-row positions (batched generation with left
-    padding) and torch.compile take the original forward.
+    padding), torch.compile and a layer without RoPE (SmolLM3's ``use_rope`` 0) take the original
+    forward. What the families differ in is read from the module: one fused qkv_proj (Phi-3),
+    q_norm / k_norm over each head (Qwen3) or over the whole projection (OLMo 2 and 3), the
+    rotation of the first R of each head's D dims (partial rotary: R is the tables' width).
+    ``interleaved``: the rotation pairs dims (2i, 2i + 1) (GLM-4), not (i, i + R/2).
     """
     cos, sin = position_embeddings
-    if cos.dim() != 3 or cos.shape[0] != 1 or torch.compiler.is_compiling():
+    if cos.dim() != 3 or cos.shape[0] != 1 or torch.compiler.is_compiling() or not getattr(self, "use_rope", True):
         return original_forward(self, hidden_states, position_embeddings, attention_mask, **kwargs)
     input_shape = hidden_states.shape[:-1]
     heads_shape = (*input_shape, -1, self.head_dim)
-    query = self.q_proj(hidden_states).view(heads_shape)  # (B, N, H, D)
-    key = self.k_proj(hidden_states).view(heads_shape)  # (B, N, Hkv, D)
-    value = self.v_proj(hidden_states).view(heads_shape).transpose(1, 2)  # (B, Hkv, N, D)
-    if hasattr(self, "q_norm"):  # Qwen3 normalizes each head before the rotation
+    query, key, value = _projections(self, hidden_states)  # (B, N, H D), (B, N, Hkv D), (B, N, Hkv D)
+    norms = getattr(self, "q_norm", None) is not None
+    per_head = norms and self.q_norm.weight.shape[-1] == self.head_dim
+    if norms and not per_head:  # OLMo normalizes the whole projection
         query, key = self.q_norm(query), self.k_norm(key)
-    # transformers' tables hold each position's D/2 angles twice (cat(freqs, freqs)); row n is token n's
-    half = self.head_dim // 2
-    query, key = rotate(query.transpose(1, 2), key.transpose(1, 2), cos[0, :, :half], sin[0, :, :half], switch)
+    query, key = query.view(heads_shape), key.view(heads_shape)  # (B, N, H, D), (B, N, Hkv, D)
+    value = value.view(heads_shape).transpose(1, 2)  # (B, Hkv, N, D)
+    if per_head:  # Qwen3 normalizes each head before the rotation
+        query, key = self.q_norm(query), self.k_norm(key)
+    query, key = _rotate(query.transpose(1, 2), key.transpose(1, 2), cos[0], sin[0], switch, interleaved)
     cache, past_key_values = kwargs.pop("cache", None), kwargs.pop("past_key_values", None)  # 5.x / 4.x name
     cache = past_key_values if cache is None else cache
     cache_position = kwargs.pop("cache_position", None)
@@ -134,6 +153,49 @@ def attention_forward(self, hidden_states, position_embeddings=None, attention_m
     return self.o_proj(output.reshape(*input_shape, -1).contiguous()), weights
 
 
+def interleaved_attention_forward(self, *args, switch: str, **kwargs):
+    """`attention_forward` rotating pairs of neighbouring dims (GLM-4's RoPE)."""
+    return attention_forward(self, *args, switch=switch, interleaved=True, **kwargs)
+
+
+def _projections(module, hidden_states):
+    """The queries (B, N, H D), keys and values (B, N, Hkv D): three projections, or the three parts
+    of one (Phi-3's qkv_proj, queries first)."""
+    if not hasattr(module, "qkv_proj"):
+        return module.q_proj(hidden_states), module.k_proj(hidden_states), module.v_proj(hidden_states)
+    config = module.config
+    kv = config.num_key_value_heads * module.head_dim
+    return module.qkv_proj(hidden_states).split((config.num_attention_heads * module.head_dim, kv, kv), dim=-1)
+
+
+def _rotate(query, key, cos, sin, switch: str, interleaved: bool):
+    """query (B, H, N, D) and key (B, Hkv, N, D) with their first R dims rotated by transformers'
+    (N, R) tables, which hold each position's R/2 angles twice (cat(freqs, freqs)); R < D is partial
+    rotary, the other D - R dims pass as they are. ``interleaved`` pairs (2i, 2i + 1) share angle i:
+    the kernel's pairs (i, i + R/2) after a permutation of the R dims (a copy each way)."""
+    rotary = cos.shape[-1]
+    half = rotary // 2
+    q_rot, k_rot = query[..., :rotary], key[..., :rotary]
+    if interleaved:
+        q_rot, k_rot = _halves_from_pairs(q_rot), _halves_from_pairs(k_rot)
+    q_rot, k_rot = rotate(q_rot, k_rot, cos[:, :half], sin[:, :half], switch)
+    if interleaved:
+        q_rot, k_rot = _pairs_from_halves(q_rot), _pairs_from_halves(k_rot)
+    if rotary == query.shape[-1]:
+        return q_rot, k_rot
+    return torch.cat((q_rot, query[..., rotary:]), dim=-1), torch.cat((k_rot, key[..., rotary:]), dim=-1)
+
+
+def _halves_from_pairs(x: torch.Tensor) -> torch.Tensor:
+    """(..., R) with pairs (x_2i, x_2i+1) -> (x_0, x_2, ..., x_1, x_3, ...): pairs (i, i + R/2)."""
+    return x.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
+
+
+def _pairs_from_halves(x: torch.Tensor) -> torch.Tensor:
+    """The inverse of `_halves_from_pairs`."""
+    return x.unflatten(-1, (2, -1)).transpose(-1, -2).flatten(-2)
+
+
 def _attention_interface(module):
     """The attention function the model's config names, as the families' forward looks it up."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -142,31 +204,56 @@ def _attention_interface(module):
     return ALL_ATTENTION_FUNCTIONS.get(module.config._attn_implementation, eager)
 
 
-def causal_lm_forward(self, *args, **kwargs):
+def causal_lm_forward(self, args, kwargs, divides_logits: bool = False, router_aux_loss: bool = False):
     """With labels in training, the base model and then `causal_lm_loss` on its last hidden states:
     the logits are never formed, and the output's are None. Otherwise (no labels, evaluation,
     ``logits_to_keep``, an lm_head that is not a plain Linear, e.g. one with a PEFT adapter or
-    quantized) the original forward, so generate(), metrics and adapters see the same outputs."""
+    quantized) the original forward, so generate(), metrics and adapters see the same outputs.
+
+    ``divides_logits``: the logits are lm_head(hidden) / config.logits_scaling (Granite); for a head
+    without bias that is lm_head(hidden / logits_scaling), what the fused loss reads (a head with a
+    bias takes the original forward). ``router_aux_loss``: a mixture of experts (Mixtral, Qwen3-MoE)
+    whose loss adds router_aux_loss_coef times transformers' load-balancing loss of the router
+    logits where output_router_logits asks for them (the attention mask given by keyword: a
+    positional one takes the original forward).
+    """
     keep = kwargs.get("logits_to_keep", 0)
-    fused = kwargs.get("labels") is not None and self.training and type(self.lm_head) is torch.nn.Linear
+    head = self.lm_head
+    fused = kwargs.get("labels") is not None and self.training and type(head) is torch.nn.Linear
+    fused = fused and not (divides_logits and head.bias is not None) and not (router_aux_loss and len(args) > 1)
     if not (fused and isinstance(keep, int) and keep == 0):
         return original_forward(self, *args, **kwargs)
-    from transformers.modeling_outputs import CausalLMOutputWithPast
+    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
     labels = kwargs.pop("labels")
     kwargs.pop("logits_to_keep", None)
     return_dict = kwargs.pop("return_dict", None)
+    if router_aux_loss and kwargs.get("output_router_logits") is None:
+        kwargs["output_router_logits"] = self.config.output_router_logits
     outputs = getattr(self, self.base_model_prefix)(*args, **kwargs)
+    hidden = outputs.last_hidden_state
+    if divides_logits:
+        hidden = hidden / self.config.logits_scaling
     loss = causal_lm_loss(
-        outputs.last_hidden_state,
-        self.lm_head,
+        hidden,
+        head,
         labels,
         kwargs.get("num_items_in_batch"),
         kwargs.get("ignore_index", -100),
         kwargs.get("shift_labels"),
     )
     fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
-    output = CausalLMOutputWithPast(loss=loss, **fields)
+    if router_aux_loss:
+        aux_loss = None
+        if kwargs["output_router_logits"]:
+            balance = sys.modules[type(self).__module__].load_balancing_loss_func
+            aux_loss = balance(
+                outputs.router_logits, self.num_experts, self.num_experts_per_tok, kwargs.get("attention_mask")
+            )
+            loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+        output = MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux_loss, **fields)
+    else:
+        output = CausalLMOutputWithPast(loss=loss, **fields)
     return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
 
 
@@ -190,12 +277,13 @@ def causal_lm_loss(hidden, lm_head, labels, num_items_in_batch=None, ignore_inde
     return total / num_items_in_batch
 
 
-def signed_like(forward):
-    """`causal_lm_forward` under the signature of the ``forward`` it replaces: Trainer reads that
-    signature for the dataset columns to keep and for whether to pass num_items_in_batch."""
+def signed_like(forward, divides_logits: bool = False, router_aux_loss: bool = False):
+    """`causal_lm_forward` with the family's options under the signature of the ``forward`` it
+    replaces: Trainer reads that signature for the dataset columns to keep and for whether to pass
+    num_items_in_batch."""
 
     @functools.wraps(forward)
     def signed(self, *args, **kwargs):
-        return causal_lm_forward(self, *args, **kwargs)
+        return causal_lm_forward(self, args, kwargs, divides_logits, router_aux_loss)
 
     return signed
