@@ -1,8 +1,9 @@
 """The progress of a long run: a bar on a terminal, plain flushed lines when the output is piped or
 logged (where a bar would show only once, at the end).
 
-`progress_steps` prints a line per step when piped (benchmark cases). `progress` prints only the
-lines it is given (a training log's interval lines), with the bar's ETA on a terminal:
+`progress_steps` prints a line per step when piped (benchmark cases), and a line every 20 s of a
+step that runs longer. `progress` prints only the lines it is given (a training log's interval
+lines), with the bar's ETA on a terminal:
 
     with progress("training", total=steps) as bar:
         bar.advance()                 # moves the bar (nothing when piped): call it as often as needed
@@ -12,6 +13,8 @@ lines it is given (a training log's interval lines), with the bar's ETA on a ter
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 
@@ -22,10 +25,15 @@ def print_line(text: str) -> None:
     print(text, flush=True)
 
 
+HEARTBEAT_S = 20.0  # piped: at most this long without a line while a step runs (a log never looks stalled)
+
+
 @contextlib.contextmanager
-def progress_steps(name: str, total: int) -> Iterator[Callable[..., None]]:
-    """Yields ``step(done="")``, called after each of ``total`` steps: a progress bar on a terminal;
-    one plain line per step ("name 3/8: done") when the output is not a terminal."""
+def progress_steps(name: str, total: int, heartbeat_s: float = HEARTBEAT_S) -> Iterator[Callable[..., None]]:
+    """Yields ``step(done="")``, called after each of ``total`` steps: a progress bar on a terminal
+    (its elapsed time keeps moving during a step); when the output is not a terminal, a line at once
+    ("name: 8 steps"), one per step ("name 3/8: done") and, while a step runs longer than
+    ``heartbeat_s``, a line every ``heartbeat_s`` saying so."""
     from rich.console import Console
 
     console = Console()
@@ -37,14 +45,48 @@ def progress_steps(name: str, total: int) -> Iterator[Callable[..., None]]:
             task = progress.add_task(name, total=total)
             yield lambda done="": progress.update(task, description=f"{name} ({done})" if done else name, advance=1)
         return
-    count = 0
+    lines = _StepLines(name, total, heartbeat_s)
+    try:
+        yield lines.step
+    finally:
+        lines.close()
 
-    def step(done: str = "") -> None:
-        nonlocal count
-        count += 1
-        print_line(f"{name} {count}/{total}" + (f": {done}" if done else ""))
 
-    yield step
+class _StepLines:
+    """The piped form of `progress_steps`: the step lines, and a thread printing the heartbeat lines
+    of a step that runs long (the steps run on the caller's thread, which cannot print meanwhile)."""
+
+    def __init__(self, name: str, total: int, heartbeat_s: float) -> None:
+        self.name, self.total, self.heartbeat_s = name, total, heartbeat_s
+        self.count = 0
+        self.step_began = time.perf_counter()
+        self._stepped = threading.Event()  # set by each step (and by close), waking the heartbeat
+        self._closed = False
+        print_line(f"{name}: {total} steps")
+        self._thread = threading.Thread(target=self._beat, name="progress heartbeat", daemon=True)
+        self._thread.start()
+
+    def step(self, done: str = "") -> None:
+        self.count += 1
+        self.step_began = time.perf_counter()
+        print_line(f"{self.name} {self.count}/{self.total}" + (f": {done}" if done else ""))
+        self._stepped.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._stepped.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while True:
+            stepped = self._stepped.wait(self.heartbeat_s)
+            if self._closed:
+                return
+            if stepped:
+                self._stepped.clear()
+                continue
+            running_s = time.perf_counter() - self.step_began
+            print_line(f"{self.name} {self.count}/{self.total}: step {self.count + 1} running for {running_s:.0f} s")
 
 
 class Progress:
