@@ -45,48 +45,51 @@ def progress_steps(name: str, total: int, heartbeat_s: float = HEARTBEAT_S) -> I
             task = progress.add_task(name, total=total)
             yield lambda done="": progress.update(task, description=f"{name} ({done})" if done else name, advance=1)
         return
-    lines = _StepLines(name, total, heartbeat_s)
-    try:
-        yield lines.step
-    finally:
-        lines.close()
+    print_line(f"{name}: {total} steps")
+    count = 0
+    with heartbeat(
+        lambda running_s: f"{name} {count}/{total}: step {count + 1} running for {running_s:.0f} s", heartbeat_s
+    ) as beat:
+
+        def step(done: str = "") -> None:
+            nonlocal count
+            count += 1
+            print_line(f"{name} {count}/{total}" + (f": {done}" if done else ""))
+            beat()
+
+        yield step
 
 
-class _StepLines:
-    """The piped form of `progress_steps`: the step lines, and a thread printing the heartbeat lines
-    of a step that runs long (the steps run on the caller's thread, which cannot print meanwhile)."""
+@contextlib.contextmanager
+def heartbeat(line: Callable[[float], str], interval_s: float = HEARTBEAT_S) -> Iterator[Callable[[], None]]:
+    """While the block runs, prints ``line(seconds since the last beat)`` each ``interval_s`` without
+    a beat, from a thread (the block's own thread is busy measuring); yields ``beat()``, which says
+    that the block has just printed. For work whose own lines can be minutes apart."""
+    beaten = threading.Event()  # set by each beat and on exit, waking the thread
+    state = {"last": time.perf_counter(), "done": False}
 
-    def __init__(self, name: str, total: int, heartbeat_s: float) -> None:
-        self.name, self.total, self.heartbeat_s = name, total, heartbeat_s
-        self.count = 0
-        self.step_began = time.perf_counter()
-        self._stepped = threading.Event()  # set by each step (and by close), waking the heartbeat
-        self._closed = False
-        print_line(f"{name}: {total} steps")
-        self._thread = threading.Thread(target=self._beat, name="progress heartbeat", daemon=True)
-        self._thread.start()
+    def beat() -> None:
+        state["last"] = time.perf_counter()
+        beaten.set()
 
-    def step(self, done: str = "") -> None:
-        self.count += 1
-        self.step_began = time.perf_counter()
-        print_line(f"{self.name} {self.count}/{self.total}" + (f": {done}" if done else ""))
-        self._stepped.set()
-
-    def close(self) -> None:
-        self._closed = True
-        self._stepped.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
+    def run() -> None:
         while True:
-            stepped = self._stepped.wait(self.heartbeat_s)
-            if self._closed:
+            woken = beaten.wait(interval_s)
+            if state["done"]:
                 return
-            if stepped:
-                self._stepped.clear()
+            if woken:
+                beaten.clear()
                 continue
-            running_s = time.perf_counter() - self.step_began
-            print_line(f"{self.name} {self.count}/{self.total}: step {self.count + 1} running for {running_s:.0f} s")
+            print_line(line(time.perf_counter() - state["last"]))
+
+    thread = threading.Thread(target=run, name="progress heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield beat
+    finally:
+        state["done"] = True
+        beaten.set()
+        thread.join()
 
 
 class Progress:
