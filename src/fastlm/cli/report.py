@@ -104,6 +104,6 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         "report",
         "the main job: ceilings + every benchmark, written as a markdown report",
         cmd_report,
-        duration=("about 3 minutes", "the sum of its benchmarks' times, each given in their --help"),
+        duration=("about a minute and a half", "the sum of its benchmarks' times, each given in their --help"),
     )
     add_out(p)
