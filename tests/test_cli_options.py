@@ -59,3 +59,12 @@ def test_the_flags_are_spelled_in_one_module():
     cli = Path(fastlm.__file__).parent / "cli"
     spelled = {path.name for path in cli.glob("*.py") for flag in VOCABULARIES if f'"{flag}"' in path.read_text()}
     assert spelled == {"arguments.py"}
+
+
+def test_train_usage_marks_data_required():
+    # --data is checked after parsing (`train reward` does not take it), yet the usage line shows it
+    # required, as the run demands it
+    train = next(parser for path, parser in _parsers(build_parser()) if path == ("train",))
+    usage = train.format_usage()
+    assert " --data DIR " in usage and "[--data DIR]" not in usage
+    assert train.parse_args(["--steps", "3"]).data is None  # still left for TrainConfig.check

@@ -81,6 +81,16 @@ def test_cpu_model_sweep_runs_and_renders(tmp_path, monkeypatch):
     assert (tmp_path / "reports" / "attention_model_tflops.png").stat().st_size > 0
 
 
+def test_a_sweep_prints_its_own_tables_not_an_earlier_runs_other_sweep(tmp_path, monkeypatch):
+    tiny = [attention.Shape(2, 2, 64, 32, torch.bfloat16)]
+    monkeypatch.setattr(attention, "sweep_shapes", lambda sweep, device: tiny)
+    run_benchmark(attention.AttentionBenchmark(("model",)), tmp_path, torch.device("cpu"))
+    # a later run of another sweep: its report is not followed by the model sweep's table
+    text = attention.AttentionBenchmark(("flash",)).render(tmp_path / "results", tmp_path / "reports")
+    assert "Model shapes" not in text
+    assert "Model shapes" in attention.AttentionBenchmark(("model",)).render(tmp_path / "results", tmp_path)
+
+
 def test_unknown_sweep_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "attention", "--sweep", "model,bogus"])

@@ -4,7 +4,14 @@ import json
 
 import pytest
 
-from fastlm.bench.distributed.ddp_report import GLOO_NOTE, compare_steps, render, round_range
+from fastlm.bench.distributed.ddp_report import (
+    ALLOCATOR_FIELDS,
+    GLOO_NOTE,
+    MEMORY_COLUMNS,
+    compare_steps,
+    render,
+    round_range,
+)
 from fastlm.bench.distributed.options import ddp_variant
 from fastlm.bench.distributed.timeline import Timeline, collective_intervals, intersection, length, merge
 from fastlm.cli import main
@@ -117,6 +124,14 @@ def test_command_on_gloo(tmp_path, capfd):
     report = (tmp_path / "reports" / "ddp.md").read_text()
     assert "optimizer-state sharding" in report and "torch-ddp" in report
     assert GLOO_NOTE in report and "NCCL kernel ms" not in report and "round spread %" in report
+    # the note names as not measured exactly the memory columns the table leaves out
+    header = report.split("### Memory per rank")[1].split("\n| ")[1]
+    shown = {name.strip() for name in header.split(" | ")}
+    for field, name in MEMORY_COLUMNS:
+        if field.endswith("_mb"):
+            assert (name in shown) == (field not in ALLOCATOR_FIELDS), name
+            assert name in GLOO_NOTE
+    assert all(r["complete"] for r in records)  # written by the worker processes, marked at the end
     out = capfd.readouterr().out  # rank 0 of the worker processes reports each variant of each round
     for line in (
         "data-parallel steps, 2 processes (gloo, tiny): 5 variants x 2 rounds, then 3 memory rows",

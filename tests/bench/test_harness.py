@@ -20,6 +20,18 @@ def test_measure_returns_ordered_quantiles():
     assert 0 < timing.p20_ms <= timing.median_ms <= timing.p80_ms
 
 
+def test_cpu_timing_resolves_a_call_shorter_than_the_clocks_tick():
+    from fastlm.harness.timing import _measure_cpu
+
+    now = [0.0]  # virtual seconds: each call takes 1 ms, the clock ticks every 8 ms
+
+    def call():
+        now[0] += 1e-3
+
+    timing = _measure_cpu(call, 400.0, (), clock=lambda: 8e-3 * math.floor(now[0] / 8e-3))
+    assert timing.median_ms == pytest.approx(1.0, rel=0.3)  # one call per sample: 0 ms most of the time
+
+
 def test_measure_after_setup_excludes_setup():
     import time
 
@@ -164,8 +176,72 @@ def test_runner_appends_records_writes_the_report_and_prints_a_line_per_step(tmp
     assert records[3]["value"] == 4 and all(r["gpu"] == "cpu" and "run_id" in r for r in records)
     assert report == tmp_path / "reports" / "toy.md"
     assert report.read_text().startswith("# Toy benchmark\n\n| case | status |")
-    # piped output: one plain line per step, no bar
-    assert capsys.readouterr().out.splitlines() == [f"toy {i}/6: {c} {n}" for i, (c, n) in enumerate(steps, 1)]
+    # piped output: a line at once, then one plain line per step, no bar
+    lines = [f"toy {i}/6: {c} {n}" for i, (c, n) in enumerate(steps, 1)]
+    assert capsys.readouterr().out.splitlines() == ["toy: 6 steps", *lines]
+    assert all(json.loads(line)["complete"] for line in (tmp_path / "results" / "toy.jsonl").read_text().splitlines())
+
+
+class _Interrupted(_Toy):
+    """Ctrl-C during the second case."""
+
+    def measure(self, case, fn, run):
+        if case == 2:
+            raise KeyboardInterrupt
+        return super().measure(case, fn, run)
+
+
+def test_an_interrupted_run_stays_partial_and_never_replaces_a_complete_one(tmp_path, monkeypatch, capsys):
+    from fastlm.harness.runner import run_benchmark
+    from fastlm.utils import records
+
+    cpu = torch.device("cpu")
+    environment = records.environment()
+    monkeypatch.setattr(records, "environment", lambda: {**environment, "run_id": "complete-run"})
+    run_benchmark(_Toy(), tmp_path, cpu)
+    monkeypatch.setattr(records, "environment", lambda: {**environment, "run_id": "interrupted-run"})
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(_Interrupted(), tmp_path, cpu)
+    path = tmp_path / "results" / "toy.jsonl"
+    written = [json.loads(line) for line in path.read_text().splitlines()]
+    # the interrupted run's records of case 1 are kept, marked partial
+    assert [(r["run_id"], r["complete"]) for r in written[6:]] == [("interrupted-run", False)] * 3
+    assert {r["run_id"] for r in latest_run(read_records(path))} == {"complete-run"}
+    assert _Toy().latest_records(tmp_path / "results") == read_records(path)
+    assert "kept as partial" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_the_roofline_skips_a_partial_run(tmp_path):
+    from fastlm.bench.roofline import kernel_points
+
+    complete = {"run_id": "a", "gpu": "cpu", "implementation": "fastlm", "status": "ok", "batch": 4, "vocab": 64}
+    append_records(tmp_path / "xent.jsonl", [{**complete, "fwd_ms": 1.0}])
+    # a later run interrupted after its first record: its point would replace the complete run's
+    append_records(tmp_path / "xent.jsonl", [{**complete, "run_id": "b", "fwd_ms": 9.0, "complete": False}])
+    [point] = kernel_points(tmp_path, "cpu")
+    assert point.seconds == 1e-3
+
+
+def test_report_counts_one_k_of_n_across_its_sections_and_says_no_gpu_once(tmp_path, monkeypatch, capsys):
+    from fastlm.cli import report
+
+    class Noted(_Toy):
+        cpu_note = "No GPU: the toy's own note"
+
+    class Other(Noted):
+        name, title, progress_name = "other", "Other benchmark", "other"
+
+    monkeypatch.setattr(report, "report_sections", lambda on_gpu: ((Noted(), "Toy", False), (Other(), "Other", False)))
+    assert main(["report", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("No GPU") == 0 and out.count("no GPU") == 1  # the report's paragraph only
+    counted = [line for line in out.splitlines() if line.startswith("report ")]
+    assert counted == [
+        f"report {i}/12: {name} {case} {impl}"
+        for i, (name, case, impl) in enumerate(
+            [(b, c, n) for b in ("toy", "other") for c in (1, 2) for n in ("square", "gpu", "missing")], 1
+        )
+    ]
 
 
 @pytest.mark.parametrize(
@@ -292,3 +368,21 @@ def test_bad_flags_exit_with_one_clear_error(argv, capsys):
         main(argv)
     assert exit_info.value.code == 2
     assert "error: argument --" in capsys.readouterr().err
+
+
+def test_xent_banner_names_the_batch_the_run_measures():
+    cpu = torch.device("cpu")
+    assert "at B=4096;" in xent.CrossEntropyBenchmark(batch=4096).note(cpu)
+    assert "at B=128;" in xent.CrossEntropyBenchmark().note(cpu)  # the CPU default
+    assert {case.batch for case in xent.CrossEntropyBenchmark(batch=4096).cases(cpu)} == {4096}
+
+
+def test_a_bar_plot_lists_only_series_with_a_value(tmp_path, monkeypatch):
+    from fastlm.utils import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path, dpi: drawn.setdefault("fig", fig) and path)
+    series = {"hf": [1.0, 2.0], "hf+fastlm": [1.5, None], "hf+liger": [None, None]}  # liger: not installed
+    plots.grouped_bar_plot(tmp_path / "hf.png", ["a", "b"], series, ylabel="tokens/s", title="t")
+    legend = drawn["fig"].axes[0].get_legend()
+    assert [text.get_text() for text in legend.get_texts()] == ["hf", "hf+fastlm"]

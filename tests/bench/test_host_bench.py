@@ -97,7 +97,7 @@ def test_tiny_cpu_run_writes_records_and_report(tmp_path, monkeypatch):
 
     append_records(tmp_path / "results" / "host.jsonl", records)
     report = benchmark.render(tmp_path / "results", tmp_path / "reports")
-    assert host.CPU_NOTE in report
+    assert host.CPU_NOTE in report and host.LAUNCH_ON_CPU in report  # FASTLM_LAUNCH=triton: says why no comparison
     assert "| rms_norm | fwd+bwd |" in report and "| weighted_sum | bwd |" in report
     row = next(line for line in report.splitlines() if line.startswith("| weighted_sum | fwd+bwd |"))
     assert row.count("x (") == 2 and row.endswith("| ok |")  # wall and CPU ratios with their spreads
@@ -136,6 +136,8 @@ def _gpu_records(run_id: str, launch_path: str, fastlm_cpu_us: float) -> list[di
 def test_report_compares_launch_paths_and_checks_the_target(tmp_path):
     results = tmp_path / "results"
     append_records(results / "host.jsonl", _gpu_records("1-triton", "triton", 30.0))
+    alone = host.HostBenchmark().render(results, tmp_path / "reports")
+    assert host.LAUNCH_HOW.format(other="direct") in alone  # no direct run yet: how to get the comparison
     append_records(results / "host.jsonl", _gpu_records("2-direct", "direct", 12.0))
     report = host.HostBenchmark().render(results, tmp_path / "reports")
     assert host.CPU_NOTE not in report

@@ -461,5 +461,7 @@ class AttentionBenchmark(Benchmark):
         return {"status": "ok", **timings}
 
     def render(self, results_dir: Path, reports_dir: Path) -> str:
-        """Markdown for the latest run of each sweep; writes the PNG plots."""
-        return render(read_records(results_dir / self.results_file), reports_dir)
+        """Markdown for the latest run of each of this benchmark's sweeps (not of sweeps that only an
+        earlier run measured); writes the PNG plots."""
+        records = read_records(results_dir / self.results_file)
+        return render([r for r in records if r["sweep"] in self.sweeps], reports_dir)

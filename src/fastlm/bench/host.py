@@ -25,8 +25,8 @@ Protocol, per case x compile mode, for each implementation (pytorch, fastlm) and
   backward. Python's garbage collector is off during a round (as in ``timeit``).
 Each number is the median over rounds, with the min and max across rounds; a ratio is fastlm /
 pytorch per round (measured back to back), summarized the same way. Records carry the launch
-path (``fastlm.ops.launch.DIRECT_LAUNCH``; FASTLM_LAUNCH=triton gives "triton"), so a run with
-each can be compared.
+path (``fastlm.ops.launch.DIRECT_LAUNCH``; FASTLM_LAUNCH=triton gives "triton"), fixed per process, so
+the report compares a run of each on the same GPU (a CPU launches no kernels: nothing to compare).
 """
 
 from __future__ import annotations
@@ -293,10 +293,24 @@ def _verdict(ratios: dict[str, Spread | None], mode: str) -> str:
     )
 
 
-def _launch_comparison(all_records: list[dict], latest: list[dict]) -> str | None:
+LAUNCH_ON_CPU = (
+    "Launch paths are not compared on a CPU: its reference paths launch no kernel, so FASTLM_LAUNCH "
+    "changes nothing there."
+)
+LAUNCH_HOW = (
+    "To compare launch paths, run this again with FASTLM_LAUNCH={other} on this GPU: the path is fixed "
+    "for a process when fastlm.ops is imported (each kernel's launcher is built then; switching it per "
+    "call would add to the very cost measured here), and the report then puts that run next to this one."
+)
+
+
+def _launch_comparison(all_records: list[dict], latest: list[dict]) -> str:
     """fastlm's eager cost in the latest run next to the latest run on this GPU with the other
-    launch path, when there is one (on a GPU only: CPU paths launch nothing)."""
+    launch path, or a sentence saying why there is no comparison (on a CPU: no launches; on a GPU:
+    no run of the other path yet)."""
     first = latest[0]
+    if first["gpu"] == "cpu":
+        return LAUNCH_ON_CPU
     others = [
         r
         for r in all_records
@@ -305,8 +319,9 @@ def _launch_comparison(all_records: list[dict], latest: list[dict]) -> str | Non
         and r["implementation"] == "fastlm"
         and r["compile"] == "eager"
     ]
-    if first["gpu"] == "cpu" or not others:
-        return None
+    how = LAUNCH_HOW.format(other="direct" if first["launch"] == "triton" else "triton")
+    if not others:
+        return how
     other = {(r["op"], r["direction"]): r for r in latest_run(others)}
     rows = []
     for r in latest:
@@ -323,7 +338,7 @@ def _launch_comparison(all_records: list[dict], latest: list[dict]) -> str | Non
                 }
             )
     if not rows:
-        return None
+        return how
     this, that = first["launch"], other[next(iter(other))]["launch"]
     columns = [
         ("op", "op"),
@@ -448,7 +463,5 @@ class HostBenchmark(Benchmark):
                 _verdict(ratios["wall_us"], mode),
                 f"![fwd+bwd host cost ratio, {mode}]({plot.name})",
             ]
-        comparison = _launch_comparison(all_records, records)
-        if comparison is not None:
-            parts.append(comparison)
+        parts.append(_launch_comparison(all_records, records))
         return "\n\n".join(parts)

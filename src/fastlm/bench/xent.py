@@ -33,12 +33,17 @@ from fastlm.utils.tables import device_line, markdown_table
 DEFAULT_BATCH = 4096
 DEFAULT_VOCABS = (32000, 50264, 128256)
 CPU_BATCH = 128  # reduced run on machines without a GPU
-CPU_NOTE = (
-    "No GPU: fastlm's cross-entropy runs its plain-PyTorch reference path (the Triton interpreter under "
-    "TRITON_INTERPRET=1), not the Triton kernels, at B=128; torch.compile and Liger need a GPU and are "
-    "not measured. These CPU timings vary by tens of percent between runs (more when other processes share the "
-    "cores) and say nothing about GPU speed."
-)
+
+
+def cpu_note(batch: int) -> str:
+    """What a run without a GPU at ``batch`` rows measures and what it does not."""
+    return (
+        "No GPU: fastlm's cross-entropy runs its plain-PyTorch reference path (the Triton interpreter under "
+        f"TRITON_INTERPRET=1), not the Triton kernels, at B={batch}; torch.compile and Liger need a GPU and are "
+        "not measured. These CPU timings vary by tens of percent between runs (more when other processes share "
+        "the cores) and say nothing about GPU speed."
+    )
+
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -152,12 +157,16 @@ class CrossEntropyBenchmark(Benchmark):
     name = "xent"
     title = "Cross-entropy benchmark"
     progress_name = "cross-entropy"
-    cpu_note = CPU_NOTE
     measures_ceilings = True
 
+    def batch_on(self, device: torch.device) -> int:
+        return self.batch or (DEFAULT_BATCH if device.type == "cuda" else CPU_BATCH)
+
+    def note(self, device: torch.device) -> str | None:
+        return cpu_note(self.batch_on(device)) if device.type != "cuda" else None
+
     def cases(self, device: torch.device) -> list[Case]:
-        batch = self.batch or (DEFAULT_BATCH if device.type == "cuda" else CPU_BATCH)
-        return [Case(batch, vocab) for vocab in self.vocabs]
+        return [Case(self.batch_on(device), vocab) for vocab in self.vocabs]
 
     def implementations(self, case: Case) -> tuple[Implementation, ...]:
         return IMPLEMENTATIONS
@@ -228,7 +237,7 @@ class CrossEntropyBenchmark(Benchmark):
             [
                 f"{device_line(first)} · B={first['batch']}, bf16 logits, reduction='none', upstream gradient of "
                 f"ones · measured copy bandwidth {first['copy_gbps_measured']:.3g} GB/s",
-                *([CPU_NOTE] if first["gpu"] == "cpu" else []),
+                *([cpu_note(first["batch"])] if first["gpu"] == "cpu" else []),
                 markdown_table(table_rows(records), TABLE_COLUMNS),
                 "Geometric-mean fwd+bwd speed-up over PyTorch eager across the vocabularies:",
                 markdown_table(summary, [("implementation", "implementation"), ("geomean", "speed-up")]),

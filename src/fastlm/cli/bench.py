@@ -175,7 +175,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         "xent",
         "cross-entropy fwd/bwd vs eager, compile, Liger",
         cmd_bench_xent,
-        duration=("about 2 minutes", "under 10 minutes"),
+        duration=("about a minute", "under 10 minutes"),
     )
     p.add_argument("--batch", type=positive_int, default=None, help="rows (default 4096 on a GPU, 128 on a CPU)")
     p.add_argument(
@@ -187,7 +187,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         "attention",
         "attention: naive vs torch.compile vs fastlm vs SDPA flash/cuDNN",
         cmd_bench_attention,
-        duration=("about 10 seconds", "under 10 minutes"),
+        duration=("about 30 seconds", "under 10 minutes"),
     )
     p.add_argument(
         "--sweep",
@@ -249,7 +249,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         "host",
         "host (CPU) time per call of each op vs the PyTorch op it replaces, at small shapes where the host dominates",
         cmd_bench_host,
-        duration=("about 20 seconds", "under 10 minutes"),
+        duration=("about 10 seconds", "under 10 minutes"),
     )
     p.add_argument("--ops", type=_host_ops, default=None, help=f"comma list among {','.join(HOST_OPS)} (default all)")
     add_compile_option(
@@ -281,7 +281,7 @@ def _add_model_command(commands: argparse._SubParsersAction) -> None:
         "LM step time, tokens/s, MFU, peak memory (fwd, fwd+bwd, train)",
         cmd_bench_model,
         duration=(
-            "about 15 seconds",
+            "about 25 seconds",
             "under 10 minutes, plus 2-4 minutes of compilation per large model and compile mode",
         ),
     )

@@ -135,7 +135,8 @@ def _add_ddp_command(commands: argparse._SubParsersAction) -> None:
         "data-parallel step time, communication overlap, optimizer-state sharding",
         cmd_bench_ddp,
         duration=(
-            "5 to 10 minutes for --procs 2, and longer for 4 processes than for 2 on 2 cores",
+            "about 20 minutes for --procs 2 (a variant's round about 1.5 minutes), and longer for the "
+            "default 2,4: 4 processes take longer than 2 on 2 cores",
             "about 5 minutes for --procs 8 --rounds 2",
         ),
     )

@@ -142,3 +142,16 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         cmd_train_reward,
     )
     add_options(reward, RewardConfig)
+    _show_required(p, "data")
+
+
+def _show_required(parser: argparse.ArgumentParser, dest: str) -> None:
+    """The usage line shows option ``dest`` as required (no brackets), as the run demands it, although
+    argparse does not check it (it is checked after parsing, see above)."""
+    action = next(a for a in parser._actions if a.dest == dest)
+    action.required = True
+    try:
+        usage = parser.format_usage()
+    finally:
+        action.required = False
+    parser.usage = usage.removeprefix("usage: ").strip()

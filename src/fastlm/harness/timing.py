@@ -2,8 +2,8 @@
 
 CUDA: ``triton.testing.do_bench`` (CUDA events, L2 flushed before every call, warm-up and
 repetition counts chosen from a time budget), of the call itself or of its CUDA-graph replay
-(``measure_graph_replay``: kernel time without host dispatch). CPU: wall clock between calls,
-which are synchronous there.
+(``measure_graph_replay``: kernel time without host dispatch). CPU: wall clock (``perf_counter``)
+around runs of calls, which are synchronous there, long enough to resolve one call.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-REP_MS = 400.0  # time budget of the timed calls (CUDA: do_bench's; CPU: before stopping at >= 5 calls)
+REP_MS = 400.0  # time budget of the timed calls (CUDA: do_bench's; CPU: before stopping at >= 5 samples)
+CPU_SAMPLE_MS = 20.0  # CPU: the least time one sample spans (calls back to back), >> a scheduler tick
 
 
 @dataclass(frozen=True)
@@ -100,15 +101,30 @@ def measure_graph_replay(fn: Callable[[], object], device: torch.device, leaves:
         del graph
 
 
-def _measure_cpu(fn, rep_ms, grad_to_none) -> Timing:
+def _measure_cpu(fn, rep_ms, grad_to_none, clock: Callable[[], float] = time.perf_counter) -> Timing:
+    """Wall-clock samples of ``fn``, each of as many calls back to back as take CPU_SAMPLE_MS (found by
+    doubling), divided by their number: a call shorter than the clock's or the scheduler's tick (a
+    thread that waits for a shared core wakes on a tick of several ms) is then still resolved."""
+    calls = 1
+    while True:
+        elapsed_ms = _time_calls(fn, calls, grad_to_none, clock)
+        if elapsed_ms >= CPU_SAMPLE_MS or calls >= 2**20:
+            break
+        calls *= 2
     samples: list[float] = []
-    deadline = time.perf_counter() + rep_ms / 1e3
-    while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 1000):
-        drop_grads(grad_to_none)
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e3)
+    deadline = clock() + rep_ms / 1e3
+    while len(samples) < 5 or (clock() < deadline and len(samples) < 1000):
+        samples.append(_time_calls(fn, calls, grad_to_none, clock) / calls)
     return _summarize(samples)
+
+
+def _time_calls(fn, calls: int, grad_to_none, clock: Callable[[], float]) -> float:
+    """Milliseconds of ``calls`` calls of ``fn``, each after dropping the gradients of ``grad_to_none``."""
+    start = clock()
+    for _ in range(calls):
+        drop_grads(grad_to_none)
+        fn()
+    return (clock() - start) * 1e3
 
 
 def measure_after_setup(

@@ -49,12 +49,14 @@ def grouped_bar_plot(
     """One group of bars per entry of ``groups`` and one bar colour per series; None is a gap.
     ``markers`` = (values per series, legend label): a second quantity drawn as a black tick on
     each series' bars (e.g. the same work timed another way). ``reference_line`` and each of
-    ``reference_lines`` = (value, label): a dashed horizontal line across the plot."""
+    ``reference_lines`` = (value, label): a dashed horizontal line across the plot. A series with no
+    value at all is left out, of the bars and of the legend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    series = {name: values for name, values in series.items() if any(v is not None for v in values)}
     fig, ax = plt.subplots(figsize=(max(6.0, 1.8 * len(groups) + 2), 4.0))
     width = 0.8 / max(1, len(series))
     for i, (name, values) in enumerate(series.items()):

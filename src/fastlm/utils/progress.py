@@ -1,8 +1,9 @@
 """The progress of a long run: a bar on a terminal, plain flushed lines when the output is piped or
 logged (where a bar would show only once, at the end).
 
-`progress_steps` prints a line per step when piped (benchmark cases). `progress` prints only the
-lines it is given (a training log's interval lines), with the bar's ETA on a terminal:
+`progress_steps` prints a line per step when piped (benchmark cases), and a line every 20 s of a
+step that runs longer. `progress` prints only the lines it is given (a training log's interval
+lines), with the bar's ETA on a terminal:
 
     with progress("training", total=steps) as bar:
         bar.advance()                 # moves the bar (nothing when piped): call it as often as needed
@@ -12,6 +13,8 @@ lines it is given (a training log's interval lines), with the bar's ETA on a ter
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Callable, Iterator
 
 
@@ -22,10 +25,15 @@ def print_line(text: str) -> None:
     print(text, flush=True)
 
 
+HEARTBEAT_S = 20.0  # piped: at most this long without a line while a step runs (a log never looks stalled)
+
+
 @contextlib.contextmanager
-def progress_steps(name: str, total: int) -> Iterator[Callable[..., None]]:
-    """Yields ``step(done="")``, called after each of ``total`` steps: a progress bar on a terminal;
-    one plain line per step ("name 3/8: done") when the output is not a terminal."""
+def progress_steps(name: str, total: int, heartbeat_s: float = HEARTBEAT_S) -> Iterator[Callable[..., None]]:
+    """Yields ``step(done="")``, called after each of ``total`` steps: a progress bar on a terminal
+    (its elapsed time keeps moving during a step); when the output is not a terminal, a line at once
+    ("name: 8 steps"), one per step ("name 3/8: done") and, while a step runs longer than
+    ``heartbeat_s``, a line every ``heartbeat_s`` saying so."""
     from rich.console import Console
 
     console = Console()
@@ -37,14 +45,51 @@ def progress_steps(name: str, total: int) -> Iterator[Callable[..., None]]:
             task = progress.add_task(name, total=total)
             yield lambda done="": progress.update(task, description=f"{name} ({done})" if done else name, advance=1)
         return
+    print_line(f"{name}: {total} steps")
     count = 0
+    with heartbeat(
+        lambda running_s: f"{name} {count}/{total}: step {count + 1} running for {running_s:.0f} s", heartbeat_s
+    ) as beat:
 
-    def step(done: str = "") -> None:
-        nonlocal count
-        count += 1
-        print_line(f"{name} {count}/{total}" + (f": {done}" if done else ""))
+        def step(done: str = "") -> None:
+            nonlocal count
+            count += 1
+            print_line(f"{name} {count}/{total}" + (f": {done}" if done else ""))
+            beat()
 
-    yield step
+        yield step
+
+
+@contextlib.contextmanager
+def heartbeat(line: Callable[[float], str], interval_s: float = HEARTBEAT_S) -> Iterator[Callable[[], None]]:
+    """While the block runs, prints ``line(seconds since the last beat)`` each ``interval_s`` without
+    a beat, from a thread (the block's own thread is busy measuring); yields ``beat()``, which says
+    that the block has just printed. For work whose own lines can be minutes apart."""
+    beaten = threading.Event()  # set by each beat and on exit, waking the thread
+    state = {"last": time.perf_counter(), "done": False}
+
+    def beat() -> None:
+        state["last"] = time.perf_counter()
+        beaten.set()
+
+    def run() -> None:
+        while True:
+            woken = beaten.wait(interval_s)
+            if state["done"]:
+                return
+            if woken:
+                beaten.clear()
+                continue
+            print_line(line(time.perf_counter() - state["last"]))
+
+    thread = threading.Thread(target=run, name="progress heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield beat
+    finally:
+        state["done"] = True
+        beaten.set()
+        thread.join()
 
 
 class Progress:

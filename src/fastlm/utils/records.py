@@ -11,7 +11,7 @@ import functools
 import json
 import os
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 import torch
@@ -75,10 +75,29 @@ def append_records(path: Path, records: Iterable[dict]) -> None:
 
 
 def read_records(path: Path) -> list[dict]:
+    """The records in ``path`` of runs that finished: a record with ``"complete": false`` (its run was
+    interrupted or failed, see `mark_complete`) is left out, so a partial run never replaces a
+    complete one in a table; a record without the field counts as complete."""
     if not path.exists():
         return []
     with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+        records = [json.loads(line) for line in f if line.strip()]
+    return [r for r in records if r.get("complete", True)]
+
+
+def mark_complete(path: Path, run_ids: Collection[str]) -> None:
+    """Set ``"complete": true`` on the records of the runs ``run_ids`` in ``path``, which a benchmark
+    appended with false as each was measured, once the run has finished; every other line stays as
+    it is. The new file replaces the old one whole (rename), so an interruption leaves either."""
+    lines = path.read_text().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if '"complete": false' in line:
+            record = json.loads(line)
+            if record.get("run_id") in run_ids:
+                lines[i] = json.dumps({**record, "complete": True}, sort_keys=True) + "\n"
+    staged = path.with_name(path.name + ".partial")
+    staged.write_text("".join(lines))
+    staged.replace(path)
 
 
 def latest_run(records: list[dict]) -> list[dict]:

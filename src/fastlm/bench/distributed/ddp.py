@@ -64,7 +64,7 @@ from fastlm.distributed.wrappers import ParallelSpec, wrap
 from fastlm.harness.benchmark import Measured, Run
 from fastlm.layers.ranges import annotate, annotations
 from fastlm.model import ModelConfig, TransformerLM
-from fastlm.utils.progress import print_line
+from fastlm.utils.progress import heartbeat, print_line
 from fastlm.utils.records import append_records, with_environment
 from fastlm.utils.tables import si_seconds
 
@@ -330,7 +330,9 @@ def measure(
     common.pop("trace_dir")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rows.json")
-        spawn(_worker, world, world, backend, settings, tuple(variants), tuple(optimizers), out, backend=backend)
+        # a variant's steps on CPU processes sharing 2 cores can take minutes between rank 0's lines
+        with heartbeat(lambda running_s: f"data-parallel steps, {world} processes: running for {running_s:.0f} s"):
+            spawn(_worker, world, world, backend, settings, tuple(variants), tuple(optimizers), out, backend=backend)
         return [with_environment({**common, **row}) for row in json.loads(Path(out).read_text())]
 
 

@@ -9,11 +9,7 @@ from fastlm.utils.plots import grouped_bar_plot, save_figure
 from fastlm.utils.records import latest_runs_by, read_records
 from fastlm.utils.tables import markdown_table, present_columns
 
-GLOO_NOTE = (
-    "gloo on CPU: no NCCL kernels and no GPU timeline, so communication time, its overlap with the "
-    "backward and the memory columns are not measured; the step times are of CPU processes sharing "
-    "this machine's cores and say nothing about GPUs."
-)
+ALLOCATOR_FIELDS = ("init_mb", "before_step_mb", "after_step_mb", "peak_mb", "activations_mb")  # CUDA allocator only
 TIMELINES_FILE = "ddp_timelines.jsonl"  # in the trace folder: the GPU timelines the overlap plots draw
 MB = 1e6
 
@@ -48,6 +44,15 @@ MEMORY_COLUMNS = [
     ("median_ms", "step ms"),
     ("status", "status"),
 ]
+GLOO_NOTE = (
+    "gloo on CPU: no NCCL kernels and no GPU timeline, so communication time and its overlap with the "
+    "backward are not measured, nor the memory the CUDA allocator reports ("
+    + ", ".join(header for field, header in MEMORY_COLUMNS if field in ALLOCATOR_FIELDS)
+    + "); the memory table's "
+    + ", ".join(header for field, header in MEMORY_COLUMNS if field.endswith("_mb") and field not in ALLOCATOR_FIELDS)
+    + " are the sizes of the tensors, counted. The step times are of CPU processes sharing this machine's "
+    "cores and say nothing about GPUs."
+)
 
 
 def round_range(record: dict) -> tuple[float, float] | None:
