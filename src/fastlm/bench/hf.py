@@ -1,8 +1,8 @@
 """`fastlm bench hf`: the training step of a Hugging Face causal LM as it is, patched by
 `fastlm.apply_fastlm`, and patched by Liger-Kernel (when installed), in one run.
 
-Each model is built from a family's config (`transformers` `LlamaConfig`, `Qwen3Config`,
-`MistralConfig`) with random weights and stepped exactly as `fastlm bench model` steps fastlm's
+Each model is built from a family's config (`transformers` `LlamaConfig`, `Qwen3Config`, ...)
+with random weights and stepped exactly as `fastlm bench model` steps fastlm's
 own model (`fastlm.bench.model.measure_rounds`: interleaved rounds, the median over rounds and its
 spread, tokens/s, MFU, peak memory): `model(input_ids=tokens, labels=targets).loss`, backward, and
 in `train` mode fused AdamW. Only the patch differs between the rows of one shape.
@@ -28,30 +28,59 @@ from fastlm.utils.plots import grouped_bar_plot
 from fastlm.utils.records import with_environment
 from fastlm.utils.tables import markdown_table, present_columns
 
-# family -> transformers (module, config class, model class)
+# family -> transformers (config class, model class, config values beyond the dimensions)
 _CLASSES = {
-    "llama": ("transformers", "LlamaConfig", "LlamaForCausalLM"),
-    "qwen3": ("transformers", "Qwen3Config", "Qwen3ForCausalLM"),
-    "mistral": ("transformers", "MistralConfig", "MistralForCausalLM"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {}),
+    # Granite 3's scales of the embedding, the residual branches, the attention scores and the logits
+    "granite": (
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        {
+            "embedding_multiplier": 12.0,
+            "residual_multiplier": 0.22,
+            "attention_multiplier": 0.015625,
+            "logits_scaling": 8.0,
+        },
+    ),
 }
 
 # (family, size) -> d_model, d_ff, layers, heads, key/value heads, head dim, vocabulary, tied head, rope theta:
 # the published models' dimensions (Llama 3.2 1B / 3B, Llama 3.1 8B; Qwen3 1.7B / 4B / 8B; Mistral 7B v0.3
-# as "8b", its smaller sizes Llama's dimensions with Mistral's vocabulary). "tiny" is for CPU runs and tests.
+# as "8b", its smaller sizes Llama's dimensions with Mistral's vocabulary; OLMo 2 1B; Phi-3-mini (3.8B),
+# Granite 3 2B and SmolLM3 3B as "3b"). "tiny" is for CPU runs and tests.
+TINY = (64, 128, 2, 4, 2, 16, 1000)
 SIZES = {
-    ("llama", "tiny"): (64, 128, 2, 4, 2, 16, 1000, True, 500000.0),
+    ("llama", "tiny"): (*TINY, True, 500000.0),
     ("llama", "1b"): (2048, 8192, 16, 32, 8, 64, 128256, True, 500000.0),
     ("llama", "3b"): (3072, 8192, 28, 24, 8, 128, 128256, True, 500000.0),
     ("llama", "8b"): (4096, 14336, 32, 32, 8, 128, 128256, False, 500000.0),
-    ("qwen3", "tiny"): (64, 128, 2, 4, 2, 16, 1000, True, 1000000.0),
+    ("qwen3", "tiny"): (*TINY, True, 1000000.0),
     ("qwen3", "1b"): (2048, 6144, 28, 16, 8, 128, 151936, True, 1000000.0),
     ("qwen3", "3b"): (2560, 9728, 36, 32, 8, 128, 151936, True, 1000000.0),
     ("qwen3", "8b"): (4096, 12288, 36, 32, 8, 128, 151936, False, 1000000.0),
-    ("mistral", "tiny"): (64, 128, 2, 4, 2, 16, 1000, False, 1000000.0),
+    ("mistral", "tiny"): (*TINY, False, 1000000.0),
     ("mistral", "1b"): (2048, 8192, 16, 32, 8, 64, 32768, False, 1000000.0),
     ("mistral", "3b"): (3072, 8192, 28, 24, 8, 128, 32768, False, 1000000.0),
     ("mistral", "8b"): (4096, 14336, 32, 32, 8, 128, 32768, False, 1000000.0),
+    ("olmo2", "tiny"): (*TINY, False, 500000.0),
+    ("olmo2", "1b"): (2048, 8192, 16, 16, 16, 128, 100352, False, 500000.0),
+    ("phi3", "tiny"): (*TINY, False, 10000.0),
+    ("phi3", "3b"): (3072, 8192, 32, 32, 32, 96, 32064, False, 10000.0),
+    ("granite", "tiny"): (*TINY, True, 5000000.0),
+    ("granite", "3b"): (2048, 8192, 40, 32, 8, 64, 49155, True, 5000000.0),
+    ("smollm3", "tiny"): (*TINY, True, 5000000.0),
+    ("smollm3", "3b"): (2048, 11008, 36, 16, 4, 128, 128256, True, 5000000.0),
 }
+
+
+def smallest_size(family: str) -> str:
+    """The family's smallest published size in `SIZES` (the GPU's default)."""
+    return next(size for fam, size in SIZES if fam == family and size != "tiny")
 
 
 @dataclass(frozen=True)
@@ -115,6 +144,8 @@ class HFShape:
         norms = (2 * self.num_layers + 1) * self.d_model
         if self.family == "qwen3":  # RMSNorm of each head's queries and keys
             norms += 2 * self.num_layers * self.head_dim
+        if self.family == "olmo2":  # RMSNorm of the whole query and key projections
+            norms += self.num_layers * self.head_dim * (self.num_heads + self.num_kv_heads)
         return self.num_matmul_parameters() + embedding + norms
 
     def record_fields(self) -> dict:
@@ -124,9 +155,10 @@ class HFShape:
 
 def build_model(shape: HFShape) -> torch.nn.Module:
     """The family's causal LM with ``shape``'s dimensions, random weights, SDPA attention, no dropout."""
-    module_name, config_name, model_name = _CLASSES[shape.family]
-    module = importlib.import_module(module_name)
+    config_name, model_name, extra = _CLASSES[shape.family]
+    module = importlib.import_module("transformers")
     config = getattr(module, config_name)(
+        **extra,
         vocab_size=shape.vocab_size,
         hidden_size=shape.d_model,
         intermediate_size=shape.d_ff,
@@ -139,6 +171,8 @@ def build_model(shape: HFShape) -> torch.nn.Module:
         tie_word_embeddings=shape.tie_word_embeddings,
         attn_implementation="sdpa",
     )
+    if getattr(config, "pad_token_id", None) is not None and config.pad_token_id >= shape.vocab_size:
+        config.pad_token_id = None  # the published model's id, past a smaller vocabulary's end
     model = getattr(module, model_name)(config)
     model.config.use_cache = False  # training: no key/value cache
     return model

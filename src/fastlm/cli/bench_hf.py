@@ -30,12 +30,12 @@ if TYPE_CHECKING:  # fastlm.bench.hf imports torch, which `fastlm --help` does n
 def cmd_bench_hf(args) -> None:
     if importlib.util.find_spec("transformers") is None:
         raise UserError("fastlm bench hf needs the transformers package: pip install 'fastlm[hf]'")
-    from fastlm.bench.hf import HFBenchmark, HFShape
+    from fastlm.bench.hf import HFBenchmark, HFShape, smallest_size
     from fastlm.bench.model import rows
     from fastlm.harness.runner import run_benchmark
 
     on_gpu = current_device().type == "cuda"
-    size = args.size or ("1b" if on_gpu else "tiny")
+    size = args.size or (smallest_size(args.family) if on_gpu else "tiny")
     context = args.seq or (2048 if on_gpu else 64)
     overrides = {
         "num_layers": args.layers,
@@ -91,7 +91,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         choices=HF_SIZES,
         default=None,
         help="the family's published dimensions: 1b, 3b, 8b (Llama 3.2 1B/3B, 3.1 8B; Qwen3 1.7B/4B/8B; "
-        "Mistral 7B as 8b) or tiny (default 1b on a GPU, tiny on a CPU)",
+        "Mistral 7B as 8b; OLMo 2 1B; Phi-3-mini, Granite 3 2B, SmolLM3 3B as 3b) or tiny (default: the "
+        "family's smallest on a GPU, tiny on a CPU)",
     )
     p.add_argument(
         "--layers",
