@@ -111,7 +111,9 @@ def test_commands(tmp_path, capsys):
         == 0
     )
     progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("1 layer", "2 layer"))]
-    assert [line.split(":")[0] for line in progress] == [f"{d} layer(s), epoch {e}/2" for d in (1, 2) for e in (1, 2)]
+    # piped: each depth's line at once, then a line per epoch
+    expected = [[f"{d} layer(s), epoch", *(f"{d} layer(s), epoch {e}/2" for e in (1, 2))] for d in (1, 2)]
+    assert [line.split(":")[0] for line in progress] == [line for lines in expected for line in lines]
     records = [
         json.loads(line) for line in (tmp_path / "results" / "associative_recall.jsonl").read_text().splitlines()
     ]
