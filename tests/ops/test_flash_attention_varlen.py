@@ -30,7 +30,6 @@ from fastlm.ops.flash_attention.kernels import (
     _flash_backward_dq_kernel,
     _flash_forward_kernel,
 )
-from fastlm.ops.flash_attention.tiled import TORCH_TILE
 
 from .launches import assert_direct_launch_matches_dispatcher, compiled_code_launches
 from .reference import check_against_float64
@@ -106,8 +105,8 @@ def test_torch_twin_matches_reference(q_lengths, k_lengths, causal, window, plan
         monkeypatch.setattr(tiled, "is_traced", lambda tensor: True)
     (q, k, v), cu_q, cu_k = make_packed(q_lengths, k_lengths or q_lengths, 4, 2, 16, torch.float32, "cpu")
 
-    def twin(q, k, v):
-        return _FlashAttentionTiled.apply(q, k, v, causal, 0.25, TORCH_TILE, check_window(window), cu_q, cu_k)
+    def twin(q, k, v):  # tiles of 16 rows: several per document here, as in the kernels' SMALL_TILES
+        return _FlashAttentionTiled.apply(q, k, v, causal, 0.25, 16, check_window(window), cu_q, cu_k)
 
     check_varlen(twin, q, k, v, cu_q, cu_k, causal, window)
 
