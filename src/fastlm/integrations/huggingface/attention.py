@@ -17,10 +17,11 @@ import torch
 from fastlm.layers.attention import flash_causal_attention, unpadded_causal_attention
 
 ATTN_IMPLEMENTATION = "fastlm"
-# keyword the patched base model adds to its layers' calls when it was given no attention mask: the
-# attention is causal, within the packed sequences of cu_seq_lens_q/k if any, within the sliding
-# window if any (`fastlm.integrations.huggingface.forwards.base_model_forward`), so a mask
-# transformers built says nothing more
+# keyword the patched base model adds to its layers' calls when it was given no attention mask, or
+# one it read as padding (`PADDING`): the attention is causal, within the packed sequences of
+# cu_seq_lens_q/k or the rows' real tokens if any, within the sliding window if any
+# (`fastlm.integrations.huggingface.forwards.base_model_forward`), so a mask transformers built
+# says nothing more
 PLAIN_CAUSAL = "fastlm_plain_causal"
 # keyword the patched base model adds with PLAIN_CAUSAL when its attention mask is right or left
 # padding: the `Padding` of the batch, read from the mask once per forward for every layer
