@@ -1,8 +1,9 @@
 """apply_fastlm / revert_fastlm on tiny random transformers models of each family: the patched model's
 loss, logits and every gradient against an unpatched copy (fp32, tight), the kernels each switch
-installs, every attention fallback (padding, packed sequences, dropout, windows), generate(),
-revert, PEFT, Trainer, gradient checkpointing and torch.compile; on a GPU the same in bf16, judged
-by the unpatched model's own bf16 error."""
+installs, packed sequences and windows, every attention fallback (dropout, non-causal attention, a
+static cache's prefill), generate() with and without padding, revert, PEFT, Trainer, gradient
+checkpointing and torch.compile; on a GPU the same in bf16, judged by the unpatched model's own
+bf16 error. Padded batches: test_huggingface_padding.py."""
 
 import copy
 import subprocess
@@ -244,17 +245,6 @@ def test_each_switch_installs_only_its_kernel(switch, op_calls):
     model.train()(input_ids=ids, labels=ids)
     assert op_calls[OPS[switch]] == 0
     assert all(op_calls[name] > 0 for name in OPS.values() if name != OPS[switch])
-
-
-def test_padding_falls_back_to_sdpa_once_with_a_warning(recwarn):
-    model, reference = patched_pair("qwen3")
-    ids = tokens()
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0  # left padding of the second row
-    labels = ids.masked_fill(mask == 0, -100)
-    assert_same_step(model, reference, input_ids=ids, attention_mask=mask, labels=labels)
-    model(input_ids=ids, attention_mask=mask, labels=labels)
-    assert len(fallback_warnings(recwarn)) == 1 and "attention mask" in fallback_warnings(recwarn)[0]
 
 
 def test_all_ones_attention_mask_runs_the_kernel(op_calls, recwarn):

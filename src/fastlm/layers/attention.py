@@ -68,6 +68,51 @@ def flash_causal_attention(
     return out.view(batch, length, heads, head_dim)
 
 
+def unpadded_causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    *,
+    scale: float | None = None,
+    window: int | None = None,
+) -> torch.Tensor:
+    """Causal attention within the real tokens of each row of a padded batch: q (B, H, N, D), k and
+    v (B, Hkv, N, D) -> (B, N, H, D), 0 at the padded positions.
+
+    The T real tokens sit at (rows[t], positions[t]), t < T, int64 (T,), row-major with each row's
+    tokens contiguous (right or left padding); cu_seqlens (B + 1,) int32 cumulates the rows' real
+    lengths, max_seqlen the longest. The real tokens are gathered into (T, heads, D), one pass over
+    each of q, k and v whatever their strides; they attend as one document per row through
+    `fastlm.flash_attention_varlen` (``window``: query i sees the ``window`` keys up to and including
+    i, as in `flash_causal_attention`; a row's tokens keep their distances, so the window is the
+    row's); the output is scattered into a zeroed (B, N, H, D) in one pass. Cost beyond the kernel:
+    q, k, v and the output of the T real tokens read and written once more, as much again in the
+    backward; what it saves is the attention of the B N - T padded queries."""
+    batch, heads, length, head_dim = q.shape
+    kernel_window = None if window is None else (window - 1, 0)
+
+    def unpadded(t: torch.Tensor) -> torch.Tensor:  # (B, h, N, D) -> (T, h, D): the real tokens
+        return t[rows, :, positions]
+
+    out = flash_attention_varlen(
+        unpadded(q),
+        unpadded(k),
+        unpadded(v),
+        cu_seqlens,
+        cu_seqlens,
+        max_seqlen,
+        max_seqlen,
+        causal=True,
+        scale=scale,
+        window=kernel_window,
+    )  # (T, H, D)
+    return out.new_zeros(batch, length, heads, head_dim).index_put((rows, positions), out)
+
+
 def naive_causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax: str = "torch", allowed: torch.Tensor | None = None
 ) -> torch.Tensor:

@@ -10,9 +10,11 @@ every other model in the process, keep transformers' code. Which modules of a fa
 forward (forwards.py) is the family's adapter (families.py). The switches, named as the fields of
 `fastlm.settings.Kernels`:
 
-    attention  plain causal attention by `fastlm.flash_attention`, grouped key/value heads read in
-               place; every other case (padding, dropout, non-causal attention) by
-               transformers' SDPA function, with a one-time warning (`attention_function`)
+    attention  causal attention by `fastlm.flash_attention`, grouped key/value heads read in place;
+               packed sequences and right- or left-padded batches (each row's real tokens) by
+               `fastlm.flash_attention_varlen`; every other case (a mask with holes, dropout,
+               non-causal attention) by transformers' SDPA function, with a one-time warning
+               (`attention_function`)
     norm       every RMSNorm (q_norm and k_norm, per head or per projection, too) by `fastlm.rms_norm`
     rope       the rotation of queries and keys by `fastlm.rotary_embedding`, when the batch shares
                one row of positions (partial and interleaved rotary too)

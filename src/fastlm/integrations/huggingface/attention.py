@@ -2,24 +2,43 @@
 
 Plain causal attention runs `fastlm.layers.attention.flash_causal_attention` on the grouped heads as
 they are, with the sliding window if the model has one, packed sequences (cu_seq_lens_q/k) through
-the varlen kernels; every other case (padding, dropout, non-causal attention) runs transformers'
-SDPA function, with a one-time warning per case.
+the varlen kernels, right- or left-padded batches (`Padding`) by
+`fastlm.layers.attention.unpadded_causal_attention`; every other case (a mask with holes, dropout,
+non-causal attention) runs transformers' SDPA function, with a one-time warning per case.
 """
 
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import torch
 
-from fastlm.layers.attention import flash_causal_attention
+from fastlm.layers.attention import flash_causal_attention, unpadded_causal_attention
 
 ATTN_IMPLEMENTATION = "fastlm"
-# keyword the patched base model adds to its layers' calls when it was given no attention mask: the
-# attention is causal, within the packed sequences of cu_seq_lens_q/k if any, within the sliding
-# window if any (`fastlm.integrations.huggingface.forwards.base_model_forward`), so a mask
-# transformers built says nothing more
+# keyword the patched base model adds to its layers' calls when it was given no attention mask, or
+# one it read as padding (`PADDING`): the attention is causal, within the packed sequences of
+# cu_seq_lens_q/k or the rows' real tokens if any, within the sliding window if any
+# (`fastlm.integrations.huggingface.forwards.base_model_forward`), so a mask transformers built
+# says nothing more
 PLAIN_CAUSAL = "fastlm_plain_causal"
+# keyword the patched base model adds with PLAIN_CAUSAL when its attention mask is right or left
+# padding: the `Padding` of the batch, read from the mask once per forward for every layer
+PADDING = "fastlm_padding"
+
+
+class Padding(NamedTuple):
+    """A batch of rows whose real tokens are contiguous (right or left padding), as a 2-D attention
+    mask gives it: each row's real tokens attend causally among themselves, padded keys are seen by
+    no query (transformers' SDPA mask), padded queries' outputs are 0."""
+
+    mask: torch.Tensor  # (B, N) bool, True at the real tokens: SDPA's mask where SDPA runs
+    rows: torch.Tensor  # (T,) int64: the row of each of the T real tokens, row-major
+    positions: torch.Tensor  # (T,) int64: its position in the row
+    cu_seqlens: torch.Tensor  # (B + 1,) int32: the rows' real lengths cumulated, from 0
+    max_seqlen: int  # the longest row's real length
+
 
 _warned_fallbacks: set[str] = set()
 
@@ -32,10 +51,12 @@ def attention_function(
 
     Causal attention runs `fastlm.flash_attention` on the grouped heads as they are, with the
     sliding window if the model has one; packed sequences (cu_seq_lens_q / cu_seq_lens_k over the
-    rows laid end to end, no sequence spanning two rows) run `fastlm.flash_attention_varlen`. Every
-    other case runs transformers' SDPA function, once warned per case (`_fallback_reason`): the
-    result is always exact, the kernels are used where they compute the same thing.
+    rows laid end to end, no sequence spanning two rows) and padded batches (`PADDING`: the real
+    tokens of each row, one sequence each, 0 at padded queries) run `fastlm.flash_attention_varlen`.
+    Every other case runs transformers' SDPA function, once warned per case (`_fallback_reason`):
+    the result is always exact, the kernels are used where they compute the same thing.
     """
+    padding = kwargs.pop(PADDING, None)
     if kwargs.pop(PLAIN_CAUSAL, False):
         # a mask transformers built anyway (it always does while torch.compile traces, to look for
         # packed sequences in the position ids) holds nothing the checks below do not see
@@ -46,7 +67,7 @@ def attention_function(
 
         _warn_once(reason)
         if attention_mask is None:
-            attention_mask = _implicit_mask(query, key, sliding_window, kwargs)
+            attention_mask = _implicit_mask(query, key, sliding_window, padding, kwargs)
         return sdpa_attention_forward(
             module,
             query,
@@ -63,6 +84,12 @@ def attention_function(
         dtype = torch.get_autocast_dtype(device)
         query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     # transformers' window: query i sees key j when i - sliding_window < j <= i, the layer's too
+    if padding is not None:
+        _, rows, positions, cu_seqlens, max_seqlen = padding
+        out = unpadded_causal_attention(
+            query, key, value, rows, positions, cu_seqlens, max_seqlen, scale=scaling, window=sliding_window
+        )
+        return out, None
     out = flash_causal_attention(
         query,
         key,
@@ -84,10 +111,14 @@ def _fallback_reason(module, query, key, attention_mask, dropout, kwargs) -> str
 
     The mask transformers builds for the "fastlm" implementation (`mask_function`) is None only
     where the attention is plain causal; the patched base model (`base_model_forward`) sets it
-    aside where it knows there is no padding. Dropout and non-causal attention do not show in it.
+    aside where it knows there is no padding, or where it is right or left padding without a cache
+    (then `PADDING` says so). Dropout and non-causal attention do not show in it.
     """
     if attention_mask is not None:
-        return "an attention mask (padding, or packing and windows without the patched base model)"
+        return (
+            "an attention mask (padding with holes or with a cache, a 4-D mask, "
+            "or packing and windows without the patched base model)"
+        )
     packed = kwargs.get("cu_seq_lens_q") is not None
     if packed and kwargs.get("max_length_q") is None:
         return "packed sequences without max_length_q"
@@ -113,15 +144,16 @@ def _warn_once(reason: str) -> None:
         )
 
 
-def _implicit_mask(query, key, sliding_window, kwargs) -> torch.Tensor | None:
+def _implicit_mask(query, key, sliding_window, padding, kwargs) -> torch.Tensor | None:
     """The mask of what the call's arguments say but no mask carries, for SDPA: (B or 1, 1, Nq, Nk)
     bool, True where query i (at position i + Nk - Nq) sees key j: j <= i, inside the sliding
     window, in the same packed sequence (cu_seq_lens: the sequences' start offsets over the rows
-    laid end to end, and the total). None when neither packing nor a window applies: SDPA's own
+    laid end to end, and the total), not a padded key (``padding``: the mask transformers builds
+    from the 2-D one). None when neither packing, padding nor a window applies: SDPA's own
     arguments cover the other cases."""
     cu_seq_lens_q, cu_seq_lens_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
     windowed = sliding_window is not None and key.shape[2] > sliding_window
-    if cu_seq_lens_q is None and not windowed:
+    if cu_seq_lens_q is None and padding is None and not windowed:
         return None
     n_q, n_k = query.shape[2], key.shape[2]
     rows = torch.arange(n_k - n_q, n_k, device=query.device)[:, None]
@@ -129,8 +161,10 @@ def _implicit_mask(query, key, sliding_window, kwargs) -> torch.Tensor | None:
     visible = cols <= rows
     if windowed:
         visible &= cols > rows - sliding_window
+    if padding is not None:
+        visible = visible & padding.mask[:, None, :]  # (B, Nq, Nk)
     if cu_seq_lens_q is None:
-        return visible[None, None]
+        return visible.view(-1, 1, n_q, n_k)
     first_row = torch.arange(query.shape[0], device=query.device)[:, None, None]  # each row's offset, in rows
     sequence_q = torch.searchsorted(
         cu_seq_lens_q[1:].long(), (first_row * n_q + rows - (n_k - n_q)).flatten(1), right=True

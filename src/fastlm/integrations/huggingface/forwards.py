@@ -14,7 +14,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from fastlm.integrations.huggingface.attention import PLAIN_CAUSAL
+from fastlm.integrations.huggingface.attention import PADDING, PLAIN_CAUSAL, Padding
 from fastlm.layers.loss import lm_head_loss
 from fastlm.layers.mlp import fused_gate_up_swiglu_mlp, swiglu_mlp
 from fastlm.layers.norms import fused_rms_norm
@@ -28,17 +28,68 @@ def base_model_forward(self, *args, **kwargs):
     packed sequences that restarting position ids mark, handed on as cu_seq_lens_q/k as
     `DataCollatorWithFlattening` hands them (`_packed_sequences`). Lets the kernels run where
     transformers builds a mask only reading its data could show to be causal (packing, and every
-    call while torch.compile traces)."""
-    if len(args) > 1 or kwargs.get("attention_mask") is not None:
+    call while torch.compile traces).
+
+    Given a 2-D attention mask of right or left padding and no cache, the layers get the batch's
+    `Padding` instead (`_padding`), read once here for all of them, and transformers builds no
+    (B, 1, N, N) mask: each row's real tokens are one sequence for the varlen kernel. Every other
+    mask (holes, 4-D, with a cache, while torch.compile traces) is transformers' to build.
+    """
+    if len(args) > 1:
+        return original_forward(self, *args, **kwargs)
+    if kwargs.get("attention_mask") is not None:
+        padding = _padding(self, kwargs, _inputs(args, kwargs))
+        if padding is None:
+            return original_forward(self, *args, **kwargs)
+        # position_ids stay as given: transformers' are arange(N) for every row whatever the mask
+        kwargs.update({"attention_mask": None, PADDING: padding, PLAIN_CAUSAL: True})
         return original_forward(self, *args, **kwargs)
     positions = kwargs.get("position_ids")
     if positions is not None and kwargs.get("cu_seq_lens_q") is None:
         if torch.compiler.is_compiling() or not _looks_for_packing(self, kwargs):
             return original_forward(self, *args, **kwargs)  # transformers' mask says what positions mean
-        inputs = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+        inputs = _inputs(args, kwargs)
         kwargs.update(_packed_sequences(positions, positions.shape[0] if inputs is None else inputs.shape[0]))
     kwargs[PLAIN_CAUSAL] = True
     return original_forward(self, *args, **kwargs)
+
+
+def _inputs(args, kwargs) -> torch.Tensor | None:
+    """The call's input_ids (B, N) or inputs_embeds (B, N, d), whichever it was given."""
+    if args:
+        return args[0]
+    return kwargs.get("input_ids") if kwargs.get("input_ids") is not None else kwargs.get("inputs_embeds")
+
+
+def _padding(model, kwargs, inputs) -> Padding | None:
+    """The `Padding` of this call's 2-D attention mask (B, N), or None where transformers' own mask
+    is what attention must see: a model made bidirectional (config.is_causal False), under
+    torch.compile (the reading below branches on the mask's values, which a trace cannot), with a
+    cache passed in (generation: the keys reach beyond this call's tokens), a mask that is not a
+    (B, N) tensor for the inputs (4-D, or a dict of masks per layer type), one given with
+    cu_seq_lens, one without padding (transformers drops an all-ones mask itself) or with holes (a
+    row whose real tokens are not contiguous: SDPA runs, with a warning).
+
+    Reads the mask: one wait for the GPU per forward, in eager mode only (the .tolist() below; the
+    indices then come from nonzero_static, whose size is known, without a second one).
+    """
+    mask = kwargs["attention_mask"]
+    cache_given = kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
+    if torch.compiler.is_compiling() or cache_given or kwargs.get("cu_seq_lens_q") is not None:
+        return None
+    if not getattr(model.config, "is_causal", True):
+        return None
+    if inputs is None or not torch.is_tensor(mask) or tuple(mask.shape) != tuple(inputs.shape[:2]):
+        return None
+    real = mask.to(device=inputs.device, dtype=torch.bool)  # (B, N), as transformers reads it
+    lengths = real.sum(dim=1)  # (B,)
+    runs = (real & ~F.pad(real[:, :-1], (1, 0))).sum(dim=1)  # (B,) runs of real tokens: 1 (0 if none)
+    total, longest, holes = torch.stack((lengths.sum(), lengths.max(), (runs > 1).sum())).tolist()
+    if holes or total in (0, real.numel()):
+        return None
+    rows, positions = torch.nonzero_static(real, size=total).unbind(dim=1)  # (T,) each, row-major
+    cu_seqlens = F.pad(lengths.cumsum(dim=0), (1, 0)).to(torch.int32)  # (B + 1,)
+    return Padding(real, rows, positions, cu_seqlens, longest)
 
 
 def _looks_for_packing(model, kwargs) -> bool:
