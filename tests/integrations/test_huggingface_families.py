@@ -20,7 +20,13 @@ transformers = pytest.importorskip("transformers")
 from fastlm.integrations.huggingface import apply_fastlm  # noqa: E402
 
 from . import test_huggingface  # noqa: E402
-from .test_huggingface import CONFIGS, assert_same_step, relative_error, tiny_model  # noqa: E402
+from .test_huggingface import (  # noqa: E402
+    CONFIGS,
+    assert_same_step,
+    kept_warnings,
+    relative_error,
+    tiny_model,
+)
 
 op_calls = test_huggingface.op_calls  # the fixture counting the fastlm ops the patch runs
 
@@ -105,15 +111,75 @@ def test_an_activation_swiglu_does_not_cover_keeps_the_mlp_with_one_warning(op_c
     ids = batches(1, length=8)[0]
     assert_same_step(model.train(), reference.train(), input_ids=ids, labels=ids)
     messages = [str(w.message) for w in recwarn]
-    assert messages == ["apply_fastlm leaves the MLPs as they are: hidden_act 'gelu_new' is not SwiGLU's silu"]
-    assert op_calls["swiglu"] == 0 and op_calls["rotary_embedding"] == 2 and op_calls["linear_cross_entropy"] == 1
+    assert messages == [
+        "apply_fastlm leaves the MLPs as they are: hidden_act 'gelu_new' is not one fastlm fuses "
+        "(silu, swish, gelu_pytorch_tanh, gelu)"
+    ]
+    assert op_calls["swiglu"] == op_calls["geglu"] == 0
+    assert op_calls["rotary_embedding"] == 2 and op_calls["linear_cross_entropy"] == 1
     assert not any(name.endswith("mlp") for name, module in model.named_modules() if "forward" in module.__dict__)
 
 
-@pytest.mark.parametrize("family", ["llama", "olmo2"])
+def test_exact_gelu_mlp_runs_geglu_on_the_halves_of_gate_up_proj(op_calls, recwarn):
+    """Phi-3 with transformers' exact "gelu": `fastlm.geglu(approximate="none")` on the two halves of
+    its one gate_up_proj, the same model as the unpatched one."""
+    model = tiny_model("phi3", hidden_act="gelu")
+    reference = copy.deepcopy(model)
+    apply_fastlm(model)
+    ids = batches(1, length=8)[0]
+    assert_same_step(model.train(), reference.train(), input_ids=ids, labels=ids)
+    assert op_calls["geglu"] == 2 and op_calls["swiglu"] == 0 and not kept_warnings(recwarn)
+
+
+def test_gemma2_softcapping_keeps_attention_and_loss_with_one_warning_each(op_calls, recwarn):
+    """Gemma 2's softcaps of the attention scores and of the logits: the attention keeps
+    transformers' (the rotation still runs the kernel, and hands the softcap on) and the loss
+    transformers' forward, each warned once when the patch is applied; the model is the unpatched
+    one. Softcaps of 1 and 2 (the defaults are 50 and 30) change the tiny model's values for sure."""
+    model = tiny_model("gemma2", attn_logit_softcapping=1.0, final_logit_softcapping=2.0)
+    uncapped = tiny_model("gemma2")  # the same weights (seeded), no softcaps: far from the capped model
+    reference = copy.deepcopy(model)
+    apply_fastlm(model)
+    ids = batches(1, length=8)[0]
+    assert_same_step(model.train(), reference.train(), input_ids=ids, labels=ids)
+    assert kept_warnings(recwarn) == [
+        "apply_fastlm leaves the attention as it is: fastlm.flash_attention does not softcap the attention "
+        "scores (attn_logit_softcapping 1.0)",
+        "apply_fastlm leaves the loss as it is: fastlm.linear_cross_entropy does not softcap the logits "
+        "(final_logit_softcapping 2.0)",
+    ]
+    assert op_calls["flash_attention"] == op_calls["linear_cross_entropy"] == 0
+    assert model.config._attn_implementation == "eager"  # not "fastlm"
+    assert op_calls["rms_norm"] == 9 and op_calls["rotary_embedding"] == 2 and op_calls["geglu"] == 2
+    model.eval(), reference.eval(), uncapped.eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        torch.testing.assert_close(logits, reference(input_ids=ids).logits, **LOGITS)
+        assert not torch.allclose(logits, uncapped(input_ids=ids).logits, rtol=1e-2, atol=1e-2)
+    apply_fastlm(model, attention=False, loss=False)  # switches that are off: nothing to warn about
+    assert len(kept_warnings(recwarn)) == 2
+
+
+def test_bidirectional_attention_keeps_transformers_attention_with_one_warning(op_calls, recwarn):
+    """Gemma 3 with use_bidirectional_attention (embedding models): not causal, so the attention
+    keeps transformers' (its masks, sliding windows included); the rest runs the kernels."""
+    model = tiny_model("gemma3_text", use_bidirectional_attention=True)
+    reference = copy.deepcopy(model)
+    apply_fastlm(model)
+    ids = batches(1, length=8)[0]
+    assert_same_step(model.train(), reference.train(), input_ids=ids, labels=ids)
+    assert kept_warnings(recwarn) == [
+        "apply_fastlm leaves the attention as it is: use_bidirectional_attention is not causal attention"
+    ]
+    assert op_calls["flash_attention"] == 0 and op_calls["geglu"] == 2 and op_calls["linear_cross_entropy"] == 1
+    assert model.config._attn_implementation == "sdpa"  # not "fastlm"
+
+
+@pytest.mark.parametrize("family", ["llama", "olmo2", "gemma"])
 def test_norm_output_dtype_is_the_familys(family):
     """bf16 activations through an fp32-weight norm, outside autocast: Llama's norm returns the
-    promotion (fp32), OLMo's ``(weight * normed).to(input dtype)`` bf16, rounded once from fp32."""
+    promotion (fp32), OLMo's ``(weight * normed).to(input dtype)`` and Gemma's
+    ``(normed * (1 + weight)).type_as(input)`` bf16, rounded once from fp32."""
     model = tiny_model(family, layers=1)
     norm = model.model.norm
     reference = copy.deepcopy(norm)
