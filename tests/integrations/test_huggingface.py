@@ -71,10 +71,33 @@ CONFIGS = {
             "router_aux_loss_coef": 0.1,
         },
     ),
+    # (1 + weight) norms, sqrt(hidden) embedding scale, GeGLU (tanh form) MLPs
+    "gemma": ("GemmaConfig", {}),
+    # and sandwich norms, a query scale that is not 1 / sqrt(head_dim), alternating windows shorter
+    # than the sequences; softcapping off, which fastlm's attention and loss kernels cannot serve
+    # (its fallback: tests/integrations/test_huggingface_families.py). Eager attention: transformers
+    # gives Gemma 2 no SDPA
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "attn_implementation": "eager",
+            "attn_logit_softcapping": None,
+            "final_logit_softcapping": None,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 3,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
+    # and q_norm / k_norm per head, RoPE bases per layer type (its defaults: 1e4 local, 1e6 global)
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        {"query_pre_attn_scalar": 24, "sliding_window": 3, "layer_types": ["sliding_attention", "full_attention"]},
+    ),
 }
-# the calls of rms_norm, rotary_embedding and swiglu in one forward of a 2-layer tiny model: 2 norms
-# a layer and the final one, 2 more for per-head or per-projection q_norm / k_norm (Qwen3, OLMo) or
-# GLM-4's post norms; a rotation per layer with RoPE; a SwiGLU per dense MLP (none among experts)
+# the calls of rms_norm, rotary_embedding and the gated MLP's op in one forward of a 2-layer tiny
+# model: 2 norms a layer and the final one, 2 more for per-head or per-projection q_norm / k_norm
+# (Qwen3, OLMo) or GLM-4's and Gemma 2's post norms (Gemma 3: both); a rotation per layer with
+# RoPE; a swiglu (geglu: `GELU_FAMILIES`) per dense MLP (none among experts)
 KERNEL_CALLS = {
     "llama": (5, 2, 2),
     "mistral": (5, 2, 2),
@@ -88,7 +111,11 @@ KERNEL_CALLS = {
     "phi3": (5, 2, 2),
     "mixtral": (5, 2, 0),
     "qwen3_moe": (9, 2, 1),
+    "gemma": (5, 2, 2),
+    "gemma2": (9, 2, 2),
+    "gemma3_text": (13, 2, 2),
 }
+GELU_FAMILIES = ("gemma", "gemma2", "gemma3_text")  # their MLPs run fastlm.geglu
 VOCAB = 300
 FP32 = {"rtol": 1e-4, "atol": 1e-6}  # the kernels against PyTorch's fp32 ops: summation order only
 # logits of a few units: the summation order moves them by a few of their ulps (OLMo 3's: 1.2e-6)
@@ -108,6 +135,7 @@ OP_LAYERS = {
     "rms_norm": "norms",
     "rotary_embedding": "rotary",
     "swiglu": "mlp",
+    "geglu": "mlp",
     "linear_cross_entropy": "loss",
 }
 
@@ -186,6 +214,11 @@ def fallback_warnings(record) -> list[str]:
     return [str(w.message) for w in record if "runs transformers' SDPA" in str(w.message)]
 
 
+def kept_warnings(record) -> list[str]:
+    """What `apply_fastlm` said it leaves to transformers."""
+    return [str(w.message) for w in record if str(w.message).startswith("apply_fastlm leaves")]
+
+
 def instance_forwards(model) -> list[str]:
     return [name for name, module in model.named_modules() if "forward" in module.__dict__]
 
@@ -199,7 +232,7 @@ def _fresh_warnings(monkeypatch):
 @pytest.fixture
 def op_calls(monkeypatch):
     """Counts the calls of each fastlm op the patch runs."""
-    counts = dict.fromkeys([*OPS.values(), "flash_attention_varlen"], 0)
+    counts = dict.fromkeys([*OPS.values(), "geglu", "flash_attention_varlen"], 0)
 
     def counting(name):
         op = getattr(getattr(fastlm.layers, OP_LAYERS[name]), name)
@@ -220,12 +253,13 @@ def test_training_step_and_logits_match_unpatched(family, op_calls, recwarn):
     model, reference = patched_pair(family)
     ids = tokens()
     assert_same_step(model, reference, input_ids=ids, labels=ids)
-    norms, rotations, swiglus = KERNEL_CALLS[family]
+    norms, rotations, gated = KERNEL_CALLS[family]
     assert op_calls == {
         "flash_attention": 2,
         "rms_norm": norms,
         "rotary_embedding": rotations,
-        "swiglu": swiglus,
+        "swiglu": 0 if family in GELU_FAMILIES else gated,
+        "geglu": gated if family in GELU_FAMILIES else 0,
         "linear_cross_entropy": 1,
         "flash_attention_varlen": 0,
     }
@@ -233,7 +267,7 @@ def test_training_step_and_logits_match_unpatched(family, op_calls, recwarn):
     model.eval(), reference.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, **LOGITS)
-    assert not fallback_warnings(recwarn)
+    assert not fallback_warnings(recwarn) and not kept_warnings(recwarn)
 
 
 @pytest.mark.parametrize("switch", list(OPS))

@@ -6,6 +6,7 @@ import torch
 
 from fastlm.layers import LayerNorm, LMHeadLoss, RMSNorm, SwiGLUMLP
 from fastlm.layers.linear import Linear
+from fastlm.layers.mlp import GATED_ACTIVATIONS, gated_activation
 from fastlm.layers.rules import kernel_output_dtype, runs_kernel
 
 
@@ -67,6 +68,17 @@ def test_swiglu_mlp_kernel_and_torch_paths_agree():
     x.grad = None
     plain(x).sum().backward()
     torch.testing.assert_close(x.grad, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", GATED_ACTIVATIONS)
+def test_gated_activation_kernel_and_torch_paths_agree(activation):
+    # the halves of one fused projection, as a gate_up_proj hands them over
+    gate, up = torch.randn(2, 3, 2 * 16).chunk(2, dim=-1)
+    gate, up = gate.requires_grad_(), up.requires_grad_()
+    outs = [gated_activation(gate, up, activation, kernel) for kernel in ("fastlm", "torch")]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+    grads = [torch.autograd.grad(out.square().sum(), (gate, up)) for out in outs]
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum"])

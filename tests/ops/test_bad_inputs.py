@@ -233,6 +233,12 @@ CASES = [
     ("rms_norm eps inf", lambda: fastlm.rms_norm(X, W, float("inf")), ValueError, "eps must be a finite"),
     ("rms_norm weight shape", lambda: fastlm.rms_norm(X, torch.randn(9)), ValueError, r"weight must have shape \(8,\)"),
     ("rms_norm x None", lambda: fastlm.rms_norm(None, W), TypeError, "x must be a torch.Tensor"),
+    ("rms_norm weight_offset str", lambda: fastlm.rms_norm(X, W, weight_offset="1"), TypeError,
+     "weight_offset must be a number"),
+    ("rms_norm weight_offset nan", lambda: fastlm.rms_norm(X, W, weight_offset=float("nan")), ValueError,
+     "weight_offset must be a finite number"),
+    ("rms_norm weight_offset without a weight", lambda: fastlm.rms_norm(X, None, weight_offset=1.0), ValueError,
+     "weight_offset needs a weight"),
     # masked_softmax
     ("softmax x list", lambda: fastlm.masked_softmax([1.0]), TypeError, "x must be a torch.Tensor"),
     ("softmax x 0-d", lambda: fastlm.masked_softmax(torch.randn(())), ValueError,
@@ -292,6 +298,11 @@ CASES = [
     ("swiglu gate fp64", lambda: fastlm.swiglu(X.double(), X.double()), TypeError, "gate must have dtype"),
     ("swiglu up bf16", lambda: fastlm.swiglu(X, X.bfloat16()), TypeError, "up must have gate's dtype"),
     ("swiglu up on meta", lambda: fastlm.swiglu(X, X.to("meta")), ValueError, "up on meta"),
+    # geglu: swiglu's checks, and its approximate
+    ("geglu up shape", lambda: fastlm.geglu(X, X[:, :5]), ValueError, r"up must have gate's shape \(3, 8\)"),
+    ("geglu up bf16", lambda: fastlm.geglu(X, X.bfloat16()), TypeError, "up must have gate's dtype"),
+    ("geglu approximate", lambda: fastlm.geglu(X, X, approximate="erf"), ValueError,
+     "approximate must be 'tanh' or 'none', got 'erf'"),
     # weighted_sum
     ("weighted_sum x list", lambda: weighted_sum([1.0], W), TypeError, "x must be a torch.Tensor"),
     ("weighted_sum w None", lambda: weighted_sum(X, None), TypeError, "w must be a torch.Tensor"),
@@ -370,14 +381,14 @@ def test_the_table_reaches_every_public_op_and_module():
     ids = " ".join(case[0] for case in CASES)
     for prefix in ("xent", "xent forward", "xent backward", "linear_xent", "attention", "attention twin",
                    "attention kernels", "attention window", "attention varlen", "layer_norm", "rms_norm", "softmax",
-                   "conv", "rotary", "swiglu", "weighted_sum", "CrossEntropyLoss", "LayerNorm", "RMSNorm",
+                   "conv", "rotary", "swiglu", "geglu", "weighted_sum", "CrossEntropyLoss", "LayerNorm", "RMSNorm",
                    "LinearCrossEntropyLoss"):  # fmt: skip
         assert f"{prefix} " in ids, prefix
     # the Hugging Face patch's bad inputs (models it does not support) are tested in tests/integrations,
     # the losses' in tests/test_losses.py
     losses = {"bradley_terry_loss", "dpo_loss", "linear_dpo_loss", "ranking_loss", "sequence_logprobs"}
     ops = set(fastlm.__all__) - {"apply_fastlm", "revert_fastlm"} - losses
-    assert ops == {"causal_conv1d", "cross_entropy", "flash_attention", "flash_attention_varlen", "layer_norm",
+    assert ops == {"causal_conv1d", "cross_entropy", "flash_attention", "flash_attention_varlen", "geglu", "layer_norm",
                    "linear_cross_entropy", "masked_softmax", "rms_norm", "rotary_embedding", "swiglu"}  # fmt: skip
 
 

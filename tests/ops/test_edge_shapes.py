@@ -11,7 +11,7 @@ from fastlm.ops.causal_conv1d import causal_conv1d_ref
 from fastlm.ops.cross_entropy import cross_entropy_ref
 from fastlm.ops.flash_attention import flash_attention_ref
 from fastlm.ops.masked_softmax import masked_softmax_ref
-from fastlm.ops.swiglu import swiglu_ref
+from fastlm.ops.swiglu import geglu_ref, swiglu_ref
 from fastlm.ops.weighted_sum import weighted_sum, weighted_sum_ref
 
 from .reference import check_against_float64
@@ -107,6 +107,8 @@ EDGES = {
     "swiglu R=0": (fastlm.swiglu, swiglu_ref, [(0, 3), (0, 3)]),
     "swiglu D=0": (fastlm.swiglu, swiglu_ref, [(3, 0), (3, 0)]),
     "swiglu (1,)": (fastlm.swiglu, swiglu_ref, [(1,), (1,)]),
+    "geglu R=0": (fastlm.geglu, geglu_ref, [(0, 3), (0, 3)]),
+    "geglu (1,), exact": (lambda g, u: fastlm.geglu(g, u, "none"), lambda g, u: geglu_ref(g, u, "none"), [(1,), (1,)]),
 }
 
 

@@ -94,6 +94,46 @@ def test_wide_rows_take_the_looped_path(kind, rows):
     _check(kind, x, weight, bias, LOOPED)
 
 
+def one_plus_weight_rms_norm(x, weight):
+    """Gemma's RMSNorm as transformers writes it: fp32 (float64 stays), times 1 + weight, cast last."""
+    compute = torch.promote_types(x.dtype, torch.float32)
+    return (F.rms_norm(x.to(compute), x.shape[-1:], eps=1e-6) * (1 + weight.to(compute))).to(x.dtype)
+
+
+@pytest.mark.parametrize("config", [None, LOOPED], ids=["registers", "looped"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_offset_is_gemmas_one_plus_weight(dtype, config):
+    # weights near 0 (Gemma's init): the offset, not the weight, sets the scale; 300 columns loop
+    # under LOOPED, in 64-wide chunks (the last partial), where the offset is added on each chunk
+    x = torch.randn(7, 300, dtype=dtype, requires_grad=True)
+    weight = (0.1 * torch.randn(300)).to(dtype).requires_grad_()
+    if config is None:
+        function = functools.partial(rms_norm, eps=1e-6, weight_offset=1.0)
+    else:
+        function = functools.partial(norm_module._apply, bias=None, eps=1e-6, rms=True, out_dtype=None, config=config,
+                                     weight_offset=1.0)  # fmt: skip
+    out = check_against_float64(function, one_plus_weight_rms_norm, (x, weight), ALLOWANCE[dtype])
+    assert out.dtype == dtype
+
+
+def test_weight_offset_leaves_the_weights_gradient_as_it_is():
+    # d/dw of x_hat * (w + 1) is d/dw of x_hat * w: both gradients are sum_rows dy * x_hat
+    x, dy = torch.randn(5, 37), torch.randn(5, 37)
+    weight = torch.randn(37, requires_grad=True)
+    (plain,) = torch.autograd.grad(rms_norm(x, weight), weight, dy)
+    (offset,) = torch.autograd.grad(rms_norm(x, weight, weight_offset=1.0), weight, dy)
+    torch.testing.assert_close(offset, plain, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rms_norm(x, weight, weight_offset=1.0), rms_norm(x, weight + 1.0))
+
+
+def test_weight_offset_on_the_reference_path(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x, weight = torch.randn(4, 11, requires_grad=True), torch.randn(11, requires_grad=True)
+    check_against_float64(
+        functools.partial(rms_norm, eps=1e-6, weight_offset=1.0), one_plus_weight_rms_norm, (x, weight), 1e-6
+    )
+
+
 def test_looped_backward_chunks_hold_no_more_rows_than_there_are():
     for rows, chunk_rows in ((1, 1), (2, 1), (3, 1), (16, 4), (1000, 4)):  # 4 programs on CPU
         assert backward_tiles(LOOPED, 300, rows, 4, False, 0)[0].block_m == chunk_rows
@@ -229,6 +269,15 @@ def test_gpu_inductor_launches_the_kernels_from_its_code(dtype):
     def norm(x, weight):
         return rms_norm(x * 2, weight)
 
+    def one_plus_weight_norm(x, weight):  # Gemma's: the offset reaches Inductor's launches too
+        return rms_norm(x * 2, weight, 1e-6, weight_offset=1.0)
+
+    check_against_float64(
+        torch.compile(one_plus_weight_norm, fullgraph=True),
+        lambda x, w: one_plus_weight_rms_norm(x * 2, w),
+        (x, weight),
+        ALLOWANCE[dtype],
+    )
     compiled_code_launches(
         norm,
         (x, weight),
@@ -246,6 +295,20 @@ def test_ops_pass_opcheck():
     torch.library.opcheck(norm_module._forward_op, (x, weight, torch.randn(40), 1e-5, False, torch.float32))
     mean, rstd = x.mean(-1), torch.rsqrt(x.var(-1, unbiased=False) + 1e-5)
     torch.library.opcheck(norm_module._backward_op, (torch.randn(8, 40), x, weight, mean, rstd, False, True, True))
+    # Gemma's (1 + weight): the offset through both ops
+    torch.library.opcheck(norm_module._forward_op, (x, weight, None, 1e-6, True, torch.float32, 1.0))
+    rstd = torch.rsqrt(x.square().mean(-1) + 1e-6)
+    torch.library.opcheck(norm_module._backward_op, (torch.randn(8, 40), x, weight, mean, rstd, True, True, False, 1.0))
+
+
+def test_weight_offset_compiles_without_graph_breaks():
+    x, weight = torch.randn(4, 48, requires_grad=True), torch.randn(48, requires_grad=True)
+    norm = functools.partial(rms_norm, weight=weight, eps=1e-6, weight_offset=1.0)
+    out = torch.compile(norm, fullgraph=True, backend="aot_eager")(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, rms_norm_ref(x, weight, 1e-6, weight_offset=1.0), rtol=1e-5, atol=1e-5)
+    expected = torch.autograd.grad(rms_norm_ref(x, weight, 1e-6, weight_offset=1.0).sum(), (x, weight))
+    torch.testing.assert_close((x.grad, weight.grad), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu

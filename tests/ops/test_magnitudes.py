@@ -28,6 +28,7 @@ import fastlm
 from fastlm.ops.weighted_sum import weighted_sum
 
 from .reference import check_against_float64, unit_roundoff
+from .test_layer_norm import one_plus_weight_rms_norm
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 SHIFTS = {"fp32": (0.0, 1e3, 1e4, 1e6), "bf16": (0.0, 1e3, 1e4, 1e6), "fp16": (0.0, 1e3, 1e4)}
@@ -88,6 +89,12 @@ CASES = {
         ((2, 13, 8), (8, 4), (8,)), lambda u, w, b: fastlm.causal_conv1d(u, w, b, "silu"), _causal_conv),
     "weighted_sum": Case(((4, 37), (37,)), weighted_sum, lambda x, w: (x * w).sum(-1)),
     "swiglu": Case(((4, 37), (4, 37)), fastlm.swiglu, lambda gate, up: F.silu(gate) * up),
+    "geglu tanh": Case(((4, 37), (4, 37)), fastlm.geglu, lambda gate, up: F.gelu(gate, approximate="tanh") * up),
+    "geglu exact": Case(
+        ((4, 37), (4, 37)), lambda gate, up: fastlm.geglu(gate, up, "none"), lambda gate, up: F.gelu(gate) * up),
+    "rms_norm 1 + weight": Case(
+        ((4, 37), (37,)), lambda x, w: fastlm.rms_norm(x, w, 1e-6, weight_offset=1.0),
+        one_plus_weight_rms_norm),
 }  # fmt: skip
 
 

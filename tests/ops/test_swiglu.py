@@ -1,13 +1,15 @@
-"""SwiGLU: output and both gradients against float64 in every dtype, the halves of a fused
-projection and other strided inputs, explicit tiles, compile, errors."""
+"""SwiGLU and GeGLU (tanh form and exact): output and both gradients against float64 in every
+dtype, the halves of a fused projection and other strided inputs, explicit tiles, compile, errors."""
 
 import dataclasses
+import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fastlm.ops import swiglu as op
-from fastlm.ops.swiglu import SwigluConfig, SwigluFunction, swiglu, swiglu_config, swiglu_ref
+from fastlm.ops.swiglu import GatedFunction, SwigluConfig, geglu, geglu_ref, swiglu, swiglu_config, swiglu_ref
 
 from .launches import assert_direct_launch_matches_dispatcher, compiled_code_launches
 from .reference import check_against_float64, normwise_error, unit_roundoff
@@ -22,6 +24,18 @@ ALLOWANCE = {
     torch.float16: unit_roundoff(torch.float16) / 4,
 }
 DTYPES = list(ALLOWANCE)
+
+
+# each gating: (public function, its reference, the kernels' ACTIVATION)
+GATINGS = {
+    "swiglu": (swiglu, swiglu_ref, "silu"),
+    "geglu tanh": (geglu, geglu_ref, "gelu_tanh"),
+    "geglu exact": (
+        functools.partial(geglu, approximate="none"),
+        functools.partial(geglu_ref, approximate="none"),
+        "gelu",
+    ),
+}
 
 
 def _pair(shape, dtype=torch.float32, device="cpu"):
@@ -46,20 +60,24 @@ SHAPES = [
 
 
 @pytest.mark.usefixtures("poisoned_outputs")  # outputs start as NaN: an unwritten element fails
+@pytest.mark.parametrize("gating", GATINGS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_matches_reference_with_gradients(shape, dtype):
-    check_against_float64(swiglu, swiglu_ref, _pair(shape, dtype), ALLOWANCE[dtype])
+def test_matches_reference_with_gradients(shape, dtype, gating):
+    function, reference, _ = GATINGS[gating]
+    check_against_float64(function, reference, _pair(shape, dtype), ALLOWANCE[dtype])
 
 
 @pytest.mark.usefixtures("poisoned_outputs")
+@pytest.mark.parametrize("gating", GATINGS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_halves_of_a_fused_projection(dtype):
+def test_halves_of_a_fused_projection(dtype, gating):
     # gate and up are views with row stride 2D into one (B, T, 2D) tensor; the upstream gradient is
     # itself strided (row stride 2D + 3), and the gradient reaches the fused tensor through chunk
+    function, reference, _ = GATINGS[gating]
     fused = torch.randn(2, 5, 2 * 19, dtype=dtype, requires_grad=True)
     upstream = torch.randn(2, 5, 2 * 19 + 3, dtype=dtype)[..., :19]
-    check_against_float64(_halves(swiglu), _halves(swiglu_ref), (fused,), ALLOWANCE[dtype], upstream=upstream)
+    check_against_float64(_halves(function), _halves(reference), (fused,), ALLOWANCE[dtype], upstream=upstream)
 
 
 def test_inputs_of_different_strides():
@@ -74,13 +92,15 @@ def test_inputs_of_different_strides():
         torch.testing.assert_close(g, e)
 
 
+@pytest.mark.parametrize("gating", GATINGS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_explicit_config_tiles_rows_and_columns(dtype):
+def test_explicit_config_tiles_rows_and_columns(dtype, gating):
     # 8-wide, 2-row tiles over (5, 19): a grid of 3 x 3 programs, the last row and column tiles partial
+    _, reference, activation = GATINGS[gating]
     config = dataclasses.replace(op.DEFAULT_CONFIG, tile_elements=16, block_d_max=8)
     assert config.blocks(19) == (2, 8)
     check_against_float64(
-        lambda g, u: SwigluFunction.apply(g, u, config), swiglu_ref, _pair((5, 19), dtype), ALLOWANCE[dtype]
+        lambda g, u: GatedFunction.apply(g, u, activation, config), reference, _pair((5, 19), dtype), ALLOWANCE[dtype]
     )
 
 
@@ -98,11 +118,13 @@ def test_config_for_every_architecture():
         SwigluConfig(tile_elements=4096, block_d_max=48, num_warps=4)
 
 
-def test_reference_path_without_interpreter(monkeypatch):
+@pytest.mark.parametrize("gating", GATINGS)
+def test_reference_path_without_interpreter(monkeypatch, gating):
     """CPU without TRITON_INTERPRET runs the PyTorch path, its backward written out by hand."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    function, reference, _ = GATINGS[gating]
     for dtype in DTYPES:
-        check_against_float64(swiglu, swiglu_ref, _pair((4, 11), dtype), ALLOWANCE[dtype])
+        check_against_float64(function, reference, _pair((4, 11), dtype), ALLOWANCE[dtype])
 
 
 def test_large_magnitudes_give_no_nan():
@@ -117,6 +139,41 @@ def test_large_magnitudes_give_no_nan():
     torch.testing.assert_close(dup, out.detach() / 2)
 
 
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("path", ["kernels", "reference"])
+def test_geglu_large_magnitudes_give_no_nan(approximate, path, monkeypatch):
+    # the tanh form's cube overflows past |g| ~ 7e12 and its slope's dz/dg past ~2e19, where
+    # s (1 - s) is 0: the gradient is 1 far above zero and 0 far below, never 0 * inf
+    if path == "reference":
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gate = torch.tensor([-1e20, -1e13, -100.0, -12.0, 0.0, 12.0, 100.0, 1e13, 1e20], requires_grad=True)
+    up = torch.full((9,), 2.0, requires_grad=True)
+    out = geglu(gate, up, approximate)
+    dgate, dup = torch.autograd.grad(out, (gate, up), torch.ones(9))
+    torch.testing.assert_close(out, torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 24.0, 200.0, 2e13, 2e20]))
+    torch.testing.assert_close(dgate, torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0]))
+    torch.testing.assert_close(dup, out.detach() / 2)
+
+
+def test_gelu_tanh_keeps_the_bits_of_its_negative_tail():
+    # for g in [-9, -3], PyTorch's 0.5 g (1 + tanh(k)) cancels in 1 + tanh(k) (about 5e-5 normwise
+    # in fp32, output and gradient); the kernels' g sigmoid(2k) does not (about 3e-7)
+    gate = torch.linspace(-9.0, -3.0, 1001, requires_grad=True)
+    up = torch.ones(1001)
+    exact = gate.detach().double().requires_grad_()
+    truth = F.gelu(exact, approximate="tanh")
+    (truth_grad,) = torch.autograd.grad(truth.sum(), exact)
+
+    def errors(function):  # (output's, gradient's) normwise errors
+        out = function(gate, up)
+        (grad,) = torch.autograd.grad(out.sum(), gate)
+        return normwise_error(out, truth), normwise_error(grad, truth_grad)
+
+    ours, torchs = errors(geglu), errors(lambda g, u: F.gelu(g, approximate="tanh") * u)
+    assert all(mine < theirs / 20 for mine, theirs in zip(ours, torchs, strict=True)), (ours, torchs)
+    assert max(ours) < 8 * unit_roundoff(torch.float32)
+
+
 def test_gate_gradient_does_not_cancel_where_sigmoid_is_near_one():
     # for g in [4, 16], 1 - sigmoid(g) computed as a difference loses up to log2(1 / (1 - s)) bits
     # (PyTorch's silu backward in fp32: about 3e-7 normwise); the kernel's sigmoid(-g) keeps them
@@ -128,22 +185,25 @@ def test_gate_gradient_does_not_cancel_where_sigmoid_is_near_one():
     assert normwise_error(dgate, truth) < 2 * unit_roundoff(torch.float32)
 
 
-def test_double_backward_is_an_error_not_a_wrong_gradient():
+@pytest.mark.parametrize("gating", GATINGS)
+def test_double_backward_is_an_error_not_a_wrong_gradient(gating):
     gate, up = _pair((3, 4))
-    (dgate,) = torch.autograd.grad(swiglu(gate, up).square().sum(), gate, create_graph=True)
+    (dgate,) = torch.autograd.grad(GATINGS[gating][0](gate, up).square().sum(), gate, create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         dgate.sum().backward()
 
 
-def test_compiles_without_graph_breaks():
+@pytest.mark.parametrize("gating", GATINGS)
+def test_compiles_without_graph_breaks(gating):
+    function, reference, _ = GATINGS[gating]
     fused = torch.randn(2, 3, 2 * 8, requires_grad=True)
 
     def loss(function, fused):
         return function(*fused.chunk(2, dim=-1)).square().sum()
 
-    compiled = torch.compile(lambda fused: loss(swiglu, fused), fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(lambda fused: loss(function, fused), fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(
-        torch.autograd.grad(compiled(fused), fused), torch.autograd.grad(loss(swiglu_ref, fused), fused)
+        torch.autograd.grad(compiled(fused), fused), torch.autograd.grad(loss(reference, fused), fused)
     )
 
 
@@ -151,6 +211,9 @@ def test_ops_pass_opcheck():
     gate, up = torch.randn(5, 2 * 7).chunk(2, dim=-1)  # strided rows: the kernel's and PyTorch's outputs agree
     torch.library.opcheck(op._forward_op, (gate, up))
     torch.library.opcheck(op._backward_op, (torch.randn(5, 7), gate, up))
+    for approximate in ("tanh", "none"):
+        torch.library.opcheck(op._geglu_forward_op, (gate, up, approximate))
+        torch.library.opcheck(op._geglu_backward_op, (torch.randn(5, 7), gate, up, approximate))
 
 
 BAD = [
@@ -166,19 +229,29 @@ BAD = [
 ]
 
 
+@pytest.mark.parametrize("gating", ["swiglu", "geglu tanh"])
 @pytest.mark.parametrize("bend, error, message", BAD, ids=[m for _, _, m in BAD])
-def test_bad_inputs_are_clear_errors(bend, error, message):
+def test_bad_inputs_are_clear_errors(bend, error, message, gating):
     gate, up = torch.randn(4, 6), torch.randn(4, 6)
     with pytest.raises(error, match=message.replace("(", r"\(").replace(")", r"\)")):
-        swiglu(*bend(gate, up))
+        GATINGS[gating][0](*bend(gate, up))
+
+
+def test_geglu_approximate_is_tanh_or_none():
+    gate = torch.randn(4, 6)
+    for approximate in ("erf", None, "Tanh"):
+        with pytest.raises(ValueError, match=f"approximate must be 'tanh' or 'none', got {approximate!r}"):
+            geglu(gate, gate, approximate)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gating", GATINGS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gpu_matches_reference_at_an_mlp_shape(dtype):
+def test_gpu_matches_reference_at_an_mlp_shape(dtype, gating):
     # 1024 tokens of Llama-3.1-8B's MLP (D = 14336): two column tiles per row, the second partial
+    function, reference, _ = GATINGS[gating]
     fused = torch.randn(1024, 2 * 14336, dtype=dtype, device="cuda", requires_grad=True)
-    check_against_float64(_halves(swiglu), _halves(swiglu_ref), (fused,), ALLOWANCE[dtype])
+    check_against_float64(_halves(function), _halves(reference), (fused,), ALLOWANCE[dtype])
 
 
 @pytest.mark.gpu
@@ -195,33 +268,37 @@ def test_gpu_offsets_past_2_to_the_31():
 
 
 @pytest.mark.gpu
-def test_gpu_inductor_launches_the_kernels_from_its_code():
+@pytest.mark.parametrize("gating, op_name", [("swiglu", "swiglu"), ("geglu tanh", "geglu")])
+def test_gpu_inductor_launches_the_kernels_from_its_code(gating, op_name):
+    function, reference, _ = GATINGS[gating]
     fused = torch.randn(256, 2 * 512, device="cuda", requires_grad=True)
 
     def doubled(fused):
-        return swiglu(*fused.chunk(2, dim=-1)) * 2
+        return function(*fused.chunk(2, dim=-1)) * 2
 
     compiled_code_launches(
         doubled,
         (fused,),
-        kernels=("_swiglu_forward_kernel", "_swiglu_backward_kernel"),
-        ops=("fastlm.swiglu_forward", "fastlm.swiglu_backward"),
+        kernels=("_glu_forward_kernel", "_glu_backward_kernel"),
+        ops=(f"fastlm.{op_name}_forward", f"fastlm.{op_name}_backward"),
     )
     check_against_float64(
         torch.compile(doubled, fullgraph=True),
-        lambda fused: _halves(swiglu_ref)(fused) * 2,
+        lambda fused: _halves(reference)(fused) * 2,
         (fused,),
         ALLOWANCE[torch.float32],
     )
 
 
 @pytest.mark.gpu
-def test_gpu_direct_launch_matches_tritons_dispatcher(monkeypatch):
-    kernels = (op._swiglu_forward_kernel, op._swiglu_backward_kernel)
+@pytest.mark.parametrize("gating", GATINGS)
+def test_gpu_direct_launch_matches_tritons_dispatcher(monkeypatch, gating):
+    kernels = (op._glu_forward_kernel, op._glu_backward_kernel)
     dy = torch.randn(37, 60, device="cuda")
+    function = GATINGS[gating][0]
 
     def forward_and_grads(gate, up):
-        out = swiglu(gate, up)
+        out = function(gate, up)
         return (out, *torch.autograd.grad(out, (gate, up), dy))
 
     forward_and_grads(*_pair((37, 60), device="cuda"))  # the aligned binaries first: they must not serve below
@@ -232,12 +309,14 @@ def test_gpu_direct_launch_matches_tritons_dispatcher(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_compiles_with_dynamic_shapes():
+@pytest.mark.parametrize("gating", GATINGS)
+def test_gpu_compiles_with_dynamic_shapes(gating):
     # sizes are SymInts inside the traced launchers: nothing may hash them (the config cache)
-    compiled = torch.compile(lambda g, u: swiglu(g, u).square().sum(), fullgraph=True, dynamic=True)
+    function, reference, _ = GATINGS[gating]
+    compiled = torch.compile(lambda g, u: function(g, u).square().sum(), fullgraph=True, dynamic=True)
     for rows, width in ((64, 96), (100, 5000)):
         gate, up = _pair((rows, width), device="cuda")
         got = torch.autograd.grad(compiled(gate, up), (gate, up))
-        want = torch.autograd.grad(swiglu_ref(gate, up).square().sum(), (gate, up))
+        want = torch.autograd.grad(reference(gate, up).square().sum(), (gate, up))
         for g, e in zip(got, want, strict=True):
             torch.testing.assert_close(g, e)

@@ -22,8 +22,10 @@ TRITON_OPS = {
     "fastlm::linear_cross_entropy_gradients": ["_cross_entropy_fused_kernel"],
     "fastlm::rotary_forward": ["_rotary_kernel"],
     "fastlm::rotary_backward": ["_rotary_kernel"],
-    "fastlm::swiglu_forward": ["_swiglu_forward_kernel"],
-    "fastlm::swiglu_backward": ["_swiglu_backward_kernel"],
+    "fastlm::swiglu_forward": ["_glu_forward_kernel"],
+    "fastlm::swiglu_backward": ["_glu_backward_kernel"],
+    "fastlm::geglu_forward": ["_glu_forward_kernel"],
+    "fastlm::geglu_backward": ["_glu_backward_kernel"],
     "fastlm::weighted_sum_forward": ["_weighted_sum_forward_kernel"],
     "fastlm::weighted_sum_backward": ["_weighted_sum_backward_kernel"],
 }

@@ -4,7 +4,7 @@ between a fused kernel and PyTorch's ops by the one rule of `fastlm.layers.rules
     RMSNorm, LayerNorm        norms.py       fastlm.rms_norm / fastlm.layer_norm
     RotaryEmbedding           rotary.py      fastlm.rotary_embedding
     Attention                 attention.py   fastlm.flash_attention (packed, windows), SDPA, naive
-    SwiGLUMLP                 mlp.py         fastlm.swiglu
+    SwiGLUMLP                 mlp.py         fastlm.swiglu (gated_activation: fastlm.geglu too)
     LMHeadLoss                loss.py        fastlm.linear_cross_entropy
     CrossEntropyLoss, LinearCrossEntropyLoss  module forms of the losses
     Linear, Embedding         linear.py      the model's bias-free layers and their initializations

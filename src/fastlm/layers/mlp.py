@@ -1,4 +1,5 @@
-"""The SwiGLU feed-forward, down(silu(gate(x)) * up(x)), with the gating by `fastlm.swiglu` or PyTorch."""
+"""The gated feed-forward, down(act(gate(x)) * up(x)): the SwiGLU MLP, and the gating by `fastlm.swiglu`
+/ `fastlm.geglu` or PyTorch for any gated MLP."""
 
 from __future__ import annotations
 
@@ -9,25 +10,27 @@ from torch import nn
 from fastlm.layers.linear import Linear
 from fastlm.layers.norms import check_kernel
 from fastlm.layers.rules import runs_kernel
-from fastlm.ops.swiglu import swiglu
+from fastlm.ops.swiglu import geglu, swiglu
+
+# the activations of a gated MLP that fastlm fuses: SiLU (`fastlm.swiglu`) and GELU (`fastlm.geglu`)
+# in its tanh form or exact (`torch.nn.functional.gelu`'s approximate "tanh" / "none")
+GATED_ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+_GELU_APPROXIMATE = {"gelu_tanh": "tanh", "gelu": "none"}
+
+
+def gated_activation(gate: torch.Tensor, up: torch.Tensor, activation: str, kernel: str) -> torch.Tensor:
+    """activation(gate) * up, ``activation`` one of `GATED_ACTIVATIONS`: one launch each way where
+    ``kernel`` runs the fused kernel (eager PyTorch moves 14 elements per gated element for fwd+bwd,
+    the kernel 8), else PyTorch's ops, which torch.compile fuses as well."""
+    if activation == "silu":
+        return swiglu(gate, up) if runs_kernel(kernel) else F.silu(gate) * up
+    approximate = _GELU_APPROXIMATE[activation]
+    return geglu(gate, up, approximate) if runs_kernel(kernel) else F.gelu(gate, approximate=approximate) * up
 
 
 def swiglu_mlp(x: torch.Tensor, gate: nn.Module, up: nn.Module, down: nn.Module, kernel: str) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)) for any three projections: the gating in one launch each way where
-    ``kernel`` runs the fused kernel (eager PyTorch moves 14 elements per gated element for fwd+bwd,
-    the kernel 8), else PyTorch's ops, which torch.compile fuses as well."""
-    if runs_kernel(kernel):
-        return down(swiglu(gate(x), up(x)))
-    return down(F.silu(gate(x)) * up(x))
-
-
-def fused_gate_up_swiglu_mlp(x: torch.Tensor, gate_up: nn.Module, down: nn.Module, kernel: str) -> torch.Tensor:
-    """down(silu(gate) * up) where (gate, up) = gate_up(x).chunk(2, -1): one projection holding both
-    (Phi-3's and GLM-4's gate_up_proj). The kernel reads the two halves in place (no copy)."""
-    gate, up = gate_up(x).chunk(2, dim=-1)
-    if runs_kernel(kernel):
-        return down(swiglu(gate, up))
-    return down(F.silu(gate) * up)
+    """down(silu(gate(x)) * up(x)) for any three projections, the gating by `gated_activation`."""
+    return down(gated_activation(gate(x), up(x), "silu", kernel))
 
 
 class SwiGLUMLP(nn.Module):

@@ -26,11 +26,15 @@ def check_kernel(kernel: str, choices: tuple[str, ...] = FUSED_CHOICES) -> str:
     return kernel
 
 
-def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, promote: bool = True) -> torch.Tensor:
+def fused_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, promote: bool = True, weight_offset: float = 0.0
+) -> torch.Tensor:
     """`fastlm.rms_norm` in the dtype the layers' rule gives (under autocast its dtype, else the
     promotion of x's and weight's, or x's own with ``promote`` False, as ``(weight * normed).to(x.dtype)``
-    writes it): one rounding of ``weight * normed``."""
-    return rms_norm(x, weight, eps, out_dtype=kernel_output_dtype(x, weight if promote else None))
+    writes it): one rounding of ``(weight + weight_offset) * normed`` (``weight_offset`` 1: Gemma's
+    ``1 + weight``)."""
+    out_dtype = kernel_output_dtype(x, weight if promote else None)
+    return rms_norm(x, weight, eps, weight_offset=weight_offset, out_dtype=out_dtype)
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:

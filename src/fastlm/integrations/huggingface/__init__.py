@@ -15,13 +15,18 @@ forward (forwards.py) is the family's adapter (families.py). The switches, named
                `fastlm.flash_attention_varlen`; every other case (a mask with holes, dropout,
                non-causal attention) by transformers' SDPA function, with a one-time warning
                (`attention_function`)
-    norm       every RMSNorm (q_norm and k_norm, per head or per projection, too) by `fastlm.rms_norm`
+    norm       every RMSNorm (q_norm and k_norm, per head or per projection, too; Gemma's
+               (1 + weight) ones) by `fastlm.rms_norm`
     rope       the rotation of queries and keys by `fastlm.rotary_embedding`, when the batch shares
                one row of positions (partial and interleaved rotary too)
-    mlp        silu(gate) * up by `fastlm.swiglu` in the dense MLPs, where the config's hidden_act
-               is silu (a mixture of experts keeps its experts' code)
+    mlp        act(gate) * up by `fastlm.swiglu` (silu) or `fastlm.geglu` (gelu, gelu_pytorch_tanh)
+               in the dense MLPs (a mixture of experts keeps its experts' code)
     loss       with labels in training, the LM head and cross-entropy by
                `fastlm.linear_cross_entropy`: no logits are held and the output's logits are None
+
+What a switch cannot compute exactly for a model (another activation, Gemma 2's softcapped
+attention scores or logits, bidirectional attention) keeps transformers' code, with one warning
+when the patch is applied (`Adapter.kept`): a patched model is always the same model.
 
 True for norm, rope and mlp is "auto": their kernels run in eager mode, and while torch.compile
 traces transformers' own PyTorch code runs there, which Inductor fuses into the kernels around it
@@ -59,7 +64,7 @@ def apply_fastlm(
     mlp: bool | str = True,
     loss: bool = True,
 ):
-    """Run ``model``'s attention, RMSNorms, RoPE, SwiGLU MLPs and training loss through fastlm's
+    """Run ``model``'s attention, RMSNorms, RoPE, gated MLPs and training loss through fastlm's
     kernels (module docstring), in place; returns ``model``.
 
     ``model``: a built transformers model of a family in `FAMILIES` (config.model_type), usually a
@@ -75,11 +80,9 @@ def apply_fastlm(
     _check_dtypes(base)
     revert_fastlm(base)
     swaps = adapter.replacements(base)
-    if values["mlp"] is not None and "mlp" not in swaps:
-        warnings.warn(
-            f"apply_fastlm leaves the MLPs as they are: hidden_act {base.config.hidden_act!r} is not SwiGLU's silu",
-            stacklevel=2,
-        )
+    for switch, what in adapter.kept(base).items():
+        if values[switch] is not None:
+            warnings.warn(f"apply_fastlm leaves {what}", stacklevel=2)
     replacements = {
         name: _with_switch(forward, values[switch]) if takes_switch else forward
         for switch, classes in swaps.items()
@@ -90,7 +93,7 @@ def apply_fastlm(
         name = next((cls.__name__ for cls in type(module).__mro__ if cls.__name__ in replacements), None)
         if name is not None:
             _rebind(module, replacements[name])
-    if values["attention"] is not None:
+    if values["attention"] is not None and "attention" in swaps:
         register_attention()
         base._fastlm_attn_implementation = base.config._attn_implementation
         base.config._attn_implementation = ATTN_IMPLEMENTATION

@@ -9,7 +9,15 @@ from dataclasses import dataclass
 
 from fastlm.integrations.huggingface import forwards
 
-SWIGLU_ACTIVATIONS = ("silu", "swish")
+# transformers' activation names (config.hidden_act / hidden_activation) -> the MLP forward that
+# fuses the gating: exactly the activations whose PyTorch math the kernels compute (gelu_new and
+# the other GELU variants compute the same function by other formulas, and keep their MLPs)
+MLP_FORWARDS = {
+    "silu": forwards.mlp_forward,
+    "swish": forwards.mlp_forward,
+    "gelu_pytorch_tanh": forwards.gelu_tanh_mlp_forward,
+    "gelu": forwards.gelu_mlp_forward,
+}
 
 
 @dataclass(frozen=True)
@@ -18,39 +26,81 @@ class Adapter:
     LlamaAttention, LlamaModel, LlamaForCausalLM) and the forward each switch binds to them.
 
     What a family's modules show (a fused qkv_proj or gate_up_proj, q_norm / k_norm per head or per
-    projection, partial rotary, layers without RoPE, sliding windows per layer) the forwards read
-    from the module; the fields are what no module shows:
+    projection, partial rotary, layers without RoPE, sliding windows per layer, RoPE tables per
+    layer type) the forwards read from the module; the fields are what no module shows:
     ``norm_casts_last``: the RMSNorm is ``(weight * normed).to(x.dtype)`` (OLMo), not
-    ``weight * normed.to(x.dtype)``; ``rope_interleaved``: RoPE pairs dims (2i, 2i + 1) (GLM-4);
+    ``weight * normed.to(x.dtype)``; ``norm_adds_one``: it is ``(normed * (1 + weight)).to(x.dtype)``
+    (Gemma); ``rope_interleaved``: RoPE pairs dims (2i, 2i + 1) (GLM-4);
     ``divides_logits``: the logits are divided by config.logits_scaling (Granite);
     ``router_aux_loss``: the loss adds the routers' load-balancing loss (mixtures of experts, whose
-    expert MLPs keep transformers' forward: no module of theirs is named ``{prefix}MLP``).
+    expert MLPs keep transformers' forward: no module of theirs is named ``{prefix}MLP``);
+    ``softcaps``: the attention hands config.attn_logit_softcapping to the attention function and
+    the LM head softcaps the logits by config.final_logit_softcapping (Gemma 2; the switches a set
+    softcap concerns keep transformers' code, see `kept`); ``activation``: the config field the MLP
+    reads its activation from; ``base_model``: the base model's class where it is not
+    ``{prefix}Model`` (Gemma 3's text model).
     """
 
     prefix: str
     norm_casts_last: bool = False
+    norm_adds_one: bool = False
     rope_interleaved: bool = False
     divides_logits: bool = False
     router_aux_loss: bool = False
+    softcaps: bool = False
+    activation: str = "hidden_act"
+    base_model: str | None = None
 
     def replacements(self, model) -> dict[str, dict[str, tuple]]:
         """switch -> {class name: (forward, whether it takes the switch's value)} for ``model`` (the
-        transformers model, not a PEFT wrapper); "mlp" only where the config's activation is
-        SwiGLU's (the caller warns otherwise)."""
+        transformers model, not a PEFT wrapper), without the switches `kept` names."""
         p = self.prefix
-        norm = forwards.rms_norm_cast_last_forward if self.norm_casts_last else forwards.rms_norm_forward
-        attention = forwards.interleaved_attention_forward if self.rope_interleaved else forwards.attention_forward
+        if self.norm_adds_one:
+            norm = forwards.one_plus_weight_rms_norm_forward
+        else:
+            norm = forwards.rms_norm_cast_last_forward if self.norm_casts_last else forwards.rms_norm_forward
+        if self.softcaps:
+            attention = forwards.softcapped_attention_forward
+        else:
+            attention = forwards.interleaved_attention_forward if self.rope_interleaved else forwards.attention_forward
         # the model itself, when it is the causal LM, under its own forward's signature
         loss = forwards.signed_like(type(model).forward, self.divides_logits, self.router_aux_loss)
         swaps = {
             "norm": {f"{p}RMSNorm": (norm, True)},
             "rope": {f"{p}Attention": (attention, True)},
-            "attention": {f"{p}Model": (forwards.base_model_forward, False)},
+            "attention": {self.base_model or f"{p}Model": (forwards.base_model_forward, False)},
             "loss": {f"{p}ForCausalLM": (loss, False)},
+            "mlp": {f"{p}MLP": (MLP_FORWARDS.get(self._activation(model)), True)},
         }
-        if getattr(model.config, "hidden_act", None) in SWIGLU_ACTIVATIONS:
-            swaps["mlp"] = {f"{p}MLP": (forwards.mlp_forward, True)}
-        return swaps
+        return {switch: classes for switch, classes in swaps.items() if switch not in self.kept(model)}
+
+    def kept(self, model) -> dict[str, str]:
+        """switch -> why it keeps transformers' code for ``model``: what its kernels would compute
+        differently (`apply_fastlm` warns once for each, when the patch is applied)."""
+        config = model.config
+        kept = {}
+        activation = self._activation(model)
+        if activation not in MLP_FORWARDS:
+            fused = ", ".join(MLP_FORWARDS)
+            kept["mlp"] = f"the MLPs as they are: {self.activation} {activation!r} is not one fastlm fuses ({fused})"
+        if getattr(config, "use_bidirectional_attention", False):
+            kept["attention"] = "the attention as it is: use_bidirectional_attention is not causal attention"
+        softcap = getattr(config, "attn_logit_softcapping", None) if self.softcaps else None
+        if softcap is not None:
+            kept["attention"] = (
+                f"the attention as it is: fastlm.flash_attention does not softcap the attention scores "
+                f"(attn_logit_softcapping {softcap})"
+            )
+        softcap = getattr(config, "final_logit_softcapping", None)
+        if softcap is not None:
+            kept["loss"] = (
+                f"the loss as it is: fastlm.linear_cross_entropy does not softcap the logits "
+                f"(final_logit_softcapping {softcap})"
+            )
+        return kept
+
+    def _activation(self, model) -> str | None:
+        return getattr(model.config, self.activation, None)
 
 
 ADAPTERS = {
@@ -66,6 +116,9 @@ ADAPTERS = {
     "phi3": Adapter("Phi3"),
     "mixtral": Adapter("Mixtral", router_aux_loss=True),
     "qwen3_moe": Adapter("Qwen3Moe", router_aux_loss=True),
+    "gemma": Adapter("Gemma", norm_adds_one=True),
+    "gemma2": Adapter("Gemma2", norm_adds_one=True, softcaps=True, activation="hidden_activation"),
+    "gemma3_text": Adapter("Gemma3", norm_adds_one=True, activation="hidden_activation", base_model="Gemma3TextModel"),
 }
 FAMILIES = tuple(ADAPTERS)
 

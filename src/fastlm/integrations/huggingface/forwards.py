@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from fastlm.integrations.huggingface.attention import PADDING, PLAIN_CAUSAL, Padding
 from fastlm.layers.loss import lm_head_loss
-from fastlm.layers.mlp import fused_gate_up_swiglu_mlp, swiglu_mlp
+from fastlm.layers.mlp import gated_activation
 from fastlm.layers.norms import fused_rms_norm
 from fastlm.layers.rotary import rotate
 from fastlm.layers.rules import runs_kernel
@@ -143,18 +143,49 @@ def rms_norm_cast_last_forward(self, hidden_states: torch.Tensor, *, switch: str
     return fused_rms_norm(hidden_states, self.weight, self.variance_epsilon, promote=False)
 
 
-def mlp_forward(self, x: torch.Tensor, *, switch: str) -> torch.Tensor:
-    """down(silu(gate(x)) * up(x)) with the gating by `fastlm.swiglu` where the rule runs it; gate
-    and up are the two halves of one gate_up_proj where the module has one (Phi-3, GLM-4)."""
+def one_plus_weight_rms_norm_forward(self, hidden_states: torch.Tensor, *, switch: str) -> torch.Tensor:
+    """Gemma's RMSNorm, ``(normed * (1 + weight.float())).type_as(x)`` in fp32, as one kernel where
+    the layers' rule runs it: the 1 is added to the weight inside the kernel (the weight's gradient
+    is the same), and the output is the input's dtype (under autocast the autocast dtype), rounded
+    once as Gemma rounds it."""
+    if not runs_kernel(switch):
+        return original_forward(self, hidden_states)
+    return fused_rms_norm(hidden_states, self.weight, self.eps, promote=False, weight_offset=1.0)
+
+
+def mlp_forward(self, x: torch.Tensor, *, switch: str, activation: str = "silu") -> torch.Tensor:
+    """down(act(gate(x)) * up(x)) with the gating by `fastlm.swiglu` (``activation`` "silu") or
+    `fastlm.geglu` ("gelu_tanh", "gelu") where the rule runs it; gate and up are the two halves of
+    one gate_up_proj where the module has one (Phi-3, GLM-4), which the kernels read in place."""
     if not runs_kernel(switch):
         return original_forward(self, x)
     if hasattr(self, "gate_up_proj"):
-        return fused_gate_up_swiglu_mlp(x, self.gate_up_proj, self.down_proj, switch)
-    return swiglu_mlp(x, self.gate_proj, self.up_proj, self.down_proj, switch)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+    else:
+        gate, up = self.gate_proj(x), self.up_proj(x)
+    return self.down_proj(gated_activation(gate, up, activation, switch))
+
+
+def gelu_tanh_mlp_forward(self, x: torch.Tensor, *, switch: str) -> torch.Tensor:
+    """`mlp_forward` with GELU's tanh form (transformers' gelu_pytorch_tanh: Gemma)."""
+    return mlp_forward(self, x, switch=switch, activation="gelu_tanh")
+
+
+def gelu_mlp_forward(self, x: torch.Tensor, *, switch: str) -> torch.Tensor:
+    """`mlp_forward` with the exact GELU (transformers' gelu)."""
+    return mlp_forward(self, x, switch=switch, activation="gelu")
 
 
 def attention_forward(
-    self, hidden_states, position_embeddings=None, attention_mask=None, *, switch: str, interleaved=False, **kwargs
+    self,
+    hidden_states,
+    position_embeddings=None,
+    attention_mask=None,
+    *,
+    switch: str,
+    interleaved=False,
+    softcap=None,
+    **kwargs,
 ):
     """The families' attention forward with the rotation by `fastlm.rotary_embedding`.
 
@@ -165,7 +196,9 @@ def attention_forward(
     forward. What the families differ in is read from the module: one fused qkv_proj (Phi-3),
     q_norm / k_norm over each head (Qwen3) or over the whole projection (OLMo 2 and 3), the
     rotation of the first R of each head's D dims (partial rotary: R is the tables' width).
-    ``interleaved``: the rotation pairs dims (2i, 2i + 1) (GLM-4), not (i, i + R/2).
+    ``interleaved``: the rotation pairs dims (2i, 2i + 1) (GLM-4), not (i, i + R/2). ``softcap``:
+    handed to the attention function as the family's forward hands it (Gemma 2's
+    attn_logit_softcapping; the "fastlm" implementation is never installed where it is set).
     """
     cos, sin = position_embeddings
     if cos.dim() != 3 or cos.shape[0] != 1 or torch.compiler.is_compiling() or not getattr(self, "use_rope", True):
@@ -199,6 +232,7 @@ def attention_forward(
         dropout=self.attention_dropout if self.training else 0.0,
         scaling=self.scaling,
         sliding_window=getattr(self, "sliding_window", getattr(self.config, "sliding_window", None)),
+        **({} if softcap is None else {"softcap": softcap}),
         **kwargs,
     )
     return self.o_proj(output.reshape(*input_shape, -1).contiguous()), weights
@@ -207,6 +241,12 @@ def attention_forward(
 def interleaved_attention_forward(self, *args, switch: str, **kwargs):
     """`attention_forward` rotating pairs of neighbouring dims (GLM-4's RoPE)."""
     return attention_forward(self, *args, switch=switch, interleaved=True, **kwargs)
+
+
+def softcapped_attention_forward(self, *args, switch: str, **kwargs):
+    """`attention_forward` handing the module's attn_logit_softcapping to the attention function,
+    as Gemma 2's forward does."""
+    return attention_forward(self, *args, switch=switch, softcap=self.attn_logit_softcapping, **kwargs)
 
 
 def _projections(module, hidden_states):

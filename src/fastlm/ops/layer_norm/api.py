@@ -20,9 +20,10 @@ def _forward_op(
     eps: float,
     rms: bool,
     out_dtype: torch.dtype,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean - x[:, 0], rstd); that mean is an empty tensor for RMSNorm (ops cannot return None)."""
-    y, mean, rstd = _forward(x, weight, bias, eps, rms, out_dtype, traced=True)
+    y, mean, rstd = _forward(x, weight, bias, eps, rms, out_dtype, traced=True, weight_offset=weight_offset)
     return y, (rstd.new_empty(0) if mean is None else mean), rstd
 
 
@@ -36,26 +37,30 @@ def _backward_op(
     rms: bool,
     weight_grad: bool,
     bias_grad: bool,
+    weight_offset: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, db); dw / db are empty tensors when not requested."""
-    dx, dw, db = _backward(dy, x, weight, None if rms else mean, rstd, rms, weight_grad, bias_grad, traced=True)
+    mean = None if rms else mean
+    dx, dw, db = _backward(
+        dy, x, weight, mean, rstd, rms, weight_grad, bias_grad, traced=True, weight_offset=weight_offset
+    )
     empty = rstd.new_empty(0)
     return dx, (empty if dw is None else dw), (empty if db is None else db)
 
 
 def _op_setup_context(ctx, inputs, output):
-    x, weight, bias, eps, rms, _ = inputs
+    x, weight, bias, eps, rms, _, weight_offset = inputs  # torch fills in the defaults
     _, mean, rstd = output
     ctx.save_for_backward(x, weight, mean, rstd)
-    ctx.rms = rms
+    ctx.rms, ctx.weight_offset = rms, weight_offset
     ctx.mark_non_differentiable(mean, rstd)
 
 
 def _op_backward(ctx, dy, _dmean, _drstd):
     x, weight, mean, rstd = ctx.saved_tensors
     weight_grad, bias_grad = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-    dx, dw, db = _backward_op(dy, x, weight, mean, rstd, ctx.rms, weight_grad, bias_grad)
-    return dx, (dw if weight_grad else None), (db if bias_grad else None), None, None, None
+    dx, dw, db = _backward_op(dy, x, weight, mean, rstd, ctx.rms, weight_grad, bias_grad, ctx.weight_offset)
+    return dx, (dw if weight_grad else None), (db if bias_grad else None), None, None, None, None
 
 
 torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_setup_context)
@@ -67,26 +72,39 @@ torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_set
 
 class NormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, eps, rms, out_dtype, config):
-        y, mean, rstd = _forward(x, weight, bias, eps, rms, out_dtype, config=config)
+    def forward(ctx, x, weight, bias, eps, rms, out_dtype, weight_offset, config):
+        y, mean, rstd = _forward(x, weight, bias, eps, rms, out_dtype, config=config, weight_offset=weight_offset)
         ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.rms, ctx.config = rms, config
+        ctx.rms, ctx.weight_offset, ctx.config = rms, weight_offset, config
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, mean, rstd = ctx.saved_tensors
         weight_grad, bias_grad = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
-        dx, dw, db = _backward(dy, x, weight, mean, rstd, ctx.rms, weight_grad, bias_grad, config=ctx.config)
-        return dx, dw, db, None, None, None, None
+        dx, dw, db = _backward(
+            dy,
+            x,
+            weight,
+            mean,
+            rstd,
+            ctx.rms,
+            weight_grad,
+            bias_grad,
+            config=ctx.config,
+            weight_offset=ctx.weight_offset,
+        )
+        return dx, dw, db, None, None, None, None, None
 
 
-def _apply(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype | None, config=None) -> torch.Tensor:
+def _apply(
+    x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype | None, config=None, weight_offset: float = 0.0
+) -> torch.Tensor:
     """The norm through autograd; ``config`` (eager only; None picks `norm_config`'s) for tests and tuning."""
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if torch.compiler.is_compiling():
-        return _forward_op(x, weight, bias, eps, rms, out_dtype)[0]
-    return NormFunction.apply(x, weight, bias, eps, rms, out_dtype, config)
+        return _forward_op(x, weight, bias, eps, rms, out_dtype, weight_offset)[0]
+    return NormFunction.apply(x, weight, bias, eps, rms, out_dtype, weight_offset, config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,10 +157,20 @@ def layer_norm(
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-5, *, out_dtype: torch.dtype | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    weight_offset: float = 0.0,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight, computed in fp32, returned in
-    ``out_dtype`` (default: x's dtype). Same values as ``torch.nn.functional.rms_norm(x,
-    x.shape[-1:], weight, eps).to(out_dtype)``."""
+    """RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * (weight + weight_offset), computed in
+    fp32, returned in ``out_dtype`` (default: x's dtype). Same values as
+    ``torch.nn.functional.rms_norm(x, x.shape[-1:], weight.float() + weight_offset, eps).to(out_dtype)``;
+    ``weight_offset`` 1 is Gemma's ``(1 + weight)`` RMSNorm (the weight's gradient is unchanged: the
+    offset is added inside the kernels, in fp32, never to the parameter)."""
     eps = check_inputs(x, weight, None, eps, out_dtype)
-    return _apply(x, weight, None, eps, True, out_dtype)
+    weight_offset = check_number("weight_offset", weight_offset)
+    if weight_offset != 0.0 and weight is None:
+        raise ValueError("weight_offset needs a weight: with weight None there is nothing to offset")
+    return _apply(x, weight, None, eps, True, out_dtype, weight_offset=weight_offset)

@@ -3,6 +3,9 @@
     layer_norm: y = (x - mean) * rstd * w + b,  rstd = 1 / sqrt(mean((x - mean)^2) + eps)
     rms_norm:   y = x * rstd * w,               rstd = 1 / sqrt(mean(x^2) + eps)
 
+w is the weight plus ``weight_offset`` (an fp32 scalar added to the weight's fp32 value, 0 but for
+Gemma's RMSNorm, x * rstd * (1 + weight)): dw is the same either way.
+
 Input (..., D) of any rank is viewed as rows (M, D). One kernel family serves both norms
 (`RMS` drops the centering). Statistics (mean, rstd: (M,) fp32) are saved for the backward:
 
@@ -55,6 +58,7 @@ def _norm_forward_kernel(
     M,
     D,
     eps,
+    weight_offset,  # added to each weight (fp32), 0 but for (1 + weight) norms
     RMS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -63,6 +67,7 @@ def _norm_forward_kernel(
     SINGLE_PASS: tl.constexpr,  # BLOCK_D >= D: the rows stay in registers
 ):
     eps = tl.cast(eps, tl.float32)  # torch.compile passes Python floats as fp64: keep the math in fp32
+    weight_offset = tl.cast(weight_offset, tl.float32)
     cols = tl.arange(0, BLOCK_D)
     if SINGLE_PASS:
         rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -82,7 +87,7 @@ def _norm_forward_kernel(
         tl.store(RSTD + rows, rstd, mask=row_mask)
         y = centered * rstd[:, None]
         if HAS_WEIGHT:
-            y = y * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+            y = y * _offset_weight(W, cols, col_mask, weight_offset)
         if HAS_BIAS:
             y = y + tl.load(B + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(Y + rows[:, None] * D + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
@@ -113,10 +118,16 @@ def _norm_forward_kernel(
             x = tl.load(x_row + start + cols, mask=mask, other=0.0).to(tl.float32)
             y = (x - x0 - mean) * rstd
             if HAS_WEIGHT:
-                y = y * tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32)
+                y = y * (tl.load(W + start + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset)
             if HAS_BIAS:
                 y = y + tl.load(B + start + cols, mask=mask, other=0.0).to(tl.float32)
             tl.store(y_row + start + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _offset_weight(W, cols, col_mask, weight_offset):
+    """(1, BLOCK_D) fp32 weight + weight_offset at ``cols``."""
+    return (tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32) + weight_offset)[None, :]
 
 
 @triton.jit
@@ -195,6 +206,7 @@ def _norm_backward_kernel(
     stride_dy,
     M,
     D,
+    weight_offset,  # added to each weight (fp32), as in the forward
     RMS: tl.constexpr,
     HAS_WEIGHT: tl.constexpr,
     WEIGHT_GRAD: tl.constexpr,
@@ -210,9 +222,10 @@ def _norm_backward_kernel(
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_D)
+    weight_offset = tl.cast(weight_offset, tl.float32)
     if SINGLE_PASS:
         col_mask = cols < D
-        w = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else 1.0
+        w = _offset_weight(W, cols, col_mask, weight_offset) if HAS_WEIGHT else 1.0
         # (BLOCK_M, BLOCK_D) accumulators, reduced over rows once at the end
         dw = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
         db = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
@@ -266,7 +279,7 @@ def _norm_backward_kernel(
             gs = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
             for start in range(0, D, BLOCK_D):  # pass 1: both row reductions
                 x, dy, mask, col_mask = _load_chunk(X, DY, rows, row_mask, start + cols, D, stride_x, stride_dy)
-                w = tl.load(W + start + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else 1.0
+                w = _offset_weight(W, start + cols, col_mask, weight_offset) if HAS_WEIGHT else 1.0
                 g = dy * w
                 gx += g * tl.where(mask, (x - x0 - mean) * rstd, 0.0)
                 gs += g
@@ -275,7 +288,7 @@ def _norm_backward_kernel(
             # pass 2 re-reads the rows, from L2 (they were read a moment ago, and few are in flight)
             for start in range(0, D, BLOCK_D):  # pass 2: dx
                 x, dy, mask, col_mask = _load_chunk(X, DY, rows, row_mask, start + cols, D, stride_x, stride_dy)
-                w = tl.load(W + start + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :] if HAS_WEIGHT else 1.0
+                w = _offset_weight(W, start + cols, col_mask, weight_offset) if HAS_WEIGHT else 1.0
                 x_hat = tl.where(mask, (x - x0 - mean) * rstd, 0.0)
                 dx = (dy * w - x_hat * mean_gx - mean_g) * rstd
                 tl.store(DX + rows[:, None] * D + (start + cols)[None, :], dx.to(DX.dtype.element_ty), mask=mask)

@@ -72,9 +72,20 @@ def _row_count(x: torch.Tensor) -> int:
     return x.numel() // d if d else math.prod(x.shape[:-1])
 
 
-def _forward(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype, traced: bool = False, config=None):
+def _forward(
+    x,
+    weight,
+    bias,
+    eps: float,
+    rms: bool,
+    out_dtype: torch.dtype,
+    traced: bool = False,
+    config=None,
+    weight_offset: float = 0.0,
+):
     """(y (x's shape, contiguous, out_dtype), mean - x[:, 0] (M,) fp32 or None, rstd (M,) fp32); ``traced``
-    inside the triton_op; ``config`` None picks `norm_config`'s."""
+    inside the triton_op; ``config`` None picks `norm_config`'s; ``weight_offset`` is added to the
+    weight (in fp32) wherever it is read."""
     m, d = _row_count(x), x.shape[-1]
     y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     mean = None if rms else torch.empty(m, dtype=torch.float32, device=x.device)
@@ -82,7 +93,7 @@ def _forward(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype, tra
     if x.numel() == 0:
         return y, mean, rstd
     if not runs_triton(x):
-        _reference_forward(as_rows(x), weight, bias, eps, rms, y.view(m, d), mean, rstd)
+        _reference_forward(as_rows(x), weight, bias, eps, rms, y.view(m, d), mean, rstd, weight_offset)
         return y, mean, rstd
     if config is None and not traced:
         tiles = _picked_forward_tiles(x.device, d)
@@ -100,6 +111,7 @@ def _forward(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype, tra
         m,
         d,
         eps,
+        weight_offset,
         RMS=rms,
         HAS_WEIGHT=weight is not None,
         HAS_BIAS=bias is not None,
@@ -112,17 +124,28 @@ def _forward(x, weight, bias, eps: float, rms: bool, out_dtype: torch.dtype, tra
 
 
 def _backward(
-    dy, x, weight, mean, rstd, rms: bool, weight_grad: bool, bias_grad: bool, traced: bool = False, config=None
+    dy,
+    x,
+    weight,
+    mean,
+    rstd,
+    rms: bool,
+    weight_grad: bool,
+    bias_grad: bool,
+    traced: bool = False,
+    config=None,
+    weight_offset: float = 0.0,
 ):
     """(dx (x's shape, contiguous), dw (D,) or None, db (D,) or None): one launch for rows held in
     registers up to fused_sum_max_d wide, else two (dx and partial sums, then dw / db); ``traced``
-    inside the triton_op; ``config`` None picks `norm_config`'s."""
+    inside the triton_op; ``config`` None picks `norm_config`'s; ``weight_offset`` as the forward's
+    (dw does not depend on it)."""
     m, d = _row_count(x), x.shape[-1]
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     dw = torch.empty(d, dtype=weight.dtype, device=x.device) if weight_grad else None
     db = torch.empty(d, dtype=weight.dtype if weight is not None else x.dtype, device=x.device) if bias_grad else None
     if x.numel() == 0 or not runs_triton(x):
-        _reference_backward(as_rows(dy), as_rows(x), weight, mean, rstd, rms, dx.view(m, d), dw, db)
+        _reference_backward(as_rows(dy), as_rows(x), weight, mean, rstd, rms, dx.view(m, d), dw, db, weight_offset)
         return dx, dw, db
     if config is None and not traced:
         config, tiles, programs = _picked_backward(x.device, d, m, x.element_size(), rms)
@@ -160,6 +183,7 @@ def _backward(
         stride_dy,
         m,
         d,
+        weight_offset,
         RMS=rms,
         HAS_WEIGHT=weight is not None,
         WEIGHT_GRAD=weight_grad,

@@ -15,14 +15,15 @@ def layer_norm_ref(x, weight=None, bias=None, eps=1e-5):
     return (out + bias.to(compute) if bias is not None else out).to(x.dtype)
 
 
-def rms_norm_ref(x, weight=None, eps=1e-5):
+def rms_norm_ref(x, weight=None, eps=1e-5, weight_offset=0.0):
+    """x / sqrt(mean(x^2) + eps) * (weight + weight_offset) in fp32 (float64 stays float64), in x's dtype."""
     compute = torch.promote_types(x.dtype, torch.float32)
     xc = x.to(compute)
     out = xc * torch.rsqrt(xc.square().mean(dim=-1, keepdim=True) + eps)
-    return (out * weight.to(compute) if weight is not None else out).to(x.dtype)
+    return (out * (weight.to(compute) + weight_offset) if weight is not None else out).to(x.dtype)
 
 
-def _reference_forward(rows, weight, bias, eps, rms, y_rows, mean, rstd):
+def _reference_forward(rows, weight, bias, eps, rms, y_rows, mean, rstd, weight_offset=0.0):
     x = rows.float()
     if rms:
         centered = x
@@ -33,16 +34,16 @@ def _reference_forward(rows, weight, bias, eps, rms, y_rows, mean, rstd):
     rstd.copy_(torch.rsqrt(centered.square().mean(dim=-1) + eps))
     out = centered * rstd[:, None]
     if weight is not None:
-        out = out * weight.float()
+        out = out * (weight.float() + weight_offset)
     if bias is not None:
         out = out + bias.float()
     y_rows.copy_(out)
 
 
-def _reference_backward(dy_rows, rows, weight, mean, rstd, rms, dx_rows, dw, db):
+def _reference_backward(dy_rows, rows, weight, mean, rstd, rms, dx_rows, dw, db, weight_offset=0.0):
     x, dy = rows.float(), dy_rows.float()
     x_hat = (x if rms else x - x[:, :1] - mean[:, None]) * rstd[:, None]
-    g = dy * weight.float() if weight is not None else dy
+    g = dy * (weight.float() + weight_offset) if weight is not None else dy
     out = g - x_hat * (g * x_hat).mean(dim=-1, keepdim=True)
     if not rms:
         out = out - g.mean(dim=-1, keepdim=True)
