@@ -2,7 +2,7 @@
 # PYTHON can point at any interpreter that already has (or may install) torch.
 PYTHON ?= python3
 
-.PHONY: report test gpu-test
+.PHONY: report test test-all gpu-test
 
 report:
 	$(PYTHON) -m pip install -q -e .
@@ -11,6 +11,11 @@ report:
 test:
 	$(PYTHON) -m pip install -q -e ".[dev]"
 	$(PYTHON) -m pytest -q
+
+# the suite and the slow end-to-end runs (compiled distributed training, killed runs, ...)
+test-all:
+	$(PYTHON) -m pip install -q -e ".[dev]"
+	$(PYTHON) -m pytest -q -m "slow or not slow"
 
 # the GPU-marked tests, 8 processes sharing the GPU (Triton's and Inductor's compilation is CPU work)
 gpu-test:

@@ -11,6 +11,7 @@ def test_point_by_hand():
     assert point.intensity == 1.5 and point.tflops == pytest.approx(3.0)
 
 
+@pytest.mark.slow
 def test_command_places_every_benchmarked_kernel(tmp_path):
     for op in ("norms", "softmax", "conv1d"):
         assert main(["bench", op, "--out", str(tmp_path)]) == 0

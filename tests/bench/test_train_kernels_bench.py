@@ -10,6 +10,7 @@ from fastlm.cli.train import add_kernel_comparison_arguments
 from fastlm.utils.records import read_records
 
 
+@pytest.mark.slow
 def test_kernel_sets_train_alike(corpus_data, tmp_path, capsys):
     parser = argparse.ArgumentParser(prog="fastlm bench train")
     add_kernel_comparison_arguments(parser)

@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import torch
 
 from fastlm import checkpoint
@@ -174,6 +175,7 @@ def _series(tmp_path: Path, data: Path, world: int, mode: list[str], kills: int,
     return outcome
 
 
+@pytest.mark.slow
 def test_killed_runs_lose_nothing_and_resume_exactly(tmp_path, corpus_data):
     kills = int(os.environ.get("FASTLM_FAULT_KILLS", DEFAULT_KILLS))
     rng = random.Random(0)

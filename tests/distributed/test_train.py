@@ -102,6 +102,7 @@ def test_parallel_training_matches_one_process(mode, common, single_process, tmp
     assert json.loads((tmp_path / "run.json").read_text())["bucket_mb"] == expected
 
 
+@pytest.mark.slow
 def test_bucketed_clips_a_bf16_wire_as_flat_clips_after(common, tmp_path):
     """bucketed clips while it casts its bf16 buckets back to fp32 (`Wrapped.synchronize_and_clip`);
     flat averages the same bf16 values and the loop clips after: the same steps, bitwise."""
@@ -120,7 +121,14 @@ def test_bucketed_clips_a_bf16_wire_as_flat_clips_after(common, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "mode", [["fsdp"], ["fsdp", "--recompute"], ["fsdp", "--bucket-mb", "0.001"], ["ddp"]], ids=" ".join
+    "mode",
+    [
+        ["fsdp"],
+        pytest.param(["fsdp", "--recompute"], marks=pytest.mark.slow),
+        pytest.param(["fsdp", "--bucket-mb", "0.001"], marks=pytest.mark.slow),
+        pytest.param(["ddp"], marks=pytest.mark.slow),
+    ],
+    ids=" ".join,
 )
 def test_compiled_training_matches_one_process(mode, common, single_process, tmp_path):
     """Compiled (fsdp: the blocks' stack as one graph where it is one unit, as the tiny model is in

@@ -33,12 +33,13 @@ op_calls = test_huggingface.op_calls  # the fixture counting the fastlm ops the 
 STEPS = 32
 VOCAB = 128
 LEARNING_RATE = 3e-3  # the loss falls from ~5 to ~2 in the 32 steps (Granite's, scaled down, to ~4)
-# 32 fp32 AdamW steps, patched against unpatched, where the ops reorder fp32 sums: measured (the 12
-# families, 2 layers of hidden 32) at most 5.4e-7 relative for the losses, 4.9e-5 absolute for the
-# logits (of ~5) and 5e-5 for the weights (of ~0.1, moved by ~0.1); the tolerances are 4-10x that.
+# 32 fp32 AdamW steps, patched against unpatched, where the ops reorder fp32 sums: measured (the 15
+# families, 2 layers of hidden 32) at most 9.1e-6 relative for the losses (Gemma 3's head dim 256;
+# 5.4e-7 for the others), 4.9e-5 absolute for the logits (of ~5) and 5e-5 for the weights (of ~0.1,
+# moved by ~0.1); the tolerances are 3-10x that.
 # AdamW's normalized steps turn rounding into lr-sized moves where a gradient is near zero, and a
 # loss that has fallen further (lr 1e-2) doubles or triples each measure
-LOSSES = {"rtol": 5e-6, "atol": 0.0}
+LOSSES = {"rtol": 3e-5, "atol": 0.0}
 LOGITS = {"rtol": 1e-4, "atol": 2e-4}
 WEIGHTS = {"rtol": 1e-4, "atol": 2e-4}
 
@@ -110,8 +111,8 @@ def test_an_activation_swiglu_does_not_cover_keeps_the_mlp_with_one_warning(op_c
     apply_fastlm(model)
     ids = batches(1, length=8)[0]
     assert_same_step(model.train(), reference.train(), input_ids=ids, labels=ids)
-    messages = [str(w.message) for w in recwarn]
-    assert messages == [
+    fastlm_messages = [str(w.message) for w in recwarn if "fastlm" in str(w.message)]
+    assert fastlm_messages == [
         "apply_fastlm leaves the MLPs as they are: hidden_act 'gelu_new' is not one fastlm fuses "
         "(silu, swish, gelu_pytorch_tanh, gelu)"
     ]

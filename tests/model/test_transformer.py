@@ -137,7 +137,9 @@ def test_kernel_switches_give_the_same_loss_and_gradients(attention, norm, loss,
     assert_same_loss_and_gradients(model, reference, tokens(), tokens(), (1e-5, 1e-5), (1e-4, 1e-5))
 
 
-@pytest.mark.parametrize(("attention", "norm"), [("sdpa", "auto"), ("fastlm", "fastlm")])
+@pytest.mark.parametrize(
+    ("attention", "norm"), [pytest.param("sdpa", "auto", marks=pytest.mark.slow), ("fastlm", "fastlm")]
+)
 def test_fastlm_kernels_compile_to_one_graph_with_the_same_loss_and_gradients(attention, norm):
     # every fastlm op traced by torch.compile (on CPU through the ops' PyTorch path), under autocast
     # so the norms write bf16 for the Linear layers that follow

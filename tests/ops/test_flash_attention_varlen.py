@@ -122,6 +122,7 @@ def test_half_precision_with_default_tiles(dtype, device):
     check_varlen(run, q, k, v, cu_q, cu_k, True, (30, -1))
 
 
+@pytest.mark.slow
 def test_more_documents_than_one_lookup_chunk(device):
     """More than 128 documents (DOC_CHUNK: a program's lookup reads the cumulative lengths in chunks
     of that many), most of them shorter than a tile: every tile finds its document."""

@@ -237,7 +237,8 @@ def test_second_backward_is_a_clear_error(device):
 
 @pytest.mark.parametrize(
     "reduction,backend",
-    [("mean", "inductor"), ("none", "aot_eager")],  # Inductor once (slow on CPU); the backward op traced too
+    # Inductor once (a minute on CPU); the backward op traced too
+    [pytest.param("mean", "inductor", marks=pytest.mark.slow), ("none", "aot_eager")],
 )
 def test_torch_compile_matches_eager(reduction, backend, device):
     """Compiled, the ops trace into the matmuls and the cross-entropy launchers (on CPU their

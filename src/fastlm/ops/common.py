@@ -168,6 +168,12 @@ def device_arch(device: torch.device) -> int:
     )
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot``'s input_precision for inputs of ``dtype``: fp32 follows torch's matmul setting
+    (TF32 only when the user allowed it), 16-bit inputs are exact in any mode."""
+    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+
+
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b), for grids. In Triton 3.6 `triton.cdiv` is a constexpr function, and a call from
     Python pays for unwrapping its arguments: several calls per launch on every eager step."""

@@ -18,7 +18,7 @@ import torch
 import triton
 from triton.runtime import _allocation
 
-from fastlm.ops.common import cdiv, is_traced
+from fastlm.ops.common import cdiv, dot_precision, is_traced
 from fastlm.ops.flash_attention.config import AttentionConfig, padded_head_dim
 from fastlm.ops.flash_attention.kernels import (
     _flash_backward_dkdv_kernel,
@@ -120,11 +120,6 @@ def _scratch_allocator(tma: bool, traced: bool):
     return None
 
 
-def _precision(dtype: torch.dtype) -> str:
-    """fp32 inputs follow torch's matmul setting: TF32 only when the user allowed it."""
-    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
-
-
 def _launch_forward(
     q,
     k,
@@ -182,7 +177,7 @@ def _launch_forward(
             BLOCK_D=block_d,
             BLOCK_M=tiles.block_m,
             BLOCK_N=tiles.block_n,
-            PRECISION=_precision(q.dtype),
+            PRECISION=dot_precision(q.dtype),
             TMA=tma,
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
@@ -231,7 +226,7 @@ def _launch_backward(
         VARLEN=packed,
         HEAD_DIM=D,
         BLOCK_D=padded_head_dim(D),
-        PRECISION=_precision(q.dtype),
+        PRECISION=dot_precision(q.dtype),
     )
     tiles = config.dq
     _launch_flash_backward_dq(traced)[_grid(M, tiles.block_m, H, Z, packed)](
