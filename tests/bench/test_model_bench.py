@@ -139,6 +139,7 @@ def test_other_errors_are_not_hidden(monkeypatch):
         measure_config(TINY, [model_bench.Row("fwd", "fp32", "eager")], warmup=0, steps=1)
 
 
+@pytest.mark.slow
 def test_bench_model_command_writes_records_and_report(tmp_path):
     args = [
         "bench",

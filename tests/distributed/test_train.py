@@ -141,7 +141,15 @@ def test_compiled_training_matches_one_process(mode, common, single_process, tmp
     torch.testing.assert_close(_losses(tmp_path), losses, rtol=1e-4, atol=0)
 
 
-@pytest.mark.parametrize("mode", [["ddp"], ["bucketed", "--bucket-mb", "0.01"], ["torch-ddp"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(["ddp"], marks=pytest.mark.slow),
+        ["bucketed", "--bucket-mb", "0.01"],
+        pytest.param(["torch-ddp"], marks=pytest.mark.slow),
+    ],
+    ids=" ".join,
+)
 def test_bf16_weights_train_in_parallel_like_one_process(mode, common, tmp_path):
     # two ranks add their bf16 gradient halves as one process adds its two micro-batches': the same
     # sums, so the same weights and losses
@@ -154,7 +162,15 @@ def test_bf16_weights_train_in_parallel_like_one_process(mode, common, tmp_path)
     assert _losses(tmp_path / "parallel") == _losses(tmp_path / "single")
 
 
-@pytest.mark.parametrize("mode", [["ddp"], ["ddp", "--shard-optimizer"], ["fsdp"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param(["ddp"], marks=pytest.mark.slow),
+        pytest.param(["ddp", "--shard-optimizer"], marks=pytest.mark.slow),
+        ["fsdp"],
+    ],
+    ids=" ".join,
+)
 def test_resume_continues_exactly(mode, common, single_process, tmp_path):
     argv = [*common, "--parallel", *mode, "--out", str(tmp_path)]
     _torchrun_like([*argv, "--steps", "2"])

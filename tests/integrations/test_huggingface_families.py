@@ -33,15 +33,17 @@ op_calls = test_huggingface.op_calls  # the fixture counting the fastlm ops the 
 STEPS = 32
 VOCAB = 128
 LEARNING_RATE = 3e-3  # the loss falls from ~5 to ~2 in the 32 steps (Granite's, scaled down, to ~4)
-# 32 fp32 AdamW steps, patched against unpatched, where the ops reorder fp32 sums: measured (the 15
-# families, 2 layers of hidden 32) at most 9.1e-6 relative for the losses (Gemma 3's head dim 256;
-# 5.4e-7 for the others), 4.9e-5 absolute for the logits (of ~5) and 5e-5 for the weights (of ~0.1,
-# moved by ~0.1); the tolerances are 3-10x that.
+# 32 fp32 AdamW steps, patched against unpatched, where the ops reorder fp32 sums: measured (the 14
+# other families, 2 layers of hidden 32) at most 5.4e-7 relative for the losses, 4.9e-5 absolute for
+# the logits (of ~5) and 5e-5 for the weights (of ~0.1, moved by ~0.1); the tolerances are 4-10x that.
 # AdamW's normalized steps turn rounding into lr-sized moves where a gradient is near zero, and a
 # loss that has fallen further (lr 1e-2) doubles or triples each measure
-LOSSES = {"rtol": 3e-5, "atol": 0.0}
+LOSSES = {"rtol": 5e-6, "atol": 0.0}
 LOGITS = {"rtol": 1e-4, "atol": 2e-4}
 WEIGHTS = {"rtol": 1e-4, "atol": 2e-4}
+# Gemma 3's tiny model amplifies the same first-step differences (9e-8 in the loss) about 100x over
+# the 32 steps: measured 9.1e-6 for the losses, 3.4e-4 for the logits, 2.2e-4 for the weights
+AMPLIFIES = {"gemma3_text": 5}
 
 
 @pytest.fixture
@@ -94,13 +96,17 @@ def test_training_run_matches_unpatched(family, reference_paths, op_calls):
     losses, expected = train(model, data), train(reference, data)
     assert op_calls["linear_cross_entropy"] == STEPS  # every step took the patched loss
     assert expected[-len(data) :].mean() < expected[: len(data)].mean() - 0.5  # it learns the batches
-    torch.testing.assert_close(losses, expected, **LOSSES)
+    factor = AMPLIFIES.get(family, 1)
+    losses_tol, logits_tol, weights_tol = ({k: v * factor for k, v in t.items()} for t in (LOSSES, LOGITS, WEIGHTS))
+    torch.testing.assert_close(losses, expected, **losses_tol)
     model.eval(), reference.eval()
     with torch.no_grad():
-        torch.testing.assert_close(model(input_ids=data[0]).logits, reference(input_ids=data[0]).logits, **LOGITS)
+        torch.testing.assert_close(model(input_ids=data[0]).logits, reference(input_ids=data[0]).logits, **logits_tol)
     expected_weights = compared_weights(reference)
     for name, weight in compared_weights(model).items():
-        torch.testing.assert_close(weight, expected_weights[name], **WEIGHTS, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            weight, expected_weights[name], **weights_tol, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 def test_an_activation_swiglu_does_not_cover_keeps_the_mlp_with_one_warning(op_calls, recwarn):
