@@ -55,10 +55,17 @@ CONFIGS = {
             },
         },
     ),
-    # the routers' load-balancing loss in the loss (coefficient 0.1, not 0.001, so that it counts)
+    # the routers' load-balancing loss in the loss (coefficient 0.1, not 0.001, so that it counts);
+    # experts of width 32 (the interpreter's time grows with the experts' tiles)
     "mixtral": (
         "MixtralConfig",
-        {"num_local_experts": 4, "num_experts_per_tok": 2, "output_router_logits": True, "router_aux_loss_coef": 0.1},
+        {
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 32,
+            "output_router_logits": True,
+            "router_aux_loss_coef": 0.1,
+        },
     ),
     "qwen3_moe": (  # and a dense MLP in layer 1
         "Qwen3MoeConfig",
@@ -97,7 +104,8 @@ CONFIGS = {
 # the calls of rms_norm, rotary_embedding and the gated MLP's op in one forward of a 2-layer tiny
 # model: 2 norms a layer and the final one, 2 more for per-head or per-projection q_norm / k_norm
 # (Qwen3, OLMo) or GLM-4's and Gemma 2's post norms (Gemma 3: both); a rotation per layer with
-# RoPE; a swiglu (geglu: `GELU_FAMILIES`) per dense MLP (none among experts)
+# RoPE; a swiglu (geglu: `GELU_FAMILIES`) per dense MLP; a moe_experts per layer of experts
+# (`EXPERT_LAYERS`)
 KERNEL_CALLS = {
     "llama": (5, 2, 2),
     "mistral": (5, 2, 2),
@@ -116,6 +124,7 @@ KERNEL_CALLS = {
     "gemma3_text": (13, 2, 2),
 }
 GELU_FAMILIES = ("gemma", "gemma2", "gemma3_text")  # their MLPs run fastlm.geglu
+EXPERT_LAYERS = {"mixtral": 2, "qwen3_moe": 1}
 VOCAB = 300
 FP32 = {"rtol": 1e-4, "atol": 1e-6}  # the kernels against PyTorch's fp32 ops: summation order only
 # logits of a few units: the summation order moves them by a few of their ulps (OLMo 3's: 1.2e-6)
@@ -137,6 +146,7 @@ OP_LAYERS = {
     "swiglu": "mlp",
     "geglu": "mlp",
     "linear_cross_entropy": "loss",
+    "moe_experts": "moe",
 }
 
 
@@ -232,7 +242,7 @@ def _fresh_warnings(monkeypatch):
 @pytest.fixture
 def op_calls(monkeypatch):
     """Counts the calls of each fastlm op the patch runs."""
-    counts = dict.fromkeys([*OPS.values(), "geglu", "flash_attention_varlen"], 0)
+    counts = dict.fromkeys([*OPS.values(), "geglu", "flash_attention_varlen", "moe_experts"], 0)
 
     def counting(name):
         op = getattr(getattr(fastlm.layers, OP_LAYERS[name]), name)
@@ -262,6 +272,7 @@ def test_training_step_and_logits_match_unpatched(family, op_calls, recwarn):
         "geglu": gated if family in GELU_FAMILIES else 0,
         "linear_cross_entropy": 1,
         "flash_attention_varlen": 0,
+        "moe_experts": EXPERT_LAYERS.get(family, 0),
     }
     assert model(input_ids=ids, labels=ids).logits is None  # the fused loss holds no logits
     model.eval(), reference.eval()

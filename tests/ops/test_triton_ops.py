@@ -28,13 +28,20 @@ TRITON_OPS = {
     "fastlm::geglu_backward": ["_glu_backward_kernel"],
     "fastlm::weighted_sum_forward": ["_weighted_sum_forward_kernel"],
     "fastlm::weighted_sum_backward": ["_weighted_sum_backward_kernel"],
+    "fastlm::moe_experts_forward": ["_grouped_matmul_kernel", "_combine_kernel"],
+    "fastlm::moe_experts_backward": [
+        "_grouped_matmul_kernel",
+        "_grouped_weight_grad_kernel",
+        "_combine_kernel",
+        "_combine_weight_grad_kernel",
+    ],
 }
 
 # Outside the interpreter (which replaces compiled kernels with Python functions torch does not
 # recognize), in a fresh process: which kernels torch found in each registered op.
 FOUND = """
 import json
-import fastlm, fastlm.ops.weighted_sum
+import fastlm, fastlm.ops.moe, fastlm.ops.weighted_sum
 for name in fastlm.__all__:  # each export's op module registers its ops when first used
     getattr(fastlm, name)
 from torch._library.triton import triton_ops_to_kernels

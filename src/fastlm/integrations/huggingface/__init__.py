@@ -20,7 +20,8 @@ forward (forwards.py) is the family's adapter (families.py). The switches, named
     rope       the rotation of queries and keys by `fastlm.rotary_embedding`, when the batch shares
                one row of positions (partial and interleaved rotary too)
     mlp        act(gate) * up by `fastlm.swiglu` (silu) or `fastlm.geglu` (gelu, gelu_pytorch_tanh)
-               in the dense MLPs (a mixture of experts keeps its experts' code)
+               in the dense MLPs; a mixture of experts' experts by `fastlm.ops.moe.moe_experts`
+               (the gating fused into grouped GEMMs; Mixtral, Qwen3-MoE)
     loss       with labels in training, the LM head and cross-entropy by
                `fastlm.linear_cross_entropy`: no logits are held and the output's logits are None
 

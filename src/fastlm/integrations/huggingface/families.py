@@ -18,6 +18,13 @@ MLP_FORWARDS = {
     "gelu_pytorch_tanh": forwards.gelu_tanh_mlp_forward,
     "gelu": forwards.gelu_mlp_forward,
 }
+# the same for the experts of a mixture of experts (`forwards.experts_forward`)
+EXPERTS_FORWARDS = {
+    "silu": forwards.experts_forward,
+    "swish": forwards.experts_forward,
+    "gelu_pytorch_tanh": forwards.gelu_tanh_experts_forward,
+    "gelu": forwards.gelu_experts_forward,
+}
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,7 @@ class Adapter:
     (Gemma); ``rope_interleaved``: RoPE pairs dims (2i, 2i + 1) (GLM-4);
     ``divides_logits``: the logits are divided by config.logits_scaling (Granite);
     ``router_aux_loss``: the loss adds the routers' load-balancing loss (mixtures of experts, whose
-    expert MLPs keep transformers' forward: no module of theirs is named ``{prefix}MLP``);
+    ``{prefix}Experts`` take the mlp switch's forward);
     ``softcaps``: the attention hands config.attn_logit_softcapping to the attention function and
     the LM head softcaps the logits by config.final_logit_softcapping (Gemma 2; the switches a set
     softcap concerns keep transformers' code, see `kept`); ``activation``: the config field the MLP
@@ -70,7 +77,10 @@ class Adapter:
             "rope": {f"{p}Attention": (attention, True)},
             "attention": {self.base_model or f"{p}Model": (forwards.base_model_forward, False)},
             "loss": {f"{p}ForCausalLM": (loss, False)},
-            "mlp": {f"{p}MLP": (MLP_FORWARDS.get(self._activation(model)), True)},
+            "mlp": {
+                f"{p}MLP": (MLP_FORWARDS.get(self._activation(model)), True),
+                f"{p}Experts": (EXPERTS_FORWARDS.get(self._activation(model)), True),
+            },
         }
         return {switch: classes for switch, classes in swaps.items() if switch not in self.kept(model)}
 

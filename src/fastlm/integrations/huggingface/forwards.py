@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from fastlm.integrations.huggingface.attention import PADDING, PLAIN_CAUSAL, Padding
 from fastlm.layers.loss import lm_head_loss
 from fastlm.layers.mlp import gated_activation
+from fastlm.layers.moe import experts_output
 from fastlm.layers.norms import fused_rms_norm
 from fastlm.layers.rotary import rotate
 from fastlm.layers.rules import runs_kernel
@@ -174,6 +175,28 @@ def gelu_tanh_mlp_forward(self, x: torch.Tensor, *, switch: str) -> torch.Tensor
 def gelu_mlp_forward(self, x: torch.Tensor, *, switch: str) -> torch.Tensor:
     """`mlp_forward` with the exact GELU (transformers' gelu)."""
     return mlp_forward(self, x, switch=switch, activation="gelu")
+
+
+def experts_forward(self, hidden_states, top_k_index, top_k_weights, *, switch: str, activation: str = "silu"):
+    """A mixture of experts' experts (gate_up_proj (E, 2I, D), down_proj (E, D, I); Mixtral,
+    Qwen3-MoE) by `fastlm.ops.moe.moe_experts` where the rule runs it: the tokens sorted by expert,
+    the gated MLPs as grouped GEMMs, the K outputs summed per token; a pair whose expert is outside
+    [0, E) (another process's, under expert parallelism) adds nothing, as the loop skips it. Experts
+    with biases, or their weights transposed or interleaved, keep their forward."""
+    layout_fits = not getattr(self, "has_bias", False) and getattr(self, "is_concatenated", True)
+    if not runs_kernel(switch) or not layout_fits or getattr(self, "is_transposed", False):
+        return original_forward(self, hidden_states, top_k_index, top_k_weights)
+    return experts_output(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights, activation)
+
+
+def gelu_tanh_experts_forward(self, hidden_states, top_k_index, top_k_weights, *, switch: str):
+    """`experts_forward` with GELU's tanh form (transformers' gelu_pytorch_tanh)."""
+    return experts_forward(self, hidden_states, top_k_index, top_k_weights, switch=switch, activation="gelu_tanh")
+
+
+def gelu_experts_forward(self, hidden_states, top_k_index, top_k_weights, *, switch: str):
+    """`experts_forward` with the exact GELU (transformers' gelu)."""
+    return experts_forward(self, hidden_states, top_k_index, top_k_weights, switch=switch, activation="gelu")
 
 
 def attention_forward(
