@@ -16,6 +16,7 @@ from fastlm.ops.moe import ExpertOrder, expert_order, moe_experts, moe_experts_r
 from fastlm.ops.moe import experts as op
 from fastlm.ops.moe.routing import ROUTINGS
 
+from .launches import compiled_code_launches
 from .reference import check_against_float64, unit_roundoff
 from .test_cross_entropy import poisoned_outputs  # noqa: F401 (a fixture)
 
@@ -25,20 +26,20 @@ from .test_cross_entropy import poisoned_outputs  # noqa: F401 (a fixture)
 ALLOWANCE = {torch.float32: 1e-6, torch.bfloat16: unit_roundoff(torch.bfloat16) / 4}
 
 
-def _inputs(tokens=12, d=24, inter=20, experts=4, k=2, dtype=torch.float32, seed=0, index=None):
+def _inputs(tokens=12, d=24, inter=20, experts=4, k=2, dtype=torch.float32, seed=0, index=None, device="cpu"):
     """x (T, D), gate_up (E, 2I, D), down (E, D, I), routing weights (T, K), all requiring grad, and
     top_k_index (T, K): random distinct experts per token unless given."""
     generator = torch.Generator().manual_seed(seed)
 
     def randn(*shape, scale=1.0):
-        return (torch.randn(shape, generator=generator) * scale).to(dtype).requires_grad_()
+        return (torch.randn(shape, generator=generator) * scale).to(device, dtype).requires_grad_()
 
     x = randn(tokens, d)
     gate_up, down = randn(experts, 2 * inter, d, scale=d**-0.5), randn(experts, d, inter, scale=inter**-0.5)
     if index is None:
         index = torch.rand(tokens, experts, generator=generator).argsort(dim=1)[:, :k]
-    weights = torch.rand(index.shape, generator=generator).softmax(dim=-1).to(dtype).requires_grad_()
-    return x, gate_up, down, weights, index
+    weights = torch.rand(index.shape, generator=generator).softmax(dim=-1).to(device, dtype).requires_grad_()
+    return x, gate_up, down, weights, index.to(device)
 
 
 def _check(x, gate_up, down, weights, index, activation="silu"):
@@ -177,17 +178,18 @@ def build(kernel, signature, constexprs, config=None):
 ints = lambda *names: dict.fromkeys(names, "i32")
 signature = {"A": "*bf16", "B": "*bf16", "C": "*bf16", "GU": "*bf16", "A_ROWS": "*i32", "ROW_SCALE": "*fp32",
              "OFFSETS": "*i32", "TILE_ENDS": "*i32",
-             **ints("N", "K", "E", "stride_am", "stride_ak", "stride_be", "stride_bn", "stride_bk")}
+             **ints("M_TILES", "N", "K", "E", "stride_am", "stride_ak", "stride_be", "stride_bn", "stride_bk")}
 for epilogue in ("none", "glu", "glu_backward"):
     c = gm.grouped_matmul_config(90, "glu" if epilogue == "glu" else "matmul")
     build(gm._grouped_matmul_kernel, signature, {"EPILOGUE": epilogue, "ACTIVATION": "silu", "GATHER": True,
           "SCALE": True, "PRECISION": "ieee", "BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
-          "BLOCK_E": 128}, c)
+          "BLOCK_E": 128, "GROUP_M": c.group}, c)
 c = gm.grouped_matmul_config(90, "weight_grad")
 signature = {"G": "*bf16", "X": "*bf16", "DB": "*bf16", "G_ROWS": "*i32", "X_ROWS": "*i32", "ROW_SCALE": "*fp32",
              "OFFSETS": "*i32", **ints("N", "K", "stride_gm", "stride_gn", "stride_xm", "stride_xk")}
 build(gm._grouped_weight_grad_kernel, signature, {"GATHER_G": True, "GATHER_X": True, "SCALE": True,
-      "PRECISION": "ieee", "BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k}, c)
+      "PRECISION": "ieee", "BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
+      "GROUP_N": c.group}, c)
 pairs = {"POSITIONS": "*i32", "EXPERTS": "*i64"}
 build(permute._combine_kernel, {"Y": "*bf16", **pairs, "WEIGHTS": "*fp32", "OUT": "*bf16", **ints("T", "D", "K", "E")},
       {"WEIGHTED": True, "BLOCK_T": 16, "BLOCK_D": 256})
@@ -207,6 +209,69 @@ def test_kernels_build_for_hopper():
         "_combine_kernel",
         "_combine_weight_grad_kernel",
     ]
+
+
+# ----------------------------------------------------------------------------------------------
+# On a GPU: the sm90 tiles (128-row expert tiles), launched by Triton and by Inductor
+# ----------------------------------------------------------------------------------------------
+
+GPU_SHAPES = {
+    # Qwen3-30B-A3B's routing (128 experts, top-8) at a narrower width: 32 pairs per expert on
+    # average, so every expert's tile is partial and some experts get none
+    "128 experts top-8": dict(tokens=512, d=256, inter=192, experts=128, k=8),
+    # Mixtral's (8 experts, top-2): 250 pairs per expert, two tiles each, widths past one tile
+    "8 experts top-2": dict(tokens=1000, d=320, inter=448, experts=8, k=2),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", list(GPU_SHAPES.values()), ids=list(GPU_SHAPES))
+@pytest.mark.parametrize("dtype", list(ALLOWANCE), ids=str)
+def test_gpu_matches_float64(dtype, shape):
+    _check(*_inputs(**shape, dtype=dtype, device="cuda"))
+
+
+@pytest.mark.gpu
+def test_gpu_skewed_routes():
+    """Every token's first choice is expert 3 (600 pairs, five tiles, the last partial), the second
+    random among the others; experts 0 and 7 get none."""
+    second = torch.tensor([1, 2, 4, 5, 6]).repeat(120)
+    index = torch.stack([torch.full((600,), 3), second], dim=1)
+    x, gate_up, down, weights, _ = _inputs(tokens=600, d=128, inter=96, experts=8, dtype=torch.bfloat16, device="cuda")
+    _check(x, gate_up, down, weights, index.cuda())
+
+
+@pytest.mark.gpu
+def test_gpu_backward_is_deterministic():
+    inputs = _inputs(**GPU_SHAPES["128 experts top-8"], dtype=torch.bfloat16, device="cuda")
+    x, gate_up, down, weights, index = inputs
+    leaves = (x, gate_up, down, weights)
+    first, second = (
+        torch.autograd.grad(moe_experts(x, gate_up, down, index, weights).square().sum(), leaves) for _ in range(2)
+    )
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_inductor_launches_the_kernels_from_its_code():
+    x, gate_up, down, weights, index = _inputs(**GPU_SHAPES["8 experts top-2"], device="cuda")
+
+    def layer(x, gate_up, down, weights):
+        return moe_experts(x, gate_up, down, index, weights) * 2
+
+    compiled_code_launches(
+        layer,
+        (x, gate_up, down, weights),
+        kernels=("_grouped_matmul_kernel", "_grouped_weight_grad_kernel", "_combine_kernel"),
+        ops=("fastlm.moe_experts_forward", "fastlm.moe_experts_backward"),
+    )
+    check_against_float64(
+        torch.compile(layer, fullgraph=True),
+        lambda x, gate_up, down, weights: moe_experts_ref(x, gate_up, down, index, weights) * 2,
+        (x, gate_up, down, weights),
+        ALLOWANCE[torch.float32],
+    )
 
 
 # ----------------------------------------------------------------------------------------------

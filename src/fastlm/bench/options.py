@@ -32,3 +32,7 @@ ATTENTION_SWEEPS = ("naive", "compile", "flash", "model", "varlen", "window")
 HF_FAMILIES = ("llama", "qwen3", "mistral", "olmo2", "phi3", "granite", "smollm3")
 HF_SIZES = ("tiny", "1b", "3b", "8b")  # the keys of fastlm.bench.hf.SIZES for each family
 HF_PATCHES = ("none", "fastlm", "liger")  # the model as it is, fastlm.apply_fastlm, Liger-Kernel's instance patch
+
+# `fastlm bench moe` (fastlm.bench.moe): the keys of its LAYERS, and the token counts measured
+MOE_LAYERS = ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b")
+MOE_TOKENS = (4096, 16384)

@@ -22,6 +22,8 @@ from fastlm.bench.options import (
     HOST_GPU_ROUNDS,
     HOST_MIN_ROUNDS,
     HOST_OPS,
+    MOE_LAYERS,
+    MOE_TOKENS,
 )
 from fastlm.cli import bench_distributed, bench_hf, output
 from fastlm.cli.arguments import (
@@ -44,6 +46,7 @@ from fastlm.utils.errors import UserError
 
 _host_ops = choice_list(HOST_OPS, "op")
 _sweep_list = choice_list(ATTENTION_SWEEPS, "sweep")
+_moe_layers = choice_list(MOE_LAYERS, "layer")
 
 
 def _rounds(text: str) -> int:
@@ -103,6 +106,12 @@ def cmd_bench_host(args) -> None:
     from fastlm.bench.host import HostBenchmark
 
     _run(HostBenchmark(args.ops, args.compile, args.rounds, args.calls), args.out)
+
+
+def cmd_bench_moe(args) -> None:
+    from fastlm.bench.moe import MoEBenchmark
+
+    _run(MoEBenchmark(args.layers, args.tokens), args.out)
 
 
 def cmd_bench_attention(args) -> None:
@@ -194,6 +203,27 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         type=_sweep_list,
         default=("model",),
         help=f"comma list of sweeps among {', '.join(ATTENTION_SWEEPS)}",
+    )
+    add_out(p)
+    p = add_command(
+        commands,
+        "moe",
+        "mixture-of-experts experts fwd, fwd+bwd: ms, active TFLOP/s, peak memory vs transformers' eager loop, "
+        "grouped_mm, grouped_mm compiled",
+        cmd_bench_moe,
+        duration=("about 10 seconds", "about 5 minutes"),
+    )
+    p.add_argument(
+        "--layers",
+        type=_moe_layers,
+        default=MOE_LAYERS,
+        help=f"comma list of layer shapes among {', '.join(MOE_LAYERS)} (a GPU run; default all)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=int_list,
+        default=MOE_TOKENS,
+        help=f"comma list of token counts (a GPU run; default {','.join(map(str, MOE_TOKENS))})",
     )
     add_out(p)
     ten_seconds = ("about 10 seconds", "under 10 minutes")

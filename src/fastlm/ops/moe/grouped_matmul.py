@@ -17,11 +17,13 @@ gate_up_proj), writes both projections to GU (S, 2N) for the backward and act(g)
 writes (dg, du) as C (S, 2N). g, u and dh are rounded to the output dtype before the gating uses
 them, as the unfused computation rounds them, so the fusion changes no value.
 
-Scheduling: a program owns a (BLOCK_M, BLOCK_N) tile of one expert's rows. The number of tiles,
-sum_e ceil(count_e / BLOCK_M), is known only on the device, so the grid has its upper bound,
-ceil(S / BLOCK_M) + E programs along M, and each program finds its expert by counting the
+Scheduling: a grouped_matmul program owns a (BLOCK_M, BLOCK_N) tile of one expert's rows. The
+number of row tiles, sum_e ceil(count_e / BLOCK_M), is known only on the device, so the grid has its
+upper bound, ceil(S / BLOCK_M) + E row tiles, and each program finds its expert by counting the
 experts whose cumulative tile count (TILE_ENDS) it has passed; the programs past the last tile
-return at once. Cost: 2 S N K FLOPs (GLU: 4 S N K), and for bytes S K + E N K read (the gather
+return at once. Both grids are one-dimensional and walk their tiles in groups (`_swizzle`) so that
+the rows and weights a program reads are still in L2 from its neighbours; grouped_weight_grad's
+runs expert by expert. Cost: 2 S N K FLOPs (GLU: 4 S N K), and for bytes S K + E N K read (the gather
 reads each token's row once per expert it goes to) and S N written (GLU: 3 S N).
 
 Where the kernels do not run (CPU tensors without the interpreter, fake tensors while torch.compile
@@ -48,9 +50,8 @@ from fastlm.ops.swiglu import _activation, _activation_and_slope, _activation_an
 
 
 @triton.jit
-def _expert_tile(TILE_ENDS, OFFSETS, E, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
-    """(expert, first row, end row) of program_id(0)'s tile; expert E for a program past the last tile."""
-    pid_m = tl.program_id(0)
+def _expert_tile(pid_m, TILE_ENDS, OFFSETS, E, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
+    """(expert, first row, end row) of row tile ``pid_m``; expert E for a tile past the last one."""
     experts = tl.arange(0, BLOCK_E)
     ends = tl.load(TILE_ENDS + experts, mask=experts < E, other=2**30)  # (BLOCK_E,) cumulative tiles
     expert = tl.sum((ends <= pid_m).to(tl.int32), axis=0)
@@ -58,6 +59,17 @@ def _expert_tile(TILE_ENDS, OFFSETS, E, BLOCK_M: tl.constexpr, BLOCK_E: tl.const
     start = tl.load(OFFSETS + expert, mask=expert < E, other=0) + (pid_m - first_tile) * BLOCK_M
     end = tl.load(OFFSETS + expert + 1, mask=expert < E, other=0)
     return expert, start, end
+
+
+@triton.jit
+def _swizzle(pid, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """(pid_m, pid_n) of program ``pid`` in a (tiles_m, tiles_n) grid walked GROUP_M rows of tiles at
+    a time, column by column: consecutive programs share their column's B tile and the group's
+    GROUP_M A tiles, which stay in L2 while the group sweeps the columns."""
+    group = GROUP_M * tiles_n
+    first_m = (pid // group) * GROUP_M
+    rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % group) % rows, (pid % group) // rows
 
 
 @triton.jit
@@ -70,22 +82,24 @@ def _grouped_matmul_kernel(
     ROW_SCALE,  # (S,) fp32: the factor of sorted row s; unread without SCALE
     OFFSETS,  # (E + 1,) int32: expert e's sorted rows are [OFFSETS[e], OFFSETS[e + 1])
     TILE_ENDS,  # (E,) int32: tiles of BLOCK_M rows of experts 0..e
-    N, K, E, stride_am, stride_ak, stride_be, stride_bn, stride_bk,
+    M_TILES, N, K, E, stride_am, stride_ak, stride_be, stride_bn, stride_bk,
     EPILOGUE: tl.constexpr,  # "none", "glu" or "glu_backward" (module docstring)
     ACTIVATION: tl.constexpr,  # the gating's activation: "silu", "gelu_tanh" or "gelu"
     GATHER: tl.constexpr,
     SCALE: tl.constexpr,
     PRECISION: tl.constexpr,  # tl.dot's input_precision
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):  # fmt: skip
-    """Grid (ceil(S / BLOCK_M) + E, ceil(N / BLOCK_N))."""
-    expert, start, end = _expert_tile(TILE_ENDS, OFFSETS, E, BLOCK_M, BLOCK_E)
+    """Grid (M_TILES * ceil(N / BLOCK_N),), M_TILES = ceil(S / BLOCK_M) + E row tiles at most."""
+    pid_m, pid_n = _swizzle(tl.program_id(0), M_TILES, tl.cdiv(N, BLOCK_N), GROUP_M)
+    expert, start, end = _expert_tile(pid_m, TILE_ENDS, OFFSETS, E, BLOCK_M, BLOCK_E)
     if expert >= E:
         return
     rows = start + tl.arange(0, BLOCK_M)
     row_mask = rows < end
     a_rows = tl.load(A_ROWS + rows, mask=row_mask, other=0).to(tl.int64) if GATHER else rows.to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < N
     b = B + expert.to(tl.int64) * stride_be
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -145,12 +159,15 @@ def _grouped_weight_grad_kernel(
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,  # sorted rows per step of the reduction
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_N: tl.constexpr,
 ):  # fmt: skip
-    """Grid (E, ceil(N / BLOCK_N) * ceil(K / BLOCK_K)); an expert without rows writes zeros."""
-    expert = tl.program_id(0)
-    tiles_k = tl.cdiv(K, BLOCK_K)
-    ns = (tl.program_id(1) // tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ks = (tl.program_id(1) % tiles_k) * BLOCK_K + tl.arange(0, BLOCK_K)
+    """Grid (E * ceil(N / BLOCK_N) * ceil(K / BLOCK_K),), expert by expert (their rows stay in L2
+    while its tiles run); an expert without rows writes zeros."""
+    tiles_n, tiles_k = tl.cdiv(N, BLOCK_N), tl.cdiv(K, BLOCK_K)
+    expert = tl.program_id(0) // (tiles_n * tiles_k)
+    pid_n, pid_k = _swizzle(tl.program_id(0) % (tiles_n * tiles_k), tiles_n, tiles_k, GROUP_N)
+    ns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     n_mask = ns < N
     k_mask = ks < K
     start = tl.load(OFFSETS + expert)
@@ -194,6 +211,7 @@ class GroupedMatmulConfig:
     block_k: int
     num_warps: int
     num_stages: int
+    group: int = 8  # row tiles (grouped_matmul) or column tiles (grouped_weight_grad) walked together
 
 
 # By device_arch, then by kernel ("matmul", "glu": two accumulators, "weight_grad"). H100 / H200
@@ -210,6 +228,11 @@ _CONFIGS = {
         "weight_grad": GroupedMatmulConfig(16, 16, 16, num_warps=4, num_stages=1),
     },
 }
+
+
+def _matmul_kind(epilogue: str) -> str:
+    """The configuration table's kernel of a grouped_matmul epilogue: "glu" has two accumulators."""
+    return "glu" if epilogue == "glu" else "matmul"
 
 
 @functools.cache
@@ -243,29 +266,30 @@ def grouped_matmul(
     gu: torch.Tensor | None = None,
     activation: str = "silu",
     traced: bool = False,
+    config: GroupedMatmulConfig | None = None,
 ):
     """C (S, N) for sorted rows S = ``rows``' length (or a's rows): a (R, K), b (E, N, K) or for
     "glu" (E, 2N, K), any strides; ``offsets`` (E + 1,) int32. "glu" returns (C, GU); "glu_backward"
-    reads ``gu`` (S, 2N) and returns C (S, 2N). Rows past offsets[E] are left unwritten."""
+    reads ``gu`` (S, 2N) and returns C (S, 2N). Rows past offsets[E] are left unwritten. ``config``:
+    the table's (`grouped_matmul_config`) unless given (the tuning sweeps)."""
     s = a.shape[0] if rows is None else rows.shape[0]
     e, n_b, k = b.shape
     n = n_b // 2 if epilogue == "glu" else n_b
-    arch = device_arch(a.device)
-    config = grouped_matmul_config(arch, "glu" if epilogue == "glu" else "matmul")
+    config = config or grouped_matmul_config(device_arch(a.device), _matmul_kind(epilogue))
     if not runs_triton(a):
         return _grouped_matmul_torch(a, b, offsets, rows, scale, epilogue, gu, activation)
     c = torch.empty((s, 2 * n if epilogue == "glu_backward" else n), dtype=a.dtype, device=a.device)
     if epilogue == "glu":
         gu = torch.empty((s, 2 * n), dtype=a.dtype, device=a.device)
     if s and n:
-        grid = (cdiv(s, config.block_m) + e, cdiv(n, config.block_n))
-        _launch_grouped_matmul(traced)[grid](
+        m_tiles = cdiv(s, config.block_m) + e
+        _launch_grouped_matmul(traced)[(m_tiles * cdiv(n, config.block_n),)](
             a, b, c, c if gu is None else gu, c if rows is None else rows, c if scale is None else scale,
             offsets, tile_ends(offsets, config.block_m),
-            n, k, e, *a.stride(), *b.stride(),
+            m_tiles, n, k, e, *a.stride(), *b.stride(),
             EPILOGUE=epilogue, ACTIVATION=activation, GATHER=rows is not None, SCALE=scale is not None,
             PRECISION=dot_precision(a.dtype), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-            BLOCK_K=config.block_k, BLOCK_E=max(2, next_power_of_2(e)),
+            BLOCK_K=config.block_k, BLOCK_E=max(2, next_power_of_2(e)), GROUP_M=config.group,
             num_warps=config.num_warps, num_stages=config.num_stages,
         )  # fmt: skip
     return (c, gu) if epilogue == "glu" else c
@@ -281,22 +305,25 @@ def grouped_weight_grad(
     scale: torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
     traced: bool = False,
+    config: GroupedMatmulConfig | None = None,
 ) -> torch.Tensor:
-    """dB (E, N, K) in ``dtype`` (x's by default): g (R_g, N), x (R_x, K), any strides."""
+    """dB (E, N, K) in ``dtype`` (x's by default): g (R_g, N), x (R_x, K), any strides. ``config``:
+    the table's unless given."""
     n, k = g.shape[1], x.shape[1]
     if not runs_triton(x):
         return _grouped_weight_grad_torch(g, x, offsets, experts, g_rows, x_rows, scale, dtype or x.dtype)
-    config = grouped_matmul_config(device_arch(x.device), "weight_grad")
+    config = config or grouped_matmul_config(device_arch(x.device), "weight_grad")
     db = torch.empty((experts, n, k), dtype=dtype or x.dtype, device=x.device)
     if n and k:
-        grid = (experts, cdiv(n, config.block_n) * cdiv(k, config.block_k))
+        grid = (experts * cdiv(n, config.block_n) * cdiv(k, config.block_k),)
         _launch_grouped_weight_grad(traced)[grid](
             g, x, db, db if g_rows is None else g_rows, db if x_rows is None else x_rows,
             db if scale is None else scale, offsets,
             n, k, *g.stride(), *x.stride(),
             GATHER_G=g_rows is not None, GATHER_X=x_rows is not None, SCALE=scale is not None,
             PRECISION=dot_precision(x.dtype), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-            BLOCK_K=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages,
+            BLOCK_K=config.block_k, GROUP_N=config.group, num_warps=config.num_warps,
+            num_stages=config.num_stages,
         )  # fmt: skip
     return db
 
