@@ -4,7 +4,7 @@ GroupedMatmulConfig) on each of the six launches of one layer's forward and back
 The layer shapes of `fastlm bench moe` at T tokens with uniform routing, bf16; each configuration
 is passed to the launcher (no module state changes). Prints one JSON line per (launch,
 configuration) with the median ms (do_bench, L2 flushed) and TFLOP/s, then, on stderr, per
-configuration table entry ("glu", "matmul", "weight_grad") the configuration with the best geometric
+configuration table entry ("glu", "matmul", "glu_backward", "weight_grad") the configuration with the best geometric
 mean of TFLOP/s over the launches and shapes that use it, as a GroupedMatmulConfig expression.
 Usage: python benchmarks/tune_moe.py [--layers qwen3-30b-a3b,mixtral-8x7b] [--tokens 16384] > tune_moe.jsonl
 """
@@ -55,7 +55,7 @@ WEIGHT_GRAD = [
     C(64, 128, 256, 8, 3),
     C(64, 64, 128, 4, 4),
 ]
-CANDIDATES = {"glu": GLU, "matmul": MATMUL, "weight_grad": WEIGHT_GRAD}
+CANDIDATES = {"glu": GLU, "matmul": MATMUL, "glu_backward": MATMUL, "weight_grad": WEIGHT_GRAD}
 
 
 def launches(case: Case):
@@ -78,7 +78,7 @@ def launches(case: Case):
         ("gate_up fwd", "glu", 4 * s * d * i,
          lambda c: grouped_matmul(x, gate_up, plan.offsets, rows=plan.tokens, epilogue="glu", config=c)),
         ("down fwd", "matmul", 2 * s * d * i, lambda c: grouped_matmul(h, down, plan.offsets, config=c)),
-        ("dh + gating bwd", "matmul", 2 * s * d * i,
+        ("dh + gating bwd", "glu_backward", 2 * s * d * i,
          lambda c: grouped_matmul(dout, down.transpose(1, 2), plan.offsets, rows=plan.tokens, scale=row_weights,
                                   epilogue="glu_backward", gu=gu, config=c)),
         ("dx bwd", "matmul", 4 * s * d * i,

@@ -180,7 +180,7 @@ signature = {"A": "*bf16", "B": "*bf16", "C": "*bf16", "GU": "*bf16", "A_ROWS": 
              "OFFSETS": "*i32", "TILE_ENDS": "*i32",
              **ints("M_TILES", "N", "K", "E", "stride_am", "stride_ak", "stride_be", "stride_bn", "stride_bk")}
 for epilogue in ("none", "glu", "glu_backward"):
-    c = gm.grouped_matmul_config(90, "glu" if epilogue == "glu" else "matmul")
+    c = gm.grouped_matmul_config(90, gm._matmul_kind(epilogue))
     build(gm._grouped_matmul_kernel, signature, {"EPILOGUE": epilogue, "ACTIVATION": "silu", "GATHER": True,
           "SCALE": True, "PRECISION": "ieee", "BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k,
           "BLOCK_E": 128, "GROUP_M": c.group}, c)

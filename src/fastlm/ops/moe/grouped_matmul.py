@@ -214,30 +214,31 @@ class GroupedMatmulConfig:
     group: int = 8  # row tiles (grouped_matmul) or column tiles (grouped_weight_grad) walked together
 
 
-# By device_arch, then by kernel ("matmul", "glu": two accumulators, "weight_grad"). H100 / H200
-# (90): not swept yet; the interpreter (0) gets the smallest tiles tl.dot takes.
+# By device_arch, then by kernel ("matmul"; "glu": two accumulators; "glu_backward": the gating's
+# derivative read and two outputs written; "weight_grad"). H100 / H200 (90): from
+# benchmarks/tune_moe.py on an H200 at the Qwen3-30B-A3B and Mixtral-8x7B layers, 16384 tokens; the
+# interpreter (0) gets the smallest tiles tl.dot takes.
 _CONFIGS = {
     90: {
-        "matmul": GroupedMatmulConfig(128, 128, 64, num_warps=8, num_stages=3),
-        "glu": GroupedMatmulConfig(128, 64, 64, num_warps=8, num_stages=3),
+        "matmul": GroupedMatmulConfig(128, 256, 64, num_warps=8, num_stages=3),
+        "glu": GroupedMatmulConfig(128, 128, 64, num_warps=8, num_stages=4),
+        "glu_backward": GroupedMatmulConfig(128, 128, 64, num_warps=8, num_stages=3),
         "weight_grad": GroupedMatmulConfig(64, 128, 128, num_warps=8, num_stages=3),
     },
-    0: {
-        "matmul": GroupedMatmulConfig(16, 16, 16, num_warps=4, num_stages=1),
-        "glu": GroupedMatmulConfig(16, 16, 16, num_warps=4, num_stages=1),
-        "weight_grad": GroupedMatmulConfig(16, 16, 16, num_warps=4, num_stages=1),
-    },
+    0: dict.fromkeys(
+        ("matmul", "glu", "glu_backward", "weight_grad"), GroupedMatmulConfig(16, 16, 16, num_warps=4, num_stages=1)
+    ),
 }
 
 
 def _matmul_kind(epilogue: str) -> str:
-    """The configuration table's kernel of a grouped_matmul epilogue: "glu" has two accumulators."""
-    return "glu" if epilogue == "glu" else "matmul"
+    """The configuration table's kernel of a grouped_matmul epilogue."""
+    return "matmul" if epilogue == "none" else epilogue
 
 
 @functools.cache
 def grouped_matmul_config(arch: int, kernel: str) -> GroupedMatmulConfig:
-    """The configuration of ``kernel`` ("matmul", "glu", "weight_grad") on GPU architecture ``arch``
+    """The configuration of ``kernel`` ("matmul", "glu", "glu_backward", "weight_grad") on GPU architecture ``arch``
     (`device_arch`); GPUs nobody measured take the H100 / H200 one."""
     return _CONFIGS.get(arch, _CONFIGS[90])[kernel]
 
