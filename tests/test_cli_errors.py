@@ -254,6 +254,7 @@ LONG_COMMANDS = {
     "bench ddp",
     "bench swiglu",
     "bench hf",
+    "bench moe",
     "bench train",
     "profile model",
     "profile memory",

@@ -211,7 +211,7 @@ def add_commands(groups: argparse._SubParsersAction) -> None:
         "mixture-of-experts experts fwd, fwd+bwd: ms, active TFLOP/s, peak memory vs transformers' eager loop, "
         "grouped_mm, grouped_mm compiled",
         cmd_bench_moe,
-        duration=("about 10 seconds", "about 5 minutes"),
+        duration=("about 20 seconds", "about 8 minutes"),
     )
     p.add_argument(
         "--layers",
