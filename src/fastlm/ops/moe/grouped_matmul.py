@@ -229,6 +229,14 @@ _CONFIGS = {
         ("matmul", "glu", "glu_backward", "weight_grad"), GroupedMatmulConfig(16, 16, 16, num_warps=4, num_stages=1)
     ),
 }
+# fp32 inputs on H100 / H200: the 16-bit tiles' pipelines need twice the shared memory, past the
+# 227 KiB an SM has; these keep 3 stages within it (192 KiB)
+_FP32_CONFIGS_90 = {
+    "matmul": GroupedMatmulConfig(128, 128, 64, num_warps=8, num_stages=3),
+    "glu": GroupedMatmulConfig(128, 64, 64, num_warps=8, num_stages=3),
+    "glu_backward": GroupedMatmulConfig(128, 128, 64, num_warps=8, num_stages=3),
+    "weight_grad": GroupedMatmulConfig(64, 128, 128, num_warps=8, num_stages=3),
+}
 
 
 def _matmul_kind(epilogue: str) -> str:
@@ -237,9 +245,12 @@ def _matmul_kind(epilogue: str) -> str:
 
 
 @functools.cache
-def grouped_matmul_config(arch: int, kernel: str) -> GroupedMatmulConfig:
-    """The configuration of ``kernel`` ("matmul", "glu", "glu_backward", "weight_grad") on GPU architecture ``arch``
-    (`device_arch`); GPUs nobody measured take the H100 / H200 one."""
+def grouped_matmul_config(arch: int, kernel: str, element_size: int = 2) -> GroupedMatmulConfig:
+    """The configuration of ``kernel`` ("matmul", "glu", "glu_backward", "weight_grad") on GPU
+    architecture ``arch`` (`device_arch`) for inputs of ``element_size`` bytes; GPUs nobody
+    measured take the H100 / H200 one."""
+    if arch != 0 and element_size == 4:
+        return _FP32_CONFIGS_90[kernel]
     return _CONFIGS.get(arch, _CONFIGS[90])[kernel]
 
 
@@ -276,7 +287,7 @@ def grouped_matmul(
     s = a.shape[0] if rows is None else rows.shape[0]
     e, n_b, k = b.shape
     n = n_b // 2 if epilogue == "glu" else n_b
-    config = config or grouped_matmul_config(device_arch(a.device), _matmul_kind(epilogue))
+    config = config or grouped_matmul_config(device_arch(a.device), _matmul_kind(epilogue), a.element_size())
     if not runs_triton(a):
         return _grouped_matmul_torch(a, b, offsets, rows, scale, epilogue, gu, activation)
     c = torch.empty((s, 2 * n if epilogue == "glu_backward" else n), dtype=a.dtype, device=a.device)
@@ -313,7 +324,7 @@ def grouped_weight_grad(
     n, k = g.shape[1], x.shape[1]
     if not runs_triton(x):
         return _grouped_weight_grad_torch(g, x, offsets, experts, g_rows, x_rows, scale, dtype or x.dtype)
-    config = config or grouped_matmul_config(device_arch(x.device), "weight_grad")
+    config = config or grouped_matmul_config(device_arch(x.device), "weight_grad", x.element_size())
     db = torch.empty((experts, n, k), dtype=dtype or x.dtype, device=x.device)
     if n and k:
         grid = (experts * cdiv(n, config.block_n) * cdiv(k, config.block_k),)
