@@ -5,7 +5,7 @@ Protocol (one run, one device, every implementation side by side):
   gate_up (E, 2I, D) ~ N(0, 1 / D), down (E, D, I) ~ N(0, 1 / I), all bf16 and requiring grad, as
   the routing weights (T, K) are (softmax of random logits, so the router's gradient is computed);
 - routing "uniform": each token's K experts at random (every expert about T K / E pairs); "skewed":
-  expert 0 among the picks of a fraction 4 K / E of the tokens, 4x the mean load;
+  expert 0 carries 4x the mean load T K / E (forced on some tokens, `routes`);
 - the transformers implementations run its Qwen3-MoE experts module (Mixtral's is the same
   computation) with `_experts_implementation` "eager" (a loop over the experts) or "grouped_mm";
   "grouped_mm compiled" is torch.compile of the latter; fastlm is `fastlm.ops.moe.moe_experts`;
@@ -79,8 +79,11 @@ def routes(case: Case, device: torch.device, generator: torch.Generator) -> tupl
     """top_k_index (T, K) int64 and the routing weights (T, K) in DTYPE, requiring grad."""
     experts, k = case.layer.experts, case.layer.top_k
     scores = torch.rand(case.tokens, experts, generator=generator)
-    if case.routing == "skewed":  # expert 0 picked by SKEW K / E of the tokens: SKEW x the mean T K / E
-        hot = torch.rand(case.tokens, generator=generator) < min(1.0, SKEW * k / experts)
+    if case.routing == "skewed":
+        # expert 0 forced on a fraction f of the tokens, and picked by chance (K / E) by the rest:
+        # f + (1 - f) K / E = SKEW K / E, SKEW x the mean load T K / E
+        forced = (SKEW - 1) * k / (experts - k) if experts > k else 0.0
+        hot = torch.rand(case.tokens, generator=generator) < min(1.0, forced)
         scores[hot, 0] = 2.0
     index = scores.topk(k, dim=1).indices
     weights = torch.randn(case.tokens, k, generator=generator).softmax(dim=-1)
