@@ -244,6 +244,8 @@ def test_configurations_the_model_does_not_cover_are_refused():
         TrainStep(SMALL, gpus=2)
     with pytest.raises(ValueError, match="attention naive"):
         TrainStep(SMALL.with_kernels(attention="naive"))
+    with pytest.raises(ValueError, match="mixture of experts"):
+        TrainStep(ModelConfig.preset("tiny-moe"))
     with pytest.raises(ValueError, match="parallel must be one of"):
         TrainStep(SMALL, parallel="bucketed")
 
@@ -273,6 +275,7 @@ def test_command_prints_the_terms_the_peak_and_communication(capsys):
         (["--bucket-mb", "60"], "--bucket-mb sizes fsdp's sharding units: it needs --parallel fsdp, got none"),
         (["--reduce-dtype", "bf16"], "--parallel none averages no gradients: --reduce-dtype must stay fp32"),
         (["--attention", "naive"], "--attention naive materializes the scores"),
+        (["--experts", "4"], "mixture of experts' saved activations are not modelled here yet: --experts must be 0"),
     ],
 )
 def test_command_refuses_what_it_cannot_predict(extra, message, capsys):

@@ -2,8 +2,9 @@
 
 FLOPs convention (a multiply-add is 2 FLOPs):
 - matrix multiplies with weights: 2*N per token forward and 4*N backward (input and weight
-  gradients), so 6*N per trained token, where N = `ModelConfig.num_matmul_parameters()` (every
-  projection and the LM head; the embedding is a lookup and does no FLOPs);
+  gradients), so 6*N per trained token, where N = `ModelConfig.num_matmul_parameters(active=True)`
+  (every projection and the LM head; of a mixture of experts the router, the K experts a token
+  goes to and the shared ones; the embedding is a lookup and does no FLOPs);
 - attention scores q k^T and the weighted sum P v: per layer and token, 2*T*d each for a full T x T
   score matrix; the causal mask halves the useful work, and we count only that half: 2*T*d forward
   and 6*T*d forward+backward per layer (PaLM's appendix counts the full matrix, 12*T*d, which would
@@ -25,7 +26,7 @@ def flops_per_token(config: ModelConfig, mode: str, seq_len: int | None = None) 
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     t = config.context_length if seq_len is None else seq_len
-    forward = 2 * config.num_matmul_parameters() + 2 * config.num_layers * t * config.d_model
+    forward = 2 * config.num_matmul_parameters(active=True) + 2 * config.num_layers * t * config.d_model
     return forward if mode == "fwd" else 3 * forward
 
 

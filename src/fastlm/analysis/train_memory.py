@@ -141,6 +141,8 @@ class TrainStep:
             raise ValueError(f"reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}, got {self.reduce_dtype!r}")
         if self.reduce_dtype != "fp32" and not PARALLEL[self.parallel].processes:
             raise ValueError(f"parallel {self.parallel} averages no gradients: reduce_dtype must stay fp32")
+        if self.config.num_experts:
+            raise ValueError("a mixture of experts' saved activations are not modelled here yet: num_experts must be 0")
         if self.config.kernels.attention == "naive":
             raise ValueError("attention naive materializes the scores, not counted here: use sdpa or fastlm")
         if self.config.window is not None and self.config.kernels.attention != "fastlm":
@@ -222,13 +224,14 @@ class MemoryPrediction:
 
 
 def block_matmul_parameters(config: ModelConfig) -> int:
-    """P_mm: the blocks' matmul weights, L (4 d^2 + 3 d F) (every parameter but the norm weights)."""
-    return config.num_layers * (config.num_block_parameters() - 2 * config.d_model)
+    """P_mm: the blocks' matmul weights, L (4 d^2 + 3 d F) (every parameter but the norm weights;
+    a mixture of experts' blocks all their experts)."""
+    return config.num_blocks_parameters() - config.num_layers * 2 * config.d_model
 
 
 def root_parameters(config: ModelConfig) -> int:
     """P_root: the embedding, the final norm and the LM head, 2 V d + d."""
-    return config.num_parameters() - config.num_layers * config.num_block_parameters()
+    return config.num_parameters() - config.num_blocks_parameters()
 
 
 @dataclass(frozen=True)
@@ -250,13 +253,13 @@ _BF16_DTYPE = SimpleNamespace(itemsize=BF16)  # stands in for torch.bfloat16, fs
 
 def fsdp_units(config: ModelConfig, bucket_mb: float) -> list[int]:
     """Parameters of each fsdp unit, in forward order (`sharding_units` of the blocks in bf16)."""
-    blocks = [_Weights(config.num_block_parameters()) for _ in range(config.num_layers)]
+    blocks = [_Weights(config.num_block_parameters(layer)) for layer in range(config.num_layers)]
     return [sum(block.count for block in unit) for unit in sharding_units(blocks, bucket_mb, _BF16_DTYPE)]
 
 
 def fsdp_keeps_gathered(config: ModelConfig) -> bool:
     """Whether fsdp keeps every block gathered from forward to backward (`keeps_gathered`)."""
-    blocks = _Weights(config.num_layers * config.num_block_parameters())
+    blocks = _Weights(config.num_blocks_parameters())
     return keeps_gathered(SimpleNamespace(blocks=blocks), _BF16_DTYPE)
 
 

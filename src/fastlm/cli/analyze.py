@@ -61,7 +61,8 @@ def cmd_analyze_memory(args) -> None:
         )
     except ValueError as error:  # the fields named as the options that set them
         message = re.sub(r"\b(gpus|parallel|attention|window)\b", r"--\1", str(error))
-        raise UserError(message.replace("reduce_dtype", "--reduce-dtype")) from None
+        message = message.replace("reduce_dtype", "--reduce-dtype").replace("num_experts", "--experts")
+        raise UserError(message) from None
     output.print_each(memory_tables(step, preset, args.contexts or ()))
 
 

@@ -266,7 +266,9 @@ class TorchDDP(Overlapping):
 
         device_ids = [device.index] if device.type == "cuda" else None
         buckets = {} if self.spec.bucket_mb is None else {"bucket_cap_mb": self.spec.bucket_mb}
-        wrapped = DistributedDataParallel(model, device_ids=device_ids, **buckets)
+        # broadcast_buffers=False: the model's buffers are RoPE's tables, the same on every rank,
+        # and a mixture of experts' router totals, each rank's own until the log step sums them
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False, **buckets)
         if self.spec.reduce_dtype == "bf16":
             from fastlm.distributed.ddp import bf16_reduce_hook
 

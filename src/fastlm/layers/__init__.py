@@ -5,7 +5,7 @@ between a fused kernel and PyTorch's ops by the one rule of `fastlm.layers.rules
     RotaryEmbedding           rotary.py      fastlm.rotary_embedding
     Attention                 attention.py   fastlm.flash_attention (packed, windows), SDPA, naive
     SwiGLUMLP                 mlp.py         fastlm.swiglu (gated_activation: fastlm.geglu too)
-    experts_output            moe.py         fastlm.ops.moe.moe_experts, a mixture of experts' experts
+    MoEMLP, experts_output    moe.py         fastlm.ops.moe.moe_experts: a mixture of experts, its experts
     LMHeadLoss                loss.py        fastlm.linear_cross_entropy
     CrossEntropyLoss, LinearCrossEntropyLoss  module forms of the losses
     Linear, Embedding         linear.py      the model's bias-free layers and their initializations
@@ -15,7 +15,7 @@ from fastlm.layers.attention import Attention
 from fastlm.layers.linear import Embedding, Linear
 from fastlm.layers.loss import CrossEntropyLoss, LinearCrossEntropyLoss, LMHeadLoss
 from fastlm.layers.mlp import SwiGLUMLP
-from fastlm.layers.moe import experts_output
+from fastlm.layers.moe import MoEMLP, experts_output
 from fastlm.layers.norms import LayerNorm, RMSNorm
 from fastlm.layers.rotary import RotaryEmbedding
 
@@ -27,6 +27,7 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "LinearCrossEntropyLoss",
+    "MoEMLP",
     "RMSNorm",
     "RotaryEmbedding",
     "SwiGLUMLP",

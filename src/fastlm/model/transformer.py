@@ -4,6 +4,11 @@
       -> num_layers x [ x + attention(rms_norm(x)),  x + swiglu(rms_norm(x)) ]
       -> rms_norm -> LM head (B, N, V)              (with targets: -> the mean next-token loss)
 
+A mixture of experts (``ModelConfig.num_experts`` > 0) has `fastlm.layers.moe.MoEMLP` in place of
+the SwiGLU in its MoE blocks (``moe_layers``); while gradients are on (training), the loss adds
+router_aux_coef x the mean load-balancing loss of those blocks (and router_z_coef x their mean
+z-loss), and `RouterStatistics` totals the routers' statistics for the training log.
+
 Attention is causal multi-head self-attention with separate q/k/v/output projections and RoPE on
 q and k; the feed-forward is SwiGLU, w2(silu(w1 x) * w3 x); no biases anywhere; the LM head is not
 tied to the embedding. The blocks are `fastlm.layers`; ``ModelConfig.kernels`` (a
@@ -36,6 +41,7 @@ from fastlm.layers.attention import Attention, attention_mask, document_segments
 from fastlm.layers.linear import Embedding, Linear
 from fastlm.layers.loss import lm_head_loss
 from fastlm.layers.mlp import SwiGLUMLP
+from fastlm.layers.moe import MoEMLP, RouterStatistics
 from fastlm.layers.norms import RMSNorm
 from fastlm.layers.ranges import annotate
 from fastlm.layers.rotary import RotaryEmbedding
@@ -43,23 +49,42 @@ from fastlm.model.config import ModelConfig
 
 
 class Block(nn.Module):
-    def __init__(self, config: ModelConfig, rope: RotaryEmbedding, window: int | None = None) -> None:
+    def __init__(self, config: ModelConfig, rope: RotaryEmbedding, layer: int = 0) -> None:
         super().__init__()
         kernels = config.kernels
         self.attention_norm = RMSNorm(config.d_model, eps=config.norm_eps, kernel=kernels.norm)
         self.attention = Attention(
-            config.d_model, config.num_heads, rope, window=window, kernel=kernels.attention, softmax=kernels.softmax
+            config.d_model,
+            config.num_heads,
+            rope,
+            window=config.layer_window(layer),
+            kernel=kernels.attention,
+            softmax=kernels.softmax,
         )
         self.ffn_norm = RMSNorm(config.d_model, eps=config.norm_eps, kernel=kernels.norm)
-        self.ffn = SwiGLUMLP(config.d_model, config.d_ff, kernel=kernels.mlp)
+        if config.is_moe_layer(layer):
+            self.ffn = MoEMLP(
+                config.d_model,
+                config.num_experts,
+                config.experts_per_token,
+                config.expert_width,
+                config.shared_experts,
+                kernel=kernels.mlp,
+            )
+        else:
+            self.ffn = SwiGLUMLP(config.d_model, config.d_ff, kernel=kernels.mlp)
 
     def forward(
         self, x: torch.Tensor, cu_seqlens: torch.Tensor | None = None, masks: dict | None = None
-    ) -> torch.Tensor:
-        """masks: `TransformerLM.attention_masks`'s, keyed by window."""
+    ) -> tuple[torch.Tensor, RouterStatistics | None]:
+        """(the block's output, its router's statistics or None for a dense block); masks:
+        `TransformerLM.attention_masks`'s, keyed by window."""
         allowed = None if masks is None else masks[self.attention.window]
         x = x + self.attention(self.attention_norm(x), cu_seqlens, allowed)
-        return x + self.ffn(self.ffn_norm(x))
+        if isinstance(self.ffn, MoEMLP):
+            out, statistics = self.ffn(self.ffn_norm(x))
+            return x + out, statistics
+        return x + self.ffn(self.ffn_norm(x)), None
 
 
 class BlockStack(nn.Module):
@@ -83,15 +108,67 @@ class BlockStack(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, masks: dict | None, recompute: bool
-    ) -> torch.Tensor:
-        """recompute: keep only each block's input for backward, which runs the block again."""
+    ) -> tuple[torch.Tensor, list[RouterStatistics]]:
+        """(the last block's output, the MoE blocks' router statistics in order); recompute: keep
+        only each block's input for backward, which runs the block again (the statistics are the
+        first forward's)."""
+        routers = []
         for block in self:
-            x = (
+            x, statistics = (
                 checkpoint(block, x, cu_seqlens, masks, use_reentrant=False)
                 if recompute
                 else block(x, cu_seqlens, masks)
             )
-        return x
+            if statistics is not None:
+                routers.append(statistics)
+        return x, routers
+
+
+class RouterTotals(nn.Module):
+    """The routers' statistics summed over the training forwards since the last `take`, on the
+    model's device (no host wait): per MoE block the load-balancing loss and the choices per expert,
+    what the routers added to the loss, and the number of forwards. Buffers, not state-dict
+    entries: a checkpoint does not keep them."""
+
+    def __init__(self, moe_layers: int, experts: int) -> None:
+        super().__init__()
+        self.register_buffer("balance", torch.zeros(moe_layers), persistent=False)
+        self.register_buffer("counts", torch.zeros(moe_layers, experts, dtype=torch.int64), persistent=False)
+        self.register_buffer("added", torch.zeros(()), persistent=False)
+        self.register_buffer("forwards", torch.zeros((), dtype=torch.int64), persistent=False)
+
+    def reset_parameters(self) -> None:
+        for buffer in self.buffers():
+            buffer.zero_()
+
+    @torch.no_grad()
+    def add(self, routers: list[RouterStatistics], added: torch.Tensor) -> None:
+        self.balance += torch.stack([r.balance for r in routers])
+        self.counts += torch.stack([r.counts for r in routers])
+        self.added += added
+        self.forwards += 1
+
+    def take(self) -> torch.Tensor:
+        """The totals as one flat fp32 tensor (what `fields` reads; sums over ranks add up), which
+        restart at zero."""
+        totals = torch.cat([buffer.float().reshape(-1) for buffer in self.buffers()])
+        self.reset_parameters()
+        return totals
+
+    def fields(self, totals: list[float]) -> dict:
+        """The log's fields from `take`'s totals (their means over ranks are as good):
+        router_loss, what the routers added to the loss per forward; aux_loss, the MoE blocks'
+        mean load-balancing loss (experts_per_token when balanced); expert_load, per MoE block
+        the busiest expert's choices over the mean (1 when balanced)."""
+        layers, experts = self.counts.shape
+        balance, counts = totals[:layers], totals[layers : layers * (experts + 1)]
+        added, forwards = totals[-2], totals[-1]
+        loads = [counts[i * experts : (i + 1) * experts] for i in range(layers)]
+        return {
+            "router_loss": added / forwards,
+            "aux_loss": sum(balance) / layers / forwards,
+            "expert_load": [max(load) * experts / sum(load) if sum(load) else None for load in loads],
+        }
 
 
 class TransformerLM(nn.Module):
@@ -100,9 +177,11 @@ class TransformerLM(nn.Module):
         self.config = config
         self.embedding = Embedding(config.vocab_size, config.d_model)
         rope = RotaryEmbedding(config.head_dim, config.context_length, config.rope_theta, config.kernels.rope)
-        self.blocks = BlockStack(Block(config, rope, config.layer_window(i)) for i in range(config.num_layers))
+        self.blocks = BlockStack(Block(config, rope, layer) for layer in range(config.num_layers))
         self.final_norm = RMSNorm(config.d_model, eps=config.norm_eps, kernel=config.kernels.norm)
         self.lm_head = Linear(config.d_model, config.vocab_size)
+        moe_layers = len(config.moe_layers)
+        self.router_totals = RouterTotals(moe_layers, config.num_experts) if moe_layers else None
 
     def forward(
         self, tokens: torch.Tensor, targets: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None
@@ -112,18 +191,37 @@ class TransformerLM(nn.Module):
         if targets is not None and targets.shape != tokens.shape:
             raise ValueError(f"targets shape {tuple(targets.shape)} must equal tokens shape {tuple(tokens.shape)}")
         with annotate("forward"):
-            x = self.hidden_states(tokens, cu_seqlens)  # (B, N, d)
+            x, routers = self._hidden_states(tokens, cu_seqlens)  # (B, N, d)
             if targets is None:
                 return self.lm_head(x)  # (B, N, V)
-            return lm_head_loss(x, self.lm_head, targets, kernel=self.config.kernels.loss)
+            loss = lm_head_loss(x, self.lm_head, targets, kernel=self.config.kernels.loss)
+            return loss + self.router_loss(routers) if routers and torch.is_grad_enabled() else loss
+
+    def router_loss(self, routers: list[RouterStatistics]) -> torch.Tensor:
+        """What training adds to the loss for the MoE blocks' ``routers``: router_aux_coef x their
+        mean load-balancing loss + router_z_coef x their mean z-loss; their statistics are added to
+        `router_totals` on the way."""
+        config = self.config
+        loss = config.router_aux_coef * torch.stack([r.balance for r in routers]).mean()
+        if config.router_z_coef:
+            loss = loss + config.router_z_coef * torch.stack([r.z for r in routers]).mean()
+        self.router_totals.add(routers, loss)
+        return loss
 
     def hidden_states(self, tokens: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens (B, N) int -> the final norm's output (B, N, d), what the LM head reads.
+        """tokens (B, N) int -> the final norm's output (B, N, d), what the LM head reads (a
+        mixture of experts' routers add nothing to any loss through it).
 
         cu_seqlens: None (each row one sequence), or int32 (S + 1,) on tokens' device, the
         cumulative lengths of the documents of the B N tokens laid end to end: rising from 0 to
         B N, with every row start among them (no document spans rows); trailing repeats of B N
         (empty documents) are allowed. Not checked on the GPU (that would wait for it)."""
+        return self._hidden_states(tokens, cu_seqlens)[0]
+
+    def _hidden_states(
+        self, tokens: torch.Tensor, cu_seqlens: torch.Tensor | None
+    ) -> tuple[torch.Tensor, list[RouterStatistics]]:
+        """`hidden_states` and the MoE blocks' router statistics (`BlockStack.forward`)."""
         if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
             shape = tuple(tokens.shape)
             raise ValueError(f"tokens must be a (batch, length) integer tensor, got {shape} {tokens.dtype}")
@@ -140,8 +238,8 @@ class TransformerLM(nn.Module):
             _check_cu_seqlens(cu_seqlens, tokens)
         x = self.embedding(tokens)
         masks = self.attention_masks(cu_seqlens, *tokens.shape, tokens.device)
-        x = self.blocks(x, cu_seqlens, masks, self.config.recompute and torch.is_grad_enabled())
-        return self.final_norm(x)
+        x, routers = self.blocks(x, cu_seqlens, masks, self.config.recompute and torch.is_grad_enabled())
+        return self.final_norm(x), routers
 
     def attention_masks(self, cu_seqlens, batch: int, length: int, device) -> dict | None:
         """naive and sdpa: the `attention_mask` of each window the blocks use ({window: mask, or None

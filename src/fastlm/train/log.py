@@ -1,10 +1,18 @@
 """The log of a training run: a line per log interval (above a progress bar on a terminal), the
-same numbers as JSON lines in OUT/log.jsonl, and the loss curves as OUT/loss.png.
+same numbers as JSON lines in OUT/log.jsonl, and the loss curves as OUT/loss.png (a mixture of
+experts also the load of its experts as OUT/experts.png).
 
 A record of log.jsonl, one per log interval and one per evaluation that falls between them:
     step             optimizer steps done (skipped ones included)
     loss             mean training loss of the interval's steps (nats per token, over all ranks);
-                     under --skip-non-finite of those not skipped, absent when all were
+                     under --skip-non-finite of those not skipped, absent when all were; of a
+                     mixture of experts the language model's, router_loss taken out
+    router_loss      a mixture of experts: what its routers added to the loss, per forward
+                     (--router-aux-coef x aux_loss)
+    aux_loss         a mixture of experts: its blocks' mean load-balancing loss, per forward
+                     (`fastlm.ops.moe.load_balancing_loss`; --experts-per-token when balanced)
+    expert_load      a mixture of experts: per MoE block, the choices of its busiest expert over
+                     the mean per expert in the interval (1 when balanced; E when one takes all)
     lr               the learning rate of the interval's last step
     grad_norm        global gradient norm of the interval's last step, before clipping (under
                      --skip-non-finite of its last step not skipped, absent when all were)
@@ -40,7 +48,7 @@ import torch
 from fastlm.model.config import ModelConfig
 from fastlm.utils.progress import Progress, progress
 
-RUN_FILES = ("log.jsonl", "run.json", "loss.png", "checkpoints")
+RUN_FILES = ("log.jsonl", "run.json", "loss.png", "experts.png", "checkpoints")
 SET_ASIDE_PREFIX = "previous-"
 
 
@@ -92,6 +100,7 @@ def format_record(record: dict, steps: int) -> str:
         ("eval_accuracy", "eval accuracy {:.1%}"),
         ("lr", "lr {:.2e}"),
         ("grad_norm", "grad norm {:.3f}"),
+        ("aux_loss", "aux loss {:.3f}"),
         ("skipped", "{} skipped"),
         ("tokens_per_s", "{:,.0f} tokens/s"),
         ("mfu", "MFU {:.1%}"),
@@ -101,6 +110,9 @@ def format_record(record: dict, steps: int) -> str:
     if not record.get("skipped"):  # log.jsonl records the 0s of --skip-non-finite; the line omits them
         shown.pop("skipped", None)
     fields += [text.format(shown[key]) for key, text in formats if key in shown]
+    loads = [load for load in record.get("expert_load", ()) if load is not None]
+    if loads:
+        fields.append(f"busiest expert {max(loads):.2f}x the mean")
     return " | ".join(fields)
 
 
@@ -173,6 +185,33 @@ def loss_plot(path: Path, runs: Mapping[str, Sequence[dict]], title: str) -> Pat
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
+    return save_figure(fig, Path(path), dpi=120)
+
+
+def expert_load_plot(path: Path, records: Sequence[dict], title: str) -> Path | None:
+    """Each MoE block's expert_load per step (the busiest expert over the mean); None (nothing
+    drawn) without such records."""
+    loads = [(r["step"], r["expert_load"]) for r in records if "expert_load" in r]
+    if not loads:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fastlm.utils.plots import save_figure
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    steps = [step for step, _ in loads]
+    for block in range(len(loads[0][1])):
+        ax.plot(steps, [load[block] for _, load in loads], linewidth=1, label=f"MoE block {block}")
+    ax.axhline(1.0, color="gray", linestyle=":", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("busiest expert's tokens / mean")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if len(loads[0][1]) <= 12:
+        ax.legend(fontsize=8)
     return save_figure(fig, Path(path), dpi=120)
 
 

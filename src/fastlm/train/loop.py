@@ -99,7 +99,16 @@ from fastlm.train.checkpoint import (
     save_checkpoint,
 )
 from fastlm.train.config import TrainConfig, add_arguments
-from fastlm.train.log import Throughput, TrainLog, discard_set_aside, loss_plot, new_run_id, read_log, set_aside
+from fastlm.train.log import (
+    Throughput,
+    TrainLog,
+    discard_set_aside,
+    expert_load_plot,
+    loss_plot,
+    new_run_id,
+    read_log,
+    set_aside,
+)
 from fastlm.train.memory_fit import check_state_fits_device, out_of_memory_message
 from fastlm.utils.errors import UserError, is_out_of_memory, report_error
 from fastlm.utils.options import from_namespace
@@ -382,7 +391,8 @@ def _non_finite(step: int, loss: float, norm: float) -> str:
 
 def train(config: TrainConfig) -> dict:
     """Run the training loop (``config`` resolved and checked: `check_config`); returns
-    {"step", "losses" (per step of this run, mean over ranks), "eval" ([step, loss] pairs),
+    {"step", "losses" (per step of this run, mean over ranks; a mixture of experts' with what its
+    routers added), "eval" ([step, loss] pairs),
     "tokens_per_s", "mfu" (medians of the log intervals after the first; None before any),
     "peak_memory_gib"} on every rank. Raises UserError, DataError and CheckpointError with one-sentence messages."""
     rank, world = _rank_and_world(config)
@@ -557,12 +567,13 @@ def _train_loop(
             # one all-reduce: the losses' sum, and the norms (the same on every rank), so that every
             # rank sees a non-finite value wherever one rank has it
             count = len(pending_losses)
-            values = torch.cat([torch.stack(pending_losses).float(), torch.stack(pending_norms).float()])
+            routers = () if model.router_totals is None else (model.router_totals.take(),)
+            values = torch.cat([torch.stack(pending_losses).float(), torch.stack(pending_norms).float(), *routers])
             if world > 1:
                 dist.all_reduce(values)
                 values /= world
             values = values.tolist()  # the host waits for the device here, once per log interval
-            losses, norms = values[:count], values[count:]
+            losses, norms = values[:count], values[count : 2 * count]
             kept = [i for i in range(count) if not pending_skipped[i]]
             for i in kept:  # before anything of this interval is logged or saved
                 if not (math.isfinite(losses[i]) and math.isfinite(norms[i])):
@@ -570,6 +581,11 @@ def _train_loop(
             entry = {"step": step}
             if kept:  # a skipped step's loss is left out (not finite)
                 entry["loss"] = sum(losses[i] for i in kept) / len(kept)
+            if routers:  # the loss logged is the language model's, without what the routers added
+                router_fields = model.router_totals.fields(values[2 * count :])
+                if kept:
+                    entry["loss"] -= router_fields["router_loss"]
+                entry.update(router_fields)
             entry["lr"] = lr
             if kept:
                 entry["grad_norm"] = pending_norms[kept[-1]].item()
@@ -662,6 +678,7 @@ def _plot(config: TrainConfig, model_cfg: ModelConfig, world: int) -> None:
         f"{current_device_name()}"
     )
     loss_plot(config.out / "loss.png", {"": records}, title)
+    expert_load_plot(config.out / "experts.png", records, title)
 
 
 # ---------------------------------------------------------------------------------------------
