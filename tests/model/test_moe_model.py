@@ -26,15 +26,6 @@ def _tokens(batch=2, length=16, seed=0) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["tiny-moe", "small-moe", "a3b-moe"])
-def test_parameter_counts_match_the_modules(name):
-    config = ModelConfig.preset(name)
-    with torch.device("meta"):
-        model = TransformerLM(config)
-    assert sum(p.numel() for p in model.parameters()) == config.num_parameters()
-    assert all(isinstance(block.ffn, MoEMLP) for block in model.blocks)
-
-
 def test_a3b_moe_has_qwen3_30b_a3bs_expert_layer():
     config = ModelConfig.preset("a3b-moe")
     assert (config.d_model, config.num_experts, config.experts_per_token, config.expert_width) == (2048, 128, 8, 768)
@@ -131,9 +122,9 @@ def _loss_and_grads(config, tokens):
 
 
 def test_fastlm_experts_train_as_pytorchs_loop_does():
-    tokens = _tokens()
-    _, torch_loss, torch_grads = _loss_and_grads(TINY_MOE.with_kernels("torch"), tokens)
-    _, fastlm_loss, fastlm_grads = _loss_and_grads(TINY_MOE.with_kernels("torch", mlp="fastlm"), tokens)
+    tokens, one_block = _tokens(batch=1), dataclasses.replace(TINY_MOE, num_layers=1)  # the interpreter is slow
+    _, torch_loss, torch_grads = _loss_and_grads(one_block.with_kernels("torch"), tokens)
+    _, fastlm_loss, fastlm_grads = _loss_and_grads(one_block.with_kernels("torch", mlp="fastlm"), tokens)
     torch.testing.assert_close(fastlm_loss, torch_loss, rtol=1e-5, atol=1e-5)
     for name, grad in torch_grads.items():
         torch.testing.assert_close(fastlm_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
@@ -172,7 +163,7 @@ def test_recompute_gives_the_same_gradients_and_counts_each_forward_once():
 
 
 def test_the_experts_compile_with_their_kernels():
-    config = TINY_MOE.with_kernels("torch", mlp="fastlm")
+    config = dataclasses.replace(TINY_MOE, num_layers=1).with_kernels("torch", mlp="fastlm")
     tokens = _tokens()
     _, eager_loss, eager_grads = _loss_and_grads(config, tokens)
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fastlm.analysis.model import flops_per_token
-from fastlm.layers import Linear, RotaryEmbedding
+from fastlm.layers import Linear, MoEMLP, RotaryEmbedding
 from fastlm.model import PRESETS, ModelConfig, TransformerLM
 
 TINY = ModelConfig.preset("tiny", vocab_size=97, context_length=32)
@@ -57,6 +57,7 @@ def test_parameter_count_matches_the_modules(name):
         model = TransformerLM(config)
     assert sum(p.numel() for p in model.parameters()) == config.num_parameters()
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, Linear))
+    matmul += sum(m.gate_up.numel() + m.down.numel() for m in model.modules() if isinstance(m, MoEMLP))
     assert matmul == config.num_matmul_parameters()
 
 

@@ -84,6 +84,7 @@ from fastlm.distributed.wrappers import ParallelMode, parallel_mode
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.materialize import materialize
 from fastlm.model.precision import param_groups, precision_context
+from fastlm.model.transformer import RouterTotals
 from fastlm.optim import AdamW
 from fastlm.optim.schedule import warmup_cosine_lr
 from fastlm.settings import CUDAGRAPHS_NEED_A_GPU, TORCH_COMPILE_MODE, autocasts, stores_bf16_weights
@@ -470,6 +471,8 @@ def _train_loop(
         step, position = resumed.step, resumed.state["data"]["position"]
         run_id = resumed.state.get("run_id", run_id)  # absent from the checkpoints of older versions
         resumed = None  # drop the loaded tensors: the model holds them now
+    # a mixture of experts' router totals, inside whatever wraps the model
+    router_totals = next((m for m in model.modules() if isinstance(m, RouterTotals)), None)
     accumulate = config.accumulation(world)
     tokens_per_step = config.batch_tokens_of(world)
     batches = micro_batches(
@@ -567,7 +570,7 @@ def _train_loop(
             # one all-reduce: the losses' sum, and the norms (the same on every rank), so that every
             # rank sees a non-finite value wherever one rank has it
             count = len(pending_losses)
-            routers = () if model.router_totals is None else (model.router_totals.take(),)
+            routers = () if router_totals is None else (router_totals.take(),)
             values = torch.cat([torch.stack(pending_losses).float(), torch.stack(pending_norms).float(), *routers])
             if world > 1:
                 dist.all_reduce(values)
@@ -582,7 +585,7 @@ def _train_loop(
             if kept:  # a skipped step's loss is left out (not finite)
                 entry["loss"] = sum(losses[i] for i in kept) / len(kept)
             if routers:  # the loss logged is the language model's, without what the routers added
-                router_fields = model.router_totals.fields(values[2 * count :])
+                router_fields = router_totals.fields(values[2 * count :])
                 if kept:
                     entry["loss"] -= router_fields["router_loss"]
                 entry.update(router_fields)
