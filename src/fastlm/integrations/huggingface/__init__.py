@@ -33,6 +33,10 @@ True for norm, rope and mlp is "auto": their kernels run in eager mode, and whil
 traces transformers' own PyTorch code runs there, which Inductor fuses into the kernels around it
 (the layers' rule, `fastlm.layers.rules`); "fastlm" runs the kernels under torch.compile too.
 transformers is imported when a model is patched, not before.
+
+Without the patch, `register_experts` adds "fastlm" to transformers' experts implementations
+(experts.py): ``from_pretrained(..., experts_implementation="fastlm")`` runs a mixture of experts'
+experts by `fastlm.ops.moe.moe_experts` and leaves the rest of the model as it is.
 """
 
 from __future__ import annotations
@@ -46,12 +50,21 @@ from fastlm.integrations.huggingface.attention import (
     mask_function,
     register_attention,
 )
+from fastlm.integrations.huggingface.experts import register_experts
 from fastlm.integrations.huggingface.families import FAMILIES, adapter_for
 from fastlm.integrations.huggingface.forwards import causal_lm_loss
 from fastlm.ops.common import DTYPES
 from fastlm.settings import FUSED_CHOICES, SWITCHES, Kernels
 
-__all__ = ["FAMILIES", "apply_fastlm", "attention_function", "causal_lm_loss", "mask_function", "revert_fastlm"]
+__all__ = [
+    "FAMILIES",
+    "apply_fastlm",
+    "attention_function",
+    "causal_lm_loss",
+    "mask_function",
+    "register_experts",
+    "revert_fastlm",
+]
 # what True means for each switch of apply_fastlm: the fastlm kernel set's value
 SWITCH_DEFAULTS = {name: getattr(Kernels.named("fastlm"), name) for name in SWITCHES if name != "softmax"}
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from fastlm.integrations.huggingface.attention import PADDING, PLAIN_CAUSAL, Padding
 from fastlm.layers.loss import lm_head_loss
 from fastlm.layers.mlp import gated_activation
+from fastlm.integrations.huggingface.experts import layout_fits
 from fastlm.layers.moe import experts_output
 from fastlm.layers.norms import fused_rms_norm
 from fastlm.layers.rotary import rotate
@@ -183,8 +184,7 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights, *, switch: 
     the gated MLPs as grouped GEMMs, the K outputs summed per token; a pair whose expert is outside
     [0, E) (another process's, under expert parallelism) adds nothing, as the loop skips it. Experts
     with biases, or their weights transposed or interleaved, keep their forward."""
-    layout_fits = not getattr(self, "has_bias", False) and getattr(self, "is_concatenated", True)
-    if not runs_kernel(switch) or not layout_fits or getattr(self, "is_transposed", False):
+    if not runs_kernel(switch) or not layout_fits(self):
         return original_forward(self, hidden_states, top_k_index, top_k_weights)
     return experts_output(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights, activation)
 
