@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from fastlm.integrations.huggingface.attention import PADDING, PLAIN_CAUSAL, Padding
+from fastlm.integrations.huggingface.experts import layout_fits
 from fastlm.layers.loss import lm_head_loss
 from fastlm.layers.mlp import gated_activation
-from fastlm.integrations.huggingface.experts import layout_fits
 from fastlm.layers.moe import experts_output
 from fastlm.layers.norms import fused_rms_norm
 from fastlm.layers.rotary import rotate
