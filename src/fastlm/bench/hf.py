@@ -36,6 +36,12 @@ _CLASSES = {
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {}),
+    # the routers' load-balancing loss in the training loss, as fine-tuning a mixture of experts runs it
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        {"norm_topk_prob": True, "output_router_logits": True, "router_aux_loss_coef": 0.001},
+    ),
     # Granite 3's scales of the embedding, the residual branches, the attention scores and the logits
     "granite": (
         "GraniteConfig",
@@ -52,7 +58,8 @@ _CLASSES = {
 # (family, size) -> d_model, d_ff, layers, heads, key/value heads, head dim, vocabulary, tied head, rope theta:
 # the published models' dimensions (Llama 3.2 1B / 3B, Llama 3.1 8B; Qwen3 1.7B / 4B / 8B; Mistral 7B v0.3
 # as "8b", its smaller sizes Llama's dimensions with Mistral's vocabulary; OLMo 2 1B; Phi-3-mini (3.8B),
-# Granite 3 2B and SmolLM3 3B as "3b"). "tiny" is for CPU runs and tests.
+# Granite 3 2B and SmolLM3 3B as "3b"; Qwen3-30B-A3B as "a3b", 4 of its 48 layers, whose 30B
+# parameters' training state would not fit one GPU). "tiny" is for CPU runs and tests.
 TINY = (64, 128, 2, 4, 2, 16, 1000)
 SIZES = {
     ("llama", "tiny"): (*TINY, True, 500000.0),
@@ -75,7 +82,16 @@ SIZES = {
     ("granite", "3b"): (2048, 8192, 40, 32, 8, 64, 49155, True, 5000000.0),
     ("smollm3", "tiny"): (*TINY, True, 5000000.0),
     ("smollm3", "3b"): (2048, 11008, 36, 16, 4, 128, 128256, True, 5000000.0),
+    ("qwen3_moe", "tiny"): (*TINY, False, 1000000.0),
+    ("qwen3_moe", "a3b"): (2048, 6144, 4, 32, 4, 128, 151936, False, 1000000.0),
 }
+# (family, size) of a mixture of experts -> experts, experts per token, expert width
+EXPERTS = {
+    ("qwen3_moe", "tiny"): (4, 2, 32),
+    ("qwen3_moe", "a3b"): (128, 8, 768),
+}
+# the experts implementation of the unpatched mixtures of experts: transformers' fastest
+UNPATCHED_EXPERTS = "grouped_mm"
 
 
 def smallest_size(family: str) -> str:
@@ -101,6 +117,9 @@ class HFShape:
     tie_word_embeddings: bool
     rope_theta: float
     context_length: int
+    num_experts: int = 0  # a mixture of experts (every layer's MLP): its experts, K per token, width
+    experts_per_token: int = 0
+    expert_d_ff: int = 0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -131,18 +150,26 @@ class HFShape:
             "tie_word_embeddings",
             "rope_theta",
         )
-        fields = dict(zip(names, dims, strict=True)) | {k: v for k, v in overrides.items() if v is not None}
+        fields = dict(zip(names, dims, strict=True))
+        if (family, size) in EXPERTS:
+            fields |= dict(zip(("num_experts", "experts_per_token", "expert_d_ff"), EXPERTS[family, size], strict=True))
+        fields |= {k: v for k, v in overrides.items() if v is not None}
         return cls(family=family, size=size, context_length=context_length, **fields)
 
-    def num_matmul_parameters(self) -> int:
-        """Weights of every matmul per token: q, k, v, o projections, the SwiGLU MLP, the LM head."""
+    def num_matmul_parameters(self, *, active: bool = False) -> int:
+        """Weights of every matmul: q, k, v, o projections, the SwiGLU MLP (a mixture of experts' router
+        and experts: all of them, or with ``active`` the K a token uses), the LM head."""
         attention = self.d_model * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
-        return self.num_layers * (attention + 3 * self.d_model * self.d_ff) + self.vocab_size * self.d_model
+        mlp = 3 * self.d_model * self.d_ff
+        if self.num_experts:
+            experts = self.experts_per_token if active else self.num_experts
+            mlp = self.num_experts * self.d_model + 3 * self.d_model * self.expert_d_ff * experts
+        return self.num_layers * (attention + mlp) + self.vocab_size * self.d_model
 
     def num_parameters(self) -> int:
         embedding = 0 if self.tie_word_embeddings else self.vocab_size * self.d_model
         norms = (2 * self.num_layers + 1) * self.d_model
-        if self.family == "qwen3":  # RMSNorm of each head's queries and keys
+        if self.family in ("qwen3", "qwen3_moe"):  # RMSNorm of each head's queries and keys
             norms += 2 * self.num_layers * self.head_dim
         if self.family == "olmo2":  # RMSNorm of the whole query and key projections
             norms += self.num_layers * self.head_dim * (self.num_heads + self.num_kv_heads)
@@ -157,8 +184,17 @@ def build_model(shape: HFShape) -> torch.nn.Module:
     """The family's causal LM with ``shape``'s dimensions, random weights, SDPA attention, no dropout."""
     config_name, model_name, extra = _CLASSES[shape.family]
     module = importlib.import_module("transformers")
+    experts = {}
+    if shape.num_experts:
+        experts = {
+            "num_experts": shape.num_experts,
+            "num_experts_per_tok": shape.experts_per_token,
+            "moe_intermediate_size": shape.expert_d_ff,
+            "experts_implementation": UNPATCHED_EXPERTS,
+        }
     config = getattr(module, config_name)(
         **extra,
+        **experts,
         vocab_size=shape.vocab_size,
         hidden_size=shape.d_model,
         intermediate_size=shape.d_ff,
