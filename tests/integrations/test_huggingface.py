@@ -208,8 +208,10 @@ def tokens(batch: int = 2, length: int = 8) -> torch.Tensor:
 
 
 def assert_same_step(model, reference, **inputs):
-    """One forward and backward of each; the losses and every parameter's gradient match."""
-    loss = model(**inputs).loss
+    """One forward and backward of each; the losses and every parameter's gradient match. Returns
+    the patched model's output."""
+    output = model(**inputs)
+    loss = output.loss
     loss.backward()
     expected = reference(**inputs).loss
     expected.backward()
@@ -218,6 +220,7 @@ def assert_same_step(model, reference, **inputs):
         assert (param.grad is None) == (expected_param.grad is None), name
         if param.grad is not None:
             torch.testing.assert_close(param.grad, expected_param.grad, **FP32, msg=lambda m, name=name: f"{name}: {m}")
+    return output
 
 
 def fallback_warnings(record) -> list[str]:
@@ -262,7 +265,7 @@ def op_calls(monkeypatch):
 def test_training_step_and_logits_match_unpatched(family, op_calls, recwarn):
     model, reference = patched_pair(family)
     ids = tokens()
-    assert_same_step(model, reference, input_ids=ids, labels=ids)
+    output = assert_same_step(model, reference, input_ids=ids, labels=ids)
     norms, rotations, gated = KERNEL_CALLS[family]
     assert op_calls == {
         "flash_attention": 2,
@@ -274,7 +277,7 @@ def test_training_step_and_logits_match_unpatched(family, op_calls, recwarn):
         "flash_attention_varlen": 0,
         "moe_experts": EXPERT_LAYERS.get(family, 0),
     }
-    assert model(input_ids=ids, labels=ids).logits is None  # the fused loss holds no logits
+    assert output.logits is None  # the fused loss holds no logits
     model.eval(), reference.eval()
     with torch.no_grad():
         torch.testing.assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, **LOGITS)
