@@ -57,7 +57,7 @@ def padded_batch(side: str, lengths=LENGTHS, length: int = 7, device="cpu"):
 CASES = {
     "llama": ("llama", {}),
     "mistral-window": ("mistral", {"sliding_window": 3}),
-    "mixtral": ("mixtral", {}),
+    "mixtral": ("mixtral", {"layers": 1}),  # one layer: its experts run under the interpreter
 }
 
 
@@ -83,8 +83,9 @@ def test_padded_batch_matches_unpatched(case, side, op_calls, recwarn):
     apply_fastlm(model)
     ids, mask, labels = padded_batch(side)
     assert_same_step(model.train(), reference.train(), input_ids=ids, attention_mask=mask, labels=labels)
-    assert op_calls["flash_attention_varlen"] == 2 and op_calls["flash_attention"] == 0  # one call a layer
-    assert op_calls["rotary_embedding"] == 2  # one row of positions, arange(N), as unpatched
+    layers = model.config.num_hidden_layers
+    assert op_calls["flash_attention_varlen"] == layers and op_calls["flash_attention"] == 0  # one call a layer
+    assert op_calls["rotary_embedding"] == layers  # one row of positions, arange(N), as unpatched
     model.eval(), reference.eval()
     with torch.no_grad():
         logits = model(input_ids=ids, attention_mask=mask).logits
