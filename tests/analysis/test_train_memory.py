@@ -44,7 +44,8 @@ def _read(name: str) -> list[tuple[int, dict]]:
 
 def _dimensions(record: dict) -> dict:
     names = ("d_model", "d_ff", "num_layers", "num_heads", "vocab_size", "context_length")
-    return {name: record[name] for name in names}
+    experts = ("num_experts", "experts_per_token", "expert_d_ff", "shared_experts", "moe_every")
+    return {name: record[name] for name in names} | {name: record[name] for name in experts if name in record}
 
 
 def _train_record_step(record: dict) -> TrainStep | None:
@@ -233,6 +234,43 @@ def test_bf16_reduction_halves_the_gradients_bytes():
         TrainStep(SMALL, reduce_dtype="bf16")
 
 
+def test_a_mixture_of_experts_saves_its_pairs_and_routers_per_token():
+    # per token: K (6I + 2d + 32) + 12E + 12 in place of 6F (module docstring), read off the tensors
+    # MoEMLP saves on a CPU (test_moe_block_saves_what_the_model_counts)
+    moe = ModelConfig.preset("a3b-moe").with_kernels("fastlm")
+    d, e, top, width = 2048, 128, 8, 768
+    attention = 22 * d + 4 * 16 + 8
+    experts = top * (6 * width + 2 * d + 32) + 12 * e + 12
+    assert train_memory.block_activations(moe, compiled=True)[0] == attention + experts
+    alternating = dataclasses.replace(moe, moe_every=2, shared_experts=1)
+    per_block, formula = train_memory.block_activations(alternating, compiled=True)
+    assert per_block == attention + (experts + 6 * width + 6 * moe.d_ff) // 2 and "mean over the blocks" in formula
+
+
+def test_moe_block_saves_what_the_model_counts():
+    """The bytes per token `MoEMLP` keeps for its backward under bf16 autocast, its weights' bf16
+    copies apart (2 P_mm counts those), against the MoE term of `block_activations`."""
+    import torch
+
+    from fastlm.layers.moe import MoEMLP
+
+    tokens, d, e, top, width = 64, 32, 8, 2, 16
+    layer = MoEMLP(d, e, top, width, kernel="fastlm")
+    x = torch.randn(1, tokens, d).to(torch.bfloat16).requires_grad_()  # the norm's bf16 output
+    saved = {}
+
+    def keep(tensor):
+        saved[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        out, statistics = layer(x)
+    weights = 2 * sum(p.numel() for p in layer.parameters())  # bf16
+    per_token = (sum(saved.values()) - saved.pop(x.untyped_storage().data_ptr(), 0) - weights) / tokens
+    expected = top * (6 * width + 2 * d + 32) + 12 * e + 12
+    assert expected <= per_token <= expected + 2  # + the per-call offsets (E + 1) and fractions (E)
+
+
 def test_the_linear_cross_entropy_chunk_is_the_kernels():
     from fastlm.ops import linear_cross_entropy
 
@@ -244,8 +282,8 @@ def test_configurations_the_model_does_not_cover_are_refused():
         TrainStep(SMALL, gpus=2)
     with pytest.raises(ValueError, match="attention naive"):
         TrainStep(SMALL.with_kernels(attention="naive"))
-    with pytest.raises(ValueError, match="mixture of experts"):
-        TrainStep(ModelConfig.preset("tiny-moe"))
+    with pytest.raises(ValueError, match="mlp torch runs the experts as a loop"):
+        TrainStep(ModelConfig.preset("tiny-moe").with_kernels("torch"))
     with pytest.raises(ValueError, match="parallel must be one of"):
         TrainStep(SMALL, parallel="bucketed")
 
@@ -275,7 +313,7 @@ def test_command_prints_the_terms_the_peak_and_communication(capsys):
         (["--bucket-mb", "60"], "--bucket-mb sizes fsdp's sharding units: it needs --parallel fsdp, got none"),
         (["--reduce-dtype", "bf16"], "--parallel none averages no gradients: --reduce-dtype must stay fp32"),
         (["--attention", "naive"], "--attention naive materializes the scores"),
-        (["--experts", "4"], "mixture of experts' saved activations are not modelled here yet: --experts must be 0"),
+        (["--experts", "4", "--kernels", "torch"], "mlp torch runs the experts as a loop"),
     ],
 )
 def test_command_refuses_what_it_cannot_predict(extra, message, capsys):

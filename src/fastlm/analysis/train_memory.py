@@ -46,6 +46,13 @@ Assumptions, all of them:
     eager, fused norm (kernels fastlm): each norm keeps its input and its bf16 output (2 x 6d);
       flash attention's output is copied for o_proj (2 x 2d); the fused SwiGLU saves gate and up
       only (its backward recomputes silu): 22d + 6F + 4H + 8.
+    a mixture of experts' block (--mlp fastlm; K of E experts of width I, S shared ones): the same
+      but for 6F, in its place what `fastlm.layers.moe.MoEMLP` saves per token: each of the K pairs
+      its projections GU and H (6I) and output Y (2d), its expert index (8), routing weight (4),
+      sorted order (8), token and position (4 + 4), a weight before renormalizing (4); the
+      router's fp32 softmax, the load-balancing loss's and the z-loss's input (12E) and 12 more;
+      the shared experts 6 S I: K (6I + 2d + 32) + 12E + 12 + 6 S I (read off the saved tensors in
+      a CPU run; the same count under compile, the experts being one opaque op there).
       Other mixes of --norm, --attention and --mlp add up the same parts.
 - autocast's bf16 copies of the fp32 weights are saved for the backward: 2 P_mm for the blocks
   under none and ddp (fsdp gathers them in bf16 already), 2 V d for the LM head with the torch loss
@@ -141,8 +148,8 @@ class TrainStep:
             raise ValueError(f"reduce_dtype must be one of {', '.join(REDUCE_DTYPES)}, got {self.reduce_dtype!r}")
         if self.reduce_dtype != "fp32" and not PARALLEL[self.parallel].processes:
             raise ValueError(f"parallel {self.parallel} averages no gradients: reduce_dtype must stay fp32")
-        if self.config.num_experts:
-            raise ValueError("a mixture of experts' saved activations are not modelled here yet: num_experts must be 0")
+        if self.config.num_experts and self.config.kernels.mlp == "torch":
+            raise ValueError("mlp torch runs the experts as a loop, whose saved tensors are not counted: use fastlm")
         if self.config.kernels.attention == "naive":
             raise ValueError("attention naive materializes the scores, not counted here: use sdpa or fastlm")
         if self.config.window is not None and self.config.kernels.attention != "fastlm":
@@ -266,13 +273,31 @@ def fsdp_keeps_gathered(config: ModelConfig) -> bool:
 def block_activations(config: ModelConfig, compiled: bool) -> tuple[int, str]:
     """Bytes one block saves for its backward per token, and the formula (module docstring)."""
     d, f, h = config.d_model, config.d_ff, config.num_heads
-    if compiled:
-        return 22 * d + 6 * f + 4 * h + 8, "22d + 6F + 4H + 8"
     kernels = config.kernels  # fastlm or auto: the fused kernel in eager mode
-    k = (12 if kernels.norm != "torch" else 26) + 6 + 2 + (2 if kernels.attention == "fastlm" else 0)
-    # the MLP's bf16 (T, F) tensors: gate and up, and the product w2 reads; PyTorch's silu(gate) too
-    mlp = 6 if kernels.mlp != "torch" else 8
-    return k * d + mlp * f + 4 * h + 8, f"{k}d + {mlp}F + 4H + 8"
+    if compiled:
+        k, mlp = 22, 6
+    else:
+        k = (12 if kernels.norm != "torch" else 26) + 6 + 2 + (2 if kernels.attention == "fastlm" else 0)
+        # the MLP's bf16 (T, F) tensors: gate and up, and the product w2 reads; PyTorch's silu(gate) too
+        mlp = 6 if kernels.mlp != "torch" else 8
+    if not config.num_experts:
+        return k * d + mlp * f + 4 * h + 8, f"{k}d + {mlp}F + 4H + 8"
+    return _mixed_block_activations(config, k, mlp)
+
+
+def _mixed_block_activations(config: ModelConfig, k: int, mlp: int) -> tuple[int, str]:
+    """`block_activations` of a mixture of experts: the mean over the blocks (rounded up), its MoE
+    blocks' MLP term per token (module docstring, read off the tensors `MoEMLP` saves) in place of
+    the dense blocks' mlp F."""
+    d, f, h = config.d_model, config.d_ff, config.num_heads
+    e, top, width, shared = config.num_experts, config.experts_per_token, config.expert_width, config.shared_experts
+    experts = top * (6 * width + 2 * d + 32) + 12 * e + 12 + 6 * shared * width
+    formula = "K (6I + 2d + 32) + 12E + 12" + (" + 6 S I" if shared else "")
+    moe, dense = len(config.moe_layers), config.num_layers - len(config.moe_layers)
+    total = moe * (k * d + 4 * h + 8 + experts) + dense * (k * d + mlp * f + 4 * h + 8)
+    if dense:
+        formula = f"mean over the blocks of MoE {formula}, dense {mlp}F"
+    return -(-total // config.num_layers), f"{k}d + 4H + 8 + {formula}"
 
 
 def head_activations(step: TrainStep) -> tuple[int, str]:

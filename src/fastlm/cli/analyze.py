@@ -60,7 +60,7 @@ def cmd_analyze_memory(args) -> None:
             reduce_dtype=args.reduce_dtype,
         )
     except ValueError as error:  # the fields named as the options that set them
-        message = re.sub(r"\b(gpus|parallel|attention|window)\b", r"--\1", str(error))
+        message = re.sub(r"\b(gpus|parallel|attention|window|mlp)\b", r"--\1", str(error))
         message = message.replace("reduce_dtype", "--reduce-dtype").replace("num_experts", "--experts")
         raise UserError(message) from None
     output.print_each(memory_tables(step, preset, args.contexts or ()))
