@@ -74,6 +74,12 @@ def report_sections(on_gpu: bool) -> tuple:
     return tuple(sections)
 
 
+def without_cpu_notes(section: str) -> str:
+    """A section's markdown without its own "No GPU" paragraphs: the report says that once, first."""
+    paragraphs = section.split("\n\n")
+    return "\n\n".join(p for p in paragraphs if not p.lstrip("*").startswith("No GPU"))
+
+
 def cmd_report(args) -> None:
     from fastlm.harness.runner import run_benchmark
     from fastlm.utils.progress import print_line, progress_steps
@@ -92,6 +98,8 @@ def cmd_report(args) -> None:
             text = run_benchmark(benchmark, args.out, device, step).read_text()
             if demote:
                 text = text.replace("\n## ", "\n### ")
+            if not on_gpu:
+                text = without_cpu_notes(text)
             lines += ["", text.replace(f"# {benchmark.title}", f"## {heading}", 1)]
     report = args.out / "reports" / "report.md"
     report.write_text("\n".join(lines))
