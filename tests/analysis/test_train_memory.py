@@ -63,8 +63,11 @@ def _train_record_step(record: dict) -> TrainStep | None:
     )
     if not covered:
         return None
-    # runs recorded before the MLP switch ran PyTorch's SwiGLU with either kernel set
-    model = ModelConfig(**_dimensions(config)).with_kernels(config["kernels"], mlp=config.get("mlp", "torch"))
+    # runs recorded before the MLP switch ran PyTorch's SwiGLU with either kernel set; those with
+    # experts came after it, and run the kernel set's
+    model = ModelConfig(**_dimensions(config)).with_kernels(config["kernels"])
+    if "num_experts" not in config:
+        model = model.with_kernels(mlp=config.get("mlp", "torch"))
     world = config["world_size"]
     bucket_mb = float(argv[argv.index("--bucket-mb") + 1]) if "--bucket-mb" in argv else DEFAULT_BUCKET_MB["fsdp"]
     return TrainStep(

@@ -31,7 +31,9 @@ when the patch is applied (`Adapter.kept`): a patched model is always the same m
 
 True for norm, rope and mlp is "auto": their kernels run in eager mode, and while torch.compile
 traces transformers' own PyTorch code runs there, which Inductor fuses into the kernels around it
-(the layers' rule, `fastlm.layers.rules`); "fastlm" runs the kernels under torch.compile too.
+(the layers' rule, `fastlm.layers.rules`); "fastlm" runs the kernels under torch.compile too. A
+mixture of experts' experts run the kernels under torch.compile unless mlp is "torch": Inductor
+has no fusion of its own for them.
 transformers is imported when a model is patched, not before.
 
 Without the patch, `register_experts` adds "fastlm" to transformers' experts implementations

@@ -180,11 +180,13 @@ def gelu_mlp_forward(self, x: torch.Tensor, *, switch: str) -> torch.Tensor:
 
 def experts_forward(self, hidden_states, top_k_index, top_k_weights, *, switch: str, activation: str = "silu"):
     """A mixture of experts' experts (gate_up_proj (E, 2I, D), down_proj (E, D, I); Mixtral,
-    Qwen3-MoE) by `fastlm.ops.moe.moe_experts` where the rule runs it: the tokens sorted by expert,
+    Qwen3-MoE) by `fastlm.ops.moe.moe_experts` unless the switch is "torch": the tokens sorted by expert,
     the gated MLPs as grouped GEMMs, the K outputs summed per token; a pair whose expert is outside
     [0, E) (another process's, under expert parallelism) adds nothing, as the loop skips it. Experts
     with biases, or their weights transposed or interleaved, keep their forward."""
-    if not runs_kernel(switch) or not layout_fits(self):
+    # the experts' kernels run under torch.compile as well, unless the switch is "torch": Inductor
+    # has no fusion of its own for a loop over the experts or grouped_mm
+    if switch == "torch" or not layout_fits(self):
         return original_forward(self, hidden_states, top_k_index, top_k_weights)
     return experts_output(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights, activation)
 
