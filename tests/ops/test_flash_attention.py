@@ -102,6 +102,25 @@ def test_torch_twin_matches_reference(batch, heads, kv_heads, nq, nk, dim, causa
     check_attention(lambda *a: FlashAttentionTorch.apply(*a, causal), q, k, v, causal)
 
 
+@pytest.mark.parametrize(
+    "causal,window", [(False, None), (True, None), (False, (20, 3))], ids=["full", "causal", "window"]
+)
+@pytest.mark.parametrize("batch,heads,kv_heads,nq,nk,dim", CASES)
+def test_eager_cpu_path_matches_reference(batch, heads, kv_heads, nq, nk, dim, causal, window, monkeypatch):
+    """The public function on CPU tensors without the interpreter (torch's SDPA under fastlm's
+    masks, sdpa.py): bottom-right causal rows, grouped heads, rows that see no key."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v = make_qkv(batch, heads, kv_heads, nq, nk, dim, torch.float32, "cpu")
+    check_attention(lambda *a: fastlm.flash_attention(*a, causal=causal, window=window), q, k, v, causal, window=window)
+
+
+def test_eager_cpu_path_takes_3d_inputs(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v = make_qkv(2, 1, 1, 45, 45, 32, torch.float32, "cpu")
+    squeezed = [t.detach()[:, 0].requires_grad_() for t in (q, k, v)]
+    check_attention(lambda *a: fastlm.flash_attention(*a, causal=True), *squeezed, True)
+
+
 @pytest.mark.parametrize("function", [FlashAttentionTorch, FlashAttentionTriton])
 def test_saves_exactly_l_q_k_v_o_on_3d_inputs(function, device):
     """The 3-D interface: saved tensors are (L, Q, K, V, O), L of shape (B, Nq) in fp32 and equal

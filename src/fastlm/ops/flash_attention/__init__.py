@@ -5,7 +5,9 @@ masks, grouped-query heads, deterministic gradients.
     config.py     launch tiles per GPU architecture, dtype, head dim and sequence length
     launchers.py  allocate the outputs and launch the kernels
     masks.py      the causal flag and the window as bounds on key positions; the window's check
-    tiled.py      the same algorithm tiled in plain PyTorch: the CPU path and the readable twin
+    tiled.py      the same algorithm tiled in plain PyTorch: the readable twin, and the path of
+                  traced CPU inputs
+    sdpa.py       the eager CPU path: torch's SDPA, packed documents batched by length
     api.py        the torch.library ops, the autograd.Functions, `flash_attention` and its reference
     varlen.py     `flash_attention_varlen` (packed documents) and its reference
 """

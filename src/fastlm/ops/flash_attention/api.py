@@ -24,6 +24,7 @@ from fastlm.ops.flash_attention.config import MAX_HEAD_DIM, AttentionConfig, att
 from fastlm.ops.flash_attention.launchers import _launch_backward, _launch_forward
 from fastlm.ops.flash_attention.layout import kernel_ready_output
 from fastlm.ops.flash_attention.masks import check_window, visible, window_bounds
+from fastlm.ops.flash_attention.sdpa import sdpa_attention
 from fastlm.ops.flash_attention.tiled import TORCH_TILE, _tiled_backward, _tiled_forward, as_4d, expand_kv
 
 
@@ -270,13 +271,16 @@ def attend(
     max_seqlen_k: int = 0,
 ) -> torch.Tensor:
     """The output for checked arguments (dense: no cumulative lengths): while torch.compile traces,
-    the op; eagerly, the kernels' or the twin's autograd.Function."""
+    the op; eagerly, the kernels' autograd.Function, torch's SDPA on a CPU (sdpa.py), or the twin's
+    autograd.Function elsewhere and for empty inputs."""
     if torch.compiler.is_compiling():
         return _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, causal, scale, *window)[0]
     if runs_triton(q):
         return _FlashAttentionKernels.apply(
             q, k, v, causal, scale, None, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_k
         )
+    if q.device.type == "cpu" and q.numel() and k.numel():
+        return sdpa_attention(q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k)
     return _FlashAttentionTiled.apply(q, k, v, causal, scale, TORCH_TILE, window, cu_seqlens_q, cu_seqlens_k)
 
 

@@ -1,6 +1,7 @@
 """The algorithm in plain PyTorch (FlashAttentionTorch): the kernels' tiling and online softmax, fp32
-accumulation, runs anywhere. Slow (Python loops over tiles); for reading, debugging, and the CPU
-path. Same contract as the launchers, the tile edge in place of their config.
+accumulation, runs anywhere. Slow (Python loops over tiles); for reading, debugging, and the op's
+body off the Triton path (CPU inputs under torch.compile; eager CPU calls take sdpa.py). Same
+contract as the launchers, the tile edge in place of their config.
 
 Dense inputs skip the key tiles the mask hides, as the kernels do. Packed documents are one sequence
 of all of them, under a mask that also hides the other documents' keys, and the loop runs over key
@@ -23,7 +24,7 @@ from fastlm.ops.flash_attention.layout import contiguous_gradients, empty_result
 from fastlm.ops.flash_attention.masks import UNBOUNDED, visible, window_bounds
 
 # tile edge of FlashAttentionTorch: on a CPU, fewer Python steps and larger matmuls pay for the
-# masked part of diagonal tiles (a training step of the tiny preset: 64 runs 1.2-2.5x the torch set, 32 2.7-3.1x)
+# masked part of diagonal tiles
 TORCH_TILE = 64
 
 
