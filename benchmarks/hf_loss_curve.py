@@ -6,10 +6,12 @@ The text is this repository's README and docs as UTF-8 bytes (vocabulary 256), c
 A third run, the unpatched model from its initial weights rounded to bf16 (a change of at most
 2^-9 of each weight), measures how far rounding alone moves the curve: the noise floor that the
 patched run's difference is compared with. Appends one record per run to
-benchmarks/results/hf_loss.jsonl (every logged loss, the mean of the last 10) and draws
-benchmarks/reports/hf_loss_<precision>.png.
+benchmarks/results/hf_loss.jsonl (every logged loss, the mean of the last 10, the largest
+difference of a step's loss from the unpatched run's) and draws
+benchmarks/reports/hf_loss_<precision>.png (a published size: hf_loss_<family>_<size>_<precision>.png).
 
     python3 benchmarks/hf_loss_curve.py --steps 200          # a GPU: bf16, about a minute per run
+    python3 benchmarks/hf_loss_curve.py --family qwen3_moe --size a3b --steps 50 --batch 4 --context 1024
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 
 from fastlm.bench.hf import HFShape, build_model
+from fastlm.bench.options import HF_FAMILIES, HF_SIZES
 from fastlm.integrations.huggingface import apply_fastlm
 from fastlm.utils.plots import line_plot
 from fastlm.utils.records import append_records, with_environment
@@ -74,7 +77,11 @@ def train(model: torch.nn.Module, data: ByteWindows, args: argparse.Namespace, o
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", default="llama", choices=("llama", "qwen3", "mistral"))
+    parser.add_argument("--family", default="llama", choices=HF_FAMILIES)
+    parser.add_argument(
+        "--size", default="tiny", choices=HF_SIZES, help="tiny: 4 layers of 256; else the published dimensions"
+    )
+    parser.add_argument("--layers", type=int, help="layers of a published size (default: its own)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--context", type=int, default=256)
@@ -84,9 +91,11 @@ def main() -> None:
     args = parser.parse_args()
     text = b"\n".join(p.read_bytes() for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))])
     data = ByteWindows(text, args.context)
-    shape = HFShape.of(
-        args.family, "tiny", args.context, d_model=256, d_ff=704, num_layers=4, head_dim=64, vocab_size=256
-    )
+    if args.size == "tiny":
+        dims = dict(d_model=256, d_ff=704, num_layers=4, head_dim=64, vocab_size=256)
+    else:  # the bytes are token ids below any vocabulary's size
+        dims = dict(num_layers=args.layers)
+    shape = HFShape.of(args.family, args.size, args.context, **dims)
     torch.manual_seed(0)
     unpatched = build_model(shape)
     patched = apply_fastlm(copy.deepcopy(unpatched))
@@ -105,6 +114,8 @@ def main() -> None:
                     "op": "hf_loss",
                     "implementation": name,
                     "family": args.family,
+                    "size": args.size,
+                    "layers": shape.num_layers,
                     "steps": args.steps,
                     "batch": args.batch,
                     "context": args.context,
@@ -112,6 +123,7 @@ def main() -> None:
                     "precision": args.precision,
                     "losses": losses,
                     "last10_mean": statistics.mean(losses[-10:]),
+                    "max_step_difference": max(abs(a - b) for a, b in zip(losses, curves["hf"], strict=True)),
                 }
             )
         )
@@ -120,11 +132,13 @@ def main() -> None:
     for record in records[1:]:
         print(
             f"last-10 mean loss, {args.precision}: {record['implementation']} {record['last10_mean']:.4f} against hf "
-            f"{base:.4f}: {100 * (record['last10_mean'] / base - 1):+.3f}%"
+            f"{base:.4f}: {100 * (record['last10_mean'] / base - 1):+.3f}%; largest step difference "
+            f"{record['max_step_difference']:.2e}"
         )
     panel = {name: list(enumerate(losses, start=1)) for name, losses in curves.items()}
+    name = args.precision if args.size == "tiny" else f"{args.family}_{args.size}_{args.precision}"
     line_plot(
-        ROOT / "benchmarks" / "reports" / f"hf_loss_{args.precision}.png",
+        ROOT / "benchmarks" / "reports" / f"hf_loss_{name}.png",
         [(f"{args.family}, {shape.num_parameters() / 1e6:.1f}M parameters, via Trainer", panel)],
         xlabel="step",
         ylabel="training loss",
