@@ -1,7 +1,7 @@
 """Each part `apply_fastlm` replaces, timed against what it replaces, at a Hugging Face model's shapes.
 
 Through autograd in eager mode, under bf16 autocast with fp32 weights, as `fastlm bench hf` steps
-the model: forward + backward of one decoder layer's input RMSNorm, its attention block (projections,
+the model: forward + backward of one decoder layer's RMSNorm before its MLP (OLMo 2: after attention), its attention block (projections,
 RoPE, attention), its MLP, and the loss (LM head + cross-entropy, given the final hidden states).
 Both sides are the same module of the same layer, one of them patched. Timed by
 `fastlm.harness.timing.measure` (CUDA events, L2 flushed, median and p20 / p80). Appends records to
@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from fastlm.bench.hf import HFShape, build_model
+from fastlm.bench.options import HF_FAMILIES
 from fastlm.harness.timing import measure
 from fastlm.integrations.huggingface import apply_fastlm, causal_lm_loss
 from fastlm.utils.records import append_records, with_environment
@@ -39,7 +40,7 @@ def parts(model: torch.nn.Module, fused_loss: bool, hidden: torch.Tensor, labels
         return model.loss_function(model.lm_head(h), labels, model.config.vocab_size)
 
     return {
-        "rms_norm": lambda h: layer.input_layernorm(h),
+        "rms_norm": lambda h: layer.post_attention_layernorm(h),  # every family has it (OLMo 2: after attention)
         "attention (+rope)": lambda h: layer.self_attn(h, cos_sin, None)[0],
         "mlp (swiglu)": lambda h: layer.mlp(h),
         "loss": loss_of,
@@ -48,7 +49,7 @@ def parts(model: torch.nn.Module, fused_loss: bool, hidden: torch.Tensor, labels
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--family", default="llama", choices=("llama", "qwen3", "mistral"))
+    parser.add_argument("--family", default="llama", choices=[f for f in HF_FAMILIES if f != "qwen3_moe"])
     parser.add_argument("--size", default="1b")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
