@@ -1,8 +1,9 @@
 """Each part `apply_fastlm` replaces, timed against what it replaces, at a Hugging Face model's shapes.
 
 Through autograd in eager mode, under bf16 autocast with fp32 weights, as `fastlm bench hf` steps
-the model: forward + backward of one decoder layer's RMSNorm before its MLP (OLMo 2: after attention), its attention block (projections,
-RoPE, attention), its MLP, and the loss (LM head + cross-entropy, given the final hidden states).
+the model: forward + backward of one decoder layer's RMSNorm before its MLP (OLMo 2: after
+attention), its attention block (projections, RoPE, attention), its MLP, and the loss (LM head +
+cross-entropy, given the final hidden states).
 Both sides are the same module of the same layer, one of them patched. Timed by
 `fastlm.harness.timing.measure` (CUDA events, L2 flushed, median and p20 / p80). Appends records to
 benchmarks/results/hf_parts.jsonl.

@@ -211,6 +211,33 @@ def test_an_interrupted_run_stays_partial_and_never_replaces_a_complete_one(tmp_
     assert "kept as partial" in capsys.readouterr().out.splitlines()[-1]
 
 
+class _Measuring(_Toy):
+    measures_ceilings = True
+
+
+def test_an_interrupted_runs_ceilings_never_become_the_latest(tmp_path, monkeypatch):
+    """Ceilings measured by a run are partial until it ends, as its records: the roofline and the
+    ratios of later reports keep the complete run's."""
+    from fastlm.harness import ceilings
+    from fastlm.harness.runner import run_benchmark
+
+    rates = iter([1.0, 9.0])
+    monkeypatch.setattr(
+        ceilings, "measure_ceilings", lambda device: {"gpu": "cpu", "run_id": "r", "copy_gbps": next(rates)}
+    )
+    cpu = torch.device("cpu")
+    run_benchmark(_Measuring(), tmp_path, cpu)
+
+    class Interrupted(_Measuring, _Interrupted):
+        pass
+
+    with pytest.raises(KeyboardInterrupt):
+        run_benchmark(Interrupted(), tmp_path, cpu)
+    written = [json.loads(line) for line in (tmp_path / "results" / "ceilings.jsonl").read_text().splitlines()]
+    assert [(r["copy_gbps"], r["complete"]) for r in written] == [(1.0, True), (9.0, False)]
+    assert ceilings.latest_ceilings(tmp_path / "results", "cpu")["copy_gbps"] == 1.0
+
+
 def test_the_roofline_skips_a_partial_run(tmp_path):
     from fastlm.bench.roofline import kernel_points
 

@@ -79,7 +79,7 @@ class Benchmark:
     def ceilings(self, results_dir: Path, device: torch.device) -> dict | None:
         """The device ceilings this run's records are compared with (None: not used): measured now, so
         that the ratios stay within one run."""
-        return record_ceilings(results_dir, device) if self.measures_ceilings else None
+        return record_ceilings(results_dir, device, complete=False) if self.measures_ceilings else None
 
     def cases(self, device: torch.device) -> Sequence:
         raise NotImplementedError

@@ -52,14 +52,16 @@ def measure_ceilings(device: torch.device) -> dict:
     return with_environment(record)
 
 
-def record_ceilings(results_dir: Path, device: torch.device) -> dict:
-    """Measure the ceilings now (every benchmark run does, so ratios stay within one run)."""
-    record = measure_ceilings(device)
+def record_ceilings(results_dir: Path, device: torch.device, *, complete: bool = True) -> dict:
+    """Measure the ceilings now (every benchmark run does, so ratios stay within one run). A
+    benchmark's run records them with ``complete`` False, and the runner marks them complete with
+    its other records when it ends: an interrupted run's ceilings never become the latest."""
+    record = {**measure_ceilings(device), "complete": complete}
     append_records(results_dir / RESULTS_FILE, [record])
     return record
 
 
 def latest_ceilings(results_dir: Path, gpu: str) -> dict | None:
-    """The last ceilings recorded on ``gpu`` (a device name), or None."""
+    """The last complete ceilings recorded on ``gpu`` (a device name), or None."""
     here = [r for r in read_records(results_dir / RESULTS_FILE) if r["gpu"] == gpu]
     return here[-1] if here else None

@@ -2,8 +2,9 @@
 through `run_benchmark`.
 
     preflight (a run that cannot go stops here) -> note (what a CPU run does not measure) -> ceilings
-    -> measurements, each appended to <out>/results/<name>.jsonl as it is finished ("complete": false),
-    with the progress line -> the run's records marked complete -> <out>/reports/<name>.md
+    ("complete": false) -> measurements, each appended to <out>/results/<name>.jsonl as it is
+    finished ("complete": false), with the progress line -> the run's records and ceilings marked
+    complete -> <out>/reports/<name>.md
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from fastlm.harness.benchmark import Benchmark, Run
+from fastlm.harness.ceilings import RESULTS_FILE as CEILINGS_FILE
 from fastlm.utils.progress import print_line, progress_steps
 from fastlm.utils.records import append_records, mark_complete
 
@@ -32,6 +34,10 @@ def run_benchmark(
     if note is not None:
         print_line(note)
     run = Run(device, benchmark.ceilings(results_dir, device))
+    if run.ceilings is not None and not run.ceilings.get("complete", True):  # measured by this run
+        run_ids_by_file = {results_dir / CEILINGS_FILE: {run.ceilings["run_id"]}}
+    else:
+        run_ids_by_file = {}
     total = benchmark.count(device)
     if step is not None:
         progress = contextlib.nullcontext(lambda done="": step(f"{benchmark.progress_name} {done}".strip()))
@@ -52,7 +58,9 @@ def run_benchmark(
             print_line(f"{benchmark.name}: stopped before the end; its records in {results} are kept as partial")
         raise
     if run_ids:
-        mark_complete(results, run_ids)
+        run_ids_by_file[results] = run_ids
+    for path, ids in run_ids_by_file.items():
+        mark_complete(path, ids)
     return write_report(
         reports_dir / f"{benchmark.name}.md", benchmark.title, benchmark.render(results_dir, reports_dir)
     )
