@@ -178,7 +178,7 @@ def test_runner_appends_records_writes_the_report_and_prints_a_line_per_step(tmp
     assert report.read_text().startswith("# Toy benchmark\n\n| case | status |")
     # piped output: a line at once, then one plain line per step, no bar
     lines = [f"toy {i}/6: {c} {n}" for i, (c, n) in enumerate(steps, 1)]
-    assert capsys.readouterr().out.splitlines() == ["toy: 6 steps", *lines]
+    assert capsys.readouterr().out.splitlines() == ["toy: 6 measurements", *lines]
     assert all(json.loads(line)["complete"] for line in (tmp_path / "results" / "toy.jsonl").read_text().splitlines())
 
 

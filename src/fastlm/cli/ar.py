@@ -87,7 +87,7 @@ def cmd_ar_train(args) -> None:
     splits = make_splits(task)
     rows = []
     for layers in args.layers:
-        with progress_steps(f"{layers} layer(s), epoch", settings.epochs) as step:
+        with progress_steps(f"{layers} layer(s), epoch", settings.epochs, "epochs") as step:
             rows += train_depth(
                 task,
                 splits,

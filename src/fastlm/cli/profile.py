@@ -32,7 +32,7 @@ def run_model_profile(
     from fastlm.harness.runner import write_report
     from fastlm.profile import model as model_profile
 
-    with progress_steps(f"profiling {preset}", model_profile.PROGRESS_STEPS) as step:
+    with progress_steps(f"profiling {preset}", model_profile.PROGRESS_STEPS, "phases") as step:
         profiles, records = model_profile.run(
             config,
             preset,

@@ -29,11 +29,14 @@ HEARTBEAT_S = 20.0  # piped: at most this long without a line while a step runs 
 
 
 @contextlib.contextmanager
-def progress_steps(name: str, total: int, heartbeat_s: float = HEARTBEAT_S) -> Iterator[Callable[..., None]]:
-    """Yields ``step(done="")``, called after each of ``total`` steps: a progress bar on a terminal
-    (its elapsed time keeps moving during a step); when the output is not a terminal, a line at once
-    ("name: 8 steps"), one per step ("name 3/8: done") and, while a step runs longer than
-    ``heartbeat_s``, a line every ``heartbeat_s`` saying so."""
+def progress_steps(
+    name: str, total: int, unit: str = "measurements", heartbeat_s: float = HEARTBEAT_S
+) -> Iterator[Callable[..., None]]:
+    """Yields ``step(done="")``, called after each of ``total`` steps (``unit`` names them: a
+    benchmark's measurements, a profile's phases): a progress bar on a terminal (its elapsed time
+    keeps moving during a step); when the output is not a terminal, a line at once ("name: 8
+    measurements"), one per step ("name 3/8: done") and, while a step runs longer than
+    ``heartbeat_s``, a line every ``heartbeat_s`` saying so ("name 3/8: the 4th running for 40 s")."""
     from rich.console import Console
 
     console = Console()
@@ -45,10 +48,10 @@ def progress_steps(name: str, total: int, heartbeat_s: float = HEARTBEAT_S) -> I
             task = progress.add_task(name, total=total)
             yield lambda done="": progress.update(task, description=f"{name} ({done})" if done else name, advance=1)
         return
-    print_line(f"{name}: {total} steps")
+    print_line(f"{name}: {total} {unit}")
     count = 0
     with heartbeat(
-        lambda running_s: f"{name} {count}/{total}: step {count + 1} running for {running_s:.0f} s", heartbeat_s
+        lambda running_s: f"{name} {count}/{total}: the {ordinal(count + 1)} running for {running_s:.0f} s", heartbeat_s
     ) as beat:
 
         def step(done: str = "") -> None:
@@ -58,6 +61,12 @@ def progress_steps(name: str, total: int, heartbeat_s: float = HEARTBEAT_S) -> I
             beat()
 
         yield step
+
+
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 @contextlib.contextmanager
