@@ -11,8 +11,9 @@ from fastlm.utils.plots import grouped_bar_plot
 from fastlm.utils.tables import markdown_table, present_columns
 
 CPU_NOTE = (
-    "No GPU: steps of the model on the CPU, its fastlm kernels through their reference paths; MFU and peak "
-    "memory need a GPU and are not measured, and these step times say nothing about GPU step times."
+    "No GPU: steps of the model on the CPU (where a row's switches pick fastlm kernels, they run their "
+    "PyTorch paths); MFU and peak memory need a GPU and are not measured, and these step times say nothing "
+    "about GPU step times."
 )
 
 COLUMNS = [
