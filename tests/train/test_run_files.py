@@ -220,3 +220,18 @@ def test_a_checkpoint_of_an_older_version_resumes_with_what_it_did(corpus_data, 
     changed = r"\(documents False -> True\); documents \(--documents\) cannot change when resuming"
     with pytest.raises(UserError, match=changed):
         load_for_resume(config, config.run_record(1, data.sha256, data.tokenizer, data.vocab_size))
+
+
+@pytest.mark.parametrize(
+    "norm,shown",
+    [
+        (0.9402, "grad norm 0.940"),
+        (0.0, "grad norm 0.000"),
+        (3.2e-7, "grad norm 3.20e-07"),
+        (float("nan"), "grad norm nan"),
+    ],
+)
+def test_log_line_shows_a_vanishing_gradient_norm(norm, shown):
+    from fastlm.train.log import format_record
+
+    assert format_record({"step": 2, "grad_norm": norm}, 10) == f"step 2/10 | {shown}"

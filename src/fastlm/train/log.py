@@ -99,7 +99,7 @@ def format_record(record: dict, steps: int) -> str:
         ("eval_loss", "eval loss {:.4f}"),
         ("eval_accuracy", "eval accuracy {:.1%}"),
         ("lr", "lr {:.2e}"),
-        ("grad_norm", "grad norm {:.3f}"),
+        ("grad_norm", "grad norm {}"),
         ("aux_loss", "aux loss {:.3f}"),
         ("skipped", "{} skipped"),
         ("tokens_per_s", "{:,.0f} tokens/s"),
@@ -109,6 +109,9 @@ def format_record(record: dict, steps: int) -> str:
     shown = {key: value for key, value in record.items() if value is not None}
     if not record.get("skipped"):  # log.jsonl records the 0s of --skip-non-finite; the line omits them
         shown.pop("skipped", None)
+    if "grad_norm" in shown:  # a vanishing norm shows as such, not as 0.000
+        norm = shown["grad_norm"]
+        shown["grad_norm"] = f"{norm:.2e}" if 0 < abs(norm) < 1e-3 else f"{norm:.3f}"
     fields += [text.format(shown[key]) for key, text in formats if key in shown]
     loads = [load for load in record.get("expert_load", ()) if load is not None]
     if loads:
