@@ -97,6 +97,36 @@ def test_padded_batch_matches_unpatched(case, side, op_calls, recwarn):
     assert not fallback_warnings(recwarn)
 
 
+@pytest.mark.parametrize(
+    ("side", "first_label", "attention", "unpadded"),
+    [
+        ("right", "kept", True, True),
+        ("left", "ignored", True, True),
+        ("left", "kept", True, False),
+        ("right", "kept", False, False),
+    ],
+    ids=["right", "left", "left-first-token-a-target", "transformers-attention"],
+)
+def test_padded_training_runs_only_the_real_tokens(side, first_label, attention, unpadded, op_calls, recwarn):
+    """In training with labels, every layer runs on the batch's real tokens laid end to end (one row
+    of T tokens, not B x N positions), with the unpatched model's loss and gradients; the rotation
+    runs its kernel on that one row of positions. Not where a padded position predicts a target
+    (left padding whose first real token is a label: transformers counts that prediction), nor with
+    transformers' attention (it would see one sequence)."""
+    model = tiny_model("llama")
+    reference = copy.deepcopy(model)
+    apply_fastlm(model, attention=attention)
+    ids, mask, labels = padded_batch(side)
+    if first_label == "ignored":  # as a prompt's tokens are: only the response is learned
+        labels[torch.arange(len(labels)), mask.argmax(dim=1)] = -100
+    shapes = []
+    model.model.layers[0].mlp.register_forward_pre_hook(lambda module, args: shapes.append(args[0].shape[:2]))
+    assert_same_step(model.train(), reference.train(), input_ids=ids, attention_mask=mask, labels=labels)
+    assert shapes == [(1, int(mask.sum())) if unpadded else tuple(ids.shape)]
+    assert op_calls["flash_attention_varlen"] == (2 if attention else 0) and op_calls["rotary_embedding"] == 2
+    assert not fallback_warnings(recwarn)
+
+
 def test_padding_with_position_ids_and_without_cache_matches_unpatched(op_calls, recwarn):
     """Per-row position ids counting from each row's first real token (what generation and some
     trainers pass with left padding) and use_cache=False: transformers reads no packing from them

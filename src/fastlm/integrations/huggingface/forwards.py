@@ -14,7 +14,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from fastlm.integrations.huggingface.attention import PADDING, PLAIN_CAUSAL, Padding
+from fastlm.integrations.huggingface.attention import ATTN_IMPLEMENTATION, PADDING, PLAIN_CAUSAL, Padding
 from fastlm.integrations.huggingface.experts import layout_fits
 from fastlm.layers.loss import lm_head_loss
 from fastlm.layers.mlp import gated_activation
@@ -341,12 +341,16 @@ def causal_lm_forward(self, args, kwargs, divides_logits: bool = False, router_a
         return original_forward(self, *args, **kwargs)
     from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
+    base = getattr(self, self.base_model_prefix)
+    unpadded = None if router_aux_loss or args else _unpadded_call(base, kwargs)
+    if unpadded is not None:
+        kwargs = unpadded
     labels = kwargs.pop("labels")
     kwargs.pop("logits_to_keep", None)
     return_dict = kwargs.pop("return_dict", None)
     if router_aux_loss and kwargs.get("output_router_logits") is None:
         kwargs["output_router_logits"] = self.config.output_router_logits
-    outputs = getattr(self, self.base_model_prefix)(*args, **kwargs)
+    outputs = base(*args, **kwargs)
     hidden = outputs.last_hidden_state
     if divides_logits:
         hidden = hidden / self.config.logits_scaling
@@ -371,6 +375,78 @@ def causal_lm_forward(self, args, kwargs, divides_logits: bool = False, router_a
     else:
         output = CausalLMOutputWithPast(loss=loss, **fields)
     return output if (self.config.return_dict if return_dict is None else return_dict) else output.to_tuple()
+
+
+# what a padded training call may pass for `_unpadded_call` (values other than None and False):
+# any other input (token_type_ids, a cache, output_hidden_states, ...) keeps the padded batch
+_UNPADDED_KWARGS = frozenset(
+    {
+        "input_ids",
+        "inputs_embeds",
+        "attention_mask",
+        "position_ids",
+        "labels",
+        "shift_labels",
+        "num_items_in_batch",
+        "ignore_index",
+        "use_cache",
+        "return_dict",
+        "logits_to_keep",
+    }
+)
+
+
+def _unpadded_call(base, kwargs: dict) -> dict | None:
+    """The keyword arguments of a padded training call with every row's real tokens laid end to
+    end in one row, or None where the call keeps its padded batch: attention that is not fastlm's
+    (the attention switch off, or kept for the model), no 2-D right or left padding
+    that `_padding` serves, an input outside `_UNPADDED_KWARGS`, or a target at a padded position
+    (left padding whose first real token is a label: transformers' loss counts its prediction from
+    the last padded position, which only the padded batch computes).
+
+    Every layer then runs on the T real tokens instead of the B x N positions (norms, projections,
+    MLPs and RoPE too, not only attention): the batch's rows become the sequences of the
+    variable-length kernel (cu_seq_lens_q/k), with the positions transformers gives them (the
+    given position_ids, else each token's column); the labels are shifted within each row first,
+    so no row's last token predicts the next row's first. The loss is the padded call's; the
+    output holds no key/value cache (none is built)."""
+    if base.config._attn_implementation != ATTN_IMPLEMENTATION:
+        return None  # transformers' attention would see one sequence: only fastlm's reads cu_seq_lens
+    passed = {name for name, value in kwargs.items() if value is not None and value is not False}
+    if "attention_mask" not in passed or passed - _UNPADDED_KWARGS or "logits_to_keep" in passed:
+        return None
+    inputs = _inputs((), kwargs)
+    padding = _padding(base, kwargs, inputs)
+    if padding is None:
+        return None
+    rows, columns = padding.rows, padding.positions
+    ignore_index = kwargs.get("ignore_index", -100)
+    shifted = kwargs.get("shift_labels")
+    if shifted is None:
+        shifted = F.pad(kwargs["labels"], (0, 1), value=ignore_index)[..., 1:]
+    shifted = shifted.to(rows.device)
+    if bool(((shifted != ignore_index) & ~padding.mask).any()):  # one more wait for the GPU
+        return None  # a padded position predicts a target (left padding's first real token): it must run
+    positions = kwargs.get("position_ids")
+    positions = columns if positions is None else positions.expand(padding.mask.shape)[rows, columns]
+    name = "input_ids" if kwargs.get("input_ids") is not None else "inputs_embeds"
+    unpadded = {k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids", "input_ids")}
+    unpadded.pop("inputs_embeds", None)
+    cu_seqlens, longest = padding.cu_seqlens, padding.max_seqlen
+    unpadded.update(
+        {
+            name: inputs[rows, columns][None],
+            "position_ids": positions[None],
+            "labels": None,
+            "shift_labels": shifted[rows, columns][None],
+            "use_cache": False,
+            "cu_seq_lens_q": cu_seqlens,
+            "cu_seq_lens_k": cu_seqlens,
+            "max_length_q": longest,
+            "max_length_k": longest,
+        }
+    )
+    return unpadded
 
 
 def causal_lm_loss(hidden, lm_head, labels, num_items_in_batch=None, ignore_index=-100, shift_labels=None):
