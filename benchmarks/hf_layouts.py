@@ -8,7 +8,9 @@ autocast over fp32 weights, eager):
 - packed: the documents end to end in one row, position ids restarting at each document, each
   document's first token no target (DataCollatorWithFlattening's format);
 - padded: micro-batches of ``--padded-batch`` documents, each right-padded to its longest, with an
-  attention mask, gradients accumulated over the micro-batches (the same documents and one step).
+  attention mask, gradients accumulated over the micro-batches (the same documents and one step);
+- packed-micro: the padded layout's micro-batches, each packed into one row instead: what the
+  padded layout costs beyond its micro-batching.
 Rounds are interleaved over (patch, layout); each step's time is synchronized; per layout the
 median step and ms per 1000 real tokens. Appends records to benchmarks/results/hf_layouts.jsonl.
 
@@ -30,7 +32,7 @@ from fastlm.harness.steps import make_optimizer
 from fastlm.utils.records import append_records, with_environment
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUTS = ("dense", "packed", "padded")
+LAYOUTS = ("dense", "packed", "padded", "packed-micro")
 
 
 def document_lengths(total: int, median: int, longest: int, seed: int = 0) -> list[int]:
@@ -44,38 +46,44 @@ def document_lengths(total: int, median: int, longest: int, seed: int = 0) -> li
     return [n for n in lengths if n > 0]
 
 
+def _packed_row(documents: list[torch.Tensor]) -> dict:
+    """``documents`` end to end in one row: position ids restarting at each, each first token no target."""
+    tokens = torch.cat(documents)
+    lengths = [len(d) for d in documents]
+    labels = tokens.clone()
+    labels[torch.tensor([0, *lengths[:-1]]).cumsum(0)] = -100
+    positions = torch.cat([torch.arange(n) for n in lengths])
+    return {
+        "input_ids": tokens[None].cuda(),
+        "position_ids": positions[None].cuda(),
+        "labels": labels[None].cuda(),
+        "use_cache": False,
+    }
+
+
+def _padded_rows(documents: list[torch.Tensor]) -> dict:
+    """``documents`` one a row, right-padded with 0 to the longest, padding no target."""
+    longest = max(len(d) for d in documents)
+    ids = torch.zeros(len(documents), longest, dtype=torch.long)
+    mask = torch.zeros(len(documents), longest, dtype=torch.long)
+    for row, document in enumerate(documents):
+        ids[row, : len(document)], mask[row, : len(document)] = document, 1
+    labels = ids.masked_fill(mask == 0, -100)
+    return {"input_ids": ids.cuda(), "attention_mask": mask.cuda(), "labels": labels.cuda()}
+
+
 def batches(layout: str, lengths: list[int], batch: int, seq: int, vocab: int, padded_batch: int) -> list[dict]:
     """The model inputs of one optimizer step of ``layout`` (a list of micro-batches), on the GPU."""
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(1, vocab, (sum(lengths),), generator=generator)
     if layout == "dense":
-        ids = tokens.view(batch, seq)
-        return [{"input_ids": ids.cuda(), "labels": ids.cuda()}]
-    documents = tokens.split(lengths)
+        ids = tokens.view(batch, seq).cuda()
+        return [{"input_ids": ids, "labels": ids}]
+    documents = list(tokens.split(lengths))
     if layout == "packed":
-        labels = tokens.clone()
-        starts = torch.tensor([0, *lengths[:-1]]).cumsum(0)
-        labels[starts] = -100
-        positions = torch.cat([torch.arange(n) for n in lengths])
-        return [
-            {
-                "input_ids": tokens[None].cuda(),
-                "position_ids": positions[None].cuda(),
-                "labels": labels[None].cuda(),
-                "use_cache": False,
-            }
-        ]
-    micro = []
-    for first in range(0, len(documents), padded_batch):
-        group = documents[first : first + padded_batch]
-        longest = max(len(d) for d in group)
-        ids = torch.zeros(len(group), longest, dtype=torch.long)
-        mask = torch.zeros(len(group), longest, dtype=torch.long)
-        for row, document in enumerate(group):
-            ids[row, : len(document)], mask[row, : len(document)] = document, 1
-        labels = ids.masked_fill(mask == 0, -100)
-        micro.append({"input_ids": ids.cuda(), "attention_mask": mask.cuda(), "labels": labels.cuda()})
-    return micro
+        return [_packed_row(documents)]
+    groups = [documents[first : first + padded_batch] for first in range(0, len(documents), padded_batch)]
+    return [(_padded_rows if layout == "padded" else _packed_row)(group) for group in groups]
 
 
 def step_fn(model, optimizer, micro_batches: list[dict]):
@@ -154,7 +162,7 @@ def main() -> None:
             median = statistics.median(rounds)
             per_k = median / (sum(lengths) / 1000)
             print(
-                f"{IMPLEMENTATIONS[p].name:>10} {layout:>7} {median:9.1f} ({min(rounds):7.1f}-{max(rounds):7.1f}) "
+                f"{IMPLEMENTATIONS[p].name:>10} {layout:>12} {median:9.1f} ({min(rounds):7.1f}-{max(rounds):7.1f}) "
                 f"{per_k:13.2f} {dense / median:8.2f}x {peaks[p, layout]:6.1f}"
             )
             records.append(
