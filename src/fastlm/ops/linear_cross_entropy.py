@@ -150,14 +150,15 @@ def _matmul_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate
     it: one fp32 temporary of out's size per chunk under torch.compile. (Not ``addmm(...,
     out_dtype=)``: its fake-tensor decomposition fails in some PyTorch releases.) CPU has no such
     overload at all: there the product is formed in fp32 from the 16-bit values (exact products,
-    as cuBLAS uses; CPU shapes are small). ``beta=0`` ignores out's old values (even NaN), so the
-    first chunk needs no zero-filled buffer.
+    as cuBLAS uses; CPU shapes are small). The first chunk overwrites out (in eager mode by
+    ``beta=0``, which ignores out's old values, even NaN), so it needs no zero-filled buffer.
     """
-    beta = 1 if accumulate else 0
-    if out.dtype == a.dtype:
-        torch.addmm(out, a, b, beta=beta, out=out)
+    if out.dtype == a.dtype and accumulate:
+        torch.addmm(out, a, b, out=out)
+    elif out.dtype == a.dtype:  # not addmm with beta 0: a trace would read the buffer's old contents
+        torch.mm(a, b, out=out)
     elif out.is_cuda and out.dtype == torch.float32 and not traced:
-        torch.addmm(out, a, b, beta=beta, out_dtype=torch.float32, out=out)
+        torch.addmm(out, a, b, beta=1 if accumulate else 0, out_dtype=torch.float32, out=out)
     elif out.is_cuda and out.dtype == torch.float32:  # a 16-bit matmul with an fp32 result, then the sum
         product = torch.mm(a, b, out_dtype=torch.float32)
         if accumulate:
