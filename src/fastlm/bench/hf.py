@@ -42,6 +42,26 @@ _CLASSES = {
         "Qwen3MoeForCausalLM",
         {"norm_topk_prob": True, "output_router_logits": True, "router_aux_loss_coef": 0.001},
     ),
+    # Gemma 3 1B: windows of 512 in five of every six layers (local RoPE base 1e4, global 1e6),
+    # queries scaled by 256 ** -0.5
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        {"sliding_window": 512, "query_pre_attn_scalar": 256},
+    ),
+    # Gemma 2 2B: softcapped attention scores and logits, which transformers computes with its
+    # eager attention (and which keep apply_fastlm's attention and loss out), windows of 4096
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        {
+            "attn_implementation": "eager",
+            "sliding_window": 4096,
+            "query_pre_attn_scalar": 256,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+        },
+    ),
     # Granite 3's scales of the embedding, the residual branches, the attention scores and the logits
     "granite": (
         "GraniteConfig",
@@ -58,7 +78,7 @@ _CLASSES = {
 # (family, size) -> d_model, d_ff, layers, heads, key/value heads, head dim, vocabulary, tied head, rope theta:
 # the published models' dimensions (Llama 3.2 1B / 3B, Llama 3.1 8B; Qwen3 1.7B / 4B / 8B; Mistral 7B v0.3
 # as "8b", its smaller sizes Llama's dimensions with Mistral's vocabulary; OLMo 2 1B; Phi-3-mini (3.8B),
-# Granite 3 2B and SmolLM3 3B as "3b"; Qwen3-30B-A3B as "a3b", 4 of its 48 layers, whose 30B
+# Granite 3 2B, SmolLM3 3B and Gemma 2 2B as "3b"; Gemma 3 1B; Qwen3-30B-A3B as "a3b", 4 of its 48 layers, whose 30B
 # parameters' training state would not fit one GPU). "tiny" is for CPU runs and tests.
 TINY = (64, 128, 2, 4, 2, 16, 1000)
 SIZES = {
@@ -82,6 +102,10 @@ SIZES = {
     ("granite", "3b"): (2048, 8192, 40, 32, 8, 64, 49155, True, 5000000.0),
     ("smollm3", "tiny"): (*TINY, True, 5000000.0),
     ("smollm3", "3b"): (2048, 11008, 36, 16, 4, 128, 128256, True, 5000000.0),
+    ("gemma3_text", "tiny"): (*TINY, True, 1000000.0),
+    ("gemma3_text", "1b"): (1152, 6912, 26, 4, 1, 256, 262144, True, 1000000.0),
+    ("gemma2", "tiny"): (*TINY, True, 10000.0),
+    ("gemma2", "3b"): (2304, 9216, 26, 8, 4, 256, 256000, True, 10000.0),
     ("qwen3_moe", "tiny"): (*TINY, False, 1000000.0),
     ("qwen3_moe", "a3b"): (2048, 6144, 4, 32, 4, 128, 151936, False, 1000000.0),
 }
@@ -171,6 +195,10 @@ class HFShape:
         norms = (2 * self.num_layers + 1) * self.d_model
         if self.family in ("qwen3", "qwen3_moe"):  # RMSNorm of each head's queries and keys
             norms += 2 * self.num_layers * self.head_dim
+        if self.family in ("gemma2", "gemma3_text"):  # norms after attention and around the MLP too
+            norms += 2 * self.num_layers * self.d_model
+        if self.family == "gemma3_text":  # and of each head's queries and keys
+            norms += 2 * self.num_layers * self.head_dim
         if self.family == "olmo2":  # RMSNorm of the whole query and key projections
             norms += self.num_layers * self.head_dim * (self.num_heads + self.num_kv_heads)
         return self.num_matmul_parameters() + embedding + norms
@@ -181,7 +209,8 @@ class HFShape:
 
 
 def build_model(shape: HFShape) -> torch.nn.Module:
-    """The family's causal LM with ``shape``'s dimensions, random weights, SDPA attention, no dropout."""
+    """The family's causal LM with ``shape``'s dimensions, random weights, SDPA attention (Gemma 2:
+    eager, for its softcapped scores), no dropout."""
     config_name, model_name, extra = _CLASSES[shape.family]
     module = importlib.import_module("transformers")
     experts = {}
@@ -193,7 +222,7 @@ def build_model(shape: HFShape) -> torch.nn.Module:
             "experts_implementation": UNPATCHED_EXPERTS,
         }
     config = getattr(module, config_name)(
-        **extra,
+        **{"attn_implementation": "sdpa", **extra},
         **experts,
         vocab_size=shape.vocab_size,
         hidden_size=shape.d_model,
@@ -205,7 +234,6 @@ def build_model(shape: HFShape) -> torch.nn.Module:
         max_position_embeddings=max(shape.context_length, 2048),
         rope_theta=shape.rope_theta,
         tie_word_embeddings=shape.tie_word_embeddings,
-        attn_implementation="sdpa",
     )
     if getattr(config, "pad_token_id", None) is not None and config.pad_token_id >= shape.vocab_size:
         config.pad_token_id = None  # the published model's id, past a smaller vocabulary's end

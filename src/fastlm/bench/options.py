@@ -29,7 +29,7 @@ HOST_MIN_ROUNDS = 3  # a median and a spread
 ATTENTION_SWEEPS = ("naive", "compile", "flash", "model", "varlen", "window")
 
 # `fastlm bench hf` (fastlm.bench.hf)
-HF_FAMILIES = ("llama", "qwen3", "mistral", "olmo2", "phi3", "granite", "smollm3", "qwen3_moe")
+HF_FAMILIES = ("llama", "qwen3", "mistral", "olmo2", "phi3", "granite", "smollm3", "gemma3_text", "gemma2", "qwen3_moe")
 HF_SIZES = ("tiny", "1b", "3b", "8b", "a3b")  # the keys of fastlm.bench.hf.SIZES for each family
 HF_PATCHES = ("none", "fastlm", "liger")  # the model as it is, fastlm.apply_fastlm, Liger-Kernel's instance patch
 

@@ -91,7 +91,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         choices=HF_SIZES,
         default=None,
         help="the family's published dimensions: 1b, 3b, 8b (Llama 3.2 1B/3B, 3.1 8B; Qwen3 1.7B/4B/8B; "
-        "Mistral 7B as 8b; OLMo 2 1B; Phi-3-mini, Granite 3 2B, SmolLM3 3B as 3b; Qwen3-30B-A3B as a3b, "
+        "Mistral 7B as 8b; OLMo 2 1B; Gemma 3 1B; Phi-3-mini, Granite 3 2B, SmolLM3 3B, Gemma 2 2B as 3b; "
+        "Qwen3-30B-A3B as a3b, "
         "4 of its 48 layers, unpatched with transformers' grouped_mm experts) or tiny (default: the "
         "family's smallest on a GPU, tiny on a CPU)",
     )
