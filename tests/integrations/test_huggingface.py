@@ -81,15 +81,16 @@ CONFIGS = {
     # (1 + weight) norms, sqrt(hidden) embedding scale, GeGLU (tanh form) MLPs
     "gemma": ("GemmaConfig", {}),
     # and sandwich norms, a query scale that is not 1 / sqrt(head_dim), alternating windows shorter
-    # than the sequences; softcapping off, which fastlm's attention and loss kernels cannot serve
-    # (its fallback: tests/integrations/test_huggingface_families.py). Eager attention: transformers
+    # than the sequences; logits softcapped at 2 (released models: 30), which changes them for sure;
+    # the attention scores' softcap off, which fastlm's attention kernels cannot serve (its
+    # fallback: tests/integrations/test_huggingface_families.py). Eager attention: transformers
     # gives Gemma 2 no SDPA
     "gemma2": (
         "Gemma2Config",
         {
             "attn_implementation": "eager",
             "attn_logit_softcapping": None,
-            "final_logit_softcapping": None,
+            "final_logit_softcapping": 2.0,
             "query_pre_attn_scalar": 24,
             "sliding_window": 3,
             "layer_types": ["sliding_attention", "full_attention"],

@@ -45,8 +45,8 @@ def tokenizer():
     return transformers.PreTrainedTokenizerFast(tokenizer_object=model, eos_token="<eos>", pad_token="<pad>")
 
 
-def tiny_llama():
-    return test_huggingface.tiny_model("llama", vocab_size=len(WORDS) + 2, eos_token_id=1, bos_token_id=1)
+def tiny_policy(family: str):
+    return test_huggingface.tiny_model(family, vocab_size=len(WORDS) + 2, eos_token_id=1, bos_token_id=1)
 
 
 def sentences(count: int, shortest: int, longest: int, seed: int) -> list[str]:
@@ -144,7 +144,7 @@ def dpo_calls(monkeypatch):
     ids=["sigmoid", "ipo", "robust", "hinge", "precomputed-reference"],
 )
 def test_dpo_trainer_matches_trls(options, tokenizer, tmp_path, dpo_calls, recwarn):
-    model = tiny_llama()
+    model = tiny_policy("llama")
     expected, expected_model = dpo_run(trl.DPOTrainer, copy.deepcopy(model), tokenizer, tmp_path, "trl", **options)
     logs, trained = dpo_run(fastlm_trl.DPOTrainer, model, tokenizer, tmp_path, "fastlm", **options)
     assert dpo_calls == [options.get("loss_type", ["sigmoid"])[0]] * 2
@@ -155,7 +155,7 @@ def test_dpo_trainer_matches_trls(options, tokenizer, tmp_path, dpo_calls, recwa
 def test_dpo_trainer_runs_a_patched_model(tokenizer, tmp_path, dpo_calls, op_calls):
     """The padded preference batch runs the patched backbone's kernels (padding by unpadding) and
     fastlm's loss; the same steps as TRL's trainer over the unpatched model."""
-    model = tiny_llama()
+    model = tiny_policy("llama")
     expected, expected_model = dpo_run(trl.DPOTrainer, copy.deepcopy(model), tokenizer, tmp_path, "trl")
     apply_fastlm(model)
     logs, trained = dpo_run(fastlm_trl.DPOTrainer, model, tokenizer, tmp_path, "fastlm")
@@ -166,7 +166,7 @@ def test_dpo_trainer_runs_a_patched_model(tokenizer, tmp_path, dpo_calls, op_cal
 def test_dpo_trainer_under_a_lora_adapter(tokenizer, tmp_path, dpo_calls):
     """PEFT: no reference model (the adapter disabled is the reference); the adapter's weights train."""
     peft = pytest.importorskip("peft")
-    model = tiny_llama()
+    model = tiny_policy("llama")
 
     def lora():
         return peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
@@ -181,12 +181,16 @@ def test_dpo_trainer_under_a_lora_adapter(tokenizer, tmp_path, dpo_calls):
 
 
 @pytest.mark.parametrize(
-    "options",
-    [{"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]}, {"f_divergence_type": "js_divergence"}],
-    ids=["mixed-losses", "js-divergence"],
+    ("family", "options"),
+    [
+        ("llama", {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]}),
+        ("llama", {"f_divergence_type": "js_divergence"}),
+        ("gemma2", {}),  # its logits softcapped (final_logit_softcapping), which linear_dpo_loss does not do
+    ],
+    ids=["mixed-losses", "js-divergence", "softcapped-logits"],
 )
-def test_an_unserved_configuration_runs_trls_loss_with_a_warning(options, tokenizer, tmp_path, dpo_calls):
-    model = tiny_llama()
+def test_an_unserved_configuration_runs_trls_loss_with_a_warning(family, options, tokenizer, tmp_path, dpo_calls):
+    model = tiny_policy(family)
     expected, _ = dpo_run(trl.DPOTrainer, copy.deepcopy(model), tokenizer, tmp_path, "trl", **options)
     with pytest.warns(UserWarning, match="fastlm's DPOTrainer computes TRL's loss"):
         logs, _ = dpo_run(fastlm_trl.DPOTrainer, model, tokenizer, tmp_path, "fastlm", **options)
@@ -209,7 +213,7 @@ def test_sft_trainer_runs_the_patched_model(packing, tokenizer, tmp_path, op_cal
         trainer.train()
         return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
-    model = tiny_llama()
+    model = tiny_policy("llama")
     expected = losses(copy.deepcopy(model), "unpatched")
     apply_fastlm(model)
     measured = losses(model, "patched")

@@ -6,6 +6,7 @@ import torch
 
 from fastlm.layers import LayerNorm, LMHeadLoss, RMSNorm, SwiGLUMLP
 from fastlm.layers.linear import Linear
+from fastlm.layers.loss import lm_head_loss
 from fastlm.layers.mlp import GATED_ACTIVATIONS, gated_activation
 from fastlm.layers.rules import kernel_output_dtype, runs_kernel
 
@@ -88,3 +89,12 @@ def test_lm_head_loss_kernel_and_torch_paths_agree(reduction):
     targets[0, 3] = -100  # ignored by both
     losses = [LMHeadLoss(kernel, reduction=reduction)(hidden, head, targets) for kernel in ("fastlm", "torch")]
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-5)
+
+
+def test_lm_head_loss_softcaps_the_logits_on_both_paths():
+    head = Linear(16, 50)
+    hidden, targets = torch.randn(14, 16), torch.randint(0, 50, (14,))
+    capped = torch.nn.functional.cross_entropy(torch.tanh(head(hidden) / 0.5) * 0.5, targets)
+    for kernel in ("fastlm", "torch"):
+        torch.testing.assert_close(lm_head_loss(hidden, head, targets, kernel=kernel, softcap=0.5), capped)
+    assert not torch.allclose(lm_head_loss(hidden, head, targets), capped)

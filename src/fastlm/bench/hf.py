@@ -49,8 +49,8 @@ _CLASSES = {
         "Gemma3ForCausalLM",
         {"sliding_window": 512, "query_pre_attn_scalar": 256},
     ),
-    # Gemma 2 2B: softcapped attention scores and logits, which transformers computes with its
-    # eager attention (and which keep apply_fastlm's attention and loss out), windows of 4096
+    # Gemma 2 2B: softcapped attention scores and logits; transformers computes the scores' softcap
+    # with its eager attention (which keeps apply_fastlm's attention out), windows of 4096
     "gemma2": (
         "Gemma2Config",
         "Gemma2ForCausalLM",

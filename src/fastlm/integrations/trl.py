@@ -17,8 +17,9 @@ not logged: entropy, logits/* and mean_token_accuracy (they need the logits this
 
 The loss types served are TRL's "sigmoid", "robust", "hinge" and "ipo" alone (IPO's
 length normalization included), with the reverse-KL divergence, no ``ld_alpha``, no WPO weighting,
-no router auxiliary loss and a plain linear LM head (no adapter on it); any other configuration,
-and calls that ask for the outputs, run TRL's own loss (one warning when the trainer is built).
+no router auxiliary loss and a plain linear LM head (no adapter on it, no softcap of its logits);
+any other configuration, and calls that ask for the outputs, run TRL's own loss (one warning when
+the trainer is built).
 SFT needs no subclass: ``trl.SFTTrainer`` runs a patched model's kernels, packed (padding-free) or
 padded; its loss is TRL's head.
 
@@ -76,6 +77,7 @@ class DPOTrainer(trl.DPOTrainer):
             ("ld_alpha", self.ld_alpha, None),
             ("use_weighting", self.use_weighting, False),
             ("the router auxiliary loss", self.aux_loss_enabled, False),
+            ("final_logit_softcapping", getattr(self._policy().config, "final_logit_softcapping", None), None),
         ):
             if value != served:
                 unserved.append(f"{name} {value}")
@@ -83,7 +85,7 @@ class DPOTrainer(trl.DPOTrainer):
             warnings.warn(
                 f"fastlm's DPOTrainer computes TRL's loss for {', '.join(unserved)}: fastlm.linear_dpo_loss serves "
                 f"the loss types {', '.join(SERVED_LOSS_TYPES)} alone, with reverse_kl, no ld_alpha, no weighting "
-                "and no router auxiliary loss",
+                "and no router auxiliary loss or logit softcap",
                 stacklevel=3,
             )
         return not unserved

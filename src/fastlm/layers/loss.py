@@ -23,19 +23,29 @@ def lm_head_loss(
     kernel: str = "fastlm",
     ignore_index: int = -100,
     reduction: str = "mean",
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """cross_entropy(head(hidden), targets) for a linear ``head`` (its ``weight`` (V, d) and
     ``bias`` (V,) if it has one): hidden (..., d) and targets (...), the leading dims flattened into
-    T tokens. "fastlm" runs `fastlm.linear_cross_entropy`, which computes the head's matmul chunk
-    by chunk and never holds the (T, V) logits (the head's forward does not run); "torch" the head
-    and then `F.cross_entropy`."""
+    T tokens; with ``softcap`` c the logits are c * tanh(logits / c) first (Gemma 2). "fastlm" runs
+    `fastlm.linear_cross_entropy`, which computes the head's matmul chunk by chunk and never holds
+    the (T, V) logits (the head's forward does not run); "torch" the head and then
+    `F.cross_entropy`."""
     if kernel == "fastlm":
         bias = getattr(head, "bias", None)
         rows = hidden.reshape(-1, hidden.shape[-1])
         return linear_cross_entropy(
-            rows, head.weight, targets.reshape(-1), bias, ignore_index=ignore_index, reduction=reduction
+            rows,
+            head.weight,
+            targets.reshape(-1),
+            bias,
+            ignore_index=ignore_index,
+            reduction=reduction,
+            softcap=softcap,
         )
     logits = head(hidden)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     return F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index, reduction=reduction
     )

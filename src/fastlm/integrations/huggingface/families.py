@@ -41,9 +41,10 @@ class Adapter:
     ``divides_logits``: the logits are divided by config.logits_scaling (Granite);
     ``router_aux_loss``: the loss adds the routers' load-balancing loss (mixtures of experts, whose
     ``{prefix}Experts`` take the mlp switch's forward);
-    ``softcaps``: the attention hands config.attn_logit_softcapping to the attention function and
-    the LM head softcaps the logits by config.final_logit_softcapping (Gemma 2; the switches a set
-    softcap concerns keep transformers' code, see `kept`); ``activation``: the config field the MLP
+    ``softcaps``: the attention hands config.attn_logit_softcapping to the attention function
+    (Gemma 2; where it is set the attention keeps transformers' code, see `kept`);
+    ``softcaps_logits``: the LM head's logits are softcapped by config.final_logit_softcapping where
+    it is set (Gemma 2 and 3), which the fused loss applies too; ``activation``: the config field the MLP
     reads its activation from; ``base_model``: the base model's class where it is not
     ``{prefix}Model`` (Gemma 3's text model).
     """
@@ -55,6 +56,7 @@ class Adapter:
     divides_logits: bool = False
     router_aux_loss: bool = False
     softcaps: bool = False
+    softcaps_logits: bool = False
     activation: str = "hidden_act"
     base_model: str | None = None
 
@@ -71,7 +73,9 @@ class Adapter:
         else:
             attention = forwards.interleaved_attention_forward if self.rope_interleaved else forwards.attention_forward
         # the model itself, when it is the causal LM, under its own forward's signature
-        loss = forwards.signed_like(type(model).forward, self.divides_logits, self.router_aux_loss)
+        loss = forwards.signed_like(
+            type(model).forward, self.divides_logits, self.router_aux_loss, self.softcaps_logits
+        )
         swaps = {
             "norm": {f"{p}RMSNorm": (norm, True)},
             "rope": {f"{p}Attention": (attention, True)},
@@ -101,12 +105,6 @@ class Adapter:
                 f"the attention as it is: fastlm.flash_attention does not softcap the attention scores "
                 f"(attn_logit_softcapping {softcap})"
             )
-        softcap = getattr(config, "final_logit_softcapping", None)
-        if softcap is not None:
-            kept["loss"] = (
-                f"the loss as it is: fastlm.linear_cross_entropy does not softcap the logits "
-                f"(final_logit_softcapping {softcap})"
-            )
         return kept
 
     def _activation(self, model) -> str | None:
@@ -127,8 +125,16 @@ ADAPTERS = {
     "mixtral": Adapter("Mixtral", router_aux_loss=True),
     "qwen3_moe": Adapter("Qwen3Moe", router_aux_loss=True),
     "gemma": Adapter("Gemma", norm_adds_one=True),
-    "gemma2": Adapter("Gemma2", norm_adds_one=True, softcaps=True, activation="hidden_activation"),
-    "gemma3_text": Adapter("Gemma3", norm_adds_one=True, activation="hidden_activation", base_model="Gemma3TextModel"),
+    "gemma2": Adapter(
+        "Gemma2", norm_adds_one=True, softcaps=True, softcaps_logits=True, activation="hidden_activation"
+    ),
+    "gemma3_text": Adapter(
+        "Gemma3",
+        norm_adds_one=True,
+        softcaps_logits=True,
+        activation="hidden_activation",
+        base_model="Gemma3TextModel",
+    ),
 }
 FAMILIES = tuple(ADAPTERS)
 

@@ -320,7 +320,9 @@ def _attention_interface(module):
     return ALL_ATTENTION_FUNCTIONS.get(module.config._attn_implementation, eager)
 
 
-def causal_lm_forward(self, args, kwargs, divides_logits: bool = False, router_aux_loss: bool = False):
+def causal_lm_forward(
+    self, args, kwargs, divides_logits: bool = False, router_aux_loss: bool = False, softcaps_logits: bool = False
+):
     """With labels in training, the base model and then `causal_lm_loss` on its last hidden states:
     the logits are never formed, and the output's are None. Otherwise (no labels, evaluation,
     ``logits_to_keep``, an lm_head that is not a plain Linear, e.g. one with a PEFT adapter or
@@ -331,7 +333,8 @@ def causal_lm_forward(self, args, kwargs, divides_logits: bool = False, router_a
     bias takes the original forward). ``router_aux_loss``: a mixture of experts (Mixtral, Qwen3-MoE)
     whose loss adds router_aux_loss_coef times transformers' load-balancing loss of the router
     logits where output_router_logits asks for them (the attention mask given by keyword: a
-    positional one takes the original forward).
+    positional one takes the original forward). ``softcaps_logits``: the logits are softcapped by
+    config.final_logit_softcapping where it is set (Gemma 2 and 3).
     """
     keep = kwargs.get("logits_to_keep", 0)
     head = self.lm_head
@@ -361,6 +364,7 @@ def causal_lm_forward(self, args, kwargs, divides_logits: bool = False, router_a
         kwargs.get("num_items_in_batch"),
         kwargs.get("ignore_index", -100),
         kwargs.get("shift_labels"),
+        getattr(self.config, "final_logit_softcapping", None) if softcaps_logits else None,
     )
     fields = {name: value for name, value in outputs.items() if name != "last_hidden_state"}
     if router_aux_loss:
@@ -449,9 +453,12 @@ def _unpadded_call(base, kwargs: dict) -> dict | None:
     return unpadded
 
 
-def causal_lm_loss(hidden, lm_head, labels, num_items_in_batch=None, ignore_index=-100, shift_labels=None):
+def causal_lm_loss(
+    hidden, lm_head, labels, num_items_in_batch=None, ignore_index=-100, shift_labels=None, softcap=None
+):
     """transformers' ForCausalLMLoss of ``lm_head(hidden)`` by `fastlm.layers.loss.lm_head_loss`
-    (`fastlm.linear_cross_entropy`).
+    (`fastlm.linear_cross_entropy`), the logits softcapped first where ``softcap`` is set (Gemma 2's
+    final_logit_softcapping: softcap * tanh(logits / softcap)).
 
     hidden (B, N, d); labels (B, N), shifted here so that token t predicts label t + 1 (the last
     token predicts nothing), or ``shift_labels`` (B, N) already shifted. The mean over labels that
@@ -462,20 +469,20 @@ def causal_lm_loss(hidden, lm_head, labels, num_items_in_batch=None, ignore_inde
         shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     targets = shift_labels.to(hidden.device)
     if num_items_in_batch is None:
-        return lm_head_loss(hidden, lm_head, targets, ignore_index=ignore_index)
-    total = lm_head_loss(hidden, lm_head, targets, ignore_index=ignore_index, reduction="sum")
+        return lm_head_loss(hidden, lm_head, targets, ignore_index=ignore_index, softcap=softcap)
+    total = lm_head_loss(hidden, lm_head, targets, ignore_index=ignore_index, reduction="sum", softcap=softcap)
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(total.device)
     return total / num_items_in_batch
 
 
-def signed_like(forward, divides_logits: bool = False, router_aux_loss: bool = False):
+def signed_like(forward, divides_logits: bool = False, router_aux_loss: bool = False, softcaps_logits: bool = False):
     """`causal_lm_forward` with the family's options under the signature of the ``forward`` it
     replaces: Trainer reads that signature for the dataset columns to keep and for whether to pass
     num_items_in_batch."""
 
     @functools.wraps(forward)
     def signed(self, *args, **kwargs):
-        return causal_lm_forward(self, args, kwargs, divides_logits, router_aux_loss)
+        return causal_lm_forward(self, args, kwargs, divides_logits, router_aux_loss, softcaps_logits)
 
     return signed
