@@ -309,49 +309,54 @@ for name, (cu_q, cu_k, max_q, max_k) in cases.items():
 """
 
 
-def _run_child(cases: dict, interpreted: bool) -> dict:
+def _start_child(cases: dict, interpreted: bool) -> subprocess.Popen:
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     if interpreted:
         env["TRITON_INTERPRET"] = "1"
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps(cases)], capture_output=True, text=True, env=env, timeout=300
-    )
+    command = [sys.executable, "-c", _CHILD, json.dumps(cases)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _results(child: subprocess.Popen, cases: dict) -> dict:
+    stdout, stderr = child.communicate(timeout=300)
     results = {}
-    for line in child.stdout.splitlines():
+    for line in stdout.splitlines():
         results.update(json.loads(line))
     # a case the child never reported is the one it died in, or came after it
-    died = {"error": f"the child process died (rc {child.returncode}) here or before: {child.stderr[-500:]}"}
+    died = {"error": f"the child process died (rc {child.returncode}) here or before: {stderr[-500:]}"}
     return {name: results.get(name, died) for name in cases}
 
 
 @pytest.fixture(scope="module")
 def both_cpu_paths() -> dict:
     """{path: {case: result}} for BAD_LENGTHS and GOOD_LENGTHS on the PyTorch path and the Triton
-    interpreter, each in a child process (two in all, not one per case: a process start costs
-    seconds)."""
+    interpreter, each in a child process, the two at once (two in all, not one per case: a process
+    start costs seconds; the two tests below take them all, so that a worker starts them once)."""
     good = GOOD_LENGTHS | {"no-documents": ([0], None, 0, 0)}  # first: a crash in a bad case takes the rest
     cases = good | {name: case[:4] for name, case in BAD_LENGTHS.items()}
-    return {path: _run_child(cases, path == "interpreter") for path in ("pytorch", "interpreter")}
+    children = {path: _start_child(cases, path == "interpreter") for path in ("pytorch", "interpreter")}
+    return {path: _results(child, cases) for path, child in children.items()}
 
 
-@pytest.mark.parametrize("path", ["pytorch", "interpreter"])
-@pytest.mark.parametrize("case", list(BAD_LENGTHS))
-def test_bad_lengths_raise_one_clear_error_on_both_cpu_paths(case, path, both_cpu_paths):
+def test_bad_lengths_raise_one_clear_error_on_both_cpu_paths(both_cpu_paths):
     """Checked before any kernel or tile runs, whichever path takes CPU tensors: one ValueError that
     names the argument and the fault, the same on both."""
-    result = both_cpu_paths[path][case]
-    assert "error" in result, f"accepted: {str(result)[:200]}"
-    assert re.match("ValueError: " + BAD_LENGTHS[case][4], result["error"]), result["error"]
-    assert result == both_cpu_paths["pytorch" if path == "interpreter" else "interpreter"][case]
+    for case, (*_, message) in BAD_LENGTHS.items():
+        results = [both_cpu_paths[path][case] for path in ("pytorch", "interpreter")]
+        for result in results:
+            assert "error" in result, f"{case}: accepted: {str(result)[:200]}"
+            assert re.match("ValueError: " + message, result["error"]), f"{case}: {result['error']}"
+        assert results[0] == results[1], case
 
 
-@pytest.mark.parametrize("case", [*GOOD_LENGTHS, "no-documents"])
-def test_lengths_at_the_rules_edges_give_one_result_on_both_cpu_paths(case, both_cpu_paths):
+def test_lengths_at_the_rules_edges_give_one_result_on_both_cpu_paths(both_cpu_paths):
     """Accepted, with the same output and gradients from the PyTorch path and the interpreter."""
-    results = [both_cpu_paths[path][case] for path in ("pytorch", "interpreter")]
-    assert all("error" not in result for result in results), results
-    for name in ("output", "grads"):
-        torch.testing.assert_close(torch.tensor(results[0][name]), torch.tensor(results[1][name]), atol=1e-5, rtol=1e-5)
+    for case in [*GOOD_LENGTHS, "no-documents"]:
+        results = [both_cpu_paths[path][case] for path in ("pytorch", "interpreter")]
+        assert all("error" not in result for result in results), (case, results)
+        for name in ("output", "grads"):
+            expected = torch.tensor(results[1][name])
+            torch.testing.assert_close(torch.tensor(results[0][name]), expected, atol=1e-5, rtol=1e-5, msg=case)
 
 
 def test_check_must_be_a_flag():
