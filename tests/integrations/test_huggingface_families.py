@@ -138,10 +138,10 @@ def test_exact_gelu_mlp_runs_geglu_on_the_halves_of_gate_up_proj(op_calls, recwa
     assert op_calls["geglu"] == 2 and op_calls["swiglu"] == 0 and not kept_warnings(recwarn)
 
 
-def test_gemma2_attention_softcap_keeps_attention_with_one_warning(op_calls, recwarn):
-    """Gemma 2's softcaps of the attention scores and of the logits: the attention keeps
-    transformers' (the rotation still runs the kernel, and hands the softcap on), warned once when
-    the patch is applied; the fused loss softcaps the logits; the model is the unpatched one.
+def test_gemma2_softcaps_run_in_the_kernels(op_calls, recwarn):
+    """Gemma 2's softcaps of the attention scores and of the logits: the attention kernel softcaps
+    the scores, the fused loss the logits; in evaluation with a cache, the mask goes to Gemma 2's
+    own eager attention (SDPA has no softcap), warned once. The model is the unpatched one.
     Softcaps of 1 and 2 (the defaults are 50 and 30) change the tiny model's values for sure."""
     model = tiny_model("gemma2", attn_logit_softcapping=1.0, final_logit_softcapping=2.0)
     # the same weights (seeded), no softcaps: far from the capped model
@@ -150,20 +150,19 @@ def test_gemma2_attention_softcap_keeps_attention_with_one_warning(op_calls, rec
     apply_fastlm(model)
     ids = batches(1, length=8)[0]
     assert_same_step(model.train(), reference.train(), input_ids=ids, labels=ids)
-    assert kept_warnings(recwarn) == [
-        "apply_fastlm leaves the attention as it is: fastlm.flash_attention does not softcap the attention "
-        "scores (attn_logit_softcapping 1.0)",
-    ]
-    assert op_calls["flash_attention"] == 0 and op_calls["linear_cross_entropy"] == 1
-    assert model.config._attn_implementation == "eager"  # not "fastlm"
+    assert not kept_warnings(recwarn)
+    assert op_calls["flash_attention"] == 2 and op_calls["linear_cross_entropy"] == 1
+    assert model.config._attn_implementation == "fastlm"
     assert op_calls["rms_norm"] == 9 and op_calls["rotary_embedding"] == 2 and op_calls["geglu"] == 2
     model.eval(), reference.eval(), uncapped.eval()
     with torch.no_grad():
-        logits = model(input_ids=ids).logits
-        torch.testing.assert_close(logits, reference(input_ids=ids).logits, **LOGITS)
+        for use_cache in (False, True):
+            logits = model(input_ids=ids, use_cache=use_cache).logits
+            torch.testing.assert_close(logits, reference(input_ids=ids).logits, **LOGITS)
         assert not torch.allclose(logits, uncapped(input_ids=ids).logits, rtol=1e-2, atol=1e-2)
-    apply_fastlm(model, attention=False)  # a switch that is off: nothing to warn about
-    assert len(kept_warnings(recwarn)) == 1
+        generated = model.generate(ids[:, :4], max_new_tokens=4, do_sample=False)
+        assert torch.equal(generated, reference.generate(ids[:, :4], max_new_tokens=4, do_sample=False))
+    assert [str(w.message) for w in recwarn if "eager attention" in str(w.message)]
 
 
 def test_bidirectional_attention_keeps_transformers_attention_with_one_warning(op_calls, recwarn):

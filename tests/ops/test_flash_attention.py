@@ -69,12 +69,13 @@ def make_qkv(batch, heads, kv_heads, nq, nk, dim, dtype, device, requires_grad=T
     return [t.requires_grad_(requires_grad) for t in (q, k, v)]
 
 
-def check_attention(run, q, k, v, causal, scale=None, window=None):
+def check_attention(run, q, k, v, causal, scale=None, window=None, softcap=None):
     """``run(q, k, v)``'s output and (dq, dk, dv) against the materialized reference, by
     `check_against_float64`."""
+    options = dict(causal=causal, scale=scale, window=window, softcap=softcap)
     out = check_against_float64(
         run,
-        lambda q, k, v: flash_attention_ref(q, k, v, causal=causal, scale=scale, window=window).to(q.dtype),
+        lambda q, k, v: flash_attention_ref(q, k, v, **options).to(q.dtype),
         (q, k, v),
         *ALLOWANCE[q.dtype],
     )
@@ -112,6 +113,31 @@ def test_eager_cpu_path_matches_reference(batch, heads, kv_heads, nq, nk, dim, c
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     q, k, v = make_qkv(batch, heads, kv_heads, nq, nk, dim, torch.float32, "cpu")
     check_attention(lambda *a: fastlm.flash_attention(*a, causal=causal, window=window), q, k, v, causal, window=window)
+
+
+# softcap 0.5 over scaled scores of about +-1 (randn q and k at head dim 16): the cap bends most of
+# them, so the softcapped attention is far from the plain one
+@pytest.mark.parametrize("path", ["device", "eager-cpu"])
+@pytest.mark.parametrize("causal,window", [(True, None), (False, (5, 2))], ids=["causal", "window"])
+def test_softcap_matches_reference(path, causal, window, device, monkeypatch):
+    """On the device's path (the kernels, or the interpreter on a CPU) and on the eager CPU path,
+    which takes the tiled twin for softcapped scores (SDPA has no softcap)."""
+    if path == "eager-cpu":
+        device = torch.device("cpu")
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v = make_qkv(1, 4, 2, 37, 37, 16, torch.float32, device)
+    options = dict(causal=causal, window=window)
+    check_attention(lambda *a: fastlm.flash_attention(*a, **options, softcap=0.5), q, k, v, **options, softcap=0.5)
+    with torch.no_grad():
+        capped, plain = (fastlm.flash_attention(q, k, v, **options, softcap=c) for c in (0.5, None))
+    assert (capped - plain).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("softcap", [0.0, -1.0, float("inf"), "1"])
+def test_softcap_must_be_a_positive_number(softcap, device):
+    q, k, v = make_qkv(1, 1, 1, 4, 4, 16, torch.float32, device, requires_grad=False)
+    with pytest.raises((TypeError, ValueError), match="softcap"):
+        fastlm.flash_attention(q, k, v, softcap=softcap)
 
 
 def test_eager_cpu_path_takes_3d_inputs(monkeypatch):
@@ -532,6 +558,16 @@ GPU_CASES = [(d, torch.bfloat16, True) for d in (16, 32, 64, 96, 128, 256)] + [
 def test_gpu_matches_reference(dim, dtype, causal):
     q, k, v = make_qkv(2, 4, 2, 1031, 1031, dim, dtype, "cuda")
     check_attention(lambda *a: fastlm.flash_attention(*a, causal=causal), q, k, v, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dim", [128, 256])
+def test_gpu_softcap_matches_reference(dim):
+    """Gemma 2's softcapped scores (its head dim 256) under a window shorter than the rows, in bf16;
+    a cap of 1 bends every score the random inputs give."""
+    q, k, v = make_qkv(2, 4, 2, 1031, 1031, dim, torch.bfloat16, "cuda")
+    run = lambda *a: fastlm.flash_attention(*a, causal=True, window=(300, 0), softcap=1.0)  # noqa: E731
+    check_attention(run, q, k, v, True, window=(300, 0), softcap=1.0)
 
 
 @pytest.mark.gpu

@@ -49,13 +49,14 @@ def make_packed(q_lengths, k_lengths, heads, kv_heads, dim, dtype, device):
     return [t.requires_grad_(True) for t in (q, k, v)], cumulative(q_lengths, device), cumulative(k_lengths, device)
 
 
-def check_varlen(run, q, k, v, cu_q, cu_k, causal, window=None):
+def check_varlen(run, q, k, v, cu_q, cu_k, causal, window=None, softcap=None):
     """``run(q, k, v)``'s output and gradients against `flash_attention_varlen_ref`, as the dense
     tests check theirs (the same allowances)."""
     max_q, max_k = int((cu_q[1:] - cu_q[:-1]).max()), int((cu_k[1:] - cu_k[:-1]).max())
+    options = dict(causal=causal, window=window, softcap=softcap)
 
     def reference(q, k, v):
-        return flash_attention_varlen_ref(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, window=window).to(q.dtype)
+        return flash_attention_varlen_ref(q, k, v, cu_q, cu_k, max_q, max_k, **options).to(q.dtype)
 
     out = check_against_float64(run, reference, (q, k, v), *ALLOWANCE[q.dtype])
     assert out.dtype == q.dtype and out.shape == q.shape
@@ -94,6 +95,22 @@ CASES = [
 def test_kernels_match_reference(q_lengths, k_lengths, causal, window, device):
     (q, k, v), cu_q, cu_k = make_packed(q_lengths, k_lengths or q_lengths, 4, 2, 16, torch.float32, device)
     check_varlen(packed_kernels(cu_q, cu_k, causal, window, SMALL_TILES), q, k, v, cu_q, cu_k, causal, window)
+
+
+@pytest.mark.parametrize("path", ["device", "tiled-every-tile"])
+def test_softcap_matches_reference(path, device, monkeypatch):
+    """Softcapped scores (0.5: most bend) in packed documents, on the device's path and on the
+    tiled twin's plan of every tile (what torch.compile traces on a CPU)."""
+    if path == "tiled-every-tile":
+        device = torch.device("cpu")
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        monkeypatch.setattr(tiled, "is_traced", lambda tensor: True)
+    (q, k, v), cu_q, cu_k = make_packed([5, 0, 40, 1, 17], [5, 0, 40, 1, 17], 4, 2, 16, torch.float32, device)
+
+    def run(q, k, v):
+        return fastlm.flash_attention_varlen(q, k, v, cu_q, cu_k, 40, 40, causal=True, window=(9, 0), softcap=0.5)
+
+    check_varlen(run, q, k, v, cu_q, cu_k, True, (9, 0), softcap=0.5)
 
 
 @pytest.mark.parametrize("plan", ["host", "every-tile"])

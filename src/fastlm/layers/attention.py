@@ -40,14 +40,17 @@ def flash_causal_attention(
     cu_seqlens_k: torch.Tensor | None = None,
     max_seqlen_q: int = 0,
     max_seqlen_k: int = 0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """q (B, H, Nq, D), k and v (B, Hkv, Nk, D), grouped heads read in place -> (B, Nq, H, D) (a view
     of the kernels' token-major output). ``window``: query i sees the ``window`` keys up to and
     including i. With cu_seqlens_q/k the rows are packed documents laid end to end (none spans two
-    rows), each attending within itself; max_seqlen_q/k bound their lengths."""
+    rows), each attending within itself; max_seqlen_q/k bound their lengths. ``softcap``: the
+    scores' softcap, as in `fastlm.flash_attention`."""
     kernel_window = None if window is None else (window - 1, 0)
     if cu_seqlens_q is None:
-        return flash_attention(q, k, v, causal=True, scale=scale, window=kernel_window).transpose(1, 2)
+        out = flash_attention(q, k, v, causal=True, scale=scale, window=kernel_window, softcap=softcap)
+        return out.transpose(1, 2)
     batch, heads, length, head_dim = q.shape
 
     def packed(t: torch.Tensor) -> torch.Tensor:  # (B, H, N, D) -> (B N, H, D): a view for one row
@@ -64,6 +67,7 @@ def flash_causal_attention(
         causal=True,
         scale=scale,
         window=kernel_window,
+        softcap=softcap,
     )
     return out.view(batch, length, heads, head_dim)
 
@@ -79,6 +83,7 @@ def unpadded_causal_attention(
     *,
     scale: float | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Causal attention within the real tokens of each row of a padded batch: q (B, H, N, D), k and
     v (B, Hkv, N, D) -> (B, N, H, D), 0 at the padded positions.
@@ -89,8 +94,8 @@ def unpadded_causal_attention(
     each of q, k and v whatever their strides; they attend as one document per row through
     `fastlm.flash_attention_varlen` (``window``: query i sees the ``window`` keys up to and including
     i, as in `flash_causal_attention`; a row's tokens keep their distances, so the window is the
-    row's); the output is scattered into a zeroed (B, N, H, D) in one pass. Cost beyond the kernel:
-    q, k, v and the output of the T real tokens read and written once more, as much again in the
+    row's; ``softcap`` as there); the output is scattered into a zeroed (B, N, H, D) in one pass.
+    Cost beyond the kernel: q, k, v and the output of the T real tokens read and written once more, as much again in the
     backward; what it saves is the attention of the B N - T padded queries."""
     batch, heads, length, head_dim = q.shape
     kernel_window = None if window is None else (window - 1, 0)
@@ -109,6 +114,7 @@ def unpadded_causal_attention(
         causal=True,
         scale=scale,
         window=kernel_window,
+        softcap=softcap,
     )  # (T, H, D)
     return out.new_zeros(batch, length, heads, head_dim).index_put((rows, positions), out)
 

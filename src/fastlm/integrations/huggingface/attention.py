@@ -9,6 +9,7 @@ non-causal attention) runs transformers' SDPA function, with a one-time warning 
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import NamedTuple
 
@@ -57,6 +58,7 @@ def attention_function(
     the result is always exact, the kernels are used where they compute the same thing.
     """
     padding = kwargs.pop(PADDING, None)
+    softcap = kwargs.pop("softcap", None)  # Gemma 2's attn_logit_softcapping
     if kwargs.pop(PLAIN_CAUSAL, False):
         # a mask transformers built anyway (it always does while torch.compile traces, to look for
         # packed sequences in the position ids) holds nothing the checks below do not see
@@ -65,9 +67,11 @@ def attention_function(
     if reason is not None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        _warn_once(reason)
+        _warn_once(reason, "eager" if softcap is not None else "SDPA")
         if attention_mask is None:
             attention_mask = _implicit_mask(query, key, sliding_window, padding, kwargs)
+        if softcap is not None:
+            return _softcapped_eager(module, query, key, value, attention_mask, dropout, scaling, softcap)
         return sdpa_attention_forward(
             module,
             query,
@@ -87,7 +91,16 @@ def attention_function(
     if padding is not None:
         _, rows, positions, cu_seqlens, max_seqlen = padding
         out = unpadded_causal_attention(
-            query, key, value, rows, positions, cu_seqlens, max_seqlen, scale=scaling, window=sliding_window
+            query,
+            key,
+            value,
+            rows,
+            positions,
+            cu_seqlens,
+            max_seqlen,
+            scale=scaling,
+            window=sliding_window,
+            softcap=softcap,
         )
         return out, None
     out = flash_causal_attention(
@@ -100,6 +113,7 @@ def attention_function(
         cu_seqlens_k=kwargs.get("cu_seq_lens_k"),
         max_seqlen_q=kwargs.get("max_length_q") or 0,
         max_seqlen_k=kwargs.get("max_length_k") or 0,
+        softcap=softcap,
     )
     return out, None
 
@@ -133,13 +147,28 @@ def _fallback_reason(module, query, key, attention_mask, dropout, kwargs) -> str
     return None
 
 
-def _warn_once(reason: str) -> None:
+def _softcapped_eager(module, query, key, value, attention_mask, dropout, scaling, softcap):
+    """The fallback for softcapped scores, which SDPA does not softcap: the model's own eager
+    attention function (Gemma 2's), with a boolean mask (SDPA's, or None: causal with the ends
+    aligned) turned into the additive one it adds to the scores."""
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    if attention_mask is None:
+        n_q, n_k = query.shape[2], key.shape[2]
+        rows = torch.arange(n_k - n_q, n_k, device=query.device)[:, None]
+        attention_mask = (torch.arange(n_k, device=query.device)[None, :] <= rows)[None, None]
+    if attention_mask.dtype == torch.bool:
+        additive = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
+        attention_mask = additive.masked_fill(~attention_mask, torch.finfo(query.dtype).min)
+    return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, softcap=softcap)
+
+
+def _warn_once(reason: str, fallback: str = "SDPA") -> None:
     """One warning per reason and process; none while torch.compile traces, which cannot warn."""
     if reason not in _warned_fallbacks and not torch.compiler.is_compiling():
         _warned_fallbacks.add(reason)
         warnings.warn(
-            f"fastlm attention runs transformers' SDPA attention for {reason}, which "
-            "fastlm.flash_attention does not cover (same result, SDPA's speed)",
+            f"fastlm attention runs transformers' {fallback} attention for {reason}, which "
+            f"fastlm.flash_attention does not cover (same result, {fallback}'s speed)",
             stacklevel=3,
         )
 

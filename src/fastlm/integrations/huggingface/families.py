@@ -42,7 +42,7 @@ class Adapter:
     ``router_aux_loss``: the loss adds the routers' load-balancing loss (mixtures of experts, whose
     ``{prefix}Experts`` take the mlp switch's forward);
     ``softcaps``: the attention hands config.attn_logit_softcapping to the attention function
-    (Gemma 2; where it is set the attention keeps transformers' code, see `kept`);
+    (Gemma 2), which fastlm's softcaps in the kernel;
     ``softcaps_logits``: the LM head's logits are softcapped by config.final_logit_softcapping where
     it is set (Gemma 2 and 3), which the fused loss applies too; ``activation``: the config field the MLP
     reads its activation from; ``base_model``: the base model's class where it is not
@@ -99,12 +99,6 @@ class Adapter:
             kept["mlp"] = f"the MLPs as they are: {self.activation} {activation!r} is not one fastlm fuses ({fused})"
         if getattr(config, "use_bidirectional_attention", False):
             kept["attention"] = "the attention as it is: use_bidirectional_attention is not causal attention"
-        softcap = getattr(config, "attn_logit_softcapping", None) if self.softcaps else None
-        if softcap is not None:
-            kept["attention"] = (
-                f"the attention as it is: fastlm.flash_attention does not softcap the attention scores "
-                f"(attn_logit_softcapping {softcap})"
-            )
         return kept
 
     def _activation(self, model) -> str | None:

@@ -223,7 +223,7 @@ def attention_forward(
     rotation of the first R of each head's D dims (partial rotary: R is the tables' width).
     ``interleaved``: the rotation pairs dims (2i, 2i + 1) (GLM-4), not (i, i + R/2). ``softcap``:
     handed to the attention function as the family's forward hands it (Gemma 2's
-    attn_logit_softcapping; the "fastlm" implementation is never installed where it is set).
+    attn_logit_softcapping, which the "fastlm" implementation softcaps in the kernel).
     """
     cos, sin = position_embeddings
     if cos.dim() != 3 or cos.shape[0] != 1 or torch.compiler.is_compiling() or not getattr(self, "use_rope", True):

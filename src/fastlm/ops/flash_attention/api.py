@@ -51,10 +51,13 @@ def _forward_op(
     scale: float,
     window_left: int,
     window_right: int,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, L) for dense q (Z, H, M, D) or (Z, M, D), k/v (Z, Hkv, N, D) or (Z, N, D), or packed
     (total, heads, D) with cumulative lengths: the kernels or, off the Triton path, the tiled twin."""
-    packing = dict(window=(window_left, window_right), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    packing = dict(
+        window=(window_left, window_right), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, softcap=softcap
+    )
     if runs_triton(q):
         config = _kernel_config(q, k, cu_seqlens_q is not None, max_seqlen_k)
         return _launch_forward(q, k, v, causal, scale, config, traced=True, **packing)
@@ -76,8 +79,11 @@ def _backward_op(
     scale: float,
     window_left: int,
     window_right: int,
+    softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    packing = dict(window=(window_left, window_right), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    packing = dict(
+        window=(window_left, window_right), cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, softcap=softcap
+    )
     if runs_triton(q):  # O and L as the op's caller passes them, made safe for the kernels' indexing
         config = _kernel_config(q, k, cu_seqlens_q is not None, max_seqlen_k)
         o, lse = kernel_ready_output(o), lse.contiguous()
@@ -89,33 +95,34 @@ def _op_setup_context(ctx, inputs, output):
     q, k, v, cu_seqlens_q, cu_seqlens_k, *options = inputs
     o, lse = output
     ctx.save_for_backward(lse, q, k, v, o, cu_seqlens_q, cu_seqlens_k)
-    ctx.options = options  # max_seqlen_k, causal, scale, window_left, window_right
+    ctx.options = options  # max_seqlen_k, causal, scale, window_left, window_right, softcap
 
 
 def _op_backward(ctx, grad_out, _grad_lse):
     lse, q, k, v, o, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
     dq, dk, dv = _backward_op(grad_out, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *ctx.options)
-    return dq, dk, dv, *[None] * 7
+    return dq, dk, dv, *[None] * 8
 
 
 torch.library.register_autograd(_forward_op, _op_backward, setup_context=_op_setup_context)
 
 
-def _autograd_forward(ctx, forward, q, k, v, causal: bool, scale: float, config, window, cu_seqlens_q, cu_seqlens_k):
+def _autograd_forward(
+    ctx, forward, q, k, v, causal: bool, scale: float, config, window, cu_seqlens_q, cu_seqlens_k, softcap: float
+):
     """Shared forward of the autograd.Functions (``config``: the kernels' AttentionConfig or the
     twin's tile edge): saves exactly (L, Q, K, V, O), the cumulative lengths of packed inputs, and
     what the backward needs besides, so that it recomputes nothing."""
-    o, lse = forward(
-        q, k, v, causal, scale, config, window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k
-    )
+    packing = dict(window=window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, softcap=softcap)
+    o, lse = forward(q, k, v, causal, scale, config, **packing)
     ctx.save_for_backward(lse, q, k, v, o, *(() if cu_seqlens_q is None else (cu_seqlens_q, cu_seqlens_k)))
-    ctx.options = (causal, scale, window, config)
+    ctx.options = (causal, scale, window, softcap, config)
     return o
 
 
 def _autograd_backward(ctx, backward, grad_out):
     lse, q, k, v, o, *packing = ctx.saved_tensors
-    causal, scale, window, config = ctx.options
+    causal, scale, window, softcap, config = ctx.options
     cu_seqlens_q, cu_seqlens_k = packing or (None, None)
     dq, dk, dv = backward(
         grad_out,
@@ -130,22 +137,24 @@ def _autograd_backward(ctx, backward, grad_out):
         window=window,
         cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k,
+        softcap=softcap,
     )
-    return dq, dk, dv, *[None] * 7
+    return dq, dk, dv, *[None] * 8
 
 
 class _FlashAttentionKernels(torch.autograd.Function):
     """The Triton kernels for inputs already checked: ``apply(q, k, v, causal, scale, config, window,
-    cu_seqlens_q, cu_seqlens_k, max_seqlen_k)`` with a bool, a float, an AttentionConfig or None
-    (picked for q), a (left, right) window, and for packed inputs the cumulative lengths and the
-    longest document's keys (dense: None, None, 0). The eager path of the public functions."""
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softcap)`` with a bool, a float, an AttentionConfig or
+    None (picked for q), a (left, right) window, for packed inputs the cumulative lengths and the
+    longest document's keys (dense: None, None, 0), and the scores' softcap (0: none). The eager
+    path of the public functions."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, config, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_k):
+    def forward(ctx, q, k, v, causal, scale, config, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softcap=0.0):
         if config is None:  # picked here, not in the launcher: the backward reuses it
             config = _kernel_config(q, k, cu_seqlens_q is not None, max_seqlen_k)
         return _autograd_forward(
-            ctx, _launch_forward, q, k, v, causal, scale, config, window, cu_seqlens_q, cu_seqlens_k
+            ctx, _launch_forward, q, k, v, causal, scale, config, window, cu_seqlens_q, cu_seqlens_k, softcap
         )
 
     @staticmethod
@@ -155,11 +164,13 @@ class _FlashAttentionKernels(torch.autograd.Function):
 
 class _FlashAttentionTiled(torch.autograd.Function):
     """The tiled twin for inputs already checked: ``apply(q, k, v, causal, scale, tile, window,
-    cu_seqlens_q, cu_seqlens_k)``."""
+    cu_seqlens_q, cu_seqlens_k, softcap)``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, tile, window, cu_seqlens_q, cu_seqlens_k):
-        return _autograd_forward(ctx, _tiled_forward, q, k, v, causal, scale, tile, window, cu_seqlens_q, cu_seqlens_k)
+    def forward(ctx, q, k, v, causal, scale, tile, window, cu_seqlens_q, cu_seqlens_k, softcap=0.0):
+        return _autograd_forward(
+            ctx, _tiled_forward, q, k, v, causal, scale, tile, window, cu_seqlens_q, cu_seqlens_k, softcap
+        )
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -252,6 +263,11 @@ def check_head_device_dtype(
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
+def check_softcap(softcap: float | None) -> float:
+    """``softcap``, checked (a finite number > 0), or 0.0 (no softcap) for None."""
+    return 0.0 if softcap is None else check_number("softcap", softcap, positive=True)
+
+
 def default_scale(head_dim: int, scale: float | None) -> float:
     """``scale``, checked (a finite number > 0), or 1 / sqrt(head_dim) for None."""
     if scale is None:
@@ -269,19 +285,21 @@ def attend(
     cu_seqlens_q=None,
     cu_seqlens_k=None,
     max_seqlen_k: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
-    """The output for checked arguments (dense: no cumulative lengths): while torch.compile traces,
-    the op; eagerly, the kernels' autograd.Function, torch's SDPA on a CPU (sdpa.py), or the twin's
-    autograd.Function elsewhere and for empty inputs."""
+    """The output for checked arguments (dense: no cumulative lengths; softcap 0: none): while
+    torch.compile traces, the op; eagerly, the kernels' autograd.Function, torch's SDPA on a CPU
+    (sdpa.py; SDPA has no softcap), or the twin's autograd.Function elsewhere, for empty inputs
+    and for softcapped scores on a CPU."""
     if torch.compiler.is_compiling():
-        return _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, causal, scale, *window)[0]
+        return _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, causal, scale, *window, softcap)[0]
     if runs_triton(q):
         return _FlashAttentionKernels.apply(
-            q, k, v, causal, scale, None, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_k
+            q, k, v, causal, scale, None, window, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, softcap
         )
-    if q.device.type == "cpu" and q.numel() and k.numel():
+    if q.device.type == "cpu" and q.numel() and k.numel() and not softcap:
         return sdpa_attention(q, k, v, causal, scale, window, cu_seqlens_q, cu_seqlens_k)
-    return _FlashAttentionTiled.apply(q, k, v, causal, scale, TORCH_TILE, window, cu_seqlens_q, cu_seqlens_k)
+    return _FlashAttentionTiled.apply(q, k, v, causal, scale, TORCH_TILE, window, cu_seqlens_q, cu_seqlens_k, softcap)
 
 
 def flash_attention(
@@ -292,6 +310,7 @@ def flash_attention(
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """softmax(scale * q k^T [+ mask]) v without materializing the scores.
 
@@ -303,13 +322,16 @@ def flash_attention(
         window: (left, right) sliding window: query i sees key j iff p - left <= j <= p + right,
             p = i + (Nk - Nq) (and j <= p with ``causal``); -1 for a side without limit, None for
             no window. Tiles outside the window are skipped: the cost grows linearly in N.
+        softcap: c > 0 softcaps the scaled scores to c * tanh(scores / c) before the mask and the
+            softmax (Gemma 2's attn_logit_softcapping); None: no softcap.
 
     Query rows that see no key return 0. Returns the output with q's shape and dtype. fp32 inputs
     use TF32 matmuls only when ``torch.backends.cuda.matmul.allow_tf32`` is set, as torch's own
     matmuls do.
     """
     check_inputs(q, k, v)  # once: the autograd.Functions below take checked inputs
-    return attend(q, k, v, check_flag("causal", causal), default_scale(q.shape[-1], scale), check_window(window))
+    causal, window = check_flag("causal", causal), check_window(window)
+    return attend(q, k, v, causal, default_scale(q.shape[-1], scale), window, softcap=check_softcap(softcap))
 
 
 def flash_attention_ref(
@@ -320,16 +342,20 @@ def flash_attention_ref(
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Materialized-scores reference with the semantics of ``flash_attention``, in fp32 (fp64 stays
     fp64); returns q's dtype promoted to at least fp32. Costs Nq x Nk memory."""
     check_inputs(q, k, v, dtypes=(*DTYPES, torch.float64))
     scale = default_scale(q.shape[-1], scale)
+    softcap = check_softcap(softcap)
     left, right = window_bounds(check_flag("causal", causal), check_window(window))
     compute = torch.promote_types(q.dtype, torch.float32)
     q4, k4, v4 = (t.to(compute) for t in as_4d(q, k, v))
     k4, v4 = expand_kv(k4, q4.shape[1]), expand_kv(v4, q4.shape[1])
     s = q4 @ k4.transpose(-1, -2) * scale
+    if softcap:
+        s = torch.tanh(s / softcap) * softcap
     M, N = q4.shape[2], k4.shape[2]
     positions = torch.arange(M, device=q.device) + (N - M)
     s = s.masked_fill(~visible(positions, torch.arange(N, device=q.device), left, right), float("-inf"))

@@ -10,6 +10,10 @@ FlashAttention-2 (Dao, 2023) never materializes S or P: the forward streams key 
 query tile held on chip, keeping a running max m, running sum l and an fp32 accumulator
 (online softmax), and saves only O and L. The backward recomputes P = exp(S - L) tile by tile.
 
+Softcap c (Gemma 2): S = c tanh(scale Q K^T / c) in place of the scaled scores; the backward
+recomputes T = tanh(.) and takes dS times 1 - T^2 (the chain factor, its scale applied with the
+rest); the same tiles, masks and cost, two more exp2-class operations per score.
+
 Masks (masks.py): query row i sits at position p = i + (N - M) among the keys and sees key j iff
 p - left <= j <= p + right, each side bounded or not (BOUNDED_LEFT, BOUNDED_RIGHT); causal is
 right = 0. Every program visits only the tiles its rows can see (`_visible_range`): tiles wholly
@@ -51,6 +55,24 @@ from fastlm.ops.constants import LN2, LOG2E
 RUNNING_MAX_START = tl.constexpr(-3.0e38)
 # Documents whose first rows a program of a packed grid reads at once to find its tile.
 DOC_CHUNK = tl.constexpr(128)
+
+
+@triton.jit
+def _softcapped(s, pre):
+    """tanh(s * pre) as 1 - 2 / (exp2(2 log2(e) s pre) + 1), which saturates to +-1 without NaN (no
+    tanh in every Triton's core language): the softcapped scores c tanh(S / c) are this times c."""
+    return 1.0 - 2.0 / (tl.math.exp2(s * (pre * 2.0 * LOG2E)) + 1.0)
+
+
+@triton.jit
+def _score_scales(sm_scale, softcap, SOFTCAP: tl.constexpr):
+    """(pre, qk_scale) of the tiles: the raw dot products s become tanh(s * pre) where SOFTCAP, and
+    either times qk_scale are the scores in log2 units (softcap c: c tanh(sm_scale s / c) log2(e))."""
+    sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
+    if SOFTCAP:
+        softcap = tl.cast(softcap, tl.float32)
+        return sm_scale / softcap, softcap * LOG2E
+    return sm_scale, sm_scale * LOG2E
 
 
 @triton.jit
@@ -187,10 +209,10 @@ def _forward_tiles(
     start, stop,  # key range to visit, start a multiple of BLOCK_N
     N,  # number of keys
     lowest, highest,  # row i sees keys i + lowest .. i + highest (where bounded)
-    qk_scale,  # scale * log2(e): scores in log2 units
+    pre, qk_scale,  # `_score_scales`: scores in log2 units
     MASKED: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-    TMA: tl.constexpr,
+    TMA: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(start, stop, BLOCK_N):
@@ -206,6 +228,8 @@ def _forward_tiles(
                 v_rows + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, MASKED, HEAD_DIM, BLOCK_D
             )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32, unscaled
+        if SOFTCAP:  # before the mask: its -inf must stay -inf
+            s = _softcapped(s, pre)
         if MASKED:
             visible = offs_n[None, :] < N
             if BOUNDED_LEFT:
@@ -238,11 +262,13 @@ def _flash_forward_kernel(
     M, N,  # query and key lengths (packed: unused, each document's come from cu_seqlens)
     num_docs,  # packed: documents (dense: unused)
     sm_scale,  # c, the scale of the scores
+    softcap,  # the scores' softcap where SOFTCAP
     window_left, window_right,  # the mask's bounds where BOUNDED_LEFT / BOUNDED_RIGHT
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
     TMA: tl.constexpr,  # HEAD_DIM == BLOCK_D, 16-byte aligned rows (launchers._descriptors_fit)
+    SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, head, batch entry); grid (cdiv(M, BLOCK_M), H, Z), packed
     (total_q // BLOCK_M + docs, H, 1).
@@ -257,7 +283,7 @@ def _flash_forward_kernel(
     document's rows. Faster at D=128 on sm90 (docs/notes/attention.md, section 15), slower at D=64,
     so the tile tables choose it.
     """
-    qk_scale = tl.cast(sm_scale, tl.float32) * LOG2E  # scores in log2 units; fp64 under torch.compile
+    pre, qk_scale = _score_scales(sm_scale, softcap, SOFTCAP)
     z, q0, k0, M, N, start_m = _locate(
         tl.num_programs(0) - 1 - tl.program_id(0), CU_SEQLENS_Q, CU_SEQLENS_K, num_docs, M, N, BLOCK_M, VARLEN
     )
@@ -299,17 +325,17 @@ def _flash_forward_kernel(
         BLOCK_N,
     )
     acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
-                                   offs_m, start, full_start, N, lowest, highest, qk_scale,
+                                   offs_m, start, full_start, N, lowest, highest, pre, qk_scale,
                                    True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                   PRECISION, TMA)  # fmt: skip
+                                   PRECISION, TMA, SOFTCAP)  # fmt: skip
     acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
-                                   offs_m, full_start, full_end, N, lowest, highest, qk_scale,
+                                   offs_m, full_start, full_end, N, lowest, highest, pre, qk_scale,
                                    False, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                   PRECISION, TMA)  # fmt: skip
+                                   PRECISION, TMA, SOFTCAP)  # fmt: skip
     acc, l_i, m_i = _forward_tiles(acc, l_i, m_i, q, k_rows, v_rows, stride_kn, stride_kd, stride_vn, stride_vd,
-                                   offs_m, full_end, end, N, lowest, highest, qk_scale,
+                                   offs_m, full_end, end, N, lowest, highest, pre, qk_scale,
                                    True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N,
-                                   PRECISION, TMA)  # fmt: skip
+                                   PRECISION, TMA, SOFTCAP)  # fmt: skip
 
     empty = l_i == 0.0  # rows that see no key: output 0, L = -inf
     l_safe = tl.where(empty, 1.0, l_i)
@@ -339,9 +365,10 @@ def _dkdv_tiles(
     stride_qm, stride_qd, stride_dm, stride_dd,
     offs_n,  # (BLOCK_N,) key rows
     start, stop,  # query range to visit, start a multiple of BLOCK_M
-    M, lowest, highest, qk_scale,  # as in _forward_tiles: query i sees keys i + lowest .. i + highest
+    M, lowest, highest, pre, qk_scale,  # as in _forward_tiles: query i sees keys i + lowest .. i + highest
     MASKED: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """Accumulate dK (unscaled) and dV of one key tile over query tiles; works on transposed scores
     (keys x queries) so no tile is transposed in registers."""
@@ -361,6 +388,8 @@ def _dkdv_tiles(
             lse = tl.load(lse_base + offs_m)
             delta = tl.load(delta_base + offs_m)
         s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BLOCK_N, BLOCK_M)
+        if SOFTCAP:
+            s_t = _softcapped(s_t, pre)
         p_t = tl.math.exp2(s_t * qk_scale - (lse * LOG2E)[None, :])
         if MASKED:
             # where, not a multiply: rows with no visible key have L = -inf and p = inf there.
@@ -373,6 +402,8 @@ def _dkdv_tiles(
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:
+            ds_t = ds_t * (1.0 - s_t * s_t)
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION)
     return dk, dv
 
@@ -392,10 +423,11 @@ def _flash_backward_dkdv_kernel(
     stride_lz, stride_lh,  # LSE's and DELTA's
     HKV, GROUP, M, N, num_docs,
     sm_scale,  # c
+    softcap,  # as in the forward
     window_left, window_right,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """One program per (key tile, kv head, batch entry); grid (cdiv(N, BLOCK_N), Hkv, Z), packed
     (total_k // BLOCK_N + docs, Hkv, 1).
@@ -405,8 +437,8 @@ def _flash_backward_dkdv_kernel(
     Writes dK and dV once, no atomics. Per program it reads its K and V tiles once and, per query
     head, Q, dO, L and Dlt once.
     """
+    pre, qk_scale = _score_scales(sm_scale, softcap, SOFTCAP)
     sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    qk_scale = sm_scale * LOG2E
     z, k0, q0, N, M, start_n = _locate(tl.program_id(0), CU_SEQLENS_K, CU_SEQLENS_Q, num_docs, N, M, BLOCK_N, VARLEN)
     if VARLEN:
         if start_n >= N:  # a spare slot
@@ -445,16 +477,16 @@ def _flash_backward_dkdv_kernel(
         row_base = z * stride_lz + h * stride_lh + q0
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
                              stride_qm, stride_qd, stride_dm, stride_dd, offs_n, start, full_start,
-                             M, lowest, highest, qk_scale,
-                             True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
+                             M, lowest, highest, pre, qk_scale, True, BOUNDED_LEFT, BOUNDED_RIGHT,
+                             HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, SOFTCAP)  # fmt: skip
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
                              stride_qm, stride_qd, stride_dm, stride_dd, offs_n, full_start, full_end,
-                             M, lowest, highest, qk_scale,
-                             False, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
+                             M, lowest, highest, pre, qk_scale, False, BOUNDED_LEFT, BOUNDED_RIGHT,
+                             HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, SOFTCAP)  # fmt: skip
         dk, dv = _dkdv_tiles(dk, dv, k, v, q_base, do_base, LSE + row_base, DELTA + row_base,
                              stride_qm, stride_qd, stride_dm, stride_dd, offs_n, full_end, end,
-                             M, lowest, highest, qk_scale,
-                             True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION)  # fmt: skip
+                             M, lowest, highest, pre, qk_scale, True, BOUNDED_LEFT, BOUNDED_RIGHT,
+                             HEAD_DIM, BLOCK_D, BLOCK_M, PRECISION, SOFTCAP)  # fmt: skip
 
     out = z * stride_gz + hkv * stride_gh + k0 * stride_gn + offs_n[:, None] * stride_gn + offs_d[None, :]
     _store_tile(DK + out, (dk * sm_scale).to(DK.dtype.element_ty), offs_n, N, HEAD_DIM, BLOCK_D)
@@ -466,9 +498,10 @@ def _dq_tiles(
     dq,  # (BLOCK_M, BLOCK_D) fp32 accumulator
     q, do, lse2, delta,  # query tile, its dO tile, (BLOCK_M,) L in log2 units, (BLOCK_M,) Dlt
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    offs_m, start, stop, N, lowest, highest, qk_scale,  # as in _forward_tiles
+    offs_m, start, stop, N, lowest, highest, pre, qk_scale,  # as in _forward_tiles
     MASKED: tl.constexpr, BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     offs_d = tl.arange(0, BLOCK_D)
     for start_n in range(start, stop, BLOCK_N):
@@ -480,6 +513,8 @@ def _dq_tiles(
             v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, offs_n, N, MASKED, HEAD_DIM, BLOCK_D
         )
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if SOFTCAP:
+            s = _softcapped(s, pre)
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
             visible = offs_n[None, :] < N
@@ -490,6 +525,8 @@ def _dq_tiles(
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - s * s)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION)
     return dq
 
@@ -512,10 +549,11 @@ def _flash_backward_dq_kernel(
     stride_lz, stride_lh,  # LSE's and DELTA's
     H, GROUP, M, N, num_docs,
     sm_scale,  # c
+    softcap,  # as in the forward
     window_left, window_right,
     BOUNDED_LEFT: tl.constexpr, BOUNDED_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, SOFTCAP: tl.constexpr,
 ):  # fmt: skip
     """One program per (query tile, head, batch entry), same grid and key loop as the forward,
     longest programs first.
@@ -524,8 +562,8 @@ def _flash_backward_dq_kernel(
     for its rows from the dO tile it needs anyway and the O tile (read once, not kept), uses it
     for dS and stores it for the dK/dV kernel.
     """
+    pre, qk_scale = _score_scales(sm_scale, softcap, SOFTCAP)
     sm_scale = tl.cast(sm_scale, tl.float32)  # fp64 under torch.compile
-    qk_scale = sm_scale * LOG2E
     z, q0, k0, M, N, start_m = _locate(
         tl.num_programs(0) - 1 - tl.program_id(0), CU_SEQLENS_Q, CU_SEQLENS_K, num_docs, M, N, BLOCK_M, VARLEN
     )
@@ -568,13 +606,13 @@ def _flash_backward_dq_kernel(
         BLOCK_N,
     )
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                   offs_m, start, full_start, N, lowest, highest, qk_scale,
-                   True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip
+                   offs_m, start, full_start, N, lowest, highest, pre, qk_scale,
+                   True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, SOFTCAP)  # fmt: skip
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                   offs_m, full_start, full_end, N, lowest, highest, qk_scale,
-                   False, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip
+                   offs_m, full_start, full_end, N, lowest, highest, pre, qk_scale,
+                   False, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, SOFTCAP)  # fmt: skip
     dq = _dq_tiles(dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                   offs_m, full_end, end, N, lowest, highest, qk_scale,
-                   True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION)  # fmt: skip
+                   offs_m, full_end, end, N, lowest, highest, pre, qk_scale,
+                   True, BOUNDED_LEFT, BOUNDED_RIGHT, HEAD_DIM, BLOCK_D, BLOCK_N, PRECISION, SOFTCAP)  # fmt: skip
     grad = z * stride_gz + h * stride_gh + q0 * stride_gm + offs_m[:, None] * stride_gm + offs_d[None, :]
     _store_tile(DQ + grad, (dq * sm_scale).to(DQ.dtype.element_ty), offs_m, M, HEAD_DIM, BLOCK_D)

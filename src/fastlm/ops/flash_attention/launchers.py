@@ -131,10 +131,11 @@ def _launch_forward(
     window=UNBOUNDED,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
+    softcap: float = 0.0,
     traced: bool = False,
 ):
     """-> O (q's shape and dtype, `empty_token_major`), L (fp32, contiguous: q.shape[:-1], packed
-    (H, total_q))."""
+    (H, total_q)). ``softcap`` c > 0: the scores are c tanh(scale q k^T / c); 0: none."""
     Z, H, Hkv, M, N, D, strides = _problem(q, k, cu_seqlens_q)
     packed = cu_seqlens_q is not None
     o = empty_token_major(q)
@@ -168,6 +169,7 @@ def _launch_forward(
             H // Hkv,
             *((0, 0, Z) if packed else (M, N, 0)),
             scale,
+            softcap,
             left,
             right,
             BOUNDED_LEFT=bounded_left,
@@ -179,6 +181,7 @@ def _launch_forward(
             BLOCK_N=tiles.block_n,
             PRECISION=dot_precision(q.dtype),
             TMA=tma,
+            SOFTCAP=softcap > 0,
             num_warps=tiles.num_warps,
             num_stages=tiles.num_stages,
         )
@@ -202,6 +205,7 @@ def _launch_backward(
     window=UNBOUNDED,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
+    softcap: float = 0.0,
     traced: bool = False,
 ):
     """Gradients (dq, dk, dv) in the inputs' dtype, from the forward's O (`kernel_ready_output`) and
@@ -219,7 +223,7 @@ def _launch_backward(
     # the arguments both kernels take, in their order
     inputs = (cu_seqlens_q, cu_seqlens_k, *strides(q), *strides(k), *strides(v), *strides(grad_out))
     rows = (0, M) if packed else (H * M, M)  # L's and Dlt's strides
-    sizes = (*((0, 0, Z) if packed else (M, N, 0)), scale, left, right)
+    sizes = (*((0, 0, Z) if packed else (M, N, 0)), scale, softcap, left, right)
     common = dict(
         BOUNDED_LEFT=bounded_left,
         BOUNDED_RIGHT=bounded_right,
@@ -227,6 +231,7 @@ def _launch_backward(
         HEAD_DIM=D,
         BLOCK_D=padded_head_dim(D),
         PRECISION=dot_precision(q.dtype),
+        SOFTCAP=softcap > 0,
     )
     tiles = config.dq
     _launch_flash_backward_dq(traced)[_grid(M, tiles.block_m, H, Z, packed)](

@@ -165,7 +165,16 @@ def _unbatched(t: torch.Tensor, like: torch.Tensor, packed: bool, contiguous: bo
     return empty_result(t, contiguous).copy_(t)
 
 
-def _forward_tiles(q, k, v, mask: _Mask, scale: float, tile: int):
+def _scores(s: torch.Tensor, softcap: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(scores, chain) of the scaled scores ``s``: with softcap c, c tanh(s / c) and the factor
+    1 - tanh^2 of their gradient; without (c = 0), s and None."""
+    if not softcap:
+        return s, None
+    t = torch.tanh(s / softcap)
+    return t * softcap, 1 - t * t
+
+
+def _forward_tiles(q, k, v, mask: _Mask, scale: float, tile: int, softcap: float):
     """(O, L) of 4-D inputs: q (Z, H, M, D), k and v (Z, Hkv, N, D)."""
     Z, H, M, D = q.shape
     N = k.shape[2]
@@ -180,7 +189,7 @@ def _forward_tiles(q, k, v, mask: _Mask, scale: float, tile: int):
         acc = torch.zeros_like(qi)
         for n0 in mask.key_tiles(m0, m1, N, tile):
             n1 = min(n0 + tile, N)
-            s = qi @ k[:, :, n0:n1].transpose(-1, -2) * scale
+            s, _ = _scores(qi @ k[:, :, n0:n1].transpose(-1, -2) * scale, softcap)
             seen = mask.tile(m0, m1, n0, n1)
             if seen is not None:
                 s = s.masked_fill(~seen, float("-inf"))
@@ -197,7 +206,7 @@ def _forward_tiles(q, k, v, mask: _Mask, scale: float, tile: int):
     return o.to(q.dtype), lse
 
 
-def _backward_tiles(grad_out, q, k, v, o, lse, mask: _Mask, scale: float, tile: int):
+def _backward_tiles(grad_out, q, k, v, o, lse, mask: _Mask, scale: float, tile: int, softcap: float):
     """(dQ, dK, dV) of 4-D inputs, from the forward's O and L (Z, H, M)."""
     Z, H, M, D = q.shape
     Hkv, N = k.shape[1], k.shape[2]
@@ -212,7 +221,7 @@ def _backward_tiles(grad_out, q, k, v, o, lse, mask: _Mask, scale: float, tile: 
         for n0 in mask.key_tiles(m0, m1, N, tile):
             n1 = min(n0 + tile, N)
             kj, vj = kf[:, :, n0:n1], vf[:, :, n0:n1]
-            s = qi @ kj.transpose(-1, -2) * scale
+            s, chain = _scores(qi @ kj.transpose(-1, -2) * scale, softcap)
             seen = mask.tile(m0, m1, n0, n1)
             if seen is not None:
                 s = s.masked_fill(~seen, float("-inf"))
@@ -220,6 +229,8 @@ def _backward_tiles(grad_out, q, k, v, o, lse, mask: _Mask, scale: float, tile: 
             dv[:, :, n0:n1] += p.transpose(-1, -2) @ doi
             dp = doi @ vj.transpose(-1, -2)
             ds = p * (dp - delta[:, :, m0:m1, None])
+            if chain is not None:
+                ds = ds * chain
             dq[:, :, m0:m1] += ds @ kj * scale
             dk[:, :, n0:n1] += ds.transpose(-1, -2) @ qi * scale
     dk, dv = _reduce_groups(dk, Hkv), _reduce_groups(dv, Hkv)
@@ -239,7 +250,7 @@ def _from_tiles(t: torch.Tensor, rows: int) -> torch.Tensor:
     return t.transpose(0, 1).reshape(1, H, tiles * tile, *rest)[:, :, :rows]
 
 
-def _packed_forward_tiles(q, k, v, tiles: _PackedTiles, scale: float):
+def _packed_forward_tiles(q, k, v, tiles: _PackedTiles, scale: float, softcap: float):
     """(O, L) of packed (1, H, M, D) q and (1, Hkv, N, D) k, v: the online softmax of every query
     tile at once, one key tile per query tile and step."""
     H, M = q.shape[1], q.shape[2]
@@ -251,7 +262,8 @@ def _packed_forward_tiles(q, k, v, tiles: _PackedTiles, scale: float):
     acc = torch.zeros_like(qt)
     for step in range(tiles.steps):
         index, seen = tiles.key_tile(step)
-        s = (qt @ kt[index].transpose(-1, -2) * scale).masked_fill(~seen[:, None], float("-inf"))
+        s, _ = _scores(qt @ kt[index].transpose(-1, -2) * scale, softcap)
+        s = s.masked_fill(~seen[:, None], float("-inf"))
         m_new = torch.maximum(m_i, s.amax(-1))
         m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw no key yet
         p = torch.exp(s - m_safe[..., None])
@@ -265,7 +277,7 @@ def _packed_forward_tiles(q, k, v, tiles: _PackedTiles, scale: float):
     return _from_tiles(o, M).to(q.dtype), _from_tiles(lse, M).contiguous()  # L contiguous, as the kernels'
 
 
-def _packed_backward_tiles(grad_out, q, k, v, o, lse, tiles: _PackedTiles, scale: float):
+def _packed_backward_tiles(grad_out, q, k, v, o, lse, tiles: _PackedTiles, scale: float, softcap: float):
     """(dQ, dK, dV) of packed 4-D inputs (`_packed_forward_tiles`), from the forward's O and L (1, H, M).
     The key tiles' gradients gather each step's contributions by index (index_add_: in order, so
     reproducible)."""
@@ -282,10 +294,12 @@ def _packed_backward_tiles(grad_out, q, k, v, o, lse, tiles: _PackedTiles, scale
     for step in range(tiles.steps):
         index, seen = tiles.key_tile(step)
         kj, vj = kt[index], vt[index]
-        s = (qt @ kj.transpose(-1, -2) * scale).masked_fill(~seen[:, None], float("-inf"))
-        p = torch.exp(s - lse_safe[..., None])
+        s, chain = _scores(qt @ kj.transpose(-1, -2) * scale, softcap)
+        p = torch.exp(s.masked_fill(~seen[:, None], float("-inf")) - lse_safe[..., None])
         dv.index_add_(0, index, p.transpose(-1, -2) @ dot)
         ds = p * (dot @ vj.transpose(-1, -2) - delta[..., None])
+        if chain is not None:
+            ds = ds * chain
         dq += ds @ kj * scale
         dk.index_add_(0, index, ds.transpose(-1, -2) @ qt * scale)
     dk, dv = _reduce_groups(_from_tiles(dk, N), Hkv), _reduce_groups(_from_tiles(dv, N), Hkv)
@@ -293,7 +307,17 @@ def _packed_backward_tiles(grad_out, q, k, v, o, lse, tiles: _PackedTiles, scale
 
 
 def _tiled_forward(
-    q, k, v, causal: bool, scale: float, tile: int, *, window=UNBOUNDED, cu_seqlens_q=None, cu_seqlens_k=None
+    q,
+    k,
+    v,
+    causal: bool,
+    scale: float,
+    tile: int,
+    *,
+    window=UNBOUNDED,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    softcap: float = 0.0,
 ):
     """(O, L) as `launchers._launch_forward` returns them."""
     packed = cu_seqlens_q is not None
@@ -301,9 +325,9 @@ def _tiled_forward(
     M, N = q4.shape[2], k4.shape[2]
     if packed:
         tiles = _PackedTiles(M, N, causal, window, tile, cu_seqlens_q, cu_seqlens_k)
-        o, lse = _packed_forward_tiles(q4, k4, v4, tiles, scale)
+        o, lse = _packed_forward_tiles(q4, k4, v4, tiles, scale, softcap)
     else:
-        o, lse = _forward_tiles(q4, k4, v4, _Mask(M, N, causal, window, q.device), scale, tile)
+        o, lse = _forward_tiles(q4, k4, v4, _Mask(M, N, causal, window, q.device), scale, tile, softcap)
     return _unbatched(o, q, packed), lse[0] if packed else lse.squeeze(1) if q.dim() == 3 else lse
 
 
@@ -321,6 +345,7 @@ def _tiled_backward(
     window=UNBOUNDED,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
+    softcap: float = 0.0,
 ):
     """(dq, dk, dv) as `launchers._launch_backward` returns them."""
     packed = cu_seqlens_q is not None
@@ -329,9 +354,10 @@ def _tiled_backward(
     M, N = q4.shape[2], k4.shape[2]
     if packed:
         tiles = _PackedTiles(M, N, causal, window, tile, cu_seqlens_q, cu_seqlens_k)
-        dq, dk, dv = _packed_backward_tiles(do4, q4, k4, v4, o4, lse4, tiles, scale)
+        dq, dk, dv = _packed_backward_tiles(do4, q4, k4, v4, o4, lse4, tiles, scale, softcap)
     else:
-        dq, dk, dv = _backward_tiles(do4, q4, k4, v4, o4, lse4, _Mask(M, N, causal, window, q.device), scale, tile)
+        mask = _Mask(M, N, causal, window, q.device)
+        dq, dk, dv = _backward_tiles(do4, q4, k4, v4, o4, lse4, mask, scale, tile, softcap)
     dq_contiguous, dkv_contiguous = contiguous_gradients(q, k, v)
     return (
         _unbatched(dq, q, packed, dq_contiguous),

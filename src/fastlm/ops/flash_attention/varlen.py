@@ -14,7 +14,13 @@ from itertools import pairwise
 import torch
 
 from fastlm.ops.common import DTYPES, check_flag, check_integer, check_tensor, is_traced
-from fastlm.ops.flash_attention.api import attend, check_head_device_dtype, default_scale, flash_attention_ref
+from fastlm.ops.flash_attention.api import (
+    attend,
+    check_head_device_dtype,
+    check_softcap,
+    default_scale,
+    flash_attention_ref,
+)
 from fastlm.ops.flash_attention.masks import check_window
 
 
@@ -125,6 +131,7 @@ def flash_attention_varlen(
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
+    softcap: float | None = None,
     check: bool = False,
 ) -> torch.Tensor:
     """Attention within each of a batch of packed documents, without materializing the scores.
@@ -138,7 +145,7 @@ def flash_attention_varlen(
             count of documents to a few fixed sizes.
         max_seqlen_q, max_seqlen_k: ints >= the longest document's lengths (as FlashAttention takes
             them); ``max_seqlen_k`` picks the kernels' tiles. The grid does not depend on them.
-        causal, scale, window: as in ``flash_attention``, inside each document: query i of a
+        causal, scale, window, softcap: as in ``flash_attention``, inside each document: query i of a
             document of Mq queries and Mk keys sits at position i + (Mk - Mq) (the ends aligned).
         check: also check the values of CUDA cumulative lengths (`check_cu_seqlens`), at the cost of
             one device sync per call. Without it CUDA values are trusted, as in FlashAttention:
@@ -165,6 +172,7 @@ def flash_attention_varlen(
         cu_seqlens_q,
         cu_seqlens_k,
         max_seqlen_k,
+        check_softcap(softcap),
     )
 
 
@@ -180,6 +188,7 @@ def flash_attention_varlen_ref(
     causal: bool = False,
     scale: float | None = None,
     window: tuple[int, int] | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """``flash_attention_varlen``'s semantics by ``flash_attention_ref`` on each document in turn, in
     fp32 (fp64 stays fp64); always checks the cumulative lengths (`check_cu_seqlens`). Returns q's
@@ -195,7 +204,13 @@ def flash_attention_varlen_ref(
 
     outputs = [
         flash_attention_ref(
-            document(q, q0, q1), document(k, k0, k1), document(v, k0, k1), causal=causal, scale=scale, window=window
+            document(q, q0, q1),
+            document(k, k0, k1),
+            document(v, k0, k1),
+            causal=causal,
+            scale=scale,
+            window=window,
+            softcap=softcap,
         )[0].transpose(0, 1)
         for (q0, q1), (k0, k1) in zip(pairwise(bounds_q), pairwise(bounds_k), strict=True)
     ]
