@@ -130,15 +130,18 @@ def test_bucketed_clips_a_bf16_wire_as_flat_clips_after(common, tmp_path):
     ],
     ids=" ".join,
 )
-def test_compiled_training_matches_one_process(mode, common, single_process, tmp_path):
+def test_compiled_training_matches_one_process(mode, common, tmp_path):
     """Compiled (fsdp: the blocks' stack as one graph where it is one unit, as the tiny model is in
     the default units, else each block on its own; ddp: the wrapped model), the same training as
-    one eager process, up to the compiled kernels' summation order."""
-    _torchrun_like([*common, "--steps", "3", "--parallel", *mode, "--compile", "compile", "--out", str(tmp_path)])
-    weights, losses = single_process
-    for name, value in _weights(tmp_path).items():
+    one eager process, up to the compiled kernels' summation order. With one block: both ranks
+    compile at once (Inductor's C++ for a CPU), and a second block adds a quarter to the time."""
+    argv = [*common, "--layers", "1", "--steps", "3"]
+    assert loop.main([*argv, "--out", str(tmp_path / "single")]) == 0
+    _torchrun_like([*argv, "--parallel", *mode, "--compile", "compile", "--out", str(tmp_path / "parallel")])
+    weights, losses = _weights(tmp_path / "single"), _losses(tmp_path / "single")
+    for name, value in _weights(tmp_path / "parallel").items():
         torch.testing.assert_close(value, weights[name], rtol=1e-4, atol=1e-4, msg=name)
-    torch.testing.assert_close(_losses(tmp_path), losses, rtol=1e-4, atol=0)
+    torch.testing.assert_close(_losses(tmp_path / "parallel"), losses, rtol=1e-4, atol=0)
 
 
 @pytest.mark.parametrize(
