@@ -81,15 +81,14 @@ CONFIGS = {
     # (1 + weight) norms, sqrt(hidden) embedding scale, GeGLU (tanh form) MLPs
     "gemma": ("GemmaConfig", {}),
     # and sandwich norms, a query scale that is not 1 / sqrt(head_dim), alternating windows shorter
-    # than the sequences; logits softcapped at 2 (released models: 30), which changes them for sure;
-    # the attention scores' softcap off, which fastlm's attention kernels cannot serve (its
-    # fallback: tests/integrations/test_huggingface_families.py). Eager attention: transformers
-    # gives Gemma 2 no SDPA
+    # than the sequences; the attention scores softcapped at 1 and the logits at 2 (released
+    # models: 50 and 30), which changes them for sure. Eager attention: transformers gives Gemma 2
+    # no SDPA
     "gemma2": (
         "Gemma2Config",
         {
             "attn_implementation": "eager",
-            "attn_logit_softcapping": None,
+            "attn_logit_softcapping": 1.0,
             "final_logit_softcapping": 2.0,
             "query_pre_attn_scalar": 24,
             "sliding_window": 3,

@@ -145,7 +145,7 @@ def test_gemma2_softcaps_run_in_the_kernels(op_calls, recwarn):
     Softcaps of 1 and 2 (the defaults are 50 and 30) change the tiny model's values for sure."""
     model = tiny_model("gemma2", attn_logit_softcapping=1.0, final_logit_softcapping=2.0)
     # the same weights (seeded), no softcaps: far from the capped model
-    uncapped = tiny_model("gemma2", final_logit_softcapping=None)
+    uncapped = tiny_model("gemma2", attn_logit_softcapping=None, final_logit_softcapping=None)
     reference = copy.deepcopy(model)
     apply_fastlm(model)
     ids = batches(1, length=8)[0]
