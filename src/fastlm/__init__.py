@@ -15,6 +15,7 @@ _EXPORTS = {
     "dpo_loss": "fastlm.losses",
     "flash_attention": "fastlm.ops.flash_attention",
     "flash_attention_varlen": "fastlm.ops.flash_attention",
+    "fp8_linear": "fastlm.ops.fp8_linear",
     "geglu": "fastlm.ops.swiglu",
     "layer_norm": "fastlm.ops.layer_norm",
     "linear_cross_entropy": "fastlm.ops.linear_cross_entropy",
