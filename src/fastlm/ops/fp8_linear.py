@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from fastlm.ops.common import check_dtype, check_optional_tensor, check_same_device, check_tensor
+from fastlm.ops.common import check_dtype, check_optional_tensor, check_same_device, check_tensor, device_arch
 
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -38,6 +38,8 @@ AMAX_FLOOR = 1e-12
 # dims of both matmul operands that cuBLASLt's FP8 kernels take: multiples of 16
 FP8_MULTIPLE = 16
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# the first GPUs with FP8 tensor cores: Ada (8.9) and Hopper (9.0)
+FP8_ARCH = 89
 
 
 def quantize(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,4 +119,9 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         raise ValueError(f"fp8_linear needs K and N multiples of {FP8_MULTIPLE} (FP8 matmuls), got K {K}, N {N}")
     if weight.device != x.device or (bias is not None and bias.device != x.device):
         check_same_device(x=x, weight=weight, **({} if bias is None else {"bias": bias}))
+    if x.device.type == "cuda" and device_arch(x.device) < FP8_ARCH:
+        raise ValueError(
+            f"fp8_linear needs a GPU with FP8 tensor cores (compute capability 8.9 or later), got "
+            f"{torch.cuda.get_device_name(x.device)} ({device_arch(x.device) / 10:.1f})"
+        )
     return _FP8Linear.apply(x, weight, bias)

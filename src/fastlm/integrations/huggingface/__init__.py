@@ -55,6 +55,7 @@ from fastlm.integrations.huggingface.attention import (
 from fastlm.integrations.huggingface.experts import register_experts
 from fastlm.integrations.huggingface.families import FAMILIES, adapter_for
 from fastlm.integrations.huggingface.forwards import causal_lm_loss
+from fastlm.integrations.huggingface.fp8 import fp8_layers, fp8_linear_forward
 from fastlm.ops.common import DTYPES
 from fastlm.settings import FUSED_CHOICES, SWITCHES, Kernels
 
@@ -79,9 +80,11 @@ def apply_fastlm(
     rope: bool | str = True,
     mlp: bool | str = True,
     loss: bool = True,
+    fp8: bool = False,
 ):
     """Run ``model``'s attention, RMSNorms, RoPE, gated MLPs and training loss through fastlm's
-    kernels (module docstring), in place; returns ``model``.
+    kernels (module docstring), in place; returns ``model``. ``fp8``: the linear layers of the
+    decoder through `fastlm.fp8_linear` too (`fp8.fp8_layers` says which).
 
     ``model``: a built transformers model of a family in `FAMILIES` (config.model_type), usually a
     ...ForCausalLM, or a PEFT model wrapping one. An unsupported model raises ValueError and is
@@ -91,6 +94,8 @@ def apply_fastlm(
     """
     given = {"attention": attention, "norm": norm, "rope": rope, "mlp": mlp, "loss": loss}
     values = {name: _switch(name, value) for name, value in given.items()}
+    if not isinstance(fp8, bool):
+        raise TypeError(f"fp8 must be True or False, got {fp8!r}")
     base = _unwrap(model)
     adapter = adapter_for(base)
     _check_dtypes(base)
@@ -109,6 +114,9 @@ def apply_fastlm(
         name = next((cls.__name__ for cls in type(module).__mro__ if cls.__name__ in replacements), None)
         if name is not None:
             _rebind(module, replacements[name])
+    if fp8:
+        for module in fp8_layers(base):
+            _rebind(module, fp8_linear_forward)
     if values["attention"] is not None and "attention" in swaps:
         register_attention()
         base._fastlm_attn_implementation = base.config._attn_implementation
