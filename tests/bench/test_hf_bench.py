@@ -67,6 +67,14 @@ def test_bench_hf_command_measures_every_patch_in_one_run(tmp_path, capsys):
     assert fastlm_row.count("x") >= 1  # its tokens/s ratio against the unpatched model
 
 
+def test_the_fp8_patch_runs_on_request(tmp_path):
+    args = ["bench", "hf", "--family", "llama", "--size", "tiny", "--seq", "16", "--batch", "1", "--compile", "eager"]
+    options = ["--patches", "fastlm-fp8", "--warmup", "0", "--steps", "1", "--rounds", "1", "--out", str(tmp_path)]
+    assert main([*args, *options]) == 0
+    (record,) = [json.loads(line) for line in (tmp_path / "results" / "hf.jsonl").read_text().splitlines()]
+    assert record["implementation"] == "hf+fastlm+fp8" and record["status"] == "ok"
+
+
 def test_bench_hf_errors_are_one_line(tmp_path, capsys):
     assert main(["bench", "hf", "--size", "tiny", "--heads", "6", "--kv-heads", "4", "--out", str(tmp_path)]) == 2
     assert "query heads (6) must be a multiple of the key/value heads (4)" in capsys.readouterr().err

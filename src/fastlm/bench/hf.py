@@ -242,12 +242,16 @@ def build_model(shape: HFShape) -> torch.nn.Module:
     return model
 
 
-def _patched_fastlm(shape: HFShape) -> torch.nn.Module:
+def _patched_fastlm(shape: HFShape, fp8: bool = False) -> torch.nn.Module:
     from fastlm.integrations.huggingface import apply_fastlm
 
     model = build_model(shape)
-    apply_fastlm(model)
+    apply_fastlm(model, fp8=fp8)
     return model
+
+
+def _patched_fastlm_fp8(shape: HFShape) -> torch.nn.Module:
+    return _patched_fastlm(shape, fp8=True)
 
 
 def _patched_liger(shape: HFShape) -> torch.nn.Module:
@@ -262,6 +266,9 @@ IMPLEMENTATIONS = {
     "none": Implementation("hf", build_model, "the transformers model as it is (SDPA attention)"),
     "fastlm": Implementation("hf+fastlm", _patched_fastlm, "the same after fastlm.apply_fastlm(model)"),
     "liger": Implementation("hf+liger", _patched_liger, "the same after Liger-Kernel's instance patch"),
+    "fastlm-fp8": Implementation(
+        "hf+fastlm+fp8", _patched_fastlm_fp8, "the same after fastlm.apply_fastlm(model, fp8=True)"
+    ),
 }
 
 

@@ -32,6 +32,7 @@ ATTENTION_SWEEPS = ("naive", "compile", "flash", "model", "varlen", "window")
 HF_FAMILIES = ("llama", "qwen3", "mistral", "olmo2", "phi3", "granite", "smollm3", "gemma3_text", "gemma2", "qwen3_moe")
 HF_SIZES = ("tiny", "1b", "3b", "8b", "a3b")  # the keys of fastlm.bench.hf.SIZES for each family
 HF_PATCHES = ("none", "fastlm", "liger")  # the model as it is, fastlm.apply_fastlm, Liger-Kernel's instance patch
+HF_PATCH_CHOICES = (*HF_PATCHES, "fastlm-fp8")  # and on request apply_fastlm(model, fp8=True)
 
 # `fastlm bench moe` (fastlm.bench.moe): the keys of its LAYERS, and the token counts measured
 MOE_LAYERS = ("qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b")

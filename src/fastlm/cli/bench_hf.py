@@ -7,7 +7,7 @@ import importlib.util
 from typing import TYPE_CHECKING
 
 from fastlm.analysis.model import MODES
-from fastlm.bench.options import HF_FAMILIES, HF_PATCHES, HF_SIZES
+from fastlm.bench.options import HF_FAMILIES, HF_PATCH_CHOICES, HF_PATCHES, HF_SIZES
 from fastlm.cli import output
 from fastlm.cli.arguments import (
     add_command,
@@ -119,10 +119,10 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--patches",
-        type=choice_list(HF_PATCHES, "patch"),
+        type=choice_list(HF_PATCH_CHOICES, "patch"),
         default=HF_PATCHES,
-        help="comma list of none (the model as it is), fastlm, liger (default all; liger is reported "
-        "missing when not installed)",
+        help="comma list of none (the model as it is), fastlm, liger, fastlm-fp8 (apply_fastlm with "
+        "fp8=True) (default none,fastlm,liger; liger is reported missing when not installed)",
     )
     p.add_argument(
         "--mode",
