@@ -346,6 +346,15 @@ CASES = [
      "softcap must be a finite number > 0"),
     ("LinearCrossEntropyLoss ignore_index", lambda: LinearCrossEntropyLoss(ignore_index="x"), TypeError,
      "ignore_index must be an int"),
+    # fp8_linear: tensors, shapes, dtypes
+    ("fp8_linear x list", lambda: fastlm.fp8_linear([1.0] * 16, torch.randn(16, 16)), TypeError,
+     "x must be a torch.Tensor"),
+    ("fp8_linear weight int", lambda: fastlm.fp8_linear(torch.randn(2, 16), torch.ones(16, 16, dtype=torch.int64)),
+     TypeError, "weight must have dtype"),
+    ("fp8_linear K 24", lambda: fastlm.fp8_linear(torch.randn(2, 24), torch.randn(16, 24)), ValueError,
+     "K and N multiples of 16"),
+    ("fp8_linear bias (8,)", lambda: fastlm.fp8_linear(torch.randn(2, 16), torch.randn(16, 16), torch.randn(8)),
+     ValueError, r"bias must be \(N,\)"),
     # module constructors
     ("CrossEntropyLoss ignore_index 2.7", lambda: CrossEntropyLoss(ignore_index=2.7), TypeError,
      "ignore_index must be an int"),
@@ -381,15 +390,16 @@ def test_the_table_reaches_every_public_op_and_module():
     ids = " ".join(case[0] for case in CASES)
     for prefix in ("xent", "xent forward", "xent backward", "linear_xent", "attention", "attention twin",
                    "attention kernels", "attention window", "attention varlen", "layer_norm", "rms_norm", "softmax",
-                   "conv", "rotary", "swiglu", "geglu", "weighted_sum", "CrossEntropyLoss", "LayerNorm", "RMSNorm",
-                   "LinearCrossEntropyLoss"):  # fmt: skip
+                   "conv", "rotary", "swiglu", "geglu", "weighted_sum", "fp8_linear", "CrossEntropyLoss", "LayerNorm",
+                   "RMSNorm", "LinearCrossEntropyLoss"):  # fmt: skip
         assert f"{prefix} " in ids, prefix
     # the Hugging Face patch's bad inputs (models it does not support) are tested in tests/integrations,
     # the losses' in tests/test_losses.py
     losses = {"bradley_terry_loss", "dpo_loss", "linear_dpo_loss", "ranking_loss", "sequence_logprobs"}
     ops = set(fastlm.__all__) - {"apply_fastlm", "revert_fastlm"} - losses
-    assert ops == {"causal_conv1d", "cross_entropy", "flash_attention", "flash_attention_varlen", "geglu", "layer_norm",
-                   "linear_cross_entropy", "masked_softmax", "rms_norm", "rotary_embedding", "swiglu"}  # fmt: skip
+    assert ops == {"causal_conv1d", "cross_entropy", "flash_attention", "flash_attention_varlen", "fp8_linear", "geglu",
+                   "layer_norm", "linear_cross_entropy", "masked_softmax", "rms_norm", "rotary_embedding",
+                   "swiglu"}  # fmt: skip
 
 
 def test_correct_values_of_other_types_pass():
