@@ -17,7 +17,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from fastlm.integrations.huggingface import apply_fastlm  # noqa: E402
+from fastlm.integrations.huggingface import apply_fastlm, attention_function  # noqa: E402
 
 from . import test_huggingface  # noqa: E402
 from .test_huggingface import (  # noqa: E402
@@ -163,6 +163,28 @@ def test_gemma2_softcaps_run_in_the_kernels(op_calls, recwarn):
         generated = model.generate(ids[:, :4], max_new_tokens=4, do_sample=False)
         assert torch.equal(generated, reference.generate(ids[:, :4], max_new_tokens=4, do_sample=False))
     assert [str(w.message) for w in recwarn if "eager attention" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "queries,keys,causal,eager",
+    [(3, 5, True, True), (1, 5, True, False), (4, 4, False, True)],
+    ids=["static-cache-prefill", "decoding-step", "non-causal"],
+)
+def test_softcapped_calls_give_sdpas_result(queries, keys, causal, eager, recwarn):
+    """With a softcap too wide to bend any score (1e6), a softcapped call gives transformers' SDPA
+    result for the same call: through the kernel where it covers the call (one query: a decoding
+    step), through Gemma 2's eager attention where it does not (more keys than queries without a
+    mask, aligned top-left as SDPA aligns a static cache's prefill; non-causal), warned."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = tiny_model("gemma2").model.layers[0].self_attn
+    module.is_causal = causal
+    q = torch.randn(1, 4, queries, 16)
+    k, v = torch.randn(1, 2, keys, 16), torch.randn(1, 2, keys, 16)
+    out, _ = attention_function(module, q, k, v, None, scaling=0.25, softcap=1e6)
+    expected, _ = sdpa_attention_forward(module, q, k, v, None, scaling=0.25)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    assert any("eager attention" in str(w.message) for w in recwarn) == eager
 
 
 def test_bidirectional_attention_keeps_transformers_attention_with_one_warning(op_calls, recwarn):

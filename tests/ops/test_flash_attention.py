@@ -133,6 +133,14 @@ def test_softcap_matches_reference(path, causal, window, device, monkeypatch):
     assert (capped - plain).abs().max() > 0.1
 
 
+def test_a_wide_softcap_changes_nothing(device):
+    """A cap of 1e6 over scores of about +-1: c tanh(s / c) is s to fp32's precision, so the output
+    is the plain one (tanh's small arguments taken by its series, not a form that cancels)."""
+    q, k, v = make_qkv(1, 4, 2, 37, 37, 16, torch.float32, device, requires_grad=False)
+    capped, plain = (fastlm.flash_attention(q, k, v, causal=True, softcap=c) for c in (1e6, None))
+    torch.testing.assert_close(capped, plain, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("softcap", [0.0, -1.0, float("inf"), "1"])
 def test_softcap_must_be_a_positive_number(softcap, device):
     q, k, v = make_qkv(1, 1, 1, 4, 4, 16, torch.float32, device, requires_grad=False)

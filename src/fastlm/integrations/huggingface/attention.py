@@ -4,7 +4,8 @@ Plain causal attention runs `fastlm.layers.attention.flash_causal_attention` on 
 they are, with the sliding window if the model has one, packed sequences (cu_seq_lens_q/k) through
 the varlen kernels, right- or left-padded batches (`Padding`) by
 `fastlm.layers.attention.unpadded_causal_attention`; every other case (a mask with holes, dropout,
-non-causal attention) runs transformers' SDPA function, with a one-time warning per case.
+non-causal attention) runs transformers' SDPA function (Gemma 2's eager attention where the
+scores are softcapped), with a one-time warning per case.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ def attention_function(
     sliding window if the model has one; packed sequences (cu_seq_lens_q / cu_seq_lens_k over the
     rows laid end to end, no sequence spanning two rows) and padded batches (`PADDING`: the real
     tokens of each row, one sequence each, 0 at padded queries) run `fastlm.flash_attention_varlen`.
-    Every other case runs transformers' SDPA function, once warned per case (`_fallback_reason`):
-    the result is always exact, the kernels are used where they compute the same thing.
+    Every other case runs transformers' SDPA function (softcapped scores, Gemma 2's: the model's
+    eager attention, which softcaps), once warned per case (`_fallback_reason`): the result is
+    always exact, the kernels are used where they compute the same thing.
     """
     padding = kwargs.pop(PADDING, None)
     softcap = kwargs.pop("softcap", None)  # Gemma 2's attn_logit_softcapping
@@ -71,7 +73,8 @@ def attention_function(
         if attention_mask is None:
             attention_mask = _implicit_mask(query, key, sliding_window, padding, kwargs)
         if softcap is not None:
-            return _softcapped_eager(module, query, key, value, attention_mask, dropout, scaling, softcap)
+            causal = _is_causal(module, kwargs)
+            return _softcapped_eager(module, query, key, value, attention_mask, dropout, scaling, softcap, causal)
         return sdpa_attention_forward(
             module,
             query,
@@ -138,8 +141,7 @@ def _fallback_reason(module, query, key, attention_mask, dropout, kwargs) -> str
         return "packed sequences without max_length_q"
     if dropout > 0.0:
         return "attention dropout"
-    is_causal = kwargs.get("is_causal")
-    if not (getattr(module, "is_causal", True) if is_causal is None else is_causal):
+    if not _is_causal(module, kwargs):
         return "non-causal attention"
     if 1 < query.shape[2] < key.shape[2] or (packed and query.shape[2] != key.shape[2]):
         # a static cache's prefill: SDPA aligns the mask top-left
@@ -147,16 +149,24 @@ def _fallback_reason(module, query, key, attention_mask, dropout, kwargs) -> str
     return None
 
 
-def _softcapped_eager(module, query, key, value, attention_mask, dropout, scaling, softcap):
+def _is_causal(module, kwargs) -> bool:
+    """Whether the call is causal: its ``is_causal`` keyword, else the module's (True without one)."""
+    is_causal = kwargs.get("is_causal")
+    return getattr(module, "is_causal", True) if is_causal is None else is_causal
+
+
+def _softcapped_eager(module, query, key, value, attention_mask, dropout, scaling, softcap, causal: bool):
     """The fallback for softcapped scores, which SDPA does not softcap: the model's own eager
-    attention function (Gemma 2's), with a boolean mask (SDPA's, or None: causal with the ends
-    aligned) turned into the additive one it adds to the scores."""
+    attention function (Gemma 2's), with the mask SDPA would apply as the additive one it adds to
+    the scores. Without a mask, as transformers' SDPA call: where ``causal``, aligned top-left for
+    several queries (a static cache's empty slots come last), none for one query (a decoding
+    step)."""
     eager = sys.modules[type(module).__module__].eager_attention_forward
-    if attention_mask is None:
-        n_q, n_k = query.shape[2], key.shape[2]
-        rows = torch.arange(n_k - n_q, n_k, device=query.device)[:, None]
+    n_q, n_k = query.shape[2], key.shape[2]
+    if attention_mask is None and causal and n_q > 1:
+        rows = torch.arange(n_q, device=query.device)[:, None]
         attention_mask = (torch.arange(n_k, device=query.device)[None, :] <= rows)[None, None]
-    if attention_mask.dtype == torch.bool:
+    if attention_mask is not None and attention_mask.dtype == torch.bool:
         additive = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
         attention_mask = additive.masked_fill(~attention_mask, torch.finfo(query.dtype).min)
     return eager(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, softcap=softcap)
