@@ -54,6 +54,20 @@ def test_the_routers_of_experts_stay_in_the_weights_dtype(fp8_calls):
     assert converted and all(module is not router for module in converted)
 
 
+def test_a_peft_models_adapters_and_adapted_head_stay_in_the_weights_dtype():
+    """LoRA on the attention projections and on the LM head (r 16, a multiple of 16): the adapted
+    projections' base layers convert, the adapters and everything inside the head do not."""
+    peft = pytest.importorskip("peft")
+    lora = peft.LoraConfig(r=16, target_modules=["q_proj", "lm_head"], init_lora_weights=False)
+    model = peft.get_peft_model(tiny_model("llama"), lora)
+    converted = {id(module) for module in hf_fp8.fp8_layers(model.get_base_model())}
+    named = dict(model.get_base_model().named_modules())
+    assert id(named["model.layers.0.self_attn.q_proj.base_layer"]) in converted
+    assert id(named["model.layers.0.self_attn.k_proj"]) in converted
+    kept = [name for name in named if "lora_" in name or name.startswith("lm_head")]
+    assert kept and not [name for name in kept if id(named[name]) in converted]
+
+
 def test_a_training_step_is_within_fp8_error_of_the_unpatched_model():
     """Loss and gradients of every weight against the unpatched fp32 model: the loss within 2%
     (measured 0.08%), each gradient within 35% normwise and none equal (measured 11-25%: e5m2's 7%

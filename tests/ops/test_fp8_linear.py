@@ -78,6 +78,22 @@ def test_zero_operands_give_zeros_not_nan(device):
     assert not out.any() and not dw.any() and dx.isfinite().all() and dx.any()
 
 
+def test_strided_and_empty_inputs(device):
+    """A transposed input and a transposed output gradient (quantized row-major for the matmuls,
+    which take no other layout) give the contiguous ones' results; no rows give an empty output."""
+    x = torch.randn(32, 16, device=device).t().requires_grad_()  # (16, 32), column-major
+    weight = torch.randn(48, 32, device=device, requires_grad=True)
+    grad_out = torch.randn(48, 16, device=device).t()
+    out = fp8_linear(x, weight)
+    grads = torch.autograd.grad(out, [x, weight], grad_out)
+    x_rows = x.detach().contiguous().requires_grad_()
+    expected = fp8_linear(x_rows, weight)
+    torch.testing.assert_close(out, expected)
+    for grad, want in zip(grads, torch.autograd.grad(expected, [x_rows, weight], grad_out.contiguous()), strict=True):
+        torch.testing.assert_close(grad, want)
+    assert fp8_linear(torch.randn(0, 32, device=device), weight).shape == (0, 48)
+
+
 @pytest.mark.parametrize(
     "x_shape,w_shape,message",
     [

@@ -48,7 +48,7 @@ def quantize(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.T
     fmax = torch.finfo(dtype).max
     amax = t.detach().abs().amax().float().clamp(min=AMAX_FLOOR)
     scale = fmax / amax
-    t8 = (t.float() * scale).clamp(-fmax, fmax).to(dtype)
+    t8 = (t.float() * scale).clamp(-fmax, fmax).to(dtype).contiguous()  # row-major, as the matmuls take it
     return t8, scale.reciprocal()
 
 
@@ -124,4 +124,6 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
             f"fp8_linear needs a GPU with FP8 tensor cores (compute capability 8.9 or later), got "
             f"{torch.cuda.get_device_name(x.device)} ({device_arch(x.device) / 10:.1f})"
         )
+    if x.numel() == 0:  # no rows: nothing to scale by (amax of nothing)
+        return torch.nn.functional.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
     return _FP8Linear.apply(x, weight, bias)

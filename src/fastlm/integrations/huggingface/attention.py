@@ -42,7 +42,7 @@ class Padding(NamedTuple):
     max_seqlen: int  # the longest row's real length
 
 
-_warned_fallbacks: set[str] = set()
+_warned_fallbacks: set[tuple[str, str]] = set()  # (reason, what ran instead)
 
 
 def attention_function(
@@ -174,8 +174,8 @@ def _softcapped_eager(module, query, key, value, attention_mask, dropout, scalin
 
 def _warn_once(reason: str, fallback: str = "SDPA") -> None:
     """One warning per reason and process; none while torch.compile traces, which cannot warn."""
-    if reason not in _warned_fallbacks and not torch.compiler.is_compiling():
-        _warned_fallbacks.add(reason)
+    if (reason, fallback) not in _warned_fallbacks and not torch.compiler.is_compiling():
+        _warned_fallbacks.add((reason, fallback))
         warnings.warn(
             f"fastlm attention runs transformers' {fallback} attention for {reason}, which "
             f"fastlm.flash_attention does not cover (same result, {fallback}'s speed)",
