@@ -10,6 +10,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import fastlm.integrations.huggingface.fp8 as hf_fp8  # noqa: E402
+import fastlm.layers.fp8 as fp8_layer  # noqa: E402
 from fastlm.integrations.huggingface import apply_fastlm, revert_fastlm  # noqa: E402
 
 from .test_huggingface import tiny_model, tokens  # noqa: E402
@@ -24,13 +25,13 @@ def reference_paths(monkeypatch):
 def fp8_calls(monkeypatch):
     """The shapes of the weights each `fp8_linear` call took."""
     calls = []
-    real = hf_fp8.fp8_linear
+    real = fp8_layer.fp8_linear
 
     def counted(x, weight, bias=None):
         calls.append(tuple(weight.shape))
         return real(x, weight, bias)
 
-    monkeypatch.setattr(hf_fp8, "fp8_linear", counted)
+    monkeypatch.setattr(fp8_layer, "fp8_linear", counted)
     return calls
 
 

@@ -55,7 +55,8 @@ from fastlm.integrations.huggingface.attention import (
 from fastlm.integrations.huggingface.experts import register_experts
 from fastlm.integrations.huggingface.families import FAMILIES, adapter_for
 from fastlm.integrations.huggingface.forwards import causal_lm_loss
-from fastlm.integrations.huggingface.fp8 import fp8_layers, fp8_linear_forward
+from fastlm.integrations.huggingface.fp8 import fp8_layers
+from fastlm.layers.fp8 import fp8_linear_forward
 from fastlm.ops.common import DTYPES
 from fastlm.settings import FUSED_CHOICES, SWITCHES, Kernels
 

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from fastlm.ops.fp8_linear import FP8_MULTIPLE, fp8_linear
+from fastlm.layers.fp8 import ROUTER_NAMES, fits_fp8
 
-ROUTER_NAMES = ("gate", "router")
 # PEFT's modules inside a wrapped layer: its adapters (lora_A, lora_B, ...) and the copies
 # modules_to_save keeps train in the weights' dtype, as the layers they adapt would not tell
 PEFT_PARTS = ("modules_to_save", "original_module")
@@ -33,20 +32,5 @@ def fp8_layers(model) -> list[torch.nn.Module]:
     return [
         module
         for name, module in model.named_modules()
-        if type(module) is torch.nn.Linear
-        and module not in in_head
-        and not _kept(name)
-        and module.in_features % FP8_MULTIPLE == 0
-        and module.out_features % FP8_MULTIPLE == 0
+        if type(module) is torch.nn.Linear and module not in in_head and not _kept(name) and fits_fp8(module.weight)
     ]
-
-
-def fp8_linear_forward(self, x: torch.Tensor) -> torch.Tensor:
-    """``nn.Linear.forward`` by `fastlm.fp8_linear`; under autocast the input in the autocast
-    dtype (as autocast casts a linear layer's input) and the output in it."""
-    device = x.device.type
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        with torch.autocast(device, enabled=False):
-            return fp8_linear(x.to(dtype), self.weight, self.bias)
-    return fp8_linear(x, self.weight, self.bias)
