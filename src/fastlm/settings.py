@@ -111,10 +111,14 @@ PRECISION_MEANINGS = {
     "bf16": "bf16 (torch.autocast over fp32 weights)",
     "bf16-weights": "bf16-weights (that autocast with the matmul weights stored in bf16 and their fp32 "
     "masters in fastlm's AdamW)",
+    "fp8": "fp8 (bf16 autocast with the blocks' linear layers through fastlm.fp8_linear: FP8 matmuls, "
+    "tensorwise scales)",
 }
 PRECISIONS = tuple(PRECISION_MEANINGS)
 # those of tools that step the model's fp32 weights as they are (the profilers, the data-parallel benchmark)
 FP32_WEIGHT_PRECISIONS = PRECISIONS[:2]
+# those of tools that run every precision's step on one model as it was built (`fastlm bench model`)
+ONE_MODEL_PRECISIONS = PRECISIONS[:3]
 
 
 def default_precision(gpu: bool) -> str:
@@ -131,7 +135,12 @@ def choices_help(meanings: dict[str, str], choices) -> str:
 
 def autocasts(precision: str) -> bool:
     """Whether steps of ``precision`` run under bf16 autocast (activations in 16 bits)."""
-    return precision in ("bf16", "bf16-weights")
+    return precision in ("bf16", "bf16-weights", "fp8")
+
+
+def uses_fp8(precision: str) -> bool:
+    """Whether ``precision`` runs the blocks' linear layers through fastlm.fp8_linear."""
+    return precision == "fp8"
 
 
 def stores_bf16_weights(precision: str) -> bool:
@@ -157,6 +166,7 @@ STATE_BYTES = {
     "fp32": StateBytes(4, 4, 8),
     "bf16": StateBytes(4, 4, 8),  # autocast computes in bf16 from the fp32 weights
     "bf16-weights": StateBytes(2, 2, 12),
+    "fp8": StateBytes(4, 4, 8),  # fp32 weights; only the matmuls' operands are FP8, made per step
 }
 
 

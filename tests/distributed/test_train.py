@@ -218,6 +218,7 @@ BAD_ARGUMENTS = [
     (["--parallel", "fsdp", "--shard-optimizer"], "does not combine"),
     (["--precision", "bf16-weights", "--parallel", "fsdp"], "--precision bf16-weights does not combine"),
     (["--precision", "bf16-weights", "--shard-optimizer"], "--precision bf16-weights does not combine"),
+    (["--precision", "fp8", "--parallel", "fsdp"], "--precision fp8 does not combine with --parallel fsdp"),
     (["--parallel", "ddp"], "--parallel ddp needs torchrun"),
     (["--shard-optimizer"], "--shard-optimizer needs a --parallel mode"),
     (["--bucket-mb", "10"], "--bucket-mb sizes the buckets of --parallel bucketed and torch-ddp and the units of fsdp"),

@@ -41,7 +41,7 @@ from fastlm.cli.models import add_model_arguments, model_configs
 from fastlm.cli.train import add_kernel_comparison_arguments
 from fastlm.devices import current_device
 from fastlm.model.config import PRESETS
-from fastlm.settings import CUDAGRAPHS_NEED_A_GPU, default_precision
+from fastlm.settings import CUDAGRAPHS_NEED_A_GPU, ONE_MODEL_PRECISIONS, default_precision
 from fastlm.utils.errors import UserError
 
 _host_ops = choice_list(HOST_OPS, "op")
@@ -322,7 +322,7 @@ def _add_model_command(commands: argparse._SubParsersAction) -> None:
         default=None,
         help="comma list of fwd, fwd+bwd, train (default train)",
     )
-    add_precision_option(p, many=True, note="default: bf16 on a GPU, fp32 without one")
+    add_precision_option(p, ONE_MODEL_PRECISIONS, many=True, note="default: bf16 on a GPU, fp32 without one")
     add_compile_option(p, many=True, note="default: eager; the sweep: eager, compile")
     p.add_argument("--warmup", type=non_negative_int, default=5, help="untimed steps first, every round")
     p.add_argument("--steps", type=positive_int, default=10, help="timed steps per round")

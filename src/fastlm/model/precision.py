@@ -6,6 +6,8 @@ optimizer's parameter groups), in one place for training, the benchmarks and the
     bf16-weights  the same autocast, with every matmul weight stored in bf16 and its fp32 master in
                   fastlm's AdamW (the ``param_dtype`` group of `param_groups`), so no step casts a
                   weight or a weight gradient (docs/optim.md)
+    fp8           the same autocast over fp32 weights, the blocks' linear layers through
+                  `fastlm.fp8_linear` (`convert_for`: not the LM head, the embedding, the routers)
 """
 
 from __future__ import annotations
@@ -14,13 +16,31 @@ import contextlib
 
 import torch
 
-from fastlm.layers.linear import linear_weights
-from fastlm.settings import autocasts, stores_bf16_weights
+from fastlm.layers.fp8 import ROUTER_NAMES, convert_to_fp8, fits_fp8
+from fastlm.layers.linear import Linear, linear_weights
+from fastlm.settings import autocasts, stores_bf16_weights, uses_fp8
 
 
 def precision_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """The autocast a forward of ``precision`` runs under (none for fp32)."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocasts(precision))
+
+
+def convert_for(model: torch.nn.Module, precision: str) -> list[torch.nn.Module]:
+    """For fp8, the linear layers of ``model``'s blocks whose dims fit FP8 (multiples of 16), but
+    routers, run `fastlm.fp8_linear` from now on (their instances' forward); returns them (none
+    for the other precisions). The weights stay as they are: checkpoints hold the same tensors in
+    any precision."""
+    if not uses_fp8(precision):
+        return []
+    layers = [
+        module
+        for name, module in model.blocks.named_modules()
+        if isinstance(module, Linear) and name.rsplit(".", 1)[-1] not in ROUTER_NAMES and fits_fp8(module.weight)
+    ]
+    for module in layers:
+        convert_to_fp8(module)
+    return layers
 
 
 def param_groups(model: torch.nn.Module, precision: str, weight_decay: float) -> list[dict]:

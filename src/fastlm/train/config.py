@@ -36,6 +36,7 @@ from fastlm.settings import (
     choices_help,
     default_precision,
     stores_bf16_weights,
+    uses_fp8,
 )
 from fastlm.utils.errors import UserError
 from fastlm.utils.options import add_options, check_limits, option
@@ -138,7 +139,7 @@ class TrainConfig(ModelOptions):
     precision: str | None = option(
         None,
         f"{choices_help(PRECISION_MEANINGS, PRECISIONS)}; bf16-weights not with --parallel fsdp or "
-        "--shard-optimizer (default: bf16 on a GPU, fp32 without one)",
+        "--shard-optimizer, fp8 not with --parallel fsdp (default: bf16 on a GPU, fp32 without one)",
         choices=PRECISIONS,
     )
     parallel: str = option(
@@ -240,6 +241,11 @@ class TrainConfig(ModelOptions):
             raise UserError(
                 "--precision bf16-weights does not combine with --parallel fsdp or --shard-optimizer "
                 "(they shard the optimizer state, which would have to hold the fp32 masters)"
+            )
+        if uses_fp8(self.precision) and sharded:
+            raise UserError(
+                "--precision fp8 does not combine with --parallel fsdp yet (FP8 matmuls over sharded "
+                "weights); use another --parallel mode"
             )
         if sharded and self.shard_optimizer:
             raise UserError(

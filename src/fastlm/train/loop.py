@@ -83,7 +83,7 @@ from fastlm.devices import current_device_name
 from fastlm.distributed.wrappers import ParallelMode, parallel_mode
 from fastlm.model import ModelConfig, TransformerLM
 from fastlm.model.materialize import materialize
-from fastlm.model.precision import param_groups, precision_context
+from fastlm.model.precision import convert_for, param_groups, precision_context
 from fastlm.model.transformer import RouterTotals
 from fastlm.optim import AdamW
 from fastlm.optim.schedule import warmup_cosine_lr
@@ -454,6 +454,7 @@ def _train_loop(
     # unsharded model); bf16-weights builds its optimizer before wrapping (`ParallelMode.prepare`)
     with torch.device("meta"):
         model = TransformerLM(model_cfg)
+    convert_for(model, config.precision)  # fp8: the blocks' linear layers
     wrapped, optimizer = mode.prepare(
         model,
         device,
